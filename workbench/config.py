@@ -1,0 +1,191 @@
+"""Vision-tower configurations: the binding presets, validation, and the transformers mapping.
+
+A preset is data, not code (gpt-fast style): `VisionConfig.preset(name)` looks it up, and
+`dataclasses.replace(cfg, depth=2)` makes a reduced copy that is validated again.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+FAMILIES = ("qwen2-vl", "qwen2.5-vl")
+
+# CLIP statistics used by the Qwen2-VL processor (rescale 1/255 first, then (x - mean) / std).
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """One Qwen vision tower plus the processor settings that feed it.
+
+    Sizes are in patches and features; `width` is the residual-stream width (1280 in every real
+    checkpoint), `out_hidden` the merger output (the language model's width).
+    """
+
+    name: str
+    family: str                      # one of FAMILIES
+    depth: int = 32
+    width: int = 1280
+    heads: int = 16
+    mlp_hidden: int = 5120           # Qwen2-VL: fc1 width; Qwen2.5-VL: SwiGLU gate/up width
+    out_hidden: int = 3584
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    in_channels: int = 3
+    window_size: int = 112           # Qwen2.5-VL window attention, in pixels
+    fullatt_blocks: tuple[int, ...] = (7, 15, 23, 31)  # Qwen2.5-VL blocks with full attention
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+    # processor settings
+    image_mean: tuple[float, ...] = CLIP_MEAN
+    image_std: tuple[float, ...] = CLIP_STD
+    rescale_factor: float = 1.0 / 255.0
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.family not in FAMILIES:
+            problems.append(f"family={self.family!r} is not one of {FAMILIES}")
+        for name in ("depth", "width", "heads", "mlp_hidden", "out_hidden", "patch_size",
+                     "temporal_patch_size", "merge_size", "in_channels", "min_pixels", "max_pixels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                problems.append(f"{name}={value!r} must be a positive integer")
+        if problems:
+            raise ValueError(f"invalid VisionConfig {self.name!r}: " + "; ".join(problems))
+        if self.width % self.heads:
+            problems.append(f"width={self.width} is not divisible by heads={self.heads}")
+        elif (self.width // self.heads) % 4:
+            problems.append(f"head_dim={self.width // self.heads} must be divisible by 4 "
+                            "(2-D rotary: half the head for h, half for w, in cos/sin pairs)")
+        if len(self.image_mean) != self.in_channels or len(self.image_std) != self.in_channels:
+            problems.append(f"image_mean/image_std need {self.in_channels} values (in_channels), "
+                            f"got {len(self.image_mean)}/{len(self.image_std)}")
+        if any(s <= 0 for s in self.image_std):
+            problems.append(f"image_std={self.image_std} must be positive")
+        if self.min_pixels > self.max_pixels:
+            problems.append(f"min_pixels={self.min_pixels} exceeds max_pixels={self.max_pixels}")
+        if self.family == "qwen2.5-vl":
+            unit = self.patch_size * self.merge_size
+            if self.window_size % unit:
+                problems.append(f"window_size={self.window_size} px is not a multiple of "
+                                f"patch_size*merge_size={unit} px")
+            bad = [b for b in self.fullatt_blocks if not 0 <= b < self.depth]
+            if bad:
+                problems.append(f"fullatt_blocks {bad} are outside 0..{self.depth - 1} (depth={self.depth}); "
+                                f"use dataclasses.replace(cfg, depth=..., fullatt_blocks=...)")
+        if problems:
+            raise ValueError(f"invalid VisionConfig {self.name!r}: " + "; ".join(problems))
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Columns of one pixel row: C * T * P * P (1176 for the real towers)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def merge_unit(self) -> int:
+        """Rows merged into one output token (4)."""
+        return self.merge_size ** 2
+
+    @property
+    def window_merged(self) -> int:
+        """Qwen2.5-VL window side in merged tokens (112 px / 28 px = 4)."""
+        return self.window_size // (self.patch_size * self.merge_size)
+
+    @property
+    def norm_scale(self) -> tuple[float, ...]:
+        """Per-channel multiplier of the device normalization: rescale / std."""
+        return tuple(self.rescale_factor / s for s in self.image_std)
+
+    @property
+    def norm_shift(self) -> tuple[float, ...]:
+        """Per-channel offset of the device normalization: -mean / std."""
+        return tuple(-m / s for m, s in zip(self.image_mean, self.image_std))
+
+    def param_count(self) -> int:
+        """Number of tower parameters (for FLOP floors)."""
+        w, m = self.width, self.mlp_hidden
+        attn = w * 3 * w + 3 * w + w * w + w
+        if self.family == "qwen2-vl":
+            mlp = w * m + m + m * w + w
+            norms = 4 * w
+            ln_q = 2 * w
+        else:
+            mlp = 3 * w * m + 2 * m + w
+            norms = 2 * w
+            ln_q = w
+        merged = w * self.merge_unit
+        merger = ln_q + merged * merged + merged + merged * self.out_hidden + self.out_hidden
+        return self.patch_dim * w + self.depth * (attn + mlp + norms) + merger
+
+    # ---- presets and transformers mapping ------------------------------------------------
+    @classmethod
+    def preset(cls, name: str) -> "VisionConfig":
+        """The named preset; raises ValueError listing the valid names for an unknown one."""
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+
+    def to_hf(self):
+        """The matching transformers vision config (Qwen2VLVisionConfig or Qwen2_5_VLVisionConfig)."""
+        if self.family == "qwen2-vl":
+            from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
+            if self.mlp_hidden % self.width:
+                raise ValueError(f"transformers' Qwen2-VL tower takes an integer mlp_ratio; "
+                                 f"mlp_hidden={self.mlp_hidden} is not a multiple of width={self.width}")
+            return Qwen2VLVisionConfig(
+                depth=self.depth, embed_dim=self.width, hidden_size=self.out_hidden,
+                hidden_act="quick_gelu", mlp_ratio=self.mlp_hidden // self.width, num_heads=self.heads,
+                in_channels=self.in_channels, patch_size=self.patch_size,
+                spatial_merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size,
+                rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta},
+            )
+        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+        return Qwen2_5_VLVisionConfig(
+            depth=self.depth, hidden_size=self.width, hidden_act="silu", intermediate_size=self.mlp_hidden,
+            num_heads=self.heads, in_channels=self.in_channels, patch_size=self.patch_size,
+            spatial_merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size,
+            window_size=self.window_size, out_hidden_size=self.out_hidden,
+            fullatt_block_indexes=list(self.fullatt_blocks),
+            rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta},
+        )
+
+    def reduced(self, depth: int) -> "VisionConfig":
+        """Same width, fewer blocks; for Qwen2.5-VL the full-attention blocks keep their spacing
+        (every 8th block, the last one always full) so window and full attention both run."""
+        if self.family == "qwen2-vl":
+            return dataclasses.replace(self, name=f"{self.name}@depth{depth}", depth=depth)
+        step = self.fullatt_blocks[1] - self.fullatt_blocks[0] if len(self.fullatt_blocks) > 1 else depth
+        full = tuple(sorted({b for b in range(step - 1, depth, step)} | {depth - 1}))
+        return dataclasses.replace(self, name=f"{self.name}@depth{depth}", depth=depth, fullatt_blocks=full)
+
+
+def _presets() -> dict[str, VisionConfig]:
+    q2 = dict(family="qwen2-vl", mlp_hidden=5120)
+    q25 = dict(family="qwen2.5-vl", mlp_hidden=3420)
+    p = [
+        VisionConfig("qwen2-vl-2b", out_hidden=1536, **q2),
+        VisionConfig("qwen2-vl-7b", out_hidden=3584, **q2),
+        VisionConfig("qwen2.5-vl-3b", out_hidden=2048, **q25),
+        VisionConfig("qwen2.5-vl-7b", out_hidden=3584, **q25),
+        VisionConfig("qwen2.5-vl-72b", out_hidden=8192, **q25),
+        # same structure, small width and depth: CPU tests run in seconds
+        VisionConfig("tiny-qwen2-vl", family="qwen2-vl", depth=2, width=64, heads=4, mlp_hidden=128,
+                     out_hidden=48),
+        VisionConfig("tiny-qwen2.5-vl", family="qwen2.5-vl", depth=4, width=64, heads=4, mlp_hidden=96,
+                     out_hidden=48, fullatt_blocks=(1, 3)),
+    ]
+    return {c.name: c for c in p}
+
+
+PRESETS: dict[str, VisionConfig] = _presets()
+PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
