@@ -1,0 +1,422 @@
+"""CPU preprocessing into the Qwen2-VL / Qwen2.5-VL flat patch layout, as uint8.
+
+`preprocess(inputs, cfg)` turns images and videos into a `PatchBatch`: one row per
+`patch_size x patch_size` patch (times `temporal_patch_size` frames), laid out exactly as the
+transformers Qwen2-VL image processor lays it out, but kept as uint8 so that normalization can
+run on the device (`normalize=True` gives the legacy CPU-normalized float32 rows instead).
+
+Layout of one item (image or video), with P = patch_size, T = temporal_patch_size, m = merge_size:
+
+* the item is resized (PIL bicubic, uint8 RGB) to `smart_resize(h, w, factor=P*m, ...)`;
+* grid_thw = [t, gh, gw] with gh = H'/P, gw = W'/P, and t = 1 for an image, frames/T for a video;
+* rows are ordered (t, block_row, block_col, inner_row, inner_col) where a block is the m x m
+  group of patches that the merger later fuses into one token ("merge-block-major");
+* columns are ordered (C, T, ph, pw); for a still image both temporal copies are identical.
+
+Inputs (see `preprocess` for the full list): PIL images, HxWx3 uint8 numpy arrays or torch
+tensors (channels last), and videos as [T, H, W, 3] uint8 arrays/tensors or `Video(frames)`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+__all__ = ["PatchBatch", "Video", "smart_resize", "preprocess", "ACCEPTED_INPUTS"]
+
+ACCEPTED_INPUTS = ("PIL.Image.Image", "numpy.ndarray uint8 [H, W, 3] (also [H, W], [H, W, 1], [H, W, 4])",
+                   "torch.Tensor uint8 of the same shapes", "numpy/torch uint8 video [T, H, W, 3]",
+                   "workbench.preprocess.Video(frames)", "a list/tuple of any of these")
+
+# PIL modes that hold 8-bit samples and convert to RGB the way transformers' convert_to_rgb does.
+_PIL_MODES = ("1", "L", "P", "RGB", "RGBA", "LA", "PA", "RGBX", "RGBa", "CMYK", "YCbCr")
+
+
+# ---------------------------------------------------------------------------------------------
+# PatchBatch
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class PatchBatch:
+    """Flat patch rows of one or more items plus their [t, h, w] patch grids.
+
+    pixels:   [N, patch_dim] (uint8 normally; float32 when normalized on the CPU)
+    grid_thw: int64 [k, 3], one row per item, positive entries, sum(t*h*w) == N
+    """
+
+    pixels: torch.Tensor
+    grid_thw: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pixels, torch.Tensor) or not isinstance(self.grid_thw, torch.Tensor):
+            raise TypeError(f"PatchBatch needs torch tensors, got pixels={type(self.pixels).__name__}, "
+                            f"grid_thw={type(self.grid_thw).__name__}")
+        if self.pixels.dim() != 2:
+            raise ValueError(f"pixels must be 2-D [N, patch_dim], got shape {tuple(self.pixels.shape)}")
+        g = self.grid_thw
+        if g.dtype != torch.int64 or g.dim() != 2 or g.shape[1] != 3 or g.shape[0] < 1:
+            raise ValueError(f"grid_thw must be int64 [k, 3] with k >= 1, got dtype {g.dtype} "
+                             f"shape {tuple(g.shape)}")
+        if bool((g <= 0).any()):
+            raise ValueError(f"grid_thw entries must be positive, got {g.tolist()}")
+        total = int(g.prod(dim=1).sum())
+        if total != self.pixels.shape[0]:
+            raise ValueError(f"grid_thw {g.tolist()} adds up to {total} rows (sum of t*h*w) but pixels "
+                             f"has {self.pixels.shape[0]} rows")
+
+    @property
+    def n_items(self) -> int:
+        return self.grid_thw.shape[0]
+
+    @property
+    def n_rows(self) -> int:
+        return self.pixels.shape[0]
+
+    def n_merged_tokens(self, merge_unit: int = 4) -> int:
+        """Tokens after the merger fuses `merge_unit` rows (merge_size**2) into one."""
+        if self.n_rows % merge_unit:
+            raise ValueError(f"{self.n_rows} rows are not a multiple of merge_unit={merge_unit}")
+        return self.n_rows // merge_unit
+
+    @property
+    def item_rows(self) -> list[int]:
+        """Rows of each item (t*h*w), in order."""
+        return [int(v) for v in self.grid_thw.prod(dim=1).tolist()]
+
+    @property
+    def item_slices(self) -> list[slice]:
+        """Row slice of each item in `pixels`."""
+        out, start = [], 0
+        for n in self.item_rows:
+            out.append(slice(start, start + n))
+            start += n
+        return out
+
+    def to(self, device: Any) -> "PatchBatch":
+        """Both tensors on `device` (a no-op copy-free view when already there)."""
+        return PatchBatch(self.pixels.to(device), self.grid_thw.to(device))
+
+    def select(self, indices: Sequence[int]) -> "PatchBatch":
+        """A new batch of the items `indices` (repeats allowed, negative indices count from the
+        end), in that order; rows are copied."""
+        idx = [int(i) for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices)]
+        if not idx:
+            raise ValueError("select() needs at least one index (a PatchBatch holds at least one item)")
+        k = self.n_items
+        bad = [i for i in idx if not -k <= i < k]
+        if bad:
+            raise ValueError(f"item indices {bad} are out of range for a batch of {k} items")
+        idx = [i % k for i in idx]
+        slices = self.item_slices
+        pixels = torch.cat([self.pixels[slices[i]] for i in idx], dim=0)  # always a fresh tensor
+        return PatchBatch(pixels, self.grid_thw[idx].clone())
+
+    def split(self) -> list["PatchBatch"]:
+        """One single-item batch per item (rows copied)."""
+        return [self.select([i]) for i in range(self.n_items)]
+
+    @classmethod
+    def cat(cls, batches: Sequence["PatchBatch"]) -> "PatchBatch":
+        """Items of all `batches`, in order."""
+        batches = list(batches)
+        if not batches:
+            raise ValueError("PatchBatch.cat needs at least one batch")
+        dims = {b.pixels.shape[1] for b in batches}
+        dtypes = {b.pixels.dtype for b in batches}
+        if len(dims) > 1 or len(dtypes) > 1:
+            raise ValueError(f"cannot cat batches with different patch_dim {sorted(dims)} or "
+                             f"dtypes {sorted(map(str, dtypes))}")
+        return cls(torch.cat([b.pixels for b in batches], dim=0),
+                   torch.cat([b.grid_thw for b in batches], dim=0))
+
+
+@dataclass
+class Video:
+    """A video given as a sequence of frames (each anything `preprocess` takes as an image, all
+    the same size), or as one uint8 array/tensor [T, H, W, C]. Wrapping frames in `Video`
+    is what tells `preprocess` that a list of images is one video rather than a batch."""
+
+    frames: Any
+
+    def __post_init__(self) -> None:
+        if isinstance(self.frames, (np.ndarray, torch.Tensor)):
+            if self.frames.ndim != 4:
+                raise ValueError(f"Video frames as one array must be [T, H, W, C], got shape "
+                                 f"{tuple(self.frames.shape)}")
+        elif isinstance(self.frames, (list, tuple)):
+            self.frames = list(self.frames)
+        else:
+            raise TypeError(f"Video(frames) takes a list/tuple of frames or a [T, H, W, C] uint8 "
+                            f"array/tensor, got {type(self.frames).__name__}")
+        if len(self.frames) == 0:
+            raise ValueError("Video has no frames")
+
+
+# ---------------------------------------------------------------------------------------------
+# smart_resize
+# ---------------------------------------------------------------------------------------------
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+                 max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+    """The Qwen2-VL target size for an image of `height` x `width` pixels.
+
+    Each side is rounded to the nearest multiple of `factor` (Python `round`, half to even). If the
+    area then exceeds `max_pixels`, both sides are scaled by sqrt(area / max_pixels) and floored to
+    a multiple of `factor` (never below `factor`); if it is below `min_pixels`, both sides are
+    scaled up by sqrt(min_pixels / area) and ceiled. An aspect ratio above 200 is a ValueError.
+    Gives the same numbers as transformers' Qwen2-VL `smart_resize`.
+    """
+    for name, v in (("height", height), ("width", width), ("factor", factor),
+                    ("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ValueError(f"smart_resize: {name}={v!r} must be a positive integer")
+    if min_pixels > max_pixels:
+        raise ValueError(f"smart_resize: min_pixels={min_pixels} exceeds max_pixels={max_pixels}")
+    height, width = int(height), int(width)
+    ratio = max(height, width) / min(height, width)
+    if ratio > 200:
+        raise ValueError(f"image of {height}x{width} (HxW) has aspect ratio {ratio:.1f}; "
+                         f"Qwen2-VL accepts at most 200")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    if h * w > max_pixels:
+        scale = math.sqrt((height * width) / max_pixels)
+        h = max(factor, math.floor(height / scale / factor) * factor)
+        w = max(factor, math.floor(width / scale / factor) * factor)
+    elif h * w < min_pixels:
+        scale = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * scale / factor) * factor
+        w = math.ceil(width * scale / factor) * factor
+    return h, w
+
+
+# ---------------------------------------------------------------------------------------------
+# input conversion
+# ---------------------------------------------------------------------------------------------
+def _composite_on_white(arr: np.ndarray) -> np.ndarray:
+    """HxWx4 uint8 -> HxWx3 uint8, alpha-blended onto white, rounded half to even (the float64
+    arithmetic transformers uses for arrays)."""
+    a = arr[..., 3:4] / 255.0
+    out = a * arr[..., :3] + (1.0 - a) * 255.0
+    return np.round(out).astype(np.uint8)
+
+
+def _pil_to_rgb(img: Image.Image) -> np.ndarray:
+    if img.mode not in _PIL_MODES:
+        raise ValueError(f"PIL image mode {img.mode!r} is not supported (not 8 bits per sample); valid "
+                         f"modes: {', '.join(_PIL_MODES)}. Convert it to 8-bit RGB yourself first "
+                         f"(e.g. scale 16-bit/float data to 0..255 and use Image.fromarray(uint8_array))")
+    w, h = img.size
+    if h == 0 or w == 0:
+        raise ValueError(f"image has zero size: {h}x{w} (HxW)")
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        rgb = Image.alpha_composite(white, rgba).convert("RGB")
+    else:
+        rgb = img.convert("RGB")
+    return np.asarray(rgb)
+
+
+def _check_uint8(arr: np.ndarray, what: str) -> None:
+    if arr.dtype == np.uint8:
+        return
+    if arr.dtype == np.bool_:
+        raise ValueError(f"{what} has dtype bool; images must be uint8 0..255 "
+                         f"(for a mask use mask.astype(np.uint8) * 255)")
+    hint = (" (for floats in 0..1 use (x * 255).round().astype(np.uint8))"
+            if np.issubdtype(arr.dtype, np.floating) else "")
+    raise ValueError(f"{what} has dtype {arr.dtype}; pass uint8 0..255{hint}")
+
+
+def _as_numpy(x: Any, what: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bool:
+            _check_uint8(np.zeros(0, dtype=np.bool_), what)
+        if x.dtype != torch.uint8:
+            raise ValueError(f"{what} is a torch tensor of dtype {x.dtype}; pass uint8 0..255"
+                             + (" (for floats in 0..1 use (x * 255).round().to(torch.uint8))"
+                                if x.is_floating_point() else ""))
+        return x.detach().cpu().numpy()
+    _check_uint8(x, what)
+    return x
+
+
+def _array_to_rgb(arr: np.ndarray, what: str) -> np.ndarray:
+    """An image array (HxW, HxWx1, HxWx3, HxWx4, uint8, channels last) -> HxWx3 uint8."""
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.ndim != 3:
+        raise ValueError(f"{what} has shape {tuple(arr.shape)}; an image is [H, W], [H, W, 1], "
+                         f"[H, W, 3] or [H, W, 4] (channels last)")
+    h, w, c = arr.shape
+    if c not in (1, 3, 4):
+        hint = (f" (it looks channels-first: use x.transpose(1, 2, 0) / x.permute(1, 2, 0))"
+                if h in (1, 3, 4) else "")
+        raise ValueError(f"{what} has shape {tuple(arr.shape)} with {c} channels; valid channel "
+                         f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA){hint}")
+    if h == 0 or w == 0:
+        raise ValueError(f"{what} has zero size: {h}x{w} (HxW)")
+    if c == 1:
+        return np.repeat(arr, 3, axis=2)
+    if c == 4:
+        return _composite_on_white(arr)
+    return arr
+
+
+def _image_to_rgb(x: Any, what: str) -> np.ndarray:
+    if isinstance(x, Image.Image):
+        return _pil_to_rgb(x)
+    if isinstance(x, (np.ndarray, torch.Tensor)):
+        return _array_to_rgb(_as_numpy(x, what), what)
+    raise TypeError(f"{what} has unsupported type {type(x).__module__}.{type(x).__name__}; accepted: "
+                    + "; ".join(ACCEPTED_INPUTS))
+
+
+def _frames_to_rgb(video: Any, what: str) -> np.ndarray:
+    """A video ([T, H, W, C] array/tensor or Video) -> [T, H, W, 3] uint8."""
+    frames = video.frames if isinstance(video, Video) else video
+    if isinstance(frames, (np.ndarray, torch.Tensor)):
+        arr = _as_numpy(frames, what)
+        if arr.ndim != 4:
+            raise ValueError(f"{what} has shape {tuple(arr.shape)}; a video array is [T, H, W, C]")
+        if arr.shape[0] == 0:
+            raise ValueError(f"{what} has no frames (shape {tuple(arr.shape)})")
+        if arr.shape[3] == 3 and arr.shape[1] and arr.shape[2]:
+            return arr
+        frames = list(arr)
+    out = [_image_to_rgb(f, f"{what} frame {i}") for i, f in enumerate(frames)]
+    sizes = sorted({f.shape[:2] for f in out})
+    if len(sizes) > 1:
+        raise ValueError(f"{what} frames differ in size: {sizes} (HxW); all frames must match")
+    return np.stack(out)
+
+
+def _items(inputs: Any) -> list[tuple[str, Any]]:
+    """Split the top-level input into ('image'|'video', obj) items."""
+    def kind(x: Any) -> str:
+        if isinstance(x, Video):
+            return "video"
+        if isinstance(x, (np.ndarray, torch.Tensor)) and x.ndim == 4:
+            return "video"
+        return "image"
+
+    if isinstance(inputs, (list, tuple)):
+        if len(inputs) == 0:
+            raise ValueError("preprocess got an empty list; pass at least one image or video")
+        for i, x in enumerate(inputs):
+            if isinstance(x, (list, tuple)):
+                raise TypeError(f"item {i} is a nested {type(x).__name__}; wrap the frames of a video "
+                                f"in Video(frames), accepted: " + "; ".join(ACCEPTED_INPUTS))
+        return [(kind(x), x) for x in inputs]
+    return [(kind(inputs), inputs)]
+
+
+# ---------------------------------------------------------------------------------------------
+# patchify / normalize
+# ---------------------------------------------------------------------------------------------
+def _resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    h, w = size
+    if rgb.shape[:2] == (h, w):
+        return np.ascontiguousarray(rgb)
+    return np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).resize((w, h), Image.Resampling.BICUBIC))
+
+
+def _patchify(frames: np.ndarray, p: int, m: int, tp: int) -> np.ndarray:
+    """[F, H, W, C] uint8 (F == tp, or 1 for a still image) -> [F/tp * gh * gw, C*tp*p*p] uint8."""
+    f, h, w, c = frames.shape
+    gh, gw = h // p, w // p
+    if f == 1:
+        x = frames.reshape(1, gh // m, m, p, gw // m, m, p, c)
+        # (t, block_row, block_col, inner_row, inner_col, C, ph, pw) then a temporal copy axis
+        x = x.transpose(0, 1, 4, 2, 5, 7, 3, 6)[:, :, :, :, :, :, None]
+        x = np.broadcast_to(x, (*x.shape[:6], tp, p, p))
+        return x.reshape(gh * gw, c * tp * p * p)
+    gt = f // tp
+    x = frames.reshape(gt, tp, gh // m, m, p, gw // m, m, p, c)
+    # (t, block_row, block_col, inner_row, inner_col, C, T, ph, pw)
+    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
+    return x.reshape(gt * gh * gw, c * tp * p * p)
+
+
+def _normalize_lut(cfg) -> np.ndarray:
+    """[C, 256] float32: the transformers value of every uint8 level per channel: rescale in float64
+    and cast to float32 (as its `rescale` does), then (x - mean) / std in float32."""
+    levels = (np.arange(256, dtype=np.float64) * cfg.rescale_factor).astype(np.float32)
+    mean = np.asarray(cfg.image_mean, dtype=np.float32)[:, None]
+    std = np.asarray(cfg.image_std, dtype=np.float32)[:, None]
+    return (levels[None, :] - mean) / std
+
+
+def normalize_rows(pixels: torch.Tensor, cfg) -> torch.Tensor:
+    """uint8 [N, patch_dim] rows -> float32 rows normalized exactly as transformers' CPU processor
+    (bit-identical: every output is a per-channel lookup of the uint8 level)."""
+    if pixels.dtype != torch.uint8:
+        raise ValueError(f"normalize_rows takes uint8 rows, got {pixels.dtype}")
+    lut = torch.from_numpy(_normalize_lut(cfg))
+    per = cfg.temporal_patch_size * cfg.patch_size ** 2
+    channel = torch.arange(pixels.shape[1]) // per  # channel of column j is j // (T*P*P)
+    return lut[channel[None, :], pixels.cpu().long()]
+
+
+# ---------------------------------------------------------------------------------------------
+# preprocess
+# ---------------------------------------------------------------------------------------------
+def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatch:
+    """Images and/or videos -> `PatchBatch` in the transformers Qwen2-VL layout (module docstring).
+
+    Accepted inputs: one item or a list/tuple of items, where an item is
+      * an image: a PIL.Image, or a uint8 numpy array / torch tensor, channels last, shaped
+        [H, W, 3] (RGB), [H, W] or [H, W, 1] (grey), or [H, W, 4] (RGBA);
+      * a video: a uint8 numpy array / torch tensor [T, H, W, C] (C as for images), or
+        `Video(frames)` with a list of images (all the same size). A plain list of images is a
+        batch of images, never a video. T must be a multiple of cfg.temporal_patch_size (2):
+        an odd frame count is a ValueError, drop the last frame or repeat it yourself.
+    Colour conversions, chosen to give the same pixels as transformers' `convert_to_rgb`:
+      * grey (2-D arrays, [H, W, 1], PIL "L"/"1") becomes RGB by repeating the channel;
+      * transparency is composited onto a white background: for arrays [H, W, 4] in float64,
+        a*rgb + (1-a)*255 with a = alpha/255, rounded half-to-even; for PIL images with an alpha
+        band or a "transparency" entry (RGBA, LA, PA, P with transparency) via PIL's
+        `alpha_composite` on white (the two paths agree on all 256 x 256 (value, alpha) pairs);
+      * other 8-bit PIL modes (P, CMYK, YCbCr, RGBX, ...) use `Image.convert("RGB")`;
+        16-bit / float PIL modes ("I", "I;16", "F") are a ValueError.
+    Every item is resized with PIL bicubic to smart_resize(h, w, patch_size * merge_size,
+    cfg.min_pixels, cfg.max_pixels) (small images are upscaled; a side of 0 or an aspect ratio above
+    200 is a ValueError). Video frames all get the size smart_resize gives for the frame size
+    (transformers' video processor differs: torchvision resize and its own size rule).
+
+    Returns uint8 pixels, or with `normalize=True` float32 pixels equal to transformers' default
+    (rescale + normalize) output. grid_thw is [1, gh, gw] per image and [T/2, gh, gw] per video.
+    """
+    if getattr(cfg, "in_channels", None) != 3:
+        raise ValueError(f"preprocess makes RGB rows; cfg.in_channels={getattr(cfg, 'in_channels', None)} "
+                         f"is not supported (must be 3)")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {normalize!r}")
+    p, m, tp = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+    factor = p * m
+    rows, grids = [], []
+    for i, (kind, x) in enumerate(_items(images_or_videos)):
+        what = f"{kind} {i}"
+        if kind == "image":
+            frames = _image_to_rgb(x, what)[None]
+        else:
+            frames = _frames_to_rgb(x, what)
+            if frames.shape[0] % tp:
+                raise ValueError(
+                    f"{what} has {frames.shape[0]} frames, not a multiple of temporal_patch_size={tp} "
+                    f"(an odd frame count); drop the last frame or repeat it to make it even")
+        f, h, w, _ = frames.shape
+        if h == 0 or w == 0:
+            raise ValueError(f"{what} has zero size: {h}x{w} (HxW)")
+        th, tw = smart_resize(h, w, factor, cfg.min_pixels, cfg.max_pixels)
+        resized = np.stack([_resize(fr, (th, tw)) for fr in frames])
+        rows.append(_patchify(resized, p, m, tp))
+        grids.append([1 if kind == "image" else f // tp, th // p, tw // p])
+    pixels = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
+    batch = PatchBatch(pixels, torch.tensor(grids, dtype=torch.int64))
+    if normalize:
+        batch = PatchBatch(normalize_rows(batch.pixels, cfg), batch.grid_thw)
+    return batch

@@ -1,0 +1,329 @@
+"""Pieces shared by both Qwen vision-tower families.
+
+The forward is split the way serving engines split it: `prepare(grid_thw)` runs on the host and
+builds every data-dependent tensor (rotary cos/sin, cu_seqlens, window index) as a
+`TowerMetadata`; `forward_prepared(pixels, meta)` only does fixed-shape device work, so a CUDA
+graph can capture it and replay it after new metadata is copied into the same buffers.
+
+Module and parameter names follow the checkpoints (`patch_embed.proj`, `blocks.N.norm1`,
+`attn.qkv`, `merger.ln_q`, `merger.mlp.0`), so a transformers state dict loads unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import ATTN_BACKENDS, resolve_backend, varlen_attention
+from ..config import VisionConfig
+
+
+@dataclass
+class TowerMetadata:
+    """Host-prepared, data-dependent inputs of `forward_prepared` (all on the tower's device).
+
+    Row counts include padding: `n_rows` is what the pixel tensor holds, `n_valid_rows` how many
+    leading rows are real. Rows past `cu_seqlens[-1]` belong to no sequence.
+    """
+
+    cos: torch.Tensor                      # [n_rows, head_dim] rotary, in the order the blocks see rows
+    sin: torch.Tensor                      # [n_rows, head_dim]
+    cu_seqlens: torch.Tensor               # int32 [S+1] full attention, one sequence per frame
+    max_seqlen: int
+    n_rows: int
+    n_valid_rows: int
+    n_valid: torch.Tensor                  # 0-d int32 = n_valid_rows, on the device (graph-safe norms)
+    cu_window_seqlens: torch.Tensor | None = None   # int32 [W+1] (Qwen2.5-VL window attention)
+    max_window_seqlen: int | None = None
+    window_index: torch.Tensor | None = None        # int64 [n_rows/4]: merge units in window order
+    reverse_index: torch.Tensor | None = None       # int64 [n_rows/4]: inverse permutation
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)}
+
+    def to(self, device) -> "TowerMetadata":
+        return dataclasses.replace(self, **{k: v.to(device, non_blocking=True) for k, v in self.tensors().items()})
+
+    def copy_(self, src: "TowerMetadata") -> "TowerMetadata":
+        """Copy `src`'s tensors into this metadata's tensors in place (static graph buffers).
+
+        Shapes must match (a runner prepares `src` padded to the same budget); host-side ints
+        (`max_seqlen`, ...) are not copied: they were fixed when the graph was captured."""
+        for name, dst in self.tensors().items():
+            s = getattr(src, name)
+            if s is None or s.shape != dst.shape:
+                raise ValueError(f"metadata field {name!r}: shape {None if s is None else tuple(s.shape)} does "
+                                 f"not fit the static buffer {tuple(dst.shape)}; prepare it with the same padding")
+            dst.copy_(s, non_blocking=True)
+        self.n_valid_rows = src.n_valid_rows
+        return self
+
+
+def check_grid(grid_thw: torch.Tensor, cfg: VisionConfig) -> list[tuple[int, int, int]]:
+    """Validate grid_thw ([k, 3] integer, positive, h and w divisible by merge_size); return it as ints."""
+    if not isinstance(grid_thw, torch.Tensor) or grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
+        raise ValueError(f"grid_thw must be an integer tensor [k, 3] of (t, h, w), got "
+                         f"{getattr(grid_thw, 'shape', type(grid_thw))}")
+    if grid_thw.dtype.is_floating_point or grid_thw.dtype == torch.bool:
+        raise ValueError(f"grid_thw must hold integers, got dtype {grid_thw.dtype}")
+    grid = [tuple(int(v) for v in row) for row in grid_thw.tolist()]
+    m = cfg.merge_size
+    for i, (t, h, w) in enumerate(grid):
+        if t < 1 or h < 1 or w < 1:
+            raise ValueError(f"grid_thw[{i}] = {(t, h, w)} has a non-positive entry")
+        if h % m or w % m:
+            raise ValueError(f"grid_thw[{i}] = {(t, h, w)}: h and w must be multiples of merge_size={m} "
+                             f"(the merger groups {m}x{m} patches)")
+    return grid
+
+
+def rotary_inv_freq(cfg: VisionConfig, dtype=torch.float32) -> torch.Tensor:
+    """head_dim/4 inverse frequencies, shared by the h and w halves of the 2-D rotary."""
+    half = cfg.head_dim // 2
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, half, 2, dtype=dtype) / half))
+
+
+def merge_block_positions(grid: list[tuple[int, int, int]], merge: int) -> torch.Tensor:
+    """(h, w) patch coordinates of every row, rows in merge-block-major order; int64 [N, 2]."""
+    out = []
+    for t, h, w in grid:
+        hh = torch.arange(h).view(h // merge, merge, 1, 1).expand(h // merge, merge, w // merge, merge)
+        ww = torch.arange(w).view(1, 1, w // merge, merge).expand(h // merge, merge, w // merge, merge)
+        # (block_row, block_col, inner_row, inner_col)
+        pos = torch.stack([hh.permute(0, 2, 1, 3).reshape(-1), ww.permute(0, 2, 1, 3).reshape(-1)], dim=-1)
+        out.append(pos.repeat(t, 1))
+    return torch.cat(out)
+
+
+def rotary_cos_sin(pos: torch.Tensor, cfg: VisionConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [N, head_dim]: angles (h-freqs | w-freqs) repeated twice for rotate-half."""
+    math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    inv = rotary_inv_freq(cfg, math_dtype)
+    ang = (pos.to(math_dtype)[:, :, None] * inv).flatten(1)         # [N, head_dim/2] = (h..., w...)
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def pad_offsets(offsets: list[int], n_segments: int | None) -> torch.Tensor:
+    """int32 cumulative offsets, padded to n_segments+1 entries by repeating the last offset."""
+    if n_segments is not None:
+        if len(offsets) - 1 > n_segments:
+            raise ValueError(f"{len(offsets) - 1} sequences do not fit the {n_segments} segment slots")
+        offsets = offsets + [offsets[-1]] * (n_segments + 1 - len(offsets))
+    return torch.tensor(offsets, dtype=torch.int32)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, H, D]; cos/sin: [N, D] (fp32, or fp64 for an fp64 tower). Math in cos's dtype."""
+    xf = x.to(cos.dtype)
+    return (xf * cos[:, None] + rotate_half(xf) * sin[:, None]).to(x.dtype)
+
+
+class PatchEmbed(nn.Module):
+    """Conv3d with stride = kernel over (C, T, P, P) == one matmul per row (no bias).
+
+    The weight keeps the checkpoint's Conv3d shape [width, C, T, P, P]."""
+
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.proj = nn.Module()
+        self.proj.weight = nn.Parameter(torch.empty(cfg.width, cfg.in_channels, cfg.temporal_patch_size,
+                                                    cfg.patch_size, cfg.patch_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [N, 1176] tower dtype
+        w = self.proj.weight
+        return x @ w.view(w.shape[0], -1).t()
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.heads, self.head_dim = cfg.heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=True)
+        self.proj = nn.Linear(cfg.width, cfg.width, bias=True)
+
+    def forward(self, x, cu_seqlens, max_seqlen, cos, sin, backend):  # x: [N, width]
+        n = x.shape[0]
+        q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend)
+        return self.proj(o.reshape(n, -1))
+
+
+class RMSNorm(nn.Module):
+    """Qwen2.5-VL RMSNorm: statistics in fp32, scale applied after casting back."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float() if x.dtype != torch.float64 else x
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class PatchMerger(nn.Module):
+    """Normalize, group each merge block (4 consecutive rows) into one row, 2-layer MLP with GELU."""
+
+    def __init__(self, cfg: VisionConfig, norm: nn.Module):
+        super().__init__()
+        self.merged = cfg.width * cfg.merge_unit
+        self.ln_q = norm
+        self.mlp = nn.Sequential(nn.Linear(self.merged, self.merged), nn.GELU(),
+                                 nn.Linear(self.merged, cfg.out_hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, width] -> [N/4, out_hidden]
+        return self.mlp(self.ln_q(x).view(-1, self.merged))
+
+
+class VisionTower(nn.Module):
+    """Base class of both families: input embedding, metadata preparation, weight loading.
+
+    `input_norm` is the device normalization module when normalization is the tower's first op
+    (placement `tower`); `device_norm=True` declares that the tower is built for device
+    normalization, and then a missing norm module is an error rather than a silent identity.
+    """
+
+    family: str = ""
+
+    def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
+                 attn_backend: str = "auto"):
+        super().__init__()
+        if cfg.family != self.family:
+            raise ValueError(f"{type(self).__name__} builds family {self.family!r}, config {cfg.name!r} "
+                             f"is {cfg.family!r}")
+        if device_norm and input_norm is None:
+            raise ValueError("this tower is built for device normalization (device_norm=True) but no norm "
+                             "module was given; pass input_norm=wb.make_norm(name, cfg) with name in "
+                             "wb.NORMS (an implicit identity would silently skip normalization)")
+        self.cfg = cfg
+        self.device_norm = device_norm
+        self.input_norm = input_norm
+        self.attn_backend = attn_backend
+        if attn_backend not in ATTN_BACKENDS:
+            raise ValueError(f"unknown attention backend {attn_backend!r}; valid: {ATTN_BACKENDS}")
+        self.patch_embed = PatchEmbed(cfg)
+
+    # ---- properties ------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.patch_embed.proj.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.patch_embed.proj.weight.device
+
+    # ---- host side -------------------------------------------------------------------------
+    def prepare(self, grid_thw: torch.Tensor, n_rows: int | None = None, n_segments: int | None = None,
+                max_seqlen: int | None = None, n_window_segments: int | None = None,
+                max_window_seqlen: int | None = None, device=None) -> TowerMetadata:
+        """Build the metadata for `grid_thw` on the host and move it to `device` (default: the tower's).
+
+        Padding arguments (for a graph runner's fixed budgets): `n_rows` total rows including
+        padding (a multiple of 4), `n_segments` / `n_window_segments` the number of sequence slots
+        (tails repeat the last offset), `max_seqlen` / `max_window_seqlen` the bound fixed at
+        capture. Padding rows get rotary angle 0 and belong to no sequence.
+        """
+        cfg = self.cfg
+        grid = check_grid(grid_thw, cfg)
+        n_valid = sum(t * h * w for t, h, w in grid)
+        n_rows = n_valid if n_rows is None else int(n_rows)
+        if n_rows < n_valid or n_rows % cfg.merge_unit:
+            raise ValueError(f"n_rows={n_rows} must be a multiple of {cfg.merge_unit} and >= the {n_valid} "
+                             "rows of grid_thw")
+        pos = torch.zeros(n_rows, 2, dtype=torch.int64)
+        pos[:n_valid] = merge_block_positions(grid, cfg.merge_size)
+        cos, sin = rotary_cos_sin(pos, cfg, self.dtype)
+        frame_rows = [h * w for t, h, w in grid for _ in range(t)]
+        offsets = [0]
+        for r in frame_rows:
+            offsets.append(offsets[-1] + r)
+        meta = TowerMetadata(cos=cos, sin=sin, cu_seqlens=pad_offsets(offsets, n_segments),
+                             max_seqlen=max(frame_rows) if max_seqlen is None else int(max_seqlen),
+                             n_rows=n_rows, n_valid_rows=n_valid,
+                             n_valid=torch.tensor(n_valid, dtype=torch.int32))
+        meta = self._prepare_family(meta, grid, n_window_segments, max_window_seqlen)
+        return meta.to(self.device if device is None else device)
+
+    def _prepare_family(self, meta, grid, n_window_segments, max_window_seqlen) -> TowerMetadata:
+        return meta
+
+    # ---- device side -----------------------------------------------------------------------
+    def embed_input(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
+        """First op: normalize on the device (placement `tower`) or cast what arrives."""
+        if self.input_norm is not None:
+            return self.input_norm(pixels, self.dtype, n_valid=meta.n_valid)
+        # no device norm: the tower trusts its input, as engines' towers do (a uint8 batch is
+        # then cast raw, which is exactly the silent failure the studies expose)
+        return pixels.to(self.dtype)
+
+    def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """pixels [N, 1176] (uint8 for a device-normalizing tower, else float) -> merged [N/4, out_hidden]."""
+        if pixels.dim() != 2 or pixels.shape[1] != self.cfg.patch_dim:
+            raise ValueError(f"pixels must be [N, {self.cfg.patch_dim}], got {tuple(pixels.shape)}")
+        meta = self.prepare(grid_thw)
+        if pixels.shape[0] != meta.n_rows:
+            raise ValueError(f"pixels have {pixels.shape[0]} rows but grid_thw adds up to {meta.n_rows}")
+        return self.forward_prepared(pixels.to(self.device), meta)
+
+    def backend_for(self, x: torch.Tensor) -> str:
+        return resolve_backend(self.attn_backend, x.device, x.dtype)
+
+    # ---- weights ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_random(self, seed: int = 0, std: float = 0.02) -> "VisionTower":
+        """Checkpoint-like random weights: N(0, std) matrices, small random biases, norm weights ~1."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.startswith("input_norm."):
+                continue
+            r = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name.endswith("ln_q.weight"):
+                p.copy_(1.0 + 0.1 * r)
+            else:
+                p.copy_(std * r)
+        return self
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> "VisionTower":
+        """Load a transformers vision-model state dict (keys may carry a `...visual.` prefix).
+
+        Raises ValueError naming every missing, unexpected or mis-shaped key."""
+        prefixes = {k[: k.index("visual.") + len("visual.")] for k in sd if "visual." in k}
+        if len(prefixes) == 1 and all(k.startswith(next(iter(prefixes))) for k in sd):
+            p = next(iter(prefixes))
+            sd = {k[len(p):]: v for k, v in sd.items()}
+        sd = {k: v for k, v in sd.items() if not k.endswith("inv_freq")}
+        own = {k: v for k, v in self.state_dict().items() if not k.startswith("input_norm.")}
+        missing = sorted(set(own) - set(sd))
+        unexpected = sorted(set(sd) - set(own))
+        shapes = sorted(f"{k}: checkpoint {tuple(sd[k].shape)} vs tower {tuple(own[k].shape)}"
+                        for k in set(own) & set(sd) if tuple(sd[k].shape) != tuple(own[k].shape))
+        if missing or unexpected or shapes:
+            def show(xs):
+                return ", ".join(xs[:12]) + (f" (+{len(xs) - 12} more)" if len(xs) > 12 else "")
+            parts = []
+            if missing:
+                parts.append(f"missing from the checkpoint: {show(missing)}")
+            if unexpected:
+                parts.append(f"not in the {self.cfg.family} tower {self.cfg.name!r}: {show(unexpected)}")
+            if shapes:
+                parts.append(f"shape mismatch: {show(shapes)}")
+            raise ValueError("state dict does not fit: " + "; ".join(parts))
+        with torch.no_grad():
+            for k, v in own.items():
+                v.copy_(sd[k])
+        return self

@@ -1,0 +1,46 @@
+"""Qwen2-VL vision tower: LayerNorm pre-norm blocks, full attention everywhere, QuickGELU MLP."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import VisionConfig
+from .common import PatchMerger, TowerMetadata, VisionAttention, VisionTower
+
+
+class QuickGELU(nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(1.702 * x)
+
+
+class Qwen2VLBlock(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.eps)
+        self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.eps)
+        self.attn = VisionAttention(cfg)
+        self.mlp = nn.Module()
+        self.mlp.fc1 = nn.Linear(cfg.width, cfg.mlp_hidden)
+        self.mlp.act = QuickGELU()
+        self.mlp.fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
+
+    def forward(self, x, cu_seqlens, max_seqlen, cos, sin, backend):
+        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, cos, sin, backend)
+        return x + self.mlp.fc2(self.mlp.act(self.mlp.fc1(self.norm2(x))))
+
+
+class Qwen2VisionTower(VisionTower):
+    family = "qwen2-vl"
+
+    def __init__(self, cfg: VisionConfig, **kw):
+        super().__init__(cfg, **kw)
+        self.blocks = nn.ModuleList(Qwen2VLBlock(cfg) for _ in range(cfg.depth))
+        self.merger = PatchMerger(cfg, nn.LayerNorm(cfg.width, eps=cfg.eps))
+
+    def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
+        """pixels [n_rows, 1176] -> merged embeddings [n_rows/4, out_hidden], fixed shapes only."""
+        x = self.patch_embed(self.embed_input(pixels, meta))              # [N, width]
+        backend = self.backend_for(x)
+        for blk in self.blocks:
+            x = blk(x, meta.cu_seqlens, meta.max_seqlen, meta.cos, meta.sin, backend)
+        return self.merger(x)
