@@ -1,11 +1,12 @@
-"""Shared test setup. Triton kernels run on CPU only under the interpreter, which must be chosen
-before triton is first imported, so it is set here for the whole session."""
+"""Shared test setup. Without a GPU, Triton kernels run only under the interpreter, which must be
+chosen before the first kernel is compiled, so it is set here for the whole session."""
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

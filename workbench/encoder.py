@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .config import VisionConfig
-from .norms import NORMS, make_norm
+from .norms import NORMS, _interpreting, make_norm
 from .preprocess import PatchBatch
 from .towers import build_tower
 
@@ -166,11 +166,9 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
         cfg = VisionConfig.preset(cfg)
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype)
-    if norm.startswith("triton") and dev.type == "cpu":
-        import os
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"norm {norm!r} is a Triton kernel; on CPU it runs only under TRITON_INTERPRET=1 "
-                             f"(set it before importing workbench); CPU-native choices: 'eager', 'identity'")
+    if norm.startswith("triton") and dev.type == "cpu" and not _interpreting():
+        raise ValueError(f"norm {norm!r} is a Triton kernel; on CPU it runs only under TRITON_INTERPRET=1 "
+                         f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
     enc = VisionEncoder(cfg, placement, norm, dtype, dev, attn_backend=attn_backend, check_inputs=check_inputs)
     if seed is not None:
         enc.visual.to(torch.float32)

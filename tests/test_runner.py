@@ -1,0 +1,162 @@
+"""The encoder graph runner (emulated backend on CPU) and the placement x path wiring."""
+import dataclasses
+
+import pytest
+import torch
+
+import workbench as wb
+from workbench.reference import rel_err
+from workbench.runner import EncoderGraphRunner, default_budgets
+
+CORRECT = ("processor", "tower", "runner")
+FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl")
+BUDGETS = [8, 16, 24, 32]
+
+
+def small_cfg(preset):
+    # cap image size so the mixed batch packs across several budgets and one photo misses them all
+    return dataclasses.replace(wb.VisionConfig.preset(preset), max_pixels=200 * 200)
+
+
+@pytest.fixture(scope="module")
+def items():
+    p = wb.sample_images()
+    # merged tokens at max_pixels=200*200: 12, 20, 12 (a 4-frame video), 4, and 40 (larger than every budget)
+    return [p["chelsea"].resize((120, 84)), p["coffee"].resize((150, 100)), wb.Video(wb.sample_video(4, size=(56, 84))),
+            p["astronaut"].resize((64, 64)), p["rocket"]]
+
+
+def batch_for(enc, items):
+    return wb.preprocess(items, enc.cfg, normalize=enc.input_kind == "normalized")
+
+
+def reference(cfg, items, seed):
+    ref = wb.build_encoder(cfg, placement="processor", norm="eager", dtype=torch.float64, device="cpu", seed=seed)
+    b = wb.preprocess(items, cfg, normalize=True)
+    with torch.no_grad():
+        return ref.visual(b.pixels.double(), b.grid_thw)
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+@pytest.mark.parametrize("placement", CORRECT)
+def test_emulated_runner_equals_eager_for_correct_placements(preset, placement, items, seed):
+    cfg = small_cfg(preset)
+    enc = wb.build_encoder(cfg, placement=placement, norm="eager", dtype=torch.float32, device="cpu", seed=seed)
+    batch = batch_for(enc, items)
+    runner = EncoderGraphRunner(enc, budgets=BUDGETS, buffer_dtype=torch.float32, max_items=4)
+    assert runner.backend == "emulated"
+    eager = enc.encode(batch)
+    graph = enc.encode(batch, path="cudagraph", runner=runner)
+    assert rel_err(graph, eager) < 1e-6
+    assert rel_err(graph, reference(cfg, items, seed)) < 1e-5
+    st = runner.stats_frame()
+    assert st.miss.sum() >= 1, "the largest photo must miss every budget"
+    assert len(set(st.budget[~st.miss])) >= 2, "packs must use several budgets"
+    assert (st.valid_rows + st.padded_rows == 4 * st.budget)[~st.miss].all()
+    assert st.valid_rows.sum() == batch.n_rows
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_outer_placement_is_wrong_under_cudagraph_and_right_eager(preset, items, seed):
+    cfg = small_cfg(preset)
+    enc = wb.build_encoder(cfg, placement="outer", norm="eager", dtype=torch.float32, device="cpu", seed=seed)
+    batch = batch_for(enc, items)
+    ref = reference(cfg, items, seed)
+    assert rel_err(enc.encode(batch), ref) < 1e-5
+    runner = EncoderGraphRunner(enc, budgets=BUDGETS, buffer_dtype=torch.bfloat16, max_items=4)
+    graph = enc.encode(batch, path="cudagraph", runner=runner)
+    # packed items skip the outer model's normalization; the miss runs eagerly and stays right
+    miss = [r for r in runner.stats if r.miss]
+    assert len(miss) == 1
+    tok = [r // 4 for r in batch.item_rows]
+    starts = [s.start // 4 for s in batch.item_slices]
+    big = max(range(len(tok)), key=tok.__getitem__)
+    for i in range(len(tok)):
+        sl = slice(starts[i], starts[i] + tok[i])
+        err = rel_err(graph[sl], ref[sl])
+        assert (err < 1e-5) if i == big else (err > 0.1), (i, err)
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+@pytest.mark.parametrize("placement", ["none", "double"])
+def test_none_and_double_are_wrong_on_every_path(preset, placement, items, seed):
+    cfg = small_cfg(preset)
+    enc = wb.build_encoder(cfg, placement=placement, norm="eager", dtype=torch.float32, device="cpu", seed=seed,
+                           check_inputs=False)
+    batch = batch_for(enc, items)
+    ref = reference(cfg, items, seed)
+    runner = EncoderGraphRunner(enc, budgets=BUDGETS, buffer_dtype=torch.float32, max_items=4)
+    assert rel_err(enc.encode(batch), ref) > 0.1
+    assert rel_err(enc.encode(batch, path="cudagraph", runner=runner), ref) > 0.1
+
+
+def test_uint8_buffer_and_bf16_buffer_give_the_same_tower_result(items, seed):
+    cfg = small_cfg("tiny-qwen2.5-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=seed)
+    batch = batch_for(enc, items)
+    outs = [EncoderGraphRunner(enc, budgets=BUDGETS, buffer_dtype=d, max_items=4).encode(batch)
+            for d in (torch.uint8, torch.bfloat16, torch.float32)]
+    # 0..255 integers are exact in bf16, so every buffer dtype feeds the same values
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+
+
+def test_nan_padding_does_not_reach_real_rows(items, seed):
+    cfg = small_cfg("tiny-qwen2.5-vl")
+    for backend in ("loop", "masked"):
+        enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=seed,
+                               attn_backend=backend)
+        batch = batch_for(enc, items)
+        runner = EncoderGraphRunner(enc, budgets=BUDGETS, buffer_dtype=torch.float32, max_items=4)
+        clean = runner.encode(batch)
+        runner.poison_pool()
+        assert torch.isnan(runner.graphs[BUDGETS[-1]].out).all()
+        poisoned = runner.encode(batch, pad_value=float("nan"))
+        assert torch.isfinite(poisoned).all() and torch.equal(clean, poisoned), backend
+
+
+@pytest.mark.parametrize("budgets, match", [
+    ([], "empty"), ([64, 32], "sorted"), ([32, 32], "repeat"), ([0, 32], "positive integers"),
+    ([16.5], "positive integers"), (64, "list"), ([4, 64], r"smaller than max_items=8"),
+])
+def test_bad_budgets_are_rejected(budgets, match):
+    enc = wb.build_encoder("tiny-qwen2-vl", placement="tower", norm="eager", dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match=match):
+        EncoderGraphRunner(enc, budgets=budgets, max_items=8)
+
+
+def test_bad_batches_are_rejected_and_the_runner_stays_usable(items):
+    cfg = small_cfg("tiny-qwen2-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu")
+    runner = EncoderGraphRunner(enc, budgets=BUDGETS, buffer_dtype=torch.bfloat16, max_items=4)
+    good = batch_for(enc, items[:2])
+    first = runner.encode(good)
+    with pytest.raises(ValueError, match="adds up to"):
+        bad = wb.PatchBatch(good.pixels, good.grid_thw.clone())
+        bad.grid_thw[0, 1] += 2
+        bad.__post_init__()
+    with pytest.raises(ValueError, match="raw uint8"):
+        runner.encode(wb.PatchBatch(good.pixels.float(), good.grid_thw))
+    with pytest.raises(TypeError, match="PatchBatch"):
+        runner.encode(good.pixels)
+    with pytest.raises(ValueError, match="columns"):
+        runner.encode(wb.PatchBatch(good.pixels[:, :100].contiguous(), good.grid_thw))
+    assert torch.equal(runner.encode(good), first)
+
+
+def test_uint8_buffer_cannot_hold_normalized_input():
+    enc = wb.build_encoder("tiny-qwen2-vl", placement="runner", norm="eager", dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="uint8 buffer cannot hold"):
+        EncoderGraphRunner(enc, budgets=[64], buffer_dtype=torch.uint8)
+    with pytest.raises(ValueError, match="buffer_dtype"):
+        EncoderGraphRunner(enc, budgets=[64], buffer_dtype=torch.float16)
+
+
+def test_default_budgets_are_powers_of_two_from_64():
+    assert default_budgets(300) == [64, 128, 256, 512]
+    assert default_budgets(10) == [64]
+
+
+def test_cuda_backend_needs_a_cuda_encoder():
+    enc = wb.build_encoder("tiny-qwen2-vl", placement="tower", norm="eager", dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="emulated"):
+        EncoderGraphRunner(enc, budgets=[64], backend="cuda")

@@ -1,0 +1,205 @@
+"""Command line: ``python -m workbench {report,sweep,info}`` (also installed as ``workbench``).
+
+- ``sweep``  runs the registered studies' notebooks through papermill into a new run folder
+  ``results/<UTC time>-<sha>-<name>/`` (meta.json, <study>.parquet, executed <study>.ipynb), with
+  each study's default parameters for the hardware profile (``cpu``: minutes on 2 cores; ``gpu``
+  on a CUDA host).
+- ``report`` is the main job: the default sweep, then ``results/report/index.html`` built from
+  every run folder (local and committed reference runs). ``--no-sweep`` only rebuilds the page.
+- ``info``   prints the provenance record a run would store (git, packages, device, clocks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .provenance import (REPO_ROOT, collect_meta, finish_meta, new_run_dir, write_meta,
+                         write_table)
+from .report import NO_STUDY_MESSAGE, build_report
+
+DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda"}
+
+
+def _parse_value(text: str) -> Any:
+    """``--set`` values: JSON where it parses (numbers, lists, true/false, null), else a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
+    """``KEY=VALUE`` applies to every study, ``STUDY.KEY=VALUE`` to one; keyed by study (None = all)."""
+    out: dict[str | None, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects KEY=VALUE or STUDY.KEY=VALUE, got {item!r}")
+        study, dot, name = key.rpartition(".")
+        out.setdefault(study if dot else None, {})[name] = _parse_value(value)
+    return out
+
+
+def _select(studies: dict, names: str | None) -> list:
+    if not names:
+        return [studies[k] for k in sorted(studies)]
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in studies]
+    if unknown:
+        raise SystemExit(f"unknown studies {unknown}; registered: {sorted(studies) or 'none'}")
+    return [studies[n] for n in wanted]
+
+
+def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
+    """Run the selected studies into a new run folder; returns (run folder, failures)."""
+    from .studies import default_profile, discover
+
+    studies = discover()
+    if not studies:
+        print(NO_STUDY_MESSAGE)
+        return None, []
+    selected = _select(studies, args.studies)
+    profile = default_profile() if args.profile == "auto" else args.profile
+    device = DEVICE_OF_PROFILE[profile]
+    sets = _parse_sets(args.set or [])
+    run_dir = new_run_dir(args.results, name=args.name or profile)
+    plan = {s.name: s.params(profile, **{**sets.get(None, {}), **sets.get(s.name, {})})
+            for s in selected}
+    meta = collect_meta({"profile": profile, "device": device,
+                         "mode": "direct" if args.direct else "papermill", "studies": plan})
+    write_meta(run_dir, meta)
+    print(f"sweep: profile {profile}, {len(selected)} stud{'y' if len(selected) == 1 else 'ies'} "
+          f"-> {run_dir}")
+
+    from tqdm.auto import tqdm
+
+    failures: list[str] = []
+    for study in tqdm(selected, desc="studies", unit="study", disable=len(selected) < 2):
+        params = plan[study.name]
+        table = run_dir / f"{study.name}.parquet"
+        try:
+            if args.direct:
+                write_table(study.run(**params), table)
+            else:
+                _run_notebook(study, params, device, run_dir, args.kernel)
+            if not table.is_file():
+                raise RuntimeError(f"the study wrote no {table.name}")
+        except Exception as e:  # noqa: BLE001 - record it, go on with the other studies
+            failures.append(f"{study.name}: {type(e).__name__}: {e}")
+            print(f"sweep: {study.name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+    meta["failures"] = failures
+    write_meta(run_dir, finish_meta(meta))
+    print(f"sweep: done in {meta['duration_s']:.1f} s, {len(failures)} failure(s): {run_dir}")
+    return run_dir, failures
+
+
+def _run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path,
+                  kernel: str) -> None:
+    nb = REPO_ROOT / study.notebook
+    if not nb.is_file():
+        raise FileNotFoundError(f"notebook {study.notebook} is missing (--direct skips notebooks)")
+    try:
+        import papermill as pm
+    except ImportError as e:
+        raise RuntimeError("papermill is not installed (make setup, or make wheels on a GPU "
+                           "host; --direct runs studies without notebooks)") from e
+    pm.execute_notebook(
+        str(nb),
+        str(run_dir / f"{study.name}.ipynb"),
+        parameters={**params, "device": device, "run_dir": str(run_dir.resolve())},
+        kernel_name=kernel,
+        cwd=str(REPO_ROOT),
+        progress_bar=True,
+    )
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    params = json.loads(args.params) if args.params else None
+    print(json.dumps(collect_meta(params), indent=2, default=str))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    _, failures = run_sweep(args)
+    return 1 if failures else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    failures: list[str] = []
+    if not args.no_sweep:
+        _, failures = run_sweep(args)
+    result = build_report(args.results, args.out)
+    if result.no_study and args.no_sweep:
+        print(NO_STUDY_MESSAGE)
+    print(f"report: {len(result.runs)} run folder(s), {len(result.sections)} stud"
+          f"{'y' if len(result.sections) == 1 else 'ies'} -> {result.index}")
+    for problem in result.problems:
+        print(f"report: summary failed for {problem}", file=sys.stderr)
+    return 1 if failures or result.problems else 0
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sweep")
+    g.add_argument("--profile", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="default parameters to use: auto = gpu on a CUDA host, else cpu "
+                        "(default: %(default)s)")
+    g.add_argument("--studies", metavar="A,B",
+                   help="comma-separated studies to run (default: every registered study)")
+    g.add_argument("--set", action="append", metavar="[STUDY.]KEY=VALUE",
+                   help="override a parameter, for every study or for one (repeatable; VALUE "
+                        "is JSON where it parses, else a string)")
+    g.add_argument("--name", help="suffix of the run folder name (default: the profile)")
+    g.add_argument("--direct", action="store_true",
+                   help="call the studies' run functions in this process instead of executing "
+                        "their notebooks with papermill")
+    g.add_argument("--kernel", default="python3",
+                   help="Jupyter kernel for papermill (default: %(default)s, this interpreter)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m workbench",
+        description="Vision-encoder input-normalization workbench: run the studies, build the "
+                    "report, show provenance.",
+        epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
+               "<study>.parquet per study; committed GPU reference runs live in "
+               "results/reference/.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,info}")
+
+    p = sub.add_parser("report", help="the main job: default sweep, then results/report/index.html",
+                       description="Run the default sweep for this hardware (unless --no-sweep), "
+                                   "then build <results>/report/index.html from every run folder.")
+    p.add_argument("--results", default="results", type=Path, metavar="DIR",
+                   help="folder holding the run folders (default: %(default)s)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="where to write the report (default: <results>/report)")
+    p.add_argument("--no-sweep", action="store_true",
+                   help="only rebuild the report from the run folders already there")
+    _add_sweep_options(p)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("sweep", help="run the studies into a new run folder",
+                       description="Run the registered studies (their notebooks, via papermill) "
+                                   "into a new run folder under --results.")
+    p.add_argument("--results", default="results", type=Path, metavar="DIR",
+                   help="where the new run folder goes (default: %(default)s)")
+    _add_sweep_options(p)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("info", help="print this machine's provenance record as JSON",
+                       description="Print the meta.json record a run started now would store.")
+    p.add_argument("--params", metavar="JSON", help="parameters to include, as a JSON object")
+    p.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,496 @@
+"""Device-side input normalization of raw pixel rows: five interchangeable implementations.
+
+Serving engines ship raw pixel rows to the GPU and normalize them there, as the first op of the
+vision tower::
+
+    y[n, j] = x[n, j] * scale[c] + shift[c],   c = j // (T * P * P)
+    scale = rescale / std,  shift = -mean / std            (fp32 math, output in the tower dtype)
+
+`pixels` is ``[N, patch_dim]`` (``patch_dim = C*T*P*P = 1176`` for every real Qwen tower), either
+uint8 or a float tensor that holds the integers 0..255.
+
+Binding contract, shared by every implementation (see `InputNorm.forward`)::
+
+    norm(pixels, out_dtype, out=None, n_valid=None) -> Tensor [N, patch_dim] of out_dtype
+
+* ``out``: optional preallocated contiguous ``[N, patch_dim]`` tensor of ``out_dtype`` on the
+  pixels' device; written in place and returned.
+* ``n_valid``: optional 0-d int32/int64 tensor on the pixels' device, the number of leading real
+  rows (the rest is padding of a fixed-shape CUDA-graph bucket). It is never read on the host.
+  Rows at or beyond it are not written: with ``out`` they keep their previous contents bit for
+  bit, without ``out`` they are unspecified. Values above N act as N, values below 0 as 0.
+* Every implementation is CUDA-graph capturable: no host syncs, no data-dependent shapes. The
+  one sync in this module, the integer check of float input, is skipped while a graph is being
+  captured.
+* Non-contiguous ``pixels`` or ``out`` are rejected rather than copied: a hidden ``.contiguous()``
+  would add a full read+write of the input to every measurement this workbench makes.
+
+Implementations (`NORMS`):
+
+``eager``           plain torch, fp32 temporaries (the engines' fallback; the slow baseline).
+``triton_channel``  one program per (row, channel) over 392 values with a 2048-wide block.
+``triton_flat``     1-D grid over all N*1176 elements, channel recomputed per element.
+``triton_rows``     2-D tiles of whole rows with per-column scale/shift; skips padding tiles.
+``identity``        cast only: models a forgotten normalization.
+
+Triton and ``TRITON_INTERPRET``: the kernels are plain functions here and are passed to
+``triton.jit`` lazily, on the first call of a Triton norm in the process. ``triton.jit`` reads
+``TRITON_INTERPRET`` when it wraps a function, so setting ``TRITON_INTERPRET=1`` at any time before
+that first call (e.g. at the top of a test module, before or after importing this one) runs the
+kernels in Triton's CPU interpreter; after the first call the choice is fixed for the process.
+Without the interpreter the Triton norms need CUDA tensors.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from torch import nn
+
+from workbench.config import VisionConfig
+
+NORMS = ("eager", "triton_channel", "triton_flat", "triton_rows", "identity")
+
+INPUT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TRITON_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TORCH_OUT_DTYPES = TRITON_OUT_DTYPES + (torch.float64,)
+
+# triton_rows tile configurations the GPU benchmark sweeps; the first one is the default.
+# Why these: a row is 1176 contiguous bytes, so a [BLOCK_R, 2048] tile covers BLOCK_R whole rows
+# in one masked pass (43% of the lanes idle, but idle lanes cost issue slots, not bandwidth), and
+# all of the program's loads are issued before its first store. 8 rows x 2048 with 8 warps is 64
+# values per thread: 60 registers for uint8 -> bf16 (Triton 3.9, ptxas sm_90a), so 4 programs
+# (32 warps) fit an SM by registers and keep ~37 KB of reads in flight per SM, about what
+# HBM3e needs (4.8 TB/s x ~0.7 us latency / 132 SMs ~ 26 KB). 65536 rows give 8192 programs
+# (~62 per SM, so the last wave costs < 2%), and padding is skipped at 8-row granularity.
+# The column-looped shapes (512 and 256 wide: 3 and 5 column tiles) waste fewer lanes, but the
+# compiler cannot prove `out` does not alias `pixels`, so each column tile's loads wait for the
+# previous tile's stores (checked in the PTX); the sweep decides between the two trade-offs.
+ROWS_CONFIGS = (
+    dict(block_rows=8, block_cols=2048, num_warps=8),
+    dict(block_rows=4, block_cols=2048, num_warps=4),
+    dict(block_rows=8, block_cols=2048, num_warps=4),
+    dict(block_rows=16, block_cols=2048, num_warps=8),
+    dict(block_rows=16, block_cols=512, num_warps=4),
+    dict(block_rows=32, block_cols=256, num_warps=4),
+)
+
+CHANNEL_BLOCK = 2048      # the peer engine's block over one channel's L = T*P*P = 392 values
+FLAT_BLOCK = 1024
+FLAT_WARPS = 4
+CHANNEL_WARPS = 4
+
+_DTYPE_NAMES = {torch.uint8: "uint8", torch.float16: "float16", torch.bfloat16: "bfloat16",
+                torch.float32: "float32", torch.float64: "float64"}
+
+
+def _names(dtypes) -> str:
+    return ", ".join(_DTYPE_NAMES[d] for d in dtypes)
+
+
+_REPLAYING = 0
+
+
+class replaying:
+    """Context in which host-side value checks are skipped, as in a captured CUDA graph.
+
+    A graph replay runs no Python, so no check can fire there; an emulated replay enters this
+    context so that it behaves the same (bad values flow through instead of raising)."""
+
+    def __enter__(self):
+        global _REPLAYING
+        _REPLAYING += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _REPLAYING
+        _REPLAYING -= 1
+        return False
+
+
+def _is_capturing() -> bool:
+    return _REPLAYING > 0 or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+# ---- Triton kernels ------------------------------------------------------------------------
+# Kept as plain functions and jitted on first use (see the module docstring). D (columns), L and
+# C are constexpr: with D = 1176 = 8 * 147 known at compile time the compiler can prove 8-element
+# alignment of every row start and vectorize uint8 loads / 16-bit stores; as runtime ints it
+# could only assume 1. Program bases are computed in int64 scalars so N * D may exceed 2**31,
+# while the per-element offsets stay int32 (64-bit vector index math is measurably slower).
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton is a hard dependency; eager/identity still work
+    triton = None
+    tl = None
+
+if tl is not None:
+    def _channel_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
+                        D: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr,
+                        HAS_N_VALID: tl.constexpr):
+        row = tl.program_id(0)
+        ch = tl.program_id(1)
+        base = row.to(tl.int64) * D + ch * L
+        offs = tl.arange(0, BLOCK)
+        # a padding row becomes a fully masked block (the peer geometry masks, it does not exit);
+        # the row test is folded into the bound rather than and-ed in as a scalar mask
+        limit = L
+        if HAS_N_VALID:
+            limit = tl.where(row < tl.load(n_valid_ptr), L, 0)
+        mask = offs < limit
+        w = tl.load(scale_ptr + ch)
+        b = tl.load(shift_ptr + ch)
+        x = tl.load(x_ptr + base + offs, mask=mask, other=0).to(tl.float32)
+        y = x * w + b
+        tl.store(out_ptr + base + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    def _flat_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
+                     D: tl.constexpr, L: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
+                     HAS_N_VALID: tl.constexpr):
+        start = tl.program_id(0).to(tl.int64) * BLOCK
+        limit = n_rows.to(tl.int64)
+        if HAS_N_VALID:
+            limit = tl.minimum(tl.load(n_valid_ptr).to(tl.int64), limit)
+        # elements of this block that lie in valid rows, clamped to 0..BLOCK, as an int32
+        remaining = tl.minimum(tl.maximum(limit * D - start, 0), BLOCK).to(tl.int32)
+        row0 = start // D
+        col0 = (start - row0 * D).to(tl.int32)
+        i = tl.arange(0, BLOCK)
+        j = col0 + i                          # index counted from the start of row0
+        ch = (j // L) % C
+        mask = i < remaining
+        w = tl.load(scale_ptr + ch, mask=mask, other=0.0)
+        b = tl.load(shift_ptr + ch, mask=mask, other=0.0)
+        x = tl.load(x_ptr + start + i, mask=mask, other=0).to(tl.float32)
+        y = x * w + b
+        tl.store(out_ptr + start + i, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    def _rows_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
+                     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                     HAS_N_VALID: tl.constexpr):
+        pid = tl.program_id(0)
+        row0 = pid * BLOCK_R
+        limit = n_rows
+        if HAS_N_VALID:
+            n_valid = tl.load(n_valid_ptr)
+            # a padding tile costs one 4-byte load and nothing else
+            if row0 >= n_valid:
+                return
+            limit = tl.minimum(limit, n_valid)
+        rows = row0 + tl.arange(0, BLOCK_R)
+        row_mask = rows < limit
+        base = pid.to(tl.int64) * (BLOCK_R * D)
+        x_tile = x_ptr + base
+        o_tile = out_ptr + base
+        r = tl.arange(0, BLOCK_R)
+        for c0 in tl.static_range(0, D, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            col_mask = cols < D
+            # one scale/shift vector per tile, broadcast over its rows: no per-element division
+            w = tl.load(scale_ptr + cols, mask=col_mask, other=0.0)
+            b = tl.load(shift_ptr + cols, mask=col_mask, other=0.0)
+            offs = r[:, None] * D + cols[None, :]
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_tile + offs, mask=mask, other=0).to(tl.float32)
+            y = x * w[None, :] + b[None, :]
+            tl.store(o_tile + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+_JITTED: dict = {}
+
+
+def _kernel(name: str):
+    """The jitted kernel `name`, wrapping it on first use so TRITON_INTERPRET is honoured then."""
+    if triton is None:
+        raise RuntimeError("the Triton norms need the `triton` package; eager and identity do not")
+    if not _JITTED:
+        _JITTED["interpreted"] = _interpreting()
+        _JITTED["channel"] = triton.jit(_channel_kernel, do_not_specialize=["n_rows"])
+        _JITTED["flat"] = triton.jit(_flat_kernel, do_not_specialize=["n_rows"])
+        _JITTED["rows"] = triton.jit(_rows_kernel, do_not_specialize=["n_rows"])
+    return _JITTED[name]
+
+
+def _interpreting() -> bool:
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _is_pow2(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
+
+
+# ---- the module ----------------------------------------------------------------------------
+
+class InputNorm(nn.Module):
+    """One normalization implementation, usable as the first op of a vision tower.
+
+    Buffers (fp32, non-persistent so they never enter a state dict, moved by ``.to(device)``):
+    ``scale_ch``/``shift_ch`` ``[C]`` and ``scale_col``/``shift_col`` ``[patch_dim]`` (column j
+    holds channel ``j // (T*P*P)``). A dtype cast of the module (``tower.to(torch.bfloat16)``)
+    leaves them fp32: they are rebuilt from ``cfg`` because bf16 scale/shift would cost up to
+    ~0.4% relative error on every pixel.
+    """
+
+    def __init__(self, name: str, cfg: VisionConfig, check_values: bool = True,
+                 block_rows: int | None = None, block_cols: int | None = None,
+                 num_warps: int | None = None):
+        super().__init__()
+        if name not in NORMS:
+            raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
+        overrides = dict(block_rows=block_rows, block_cols=block_cols, num_warps=num_warps)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if given and name != "triton_rows":
+            raise ValueError(f"{', '.join(given)} only apply to 'triton_rows', not {name!r}")
+        self.name = name
+        self.cfg = cfg
+        self.check_values = bool(check_values)
+        cfg_rows = dict(ROWS_CONFIGS[0])
+        cfg_rows.update(given)
+        for key, value in cfg_rows.items():
+            if not _is_pow2(value):
+                raise ValueError(f"{key}={value!r} must be a positive power of two")
+        self.block_rows = cfg_rows["block_rows"]
+        self.block_cols = cfg_rows["block_cols"]
+        self.num_warps = cfg_rows["num_warps"]
+        self._make_buffers(torch.device("cpu"))
+
+    def _make_buffers(self, device: torch.device) -> None:
+        cfg = self.cfg
+        per_channel = cfg.temporal_patch_size * cfg.patch_size ** 2
+        # computed in float64 from the config, rounded once to fp32: every implementation then
+        # multiplies by bit-identical constants
+        scale = torch.tensor(cfg.norm_scale, dtype=torch.float64)
+        shift = torch.tensor(cfg.norm_shift, dtype=torch.float64)
+        bufs = dict(scale_ch=scale, shift_ch=shift,
+                    scale_col=scale.repeat_interleave(per_channel),
+                    shift_col=shift.repeat_interleave(per_channel))
+        for key, value in bufs.items():
+            self.register_buffer(key, value.to(device=device, dtype=torch.float32).contiguous(),
+                                 persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        if self.scale_col.dtype != torch.float32:
+            self._make_buffers(self.scale_col.device)
+        return result
+
+    def extra_repr(self) -> str:
+        text = f"name={self.name!r}, cfg={self.cfg.name!r}, patch_dim={self.cfg.patch_dim}"
+        if self.name == "triton_rows":
+            text += (f", block_rows={self.block_rows}, block_cols={self.block_cols}, "
+                     f"num_warps={self.num_warps}")
+        return text
+
+    # ---- validation ------------------------------------------------------------------------
+    def _validate(self, pixels, out_dtype, out, n_valid) -> None:
+        d = self.cfg.patch_dim
+        if not isinstance(pixels, torch.Tensor):
+            raise TypeError(f"pixels must be a torch.Tensor [N, {d}], got {type(pixels).__name__}")
+        if pixels.dim() != 2 or pixels.shape[1] != d:
+            raise ValueError(f"pixels must be 2-D [N, {d}] (patch_dim of {self.cfg.name!r}: "
+                             f"C*T*P*P), got shape {tuple(pixels.shape)}")
+        if pixels.dtype not in INPUT_DTYPES:
+            raise TypeError(f"pixels dtype {pixels.dtype} is not supported; valid: "
+                            f"{_names(INPUT_DTYPES)}")
+        valid_out = TRITON_OUT_DTYPES if self.name.startswith("triton") else TORCH_OUT_DTYPES
+        if not isinstance(out_dtype, torch.dtype):
+            raise TypeError(f"out_dtype must be a torch.dtype, got {out_dtype!r}; valid: "
+                            f"{_names(valid_out)}")
+        if out_dtype not in valid_out:
+            raise ValueError(f"out_dtype {out_dtype} is not supported by {self.name!r}; valid: "
+                             f"{_names(valid_out)}")
+        if not pixels.is_contiguous():
+            raise ValueError("pixels must be contiguous (call .contiguous() yourself; the norm "
+                             "does not copy silently because that would add a hidden pass)")
+        if pixels.device != self.scale_col.device:
+            raise ValueError(f"pixels are on {pixels.device} but the norm's buffers on "
+                             f"{self.scale_col.device}; move the norm once with "
+                             f"norm.to({str(pixels.device)!r})")
+        if out is not None:
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+            if tuple(out.shape) != tuple(pixels.shape):
+                raise ValueError(f"out shape {tuple(out.shape)} does not match pixels shape "
+                                 f"{tuple(pixels.shape)}")
+            if out.dtype != out_dtype:
+                raise ValueError(f"out dtype {out.dtype} does not match out_dtype {out_dtype}")
+            if out.device != pixels.device:
+                raise ValueError(f"out is on {out.device} but pixels on {pixels.device}")
+            if not out.is_contiguous():
+                raise ValueError("out must be contiguous")
+        if n_valid is not None:
+            if not isinstance(n_valid, torch.Tensor):
+                raise TypeError(f"n_valid must be a 0-d int32 tensor on {pixels.device}, got "
+                                f"{type(n_valid).__name__} {n_valid!r}; pass a device tensor, e.g. "
+                                f"torch.tensor(n, dtype=torch.int32, device=pixels.device) (a "
+                                f"python int would be baked into a captured CUDA graph)")
+            if n_valid.dim() != 0:
+                raise ValueError(f"n_valid must be a 0-d tensor, got shape {tuple(n_valid.shape)}")
+            if n_valid.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"n_valid dtype {n_valid.dtype} is not supported; valid: int32, "
+                                f"int64")
+            if n_valid.device != pixels.device:
+                raise ValueError(f"n_valid is on {n_valid.device} but pixels on {pixels.device}")
+        if (self.check_values and pixels.dtype != torch.uint8 and pixels.numel()
+                and not _is_capturing()):
+            # NaN fails `x == round(x)`, so it is caught here as well
+            bad = (pixels < 0) | (pixels > 255) | (pixels != torch.round(pixels))
+            if bool(bad.any()):
+                r, c = (int(v) for v in bad.nonzero()[0])
+                raise ValueError(f"float pixels must hold integers 0..255 (raw pixel values, before "
+                                 f"rescale/normalization); found {pixels[r, c].item()!r} at row {r}, "
+                                 f"column {c} (make_norm(..., check_values=False) skips this check)")
+
+    # ---- the contract ----------------------------------------------------------------------
+    def forward(self, pixels: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None,
+                n_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalize ``pixels`` [N, patch_dim] (uint8, or float holding 0..255) to ``out_dtype``.
+
+        Returns ``out`` when given, else a new contiguous [N, patch_dim] tensor; see the module
+        docstring for the ``n_valid`` contract. Raises ValueError/TypeError on bad arguments.
+        """
+        self._validate(pixels, out_dtype, out, n_valid)
+        if pixels.shape[0] == 0:
+            return out if out is not None else torch.empty(pixels.shape, dtype=out_dtype,
+                                                           device=pixels.device)
+        if self.name == "eager":
+            return self._eager(pixels, out_dtype, out, n_valid)
+        if self.name == "identity":
+            return self._identity(pixels, out_dtype, out, n_valid)
+        return self._triton(pixels, out_dtype, out, n_valid)
+
+    def _select(self, y: torch.Tensor, out: torch.Tensor | None, n_valid) -> torch.Tensor:
+        """Write y into out (rows < n_valid only when n_valid is given); graph safe."""
+        if out is None:
+            return y          # padding rows are unspecified without `out`: computing them is fine
+        if n_valid is None:
+            return out.copy_(y)
+        keep = torch.arange(y.shape[0], device=y.device) < n_valid
+        # select in out's dtype so the kept rows are preserved bit for bit
+        return out.copy_(torch.where(keep[:, None], y.to(out.dtype), out))
+
+    def _eager(self, pixels, out_dtype, out, n_valid):
+        # the engines' fallback: fp32 temporaries on purpose (see norm_bytes for their cost)
+        y = pixels.to(torch.float32) * self.scale_col + self.shift_col
+        if out is not None and n_valid is None:
+            return out.copy_(y)   # copy_ casts; no separate cast pass
+        return self._select(y.to(out_dtype), out, n_valid)
+
+    def _identity(self, pixels, out_dtype, out, n_valid):
+        if out is not None and n_valid is None:
+            return out.copy_(pixels)
+        return self._select(pixels.to(out_dtype), out, n_valid)
+
+    def _triton(self, pixels, out_dtype, out, n_valid):
+        kernel = _kernel({"triton_channel": "channel", "triton_flat": "flat",
+                          "triton_rows": "rows"}[self.name])
+        if pixels.device.type != "cuda" and not _JITTED["interpreted"]:
+            raise RuntimeError(f"{self.name!r} runs on CUDA tensors; for CPU tensors set "
+                               f"TRITON_INTERPRET=1 before the first Triton norm call of the "
+                               f"process (pixels are on {pixels.device})")
+        if out is None:
+            out = torch.empty(pixels.shape, dtype=out_dtype, device=pixels.device)
+        n, d = pixels.shape
+        cfg = self.cfg
+        has_nv = n_valid is not None
+        # without n_valid the pointer is never dereferenced (HAS_N_VALID is constexpr)
+        nv_ptr = n_valid if has_nv else self.scale_ch
+        if self.name == "triton_channel":
+            per_channel = d // cfg.in_channels
+            block = max(CHANNEL_BLOCK, triton.next_power_of_2(per_channel))
+            kernel[(n, cfg.in_channels)](pixels, out, self.scale_ch, self.shift_ch, nv_ptr, n,
+                                         D=d, L=per_channel, BLOCK=block, HAS_N_VALID=has_nv,
+                                         num_warps=CHANNEL_WARPS)
+        elif self.name == "triton_flat":
+            grid = (triton.cdiv(n * d, FLAT_BLOCK),)
+            kernel[grid](pixels, out, self.scale_ch, self.shift_ch, nv_ptr, n,
+                         D=d, L=d // cfg.in_channels, C=cfg.in_channels, BLOCK=FLAT_BLOCK,
+                         HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
+        else:
+            grid = (triton.cdiv(n, self.block_rows),)
+            kernel[grid](pixels, out, self.scale_col, self.shift_col, nv_ptr, n,
+                         D=d, BLOCK_R=self.block_rows, BLOCK_C=self.block_cols,
+                         HAS_N_VALID=has_nv, num_warps=self.num_warps)
+        return out
+
+
+def make_norm(name: str, cfg: VisionConfig, check_values: bool = True, **rows_config) -> InputNorm:
+    """The norm `name` (one of NORMS) for `cfg`, on the CPU; move it with ``.to(device)``.
+
+    ``rows_config`` (``block_rows``, ``block_cols``, ``num_warps``, powers of two) overrides the
+    default tile of ``triton_rows`` (``ROWS_CONFIGS[0]``); it is an error for other norms.
+    ``check_values=False`` skips the integer/range check of float input (a host sync).
+    """
+    if name not in NORMS:
+        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
+    unknown = set(rows_config) - {"block_rows", "block_cols", "num_warps"}
+    if unknown:
+        raise TypeError(f"unexpected keyword(s) {sorted(unknown)}; valid: block_rows, block_cols, "
+                        f"num_warps (triton_rows only)")
+    return InputNorm(name, cfg, check_values=check_values, **rows_config)
+
+
+def normalize_reference(pixels: torch.Tensor, cfg: VisionConfig,
+                        dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The processor's normalization ``(x * rescale - mean[c]) / std[c]`` computed in `dtype`.
+
+    pixels: [N, patch_dim] of any real dtype holding raw values; returns [N, patch_dim] of
+    `dtype` on the pixels' device. For tests and correctness studies (float64 by default, so it
+    is exact to ~1e-16 and the fp32/bf16 kernels can be judged against it).
+    """
+    d = cfg.patch_dim
+    if pixels.dim() != 2 or pixels.shape[1] != d:
+        raise ValueError(f"pixels must be 2-D [N, {d}], got shape {tuple(pixels.shape)}")
+    per_channel = d // cfg.in_channels
+    mean = torch.tensor(cfg.image_mean, dtype=dtype, device=pixels.device).repeat_interleave(per_channel)
+    std = torch.tensor(cfg.image_std, dtype=dtype, device=pixels.device).repeat_interleave(per_channel)
+    return (pixels.to(dtype) * cfg.rescale_factor - mean) / std
+
+
+def norm_bytes(n_rows: int, cfg: VisionConfig, out_dtype: torch.dtype, name: str,
+               in_dtype: torch.dtype = torch.uint8) -> dict:
+    """Byte model of one norm call on ``n_rows`` rows (``out=None``, no ``n_valid``).
+
+    Returns a dict with ``elements``; ``min_bytes`` (the floor: read the input once, write the
+    output once: 1 + 2 = 3 B/element for uint8 -> bf16); ``read_bytes``/``write_bytes``/``bytes``
+    (the implementation's modelled DRAM traffic, one full pass per torch op, caches ignored);
+    ``traffic_ratio`` = bytes / min_bytes; ``passes`` (elementwise kernel launches); and
+    ``temp_bytes`` (peak fp32 temporaries live at once besides input and output).
+
+    Eager, modelled pass by pass: ``x.to(f32)`` (read in, write 4), ``* scale`` (read 4, write
+    4; the f32 copy of x dies after it), ``+ shift`` (read 4, write 4), ``.to(out)`` (read 4,
+    write out; skipped for fp32 out). uint8 -> bf16: 27 B/element, 9x the floor. Peak
+    temporaries: 8 B/element (the product and the sum are live at once during the add), which
+    matches what the engines measured in the CUDA-graph pool for eager fp32. The Triton kernels
+    and identity read and write each element once (the scale/shift tables are a few KB, ignored).
+    """
+    if name not in NORMS:
+        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
+    elements = int(n_rows) * cfg.patch_dim
+    in_b = torch.empty((), dtype=in_dtype).element_size()
+    out_b = torch.empty((), dtype=out_dtype).element_size()
+    temp = 0
+    if name == "eager":
+        passes = []                                     # (read, write) bytes per element
+        if in_dtype != torch.float32:
+            passes.append((in_b, 4))
+        passes += [(4 if in_dtype != torch.float32 else in_b, 4), (4, 4)]
+        if out_dtype != torch.float32:
+            passes.append((4, out_b))
+        temp = 8
+    elif name == "identity" and in_dtype == out_dtype:
+        passes = []                                     # .to() of the same dtype is a no-op
+    else:
+        passes = [(in_b, out_b)]
+    read = sum(p[0] for p in passes) * elements
+    write = sum(p[1] for p in passes) * elements
+    min_bytes = (in_b + out_b) * elements
+    return dict(name=name, n_rows=int(n_rows), elements=elements, in_dtype=str(in_dtype),
+                out_dtype=str(out_dtype), min_bytes=min_bytes, read_bytes=read, write_bytes=write,
+                bytes=read + write, traffic_ratio=(read + write) / min_bytes if min_bytes else math.nan,
+                passes=len(passes), temp_bytes=temp * elements)

@@ -1,0 +1,382 @@
+"""Provenance of a run: what code, which packages, which machine, when, and with which parameters.
+
+Every run folder under ``results/`` holds a ``meta.json`` made here:
+
+    meta = collect_meta(params)          # at the start of a run
+    run_dir = new_run_dir("results", name="smoke")
+    write_meta(run_dir, meta)            # unfinished: may be rewritten
+    ...                                  # the run writes its <study>.parquet tables (write_table)
+    write_meta(run_dir, finish_meta(meta))   # finished: protected from being overwritten
+
+Everything here is robust to a missing git, a tree that is not a repository, a missing package,
+and a machine without NVIDIA's management library: such facts are recorded as unavailable, never
+raised. Files are written atomically (temporary file in the same folder, then ``os.replace``), so
+a reader never sees half a table or half a meta.json.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+# The project root: the folder that holds pyproject.toml and the workbench package.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Distribution names whose versions every run records (those installed).
+PACKAGES = (
+    "torch",
+    "triton",
+    "transformers",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "matplotlib",
+    "papermill",
+    "nvidia-ml-py",
+    "workbench",
+)
+
+META_NAME = "meta.json"
+_GIT_TIMEOUT_S = 10
+
+
+# --------------------------------------------------------------------------- time
+
+
+def utc_now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+def _iso(t: _dt.datetime) -> str:
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _parse_iso(s: str) -> _dt.datetime:
+    return _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+# --------------------------------------------------------------------------- git
+
+
+def _git(*args: str, cwd: Path) -> str:
+    out = subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=_GIT_TIMEOUT_S,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def git_info(root: Path | str | None = None) -> dict[str, Any]:
+    """Commit and dirty flag of the source tree at ``root`` (default: the project root).
+
+    Returns ``{"sha": None, "dirty": None, "error": ...}`` when git is missing or ``root`` is not
+    inside a repository. ``dirty`` counts modified tracked files and untracked files that are not
+    ignored (run outputs under results/ are ignored, so they do not make a tree dirty).
+    """
+    root = Path(root) if root is not None else REPO_ROOT
+    try:
+        top = _git("rev-parse", "--show-toplevel", cwd=root)
+        sha = _git("rev-parse", "HEAD", cwd=root)
+        status = _git("status", "--porcelain", cwd=root)
+    except FileNotFoundError:
+        return {"sha": None, "short": None, "dirty": None, "error": "git not installed"}
+    except subprocess.CalledProcessError as e:
+        reason = (e.stderr or "").strip().splitlines()
+        return {"sha": None, "short": None, "dirty": None,
+                "error": reason[0] if reason else f"git exited {e.returncode}"}
+    except (subprocess.TimeoutExpired, OSError) as e:
+        return {"sha": None, "short": None, "dirty": None, "error": f"git failed: {e}"}
+    changed = [line for line in status.splitlines() if line.strip()]
+    info: dict[str, Any] = {
+        "sha": sha,
+        "short": sha[:7],
+        "dirty": bool(changed),
+        "root": top,
+    }
+    if changed:
+        info["changes"] = changed[:50]
+        if len(changed) > 50:
+            info["changes_truncated"] = len(changed) - 50
+    try:
+        info["branch"] = _git("rev-parse", "--abbrev-ref", "HEAD", cwd=root)
+    except (subprocess.SubprocessError, OSError):
+        pass
+    return info
+
+
+# --------------------------------------------------------------------------- packages / device
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Installed versions of ``names``; packages that are not installed are left out."""
+    from importlib import metadata
+
+    versions: dict[str, str] = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def cpu_model() -> str:
+    """The processor's marketing name where the OS tells it, else the architecture."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def torch_info() -> dict[str, Any]:
+    """torch's own view: version, CUDA build, visible devices, and the device name runs use."""
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - an unusable torch is a fact to record
+        return {"available": False, "error": f"{type(e).__name__}: {e}",
+                "device": f"cpu: {cpu_model()}"}
+    info: dict[str, Any] = {
+        "available": True,
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "num_threads": torch.get_num_threads(),
+    }
+    try:
+        cuda_ok = bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        cuda_ok = False
+    info["cuda_available"] = cuda_ok
+    if cuda_ok:
+        count = torch.cuda.device_count()
+        names = [torch.cuda.get_device_name(i) for i in range(count)]
+        info["device_count"] = count
+        info["device_names"] = names
+        info["device"] = names[0] if count == 1 else f"{count}x {names[0]}"
+        try:
+            info["cudnn"] = torch.backends.cudnn.version()
+        except Exception:  # noqa: BLE001
+            pass
+    else:
+        info["device"] = f"cpu: {cpu_model()}"
+    return info
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def nvml_info() -> dict[str, Any] | str:
+    """Driver version and per-GPU clocks via NVML; ``"unavailable (<reason>)"`` where it fails."""
+    try:
+        import pynvml
+    except ImportError:
+        return "unavailable (nvidia-ml-py is not installed)"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return f"unavailable ({_text(e) or type(e).__name__})"
+    try:
+        info: dict[str, Any] = {}
+        try:
+            info["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
+        except Exception as e:  # noqa: BLE001
+            info["driver"] = f"unavailable ({e})"
+        try:
+            info["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        except Exception:  # noqa: BLE001
+            pass
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpu: dict[str, Any] = {"index": i}
+            probes = {
+                "name": lambda: _text(pynvml.nvmlDeviceGetName(h)),
+                "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+                "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                "mem_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                "memory_total_bytes": lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
+            }
+            for key, probe in probes.items():
+                try:
+                    gpu[key] = probe()
+                except Exception:  # noqa: BLE001 - not every field exists on every GPU
+                    gpu[key] = None
+            gpus.append(gpu)
+        info["gpus"] = gpus
+        return info
+    except Exception as e:  # noqa: BLE001
+        return f"unavailable ({_text(e) or type(e).__name__})"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# --------------------------------------------------------------------------- meta
+
+
+def collect_meta(params: dict | None = None) -> dict[str, Any]:
+    """Everything a run records about itself at its start. Safe on any machine."""
+    started = utc_now()
+    tinfo = torch_info()
+    return {
+        "schema": 1,
+        "started_at": _iso(started),
+        "finished_at": None,
+        "duration_s": None,
+        "git": git_info(),
+        "device": tinfo.get("device"),
+        "packages": package_versions(),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "hostname": socket.gethostname(),
+        "torch": tinfo,
+        "nvml": nvml_info(),
+        "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "CI")
+                if k in os.environ},
+        "params": dict(params or {}),
+    }
+
+
+def finish_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """Stamp the end time and duration onto ``meta`` (in place) and return it."""
+    finished = utc_now()
+    meta["finished_at"] = _iso(finished)
+    try:
+        meta["duration_s"] = round((finished - _parse_iso(meta["started_at"])).total_seconds(), 3)
+    except (KeyError, TypeError, ValueError):
+        meta["duration_s"] = None
+    return meta
+
+
+def read_meta(run_dir: Path | str) -> dict[str, Any]:
+    with open(Path(run_dir) / META_NAME, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_meta(run_dir: Path | str, meta: dict[str, Any], overwrite: bool = False) -> Path:
+    """Write ``run_dir/meta.json`` atomically.
+
+    A meta.json that already records a finished run (``finished_at`` set) is never replaced
+    unless ``overwrite=True``: a finished run is evidence. An unfinished one (the copy written
+    at the start of the run) may be replaced by the finished one.
+    """
+    path = Path(run_dir) / META_NAME
+    if path.exists() and not overwrite:
+        try:
+            old = read_meta(run_dir)
+        except (OSError, ValueError):
+            old = {}
+        if old.get("finished_at"):
+            raise FileExistsError(
+                f"{path} belongs to a finished run; pass overwrite=True to replace it")
+    text = json.dumps(meta, indent=2, default=_json_default) + "\n"
+    atomic_write_text(path, text)
+    return path
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (Path, _dt.datetime, _dt.date)):
+        return str(o)
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    item = getattr(o, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return item()
+        except Exception:  # noqa: BLE001
+            pass
+    return str(o)  # torch.dtype, enums, ... : readable beats failing
+
+
+# --------------------------------------------------------------------------- run folders
+
+
+def _slug(name: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+    if not slug:
+        raise ValueError(f"run name {name!r} has no usable characters")
+    return slug
+
+
+def new_run_dir(root: Path | str = "results", name: str | None = None) -> Path:
+    """Create ``<root>/<UTC timestamp>-<short sha or 'nogit'>[-name]`` and return it.
+
+    An existing empty folder of that name is reused; a non-empty one is refused
+    (FileExistsError), so a run never mixes its files into another run's.
+    """
+    stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
+    sha = git_info().get("short") or "nogit"
+    folder = f"{stamp}-{sha}" + (f"-{_slug(name)}" if name else "")
+    path = Path(root) / folder
+    path.mkdir(parents=True, exist_ok=True)
+    if any(path.iterdir()):
+        raise FileExistsError(f"run folder {path} exists and is not empty")
+    return path
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part.
+
+    The bytes go to a temporary file in the same folder, are flushed to disk, and then replace
+    ``path`` in one ``os.replace``. Parent folders are created. File mode follows the umask.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: Path | str, text: str, encoding: str = "utf-8") -> Path:
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def write_table(df: Any, path: Path | str) -> Path:
+    """Write a pandas DataFrame as parquet (pyarrow), atomically. The index is not stored:
+    tables are tidy, long-format, and carry their keys as columns."""
+    buf = io.BytesIO()
+    df.to_parquet(buf, engine="pyarrow", index=False)
+    return atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,263 @@
+"""Encoder CUDA-graph runner: fixed token budgets, greedy packing, captured tower replays.
+
+Budgets are in merged output tokens; the pixel buffer of a budget B holds 4*B rows. Items are
+sorted smallest first and packed greedily; each pack replays the smallest budget that fits it;
+a single item larger than every budget runs eagerly (a miss). Before each replay the runner
+copies the pack's pixels into the static buffer (a device-to-device copy, plus a cast when the
+buffer dtype differs), zeroes the padding rows, and copies host-prepared metadata (rotary cos/sin,
+cu_seqlens with repeated tails, window index) into the static metadata buffers. All budgets are
+captured into one shared memory pool, largest first; outputs are cloned out of the static
+output buffer.
+
+The runner calls `encoder.visual.forward_prepared` directly, as engines do: whatever the outer
+model does before calling its tower (placement `outer`) does not happen here. Only the model
+runner's own normalization (placement `runner`) and the tower's first op (placement `tower`) do.
+
+Backends: ``cuda`` (torch.cuda.CUDAGraph capture and replay) and ``emulated`` (the same static
+buffers, padding and call path, replayed eagerly: the placement bugs reproduce on a CPU).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from .norms import replaying
+from .preprocess import PatchBatch
+
+BUFFER_DTYPES = (torch.bfloat16, torch.uint8, torch.float32)
+BACKENDS = ("auto", "cuda", "emulated")
+
+
+@dataclass
+class ReplayRecord:
+    """One replay (or one eager miss) of `EncoderGraphRunner.encode`."""
+
+    budget: int            # merged tokens of the replayed budget; 0 for an eager miss
+    items: int             # items packed into it
+    valid_rows: int        # pixel rows that were real
+    padded_rows: int       # pixel rows that were padding
+    miss: bool = False     # True: the item was larger than every budget and ran eagerly
+
+
+@dataclass
+class _Captured:
+    budget: int
+    pixels: torch.Tensor          # view of the shared static input buffer, [4*budget, 1176]
+    meta: object                  # TowerMetadata with static device tensors
+    out: torch.Tensor | None = None   # static output [budget, out_hidden]
+    graph: object = None          # torch.cuda.CUDAGraph for backend 'cuda'
+
+
+def _check_budgets(budgets, max_items) -> list[int]:
+    if isinstance(budgets, (int, str)) or not hasattr(budgets, "__iter__"):
+        raise ValueError(f"budgets must be a list of positive integers (merged tokens), got {budgets!r}")
+    budgets = list(budgets)
+    if not budgets:
+        raise ValueError("budgets is empty; give at least one budget in merged tokens, e.g. [64, 128, 256]")
+    bad = [b for b in budgets if not isinstance(b, int) or isinstance(b, bool) or b <= 0]
+    if bad:
+        raise ValueError(f"budgets must be positive integers (merged tokens); bad values: {bad}")
+    if budgets != sorted(budgets):
+        raise ValueError(f"budgets must be sorted ascending, got {budgets}")
+    if len(set(budgets)) != len(budgets):
+        raise ValueError(f"budgets must not repeat, got {budgets}")
+    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items <= 0:
+        raise ValueError(f"max_items must be a positive integer, got {max_items!r}")
+    small = [b for b in budgets if b < max_items]
+    if small:
+        raise ValueError(f"budgets {small} are smaller than max_items={max_items}: every item needs at least one "
+                         f"merged token, so such a budget can never hold a full pack; raise them or lower max_items")
+    return budgets
+
+
+def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
+    """Powers of two from `smallest` up to the first one >= max_tokens (the engines' scheme)."""
+    out = [smallest]
+    while out[-1] < max_tokens:
+        out.append(out[-1] * 2)
+    return out
+
+
+class EncoderGraphRunner:
+    """Captured encoder replays over fixed budgets.
+
+    encoder: a wb.VisionEncoder; budgets: ascending merged-token budgets; buffer_dtype: dtype of
+    the static pixel buffer (bf16, uint8 or fp32); max_items: the most attention sequences (images,
+    or video frames) one replay holds; backend: 'cuda', 'emulated' or 'auto' (cuda when the
+    encoder is on a CUDA device). Capture happens on construction (largest budget first).
+    """
+
+    def __init__(self, encoder, budgets=(64, 128, 256, 512, 1024), buffer_dtype=torch.bfloat16,
+                 max_items: int = 16, backend: str = "auto", warmup: int = 2):
+        self.encoder = encoder
+        self.budgets = _check_budgets(budgets, max_items)
+        if buffer_dtype not in BUFFER_DTYPES:
+            raise ValueError(f"buffer_dtype {buffer_dtype} is not supported; valid: {BUFFER_DTYPES}")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; valid: {BACKENDS}")
+        on_cuda = encoder.device.type == "cuda"
+        if backend == "auto":
+            backend = "cuda" if on_cuda else "emulated"
+        if backend == "cuda" and not on_cuda:
+            raise ValueError(f"backend 'cuda' needs the encoder on a CUDA device, it is on {encoder.device}; "
+                             "use backend='emulated' (or 'auto')")
+        if buffer_dtype == torch.uint8 and (encoder.input_kind == "normalized" or encoder.runner_norm is not None):
+            raise ValueError(f"placement {encoder.placement!r} fills the graph buffer with normalized floats, which a "
+                             "uint8 buffer cannot hold; use buffer_dtype torch.bfloat16 or torch.float32")
+        self.buffer_dtype, self.max_items, self.backend, self.warmup = buffer_dtype, max_items, backend, warmup
+        self.stats: list[ReplayRecord] = []
+        self.pool = None
+        cfg = encoder.cfg
+        self.tower = encoder.visual
+        self.device = encoder.device
+        # one input buffer shared by every budget (each budget's graph sees a leading view of it)
+        self.input_buffer = torch.zeros(4 * self.budgets[-1], cfg.patch_dim, dtype=buffer_dtype, device=self.device)
+        self.graphs: dict[int, _Captured] = {}
+        with torch.inference_mode():
+            for b in reversed(self.budgets):
+                self.graphs[b] = self._capture(b)
+
+    # ---- construction ------------------------------------------------------------------------
+    @classmethod
+    def default_for(cls, encoder, batch: PatchBatch, **kw) -> "EncoderGraphRunner":
+        """Budgets covering the batch's largest item (powers of two from 64), as engines choose them."""
+        biggest = max(r // encoder.cfg.merge_unit for r in batch.item_rows)
+        return cls(encoder, budgets=default_budgets(min(biggest, 16384)), **kw)
+
+    def _prepare(self, grid_thw: torch.Tensor, budget: int, device):
+        cfg = self.encoder.cfg
+        rows = budget * cfg.merge_unit
+        window_rows = min(rows, cfg.window_merged ** 2 * cfg.merge_unit)
+        return self.tower.prepare(grid_thw, n_rows=rows, n_segments=self.max_items, max_seqlen=rows,
+                                  n_window_segments=budget, max_window_seqlen=window_rows, device=device)
+
+    def _capture(self, budget: int) -> _Captured:
+        rows = budget * self.encoder.cfg.merge_unit
+        # a dummy grid filling the budget gives the static metadata its shapes
+        dummy = torch.tensor([[1, self.encoder.cfg.merge_size, rows // self.encoder.cfg.merge_size]])
+        cap = _Captured(budget, self.input_buffer[:rows], self._prepare(dummy, budget, self.device))
+
+        def run():
+            return self.tower.forward_prepared(cap.pixels, cap.meta)
+
+        if self.backend == "emulated":
+            cap.out = run()
+            cap.graph = run
+            return cap
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmup):  # compile Triton kernels, create cuBLAS handles outside the capture
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            cap.out = run()
+        if self.pool is None:
+            self.pool = graph.pool()
+        cap.graph = graph
+        return cap
+
+    # ---- packing -----------------------------------------------------------------------------
+    def plan(self, batch: PatchBatch) -> tuple[list[tuple[int, list[int]]], list[int]]:
+        """Packs as (budget, item indices) and the indices of items that miss every budget."""
+        unit = self.encoder.cfg.merge_unit
+        tokens = [r // unit for r in batch.item_rows]
+        frames = batch.grid_thw[:, 0].tolist()
+        largest = self.budgets[-1]
+        packs, misses, cur, cur_tok, cur_seq = [], [], [], 0, 0
+        for i in sorted(range(len(tokens)), key=lambda i: (tokens[i], i)):
+            if tokens[i] > largest or frames[i] > self.max_items:
+                misses.append(i)
+                continue
+            if cur and (cur_tok + tokens[i] > largest or cur_seq + frames[i] > self.max_items):
+                packs.append(cur)
+                cur, cur_tok, cur_seq = [], 0, 0
+            cur.append(i)
+            cur_tok += tokens[i]
+            cur_seq += frames[i]
+        if cur:
+            packs.append(cur)
+        out = []
+        for p in packs:
+            need = sum(tokens[i] for i in p)
+            out.append((next(b for b in self.budgets if b >= need), p))
+        return out, misses
+
+    # ---- replay ------------------------------------------------------------------------------
+    def stage(self, cap: _Captured, pixels: torch.Tensor, pad_value: float = 0.0) -> None:
+        """Fill the static input: valid rows (copy + cast, or the runner's normalization), padding rows."""
+        n = pixels.shape[0]
+        dst = cap.pixels
+        if self.encoder.runner_norm is not None:
+            self.encoder.runner_normalize(pixels, out_dtype=dst.dtype, out=dst[:n])
+        else:
+            dst[:n].copy_(pixels, non_blocking=True)
+        dst[n:].fill_(pad_value)
+
+    def replay(self, cap: _Captured) -> torch.Tensor:
+        if self.backend == "cuda":
+            cap.graph.replay()
+        else:
+            with replaying():  # no host-side checks, as in a real replay
+                cap.out.copy_(cap.graph())
+        return cap.out
+
+    @torch.inference_mode()
+    def poison_pool(self) -> None:
+        """Replay every budget on NaN inputs (NaN pixels where the buffer dtype can hold them, NaN
+        rotary tables always), so that the memory the graphs write in the shared pool, and the
+        static outputs, hold NaN. A later replay that reads memory it did not write shows it."""
+        fill = float("nan") if self.buffer_dtype.is_floating_point else 255
+        for cap in self.graphs.values():
+            cap.pixels.fill_(fill)
+            cap.meta.cos.fill_(float("nan"))
+            cap.meta.sin.fill_(float("nan"))
+            self.replay(cap)
+        self.input_buffer.zero_()
+
+    @torch.inference_mode()
+    def encode(self, batch: PatchBatch, pad_value: float = 0.0) -> torch.Tensor:
+        """Merged embeddings [N/4, out_hidden] in item order; appends ReplayRecords to `stats`.
+
+        pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check)."""
+        self.encoder.check_batch(batch)
+        unit = self.encoder.cfg.merge_unit
+        packs, misses = self.plan(batch)
+        out = torch.empty(batch.n_rows // unit, self.encoder.cfg.out_hidden, dtype=self.encoder.dtype,
+                          device=self.device)
+        token_start = [s.start // unit for s in batch.item_slices]
+        for budget, idx in packs:
+            sub = batch.select(idx)
+            cap = self.graphs[budget]
+            cap.meta.copy_(self._prepare(sub.grid_thw, budget, "cpu"))
+            self.stage(cap, sub.pixels.to(self.device, non_blocking=True), pad_value)
+            res = self.replay(cap)
+            t = 0
+            for i in idx:
+                k = batch.item_rows[i] // unit
+                out[token_start[i]: token_start[i] + k] = res[t: t + k]
+                t += k
+            self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, budget * unit - sub.n_rows))
+        for i in misses:
+            sub = batch.select([i])
+            k = sub.n_rows // unit
+            out[token_start[i]: token_start[i] + k] = self.encoder.encode_eager(sub)
+            self.stats.append(ReplayRecord(0, 1, sub.n_rows, 0, miss=True))
+        return out
+
+    # ---- summaries ---------------------------------------------------------------------------
+    def stats_frame(self):
+        """The per-replay records as a pandas DataFrame."""
+        import pandas as pd
+        return pd.DataFrame([dataclasses.asdict(r) for r in self.stats],
+                            columns=[f.name for f in dataclasses.fields(ReplayRecord)])
+
+    def reset_stats(self) -> None:
+        self.stats.clear()
+
+    def __repr__(self) -> str:
+        return (f"EncoderGraphRunner(placement={self.encoder.placement!r}, budgets={self.budgets}, "
+                f"buffer_dtype={self.buffer_dtype}, max_items={self.max_items}, backend={self.backend!r})")

@@ -1,0 +1,342 @@
+"""Correctness study: which (family x placement x path x norm x buffer dtype) cells give the right
+embedding, and does NaN in padding rows or in the graph pool leak into real rows.
+
+Every cell builds the encoder exactly as an engine wires it (see workbench.encoder) and encodes
+the same real photos and a short video; the reference is the same weights in float64, eager, on
+pixels normalized in float64. Wrong cells come from the wiring alone: nothing here knows which
+cells should fail. `ok` is rel_err below a per-dtype tolerance (TOLERANCE, justified there).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import VisionConfig
+from ..encoder import FLOAT_INPUT_PLACEMENTS, STUDY_PLACEMENTS, build_encoder, resolve_device, resolve_dtype
+from ..norms import NORMS, normalize_reference
+from ..preprocess import Video, preprocess
+from ..reference import cos_min, rel_err
+from ..runner import EncoderGraphRunner
+from ..samples import sample_images, sample_video
+from . import Study, Summary, register
+
+# Relative-error tolerance per tower dtype. A right cell differs from the float64 reference only
+# by rounding: fp32 ~1e-6 (24-bit mantissa, errors grow slowly with depth), bf16 ~1e-2 (8-bit
+# mantissa: unit roundoff 2^-9 = 2e-3 per op, accumulated over blocks and the 5120-wide merger).
+# A wrong normalization changes the input by O(1) relative (raw 0..255 vs ~N(0,1)), and the
+# embedding by > 0.3 relative. The thresholds sit ~10x above the right cells' error, and one to
+# two orders of magnitude below the wrong cells'.
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+# A graph buffer narrower than the tower rounds what it holds: raw 0..255 are exact in bf16, but
+# normalized floats (placements processor, runner, double) are rounded to bf16 there. Such a cell
+# is judged at the precision of the narrowest float in its data path (see `cell_tolerance`).
+PRECISION_ORDER = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+
+def cell_tolerance(dtype: torch.dtype, buffer_dtype: str) -> float:
+    buf = BUFFER_NAMES.get(buffer_dtype)
+    if buf is None or not buf.is_floating_point:
+        return TOLERANCE[dtype]
+    return TOLERANCE[max(dtype, buf, key=PRECISION_ORDER.index)]
+
+
+# norm implementations do not matter where no device norm runs
+NORM_FREE = ("processor", "none")
+BUFFER_NAMES = {"bfloat16": torch.bfloat16, "uint8": torch.uint8, "float32": torch.float32}
+PATH_COLUMNS = ["eager", "cudagraph[bfloat16]", "cudagraph[uint8]", "cudagraph[float32]", "dp"]
+
+
+def study_items(max_pixels: int, video_frames: int = 4):
+    """The study's inputs: the real photos (capped at max_pixels) and a short panning video."""
+    photos = sample_images()
+    side = int(np.sqrt(max_pixels))
+    return [*photos.values(), Video(sample_video(video_frames, size=(side // 2, side // 2 + 28)))]
+
+
+def _cells(placements, norms, paths, buffer_dtypes):
+    for placement in placements:
+        for norm in (["eager"] if placement in NORM_FREE else norms):
+            for path in paths:
+                bufs = buffer_dtypes if path == "cudagraph" else ["-"]
+                for buf in bufs:
+                    if buf == "uint8" and (placement in FLOAT_INPUT_PLACEMENTS or placement == "runner"):
+                        continue  # a uint8 buffer cannot hold normalized floats: not a configuration
+                    yield placement, (norm if placement not in NORM_FREE else "(unused)"), path, buf
+
+
+def _encode_dp_cells(spec: dict) -> dict:
+    """Runs on every dp rank: encodes every (placement, norm) of spec through the dp path."""
+    from ..dp import encode_dp
+    import torch.distributed as dist
+
+    device = f"cuda:{dist.get_rank()}" if dist.get_backend() == "nccl" else "cpu"
+    out = {}
+    for placement, norm in spec["cells"]:
+        enc = build_encoder(spec["cfg"], placement=placement, norm="eager" if norm == "(unused)" else norm,
+                            dtype=spec["dtype"], device=device, seed=spec["seed"], check_inputs=False)
+        batch = preprocess(spec["items"], enc.cfg, normalize=enc.input_kind == "normalized")
+        out[(placement, norm)] = encode_dp(enc, batch).float().cpu()
+    return out
+
+
+def run(families=("tiny-qwen2-vl", "tiny-qwen2.5-vl"), depth: int | None = None, placements=STUDY_PLACEMENTS,
+        norms=NORMS, paths=("eager", "cudagraph", "dp"), buffer_dtypes=("bfloat16", "uint8", "float32"),
+        dtype: str = "float32", device: str = "auto", max_pixels: int = 112 * 112, budgets=(16, 32, 64, 128),
+        max_items: int = 8, dp_world_size: int = 2, seed: int = 0, hazard: bool = True,
+        progress: bool = True) -> pd.DataFrame:
+    """Measure every cell; returns one row per cell (wide: rel_err, cos_min, ok, tolerance).
+
+    families: preset names; depth: reduce every tower to this many blocks (real width kept);
+    max_pixels caps the processor's image size; budgets/max_items configure the graph runner;
+    dp_world_size ranks run the dp path (gloo on CPU, NCCL with one GPU per rank; skipped with a
+    note when fewer GPUs are visible). hazard: also run the NaN padding / pool check.
+    """
+    from tqdm.auto import tqdm
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype)
+    tol = TOLERANCE[dt]
+    rows = []
+    for fam in families:
+        base = VisionConfig.preset(fam)
+        cfg = dataclasses.replace(base.reduced(depth) if depth else base, max_pixels=max_pixels)
+        items = study_items(max_pixels)
+        raw = preprocess(items, cfg)
+        nrm = preprocess(items, cfg, normalize=True)
+        ref_enc = build_encoder(cfg, placement="processor", norm="eager", dtype=torch.float64, device=dev, seed=seed)
+        with torch.no_grad():
+            ref = ref_enc.visual(normalize_reference(raw.pixels, cfg).to(dev), raw.grid_thw).cpu()
+        del ref_enc
+        common = dict(family=cfg.family, preset=fam, depth=cfg.depth, width=cfg.width, dtype=str(dt).replace(
+            "torch.", ""), device=_device_name(dev), n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
+        cells = list(_cells(placements, norms, [p for p in paths if p != "dp"], buffer_dtypes))
+        encoders = {}
+        for placement, norm, path, buf in tqdm(cells, desc=f"correctness {fam}", disable=not progress):
+            key = (placement, norm)
+            if key not in encoders:
+                encoders[key] = build_encoder(cfg, placement=placement, norm="eager" if norm == "(unused)" else norm,
+                                              dtype=dt, device=dev, seed=seed, check_inputs=False)
+            enc = encoders[key]
+            batch = nrm if enc.input_kind == "normalized" else raw
+            extra = {}
+            if path == "eager":
+                out = enc.encode(batch)
+            else:
+                runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=BUFFER_NAMES[buf],
+                                            max_items=max_items)
+                out = enc.encode(batch, path="cudagraph", runner=runner)
+                st = runner.stats_frame()
+                extra = dict(backend=runner.backend, replays=int((~st.miss).sum()), misses=int(st.miss.sum()),
+                             padded_rows=int(st.padded_rows.sum()))
+                del runner
+            rows.append(_row(common, placement, norm, path, buf, out, ref, cell_tolerance(dt, buf), **extra))
+        encoders.clear()
+        if "dp" in paths:
+            rows += _dp_rows(cfg, items, placements, norms, dt, dev, seed, dp_world_size, common, ref, tol)
+        if hazard:
+            rows += _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common)
+    return pd.DataFrame(rows)
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(dev)}"
+    return "cpu"
+
+
+def _row(common, placement, norm, path, buf, out, ref, tol, case="embedding", **extra):
+    err = rel_err(out.float().cpu(), ref)
+    return dict(common, case=case, placement=placement, norm=norm, path=path, buffer_dtype=buf,
+                tolerance=tol, rel_err=err, cos_min=cos_min(out.float().cpu(), ref), ok=bool(np.isfinite(err) and err < tol),
+                **extra)
+
+
+def _dp_rows(cfg, items, placements, norms, dt, dev, seed, world, common, ref, tol):
+    from ..dp import launch
+
+    cells = sorted({(p, n) for p, n, _, _ in _cells(placements, norms, ["eager"], ["-"])})
+    if dev.type == "cuda" and torch.cuda.device_count() < world:
+        return [dict(common, case="embedding", placement=p, norm=n, path="dp", buffer_dtype="-",
+                     note=f"skipped: dp needs {world} GPUs, {torch.cuda.device_count()} visible") for p, n in cells]
+    spec = dict(cfg=cfg, items=items, cells=cells, dtype=dt, seed=seed)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    results = launch(_encode_dp_cells, world_size=world, backend=backend, args=(spec,))
+    out = []
+    for p, n in cells:
+        emb = results[0][(p, n)]
+        agree = all(torch.equal(r[(p, n)], emb) for r in results[1:])
+        out.append(_row(common, p, n, "dp", "-", emb, ref, tol, backend=backend, ranks=world, ranks_agree=agree))
+    return out
+
+
+def _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common):
+    """Tower placement under the graph runner: poison the pool and the padding rows with NaN, then
+    check that no real row changes (bitwise) or stops being finite."""
+    out = []
+    for norm in norms:
+        enc = build_encoder(cfg, placement="tower", norm=norm, dtype=dt, device=dev, seed=seed, check_inputs=False)
+        runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=torch.bfloat16, max_items=max_items)
+        clean = runner.encode(raw).float().cpu()
+        runner.poison_pool()
+        poisoned = runner.encode(raw, pad_value=float("nan")).float().cpu()
+        finite = bool(torch.isfinite(poisoned).all())
+        changed = int((~(poisoned == clean).all(dim=1)).sum())
+        diff = rel_err(poisoned, clean) if finite else float("nan")
+        out.append(dict(common, case="nan_padding", placement="tower", norm=norm, path="cudagraph",
+                        buffer_dtype="bfloat16", rel_err=diff, cos_min=cos_min(poisoned, clean) if finite else
+                        float("nan"), ok=finite and changed == 0, rows_changed=changed, backend=runner.backend))
+    return out
+
+
+# ---- presentation ---------------------------------------------------------------------------
+def path_column(df: pd.DataFrame) -> pd.Series:
+    return np.where(df.path == "cudagraph", "cudagraph[" + df.buffer_dtype.astype(str) + "]", df.path)
+
+
+def matrix(df: pd.DataFrame) -> pd.DataFrame:
+    """placement x path table per family: 'ok' / 'WRONG' (all norms agree) or 'mixed', worst rel_err."""
+    d = df[df.case == "embedding"].copy()
+    d = d[d.rel_err.notna()]
+    d["column"] = path_column(d)
+
+    def cell(g):
+        verdict = "ok" if g.ok.all() else ("WRONG" if (~g.ok).all() else "mixed")
+        return f"{verdict} ({g.rel_err.max():.1e})"
+
+    m = d.groupby(["family", "placement", "column"]).apply(cell, include_groups=False).unstack("column")
+    cols = [c for c in PATH_COLUMNS if c in m.columns]
+    order = [p for p in STUDY_PLACEMENTS if p in m.index.get_level_values("placement")]
+    return m[cols].reindex(pd.MultiIndex.from_product([sorted(d.family.unique()), order]))
+
+
+def style_matrix(m: pd.DataFrame):
+    """The matrix as a coloured pandas Styler (green right, red wrong, amber mixed)."""
+    def colour(v):
+        if not isinstance(v, str):
+            return ""
+        if v.startswith("ok"):
+            return "background-color: #c8e6c9"
+        return "background-color: #ffcdd2" if v.startswith("WRONG") else "background-color: #ffe0b2"
+    return m.style.map(colour)
+
+
+def plot_matrix(df: pd.DataFrame, title: str | None = None):
+    """Heat map of log10 rel_err per (placement x path), one panel per family; cells marked ok/x."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LinearSegmentedColormap
+
+    d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
+    d["column"] = path_column(d)
+    fams = sorted(d.family.unique())
+    fig, axes = plt.subplots(1, len(fams), figsize=(5.2 * len(fams), 4.2), squeeze=False)
+    cmap = LinearSegmentedColormap.from_list("okbad", ["#2e7d32", "#fff59d", "#c62828"])
+    for ax, fam in zip(axes[0], fams):
+        g = d[d.family == fam]
+        worst = g.groupby(["placement", "column"]).rel_err.max().unstack("column")
+        allok = g.groupby(["placement", "column"]).ok.all().unstack("column")
+        cols = [c for c in PATH_COLUMNS if c in worst.columns]
+        rows = [p for p in STUDY_PLACEMENTS if p in worst.index]
+        worst, allok = worst.loc[rows, cols], allok.loc[rows, cols]
+        val = np.log10(worst.astype(float).clip(lower=1e-9))
+        im = ax.imshow(val.values, cmap=cmap, vmin=-7, vmax=0.5, aspect="auto")
+        for i in range(len(rows)):
+            for j in range(len(cols)):
+                v = worst.iat[i, j]
+                if pd.isna(v):
+                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=8, color="grey")
+                    continue
+                mark = "ok" if allok.iat[i, j] else "WRONG"
+                ax.text(j, i, f"{mark}\n{v:.0e}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(cols)), [c.replace("cudagraph", "graph") for c in cols], rotation=30, ha="right")
+        ax.set_yticks(range(len(rows)), rows)
+        devs = ", ".join(sorted(g.device.unique()))
+        ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs})", fontsize=10)
+    fig.colorbar(im, ax=axes[0].tolist(), label="log10 worst rel_err over norms (vs float64 eager)")
+    fig.suptitle(title or "Correctness: placement x path (worst over norm implementations)")
+    return fig
+
+
+def plot_rel_err(df: pd.DataFrame):
+    """rel_err of every cell on a log scale, grouped by placement, with the tolerance line."""
+    import matplotlib.pyplot as plt
+
+    d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
+    d["column"] = path_column(d)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    places = [p for p in STUDY_PLACEMENTS if p in set(d.placement)]
+    markers = dict(zip(PATH_COLUMNS, "osD^v"))
+    for k, (col, g) in enumerate(d.groupby("column")):
+        x = [places.index(p) + 0.12 * (k - 2) for p in g.placement]
+        ax.scatter(x, g.rel_err.clip(lower=1e-9), marker=markers.get(col, "o"), label=col, alpha=0.7)
+    for tol in sorted(d.tolerance.unique()):
+        ax.axhline(tol, color="k", ls="--", lw=0.8)
+        ax.text(len(places) - 0.5, tol, f" tol {tol:g}", va="bottom", ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(places)), places)
+    ax.set_ylabel("rel_err vs float64 reference")
+    ax.legend(fontsize=8, ncol=3)
+    ax.set_title("Every cell's relative error (all families and norms)")
+    return fig
+
+
+def findings(df: pd.DataFrame) -> str:
+    """A short written finding from the table."""
+    d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
+    d["column"] = path_column(d)
+    parts = []
+    for (dev, dtype), g in d.groupby(["device", "dtype"]):
+        wrong = g[~g.ok]
+        bad = sorted({f"{p} x {c}" for p, c in zip(wrong.placement, wrong.column)})
+        right = sorted(set(g.placement) - set(wrong.placement))
+        parts.append(f"On {dev} ({dtype}, {g.family.nunique()} families, {g.norm.nunique()} norm settings, "
+                     f"{len(g)} cells): right everywhere: {', '.join(right) or 'none'}. "
+                     f"Wrong cells: {', '.join(bad) or 'none'}.")
+    hz = df[df.case == "nan_padding"]
+    if len(hz):
+        leaks = hz[~hz.ok.astype(bool)]
+        parts.append(f"NaN hazard check ({len(hz)} runs: pool and padding rows poisoned with NaN before replay): "
+                     + ("no real row changed in any run." if leaks.empty else
+                        f"real rows changed in {len(leaks)} runs: {', '.join(leaks.norm)}."))
+    return "\n\n".join(parts)
+
+
+def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    figs = []
+    for key, g in table.groupby(["run"]) if "run" in table else [(("local",), table)]:
+        name = key[0] if isinstance(key, tuple) else key
+        fig = plot_matrix(g, title=f"Correctness matrix, run {name} ({', '.join(sorted(g.device.unique()))})")
+        path = out_dir / f"correctness_matrix_{name}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        figs.append(path)
+    fig = plot_rel_err(table)
+    path = out_dir / "correctness_rel_err.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    figs.append(path)
+    return Summary(text=findings(table), figures=figs)
+
+
+register(Study(
+    name="correctness",
+    notebook="notebooks/correctness.ipynb",
+    run=run,
+    summarize=summarize,
+    defaults={
+        "cpu": dict(families=["tiny-qwen2-vl", "tiny-qwen2.5-vl"], dtype="float32", max_pixels=112 * 112,
+                    budgets=[16, 32, 64, 128], dp_world_size=2),
+        "gpu": dict(families=["qwen2-vl-7b", "qwen2.5-vl-7b"], depth=4, dtype="bfloat16", max_pixels=448 * 448,
+                    budgets=[64, 128, 256, 512, 1024], dp_world_size=2),
+    },
+    question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
+             "leak into real rows",
+))
