@@ -109,7 +109,8 @@ def run(families=("tiny-qwen2-vl", "tiny-qwen2.5-vl"), depth: int | None = None,
         items = study_items(max_pixels)
         raw = preprocess(items, cfg)
         nrm = preprocess(items, cfg, normalize=True)
-        ref_enc = build_encoder(cfg, placement="processor", norm="eager", dtype=torch.float64, device=dev, seed=seed)
+        ref_enc = build_encoder(cfg, placement="processor", norm="eager", dtype=torch.float64, device=dev, seed=seed,
+                                attn_backend="loop")  # exact per-sequence attention, no N^2 mask
         with torch.no_grad():
             ref = ref_enc.visual(normalize_reference(raw.pixels, cfg).to(dev), raw.grid_thw).cpu()
         del ref_enc

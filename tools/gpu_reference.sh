@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Reference measurements on a CUDA host (run from the repo root; used for the H200 runs).
+#   bash tools/gpu_reference.sh checks OUT   # CUDA tests + norm bandwidth benchmark
+#   bash tools/gpu_reference.sh study OUT    # correctness study (GPU profile) through papermill
+# Needs the offline wheels from `make wheels` in .whl/ for papermill (the GPU image lacks it).
+set -uo pipefail
+what=${1:?checks|study}; out=${2:-results/gpu}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -d .whl ] && ! python3 -c "import papermill" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$out/nvidia-smi.txt"
+case "$what" in
+  checks)
+    python3 -m pytest tests/test_cuda.py -q -s -p no:cacheprovider 2>&1 | tee "$out/cuda_tests.log"
+    python3 -m workbench.benchmarks.norm_bandwidth --out "$out/norm_bw.json" 2>&1 | tee "$out/norm_bw.log" ;;
+  study)
+    python3 -m workbench sweep --profile gpu --studies correctness --results "$out" --name h200 2>&1 \
+      | tee "$out/study.log" ;;
+  *) echo "unknown step $what (checks|study)"; exit 2 ;;
+esac
