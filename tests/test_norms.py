@@ -98,10 +98,11 @@ def test_without_out_allocates(name, gen):
 
 
 @pytest.mark.parametrize("rows_cfg", list(ROWS_CONFIGS) + [dict(block_rows=4, block_cols=256, num_warps=2)],
-                         ids=lambda c: f"{c['block_rows']}x{c['block_cols']}w{c['num_warps']}")
+                         ids=lambda c: f"{c['block_rows']}x{c['block_cols']}w{c['num_warps']}{c.get('layout', '')}")
 def test_triton_rows_configs(rows_cfg, gen):
     norm = make_norm("triton_rows", CFG, **rows_cfg)
-    assert (norm.block_rows, norm.block_cols, norm.num_warps) == tuple(rows_cfg.values())
+    assert (norm.block_rows, norm.block_cols, norm.num_warps, norm.layout) == (
+        rows_cfg["block_rows"], rows_cfg["block_cols"], rows_cfg["num_warps"], rows_cfg.get("layout", "2d"))
     x = _pixels(gen)
     out = _poison(ROWS, torch.bfloat16)
     norm(x, torch.bfloat16, out=out)
@@ -163,6 +164,19 @@ def test_n_valid_keeps_padding_rows(name, out_dtype, n_valid, gen):
     written = max(0, min(n_valid, ROWS))
     assert torch.equal(_bits(out[written:]), _bits(poison[written:])), "rows past n_valid were written"
     _assert_correct(out[:written], x[:written], name)
+
+
+@pytest.mark.parametrize("n_valid", [0, 13, ROWS], ids=["0", "13", "N"])
+@pytest.mark.parametrize("rows_cfg", [c for c in ROWS_CONFIGS if c.get("layout") == "span"][:2],
+                         ids=lambda c: f"{c['block_rows']}x{c['block_cols']}span")
+def test_n_valid_keeps_padding_rows_span_layout(rows_cfg, n_valid, gen):
+    x = _pixels(gen)
+    poison = _poison(ROWS, torch.bfloat16)
+    out = poison.clone()
+    make_norm("triton_rows", CFG, **rows_cfg)(x, torch.bfloat16, out=out,
+                                              n_valid=torch.tensor(n_valid, dtype=torch.int32))
+    assert torch.equal(_bits(out[n_valid:]), _bits(poison[n_valid:])), "rows past n_valid were written"
+    _assert_correct(out[:n_valid], x[:n_valid], "triton_rows")
 
 
 @pytest.mark.parametrize("name", NORMS)

@@ -67,8 +67,14 @@ TORCH_OUT_DTYPES = TRITON_OUT_DTYPES + (torch.float64,)
 # The column-looped shapes (512 and 256 wide: 3 and 5 column tiles) waste fewer lanes, but the
 # compiler cannot prove `out` does not alias `pixels`, so each column tile's loads wait for the
 # previous tile's stores (checked in the PTX); the sweep decides between the two trade-offs.
+ROWS_LAYOUTS = ("2d", "span")
 ROWS_CONFIGS = (
     dict(block_rows=8, block_cols=2048, num_warps=8),
+    dict(block_rows=8, block_cols=2048, num_warps=4, layout="span"),
+    dict(block_rows=16, block_cols=2048, num_warps=4, layout="span"),
+    dict(block_rows=16, block_cols=4096, num_warps=8, layout="span"),
+    dict(block_rows=32, block_cols=4096, num_warps=8, layout="span"),
+    dict(block_rows=4, block_cols=1024, num_warps=4, layout="span"),
     dict(block_rows=4, block_cols=2048, num_warps=4),
     dict(block_rows=8, block_cols=2048, num_warps=4),
     dict(block_rows=16, block_cols=2048, num_warps=8),
@@ -198,6 +204,36 @@ if tl is not None:
             y = x * w[None, :] + b[None, :]
             tl.store(o_tile + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
+    def _span_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
+                     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                     HAS_N_VALID: tl.constexpr):
+        # the same row tile, walked as the contiguous span of BLOCK_R * D elements it is in
+        # memory: every chunk is a full-width vector (16-byte loads at BLOCK_C / threads = 16)
+        # with no masked lanes except in the tile's last chunk; the column of an element is
+        # (offset % D), a multiply-shift for constexpr D, and its scale/shift come from the
+        # 1176-entry column tables, which stay in L1.
+        pid = tl.program_id(0)
+        row0 = pid * BLOCK_R
+        limit = n_rows
+        if HAS_N_VALID:
+            n_valid = tl.load(n_valid_ptr)
+            if row0 >= n_valid:
+                return
+            limit = tl.minimum(limit, n_valid)
+        span = (tl.minimum(limit - row0, BLOCK_R) * D).to(tl.int32)   # valid elements of this tile
+        base = pid.to(tl.int64) * (BLOCK_R * D)
+        x_tile = x_ptr + base
+        o_tile = out_ptr + base
+        i = tl.arange(0, BLOCK_C)
+        for c0 in tl.static_range(0, BLOCK_R * D, BLOCK_C):
+            offs = c0 + i
+            mask = offs < span
+            col = offs % D
+            w = tl.load(scale_ptr + col, mask=mask, other=0.0)
+            b = tl.load(shift_ptr + col, mask=mask, other=0.0)
+            x = tl.load(x_tile + offs, mask=mask, other=0).to(tl.float32)
+            tl.store(o_tile + offs, (x * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+
 _JITTED: dict = {}
 
 
@@ -210,6 +246,7 @@ def _kernel(name: str):
         _JITTED["channel"] = triton.jit(_channel_kernel, do_not_specialize=["n_rows"])
         _JITTED["flat"] = triton.jit(_flat_kernel, do_not_specialize=["n_rows"])
         _JITTED["rows"] = triton.jit(_rows_kernel, do_not_specialize=["n_rows"])
+        _JITTED["span"] = triton.jit(_span_kernel, do_not_specialize=["n_rows"])
     return _JITTED[name]
 
 
@@ -238,11 +275,11 @@ class InputNorm(nn.Module):
 
     def __init__(self, name: str, cfg: VisionConfig, check_values: bool = True,
                  block_rows: int | None = None, block_cols: int | None = None,
-                 num_warps: int | None = None):
+                 num_warps: int | None = None, layout: str | None = None):
         super().__init__()
         if name not in NORMS:
             raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
-        overrides = dict(block_rows=block_rows, block_cols=block_cols, num_warps=num_warps)
+        overrides = dict(block_rows=block_rows, block_cols=block_cols, num_warps=num_warps, layout=layout)
         given = {k: v for k, v in overrides.items() if v is not None}
         if given and name != "triton_rows":
             raise ValueError(f"{', '.join(given)} only apply to 'triton_rows', not {name!r}")
@@ -251,6 +288,9 @@ class InputNorm(nn.Module):
         self.check_values = bool(check_values)
         cfg_rows = dict(ROWS_CONFIGS[0])
         cfg_rows.update(given)
+        self.layout = cfg_rows.pop("layout", "2d")
+        if self.layout not in ROWS_LAYOUTS:
+            raise ValueError(f"layout={self.layout!r} is not one of {ROWS_LAYOUTS}")
         for key, value in cfg_rows.items():
             if not _is_pow2(value):
                 raise ValueError(f"{key}={value!r} must be a positive power of two")
@@ -283,7 +323,7 @@ class InputNorm(nn.Module):
         text = f"name={self.name!r}, cfg={self.cfg.name!r}, patch_dim={self.cfg.patch_dim}"
         if self.name == "triton_rows":
             text += (f", block_rows={self.block_rows}, block_cols={self.block_cols}, "
-                     f"num_warps={self.num_warps}")
+                     f"num_warps={self.num_warps}, layout={self.layout!r}")
         return text
 
     # ---- validation ------------------------------------------------------------------------
@@ -412,6 +452,8 @@ class InputNorm(nn.Module):
                          D=d, L=d // cfg.in_channels, C=cfg.in_channels, BLOCK=FLAT_BLOCK,
                          HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
         else:
+            if self.layout == "span":
+                kernel = _kernel("span")
             grid = (triton.cdiv(n, self.block_rows),)
             kernel[grid](pixels, out, self.scale_col, self.shift_col, nv_ptr, n,
                          D=d, BLOCK_R=self.block_rows, BLOCK_C=self.block_cols,
@@ -422,15 +464,17 @@ class InputNorm(nn.Module):
 def make_norm(name: str, cfg: VisionConfig, check_values: bool = True, **rows_config) -> InputNorm:
     """The norm `name` (one of NORMS) for `cfg`, on the CPU; move it with ``.to(device)``.
 
-    ``rows_config`` (``block_rows``, ``block_cols``, ``num_warps``, powers of two) overrides the
-    default tile of ``triton_rows`` (``ROWS_CONFIGS[0]``); it is an error for other norms.
+    ``rows_config`` (``block_rows``, ``block_cols``, ``num_warps``, powers of two, and ``layout``
+    in ROWS_LAYOUTS: '2d' row x column tiles, or 'span' = the tile's rows walked as one contiguous
+    span) overrides the default tile of ``triton_rows`` (``ROWS_CONFIGS[0]``); it is an error for
+    other norms.
     ``check_values=False`` skips the integer/range check of float input (a host sync).
     """
     if name not in NORMS:
         raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
-    unknown = set(rows_config) - {"block_rows", "block_cols", "num_warps"}
+    unknown = set(rows_config) - {"block_rows", "block_cols", "num_warps", "layout"}
     if unknown:
-        raise TypeError(f"unexpected keyword(s) {sorted(unknown)}; valid: block_rows, block_cols, "
+        raise TypeError(f"unexpected keyword(s) {sorted(unknown)}; valid: block_rows, block_cols, layout, "
                         f"num_warps (triton_rows only)")
     return InputNorm(name, cfg, check_values=check_values, **rows_config)
 

@@ -160,7 +160,7 @@ def _print_table(records: list[dict], full_p50: dict, name_of=lambda r: r["impl"
 
 
 def _cfg_name(c: dict) -> str:
-    return f"{c['block_rows']}x{c['block_cols']}/w{c['num_warps']}"
+    return f"{c['block_rows']}x{c['block_cols']}/w{c['num_warps']}" + (f" {c['layout']}" if c.get("layout") else "")
 
 
 def _device() -> torch.device:

@@ -200,10 +200,23 @@ def path_column(df: pd.DataFrame) -> pd.Series:
     return np.where(df.path == "cudagraph", "cudagraph[" + df.buffer_dtype.astype(str) + "]", df.path)
 
 
-def matrix(df: pd.DataFrame) -> pd.DataFrame:
-    """placement x path table per family: 'ok' / 'WRONG' (all norms agree) or 'mixed', worst rel_err."""
-    d = df[df.case == "embedding"].copy()
-    d = d[d.rel_err.notna()]
+# `identity` is itself the bug it models (a forgotten normalization: cast only), so the matrix of
+# placements is drawn over the real implementations and identity gets its own.
+FORGETFUL_NORMS = ("identity",)
+
+
+def _select_norms(df: pd.DataFrame, norms) -> pd.DataFrame:
+    d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
+    if norms is None:
+        return d[~d.norm.isin(FORGETFUL_NORMS)]
+    return d[d.norm.isin(list(norms) + ["(unused)"])]
+
+
+def matrix(df: pd.DataFrame, norms=None) -> pd.DataFrame:
+    """placement x path table per family: 'ok' / 'WRONG' (all norms agree) or 'mixed', worst rel_err.
+
+    norms: the implementations to aggregate over (default: all but identity)."""
+    d = _select_norms(df, norms)
     d["column"] = path_column(d)
 
     def cell(g):
@@ -227,39 +240,45 @@ def style_matrix(m: pd.DataFrame):
     return m.style.map(colour)
 
 
-def plot_matrix(df: pd.DataFrame, title: str | None = None):
-    """Heat map of log10 rel_err per (placement x path), one panel per family; cells marked ok/x."""
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import LinearSegmentedColormap
+def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
+    """Placement x path grid per family: green = right for every norm, red = wrong for every norm,
+    amber = depends on the norm; each cell shows the worst rel_err vs the float64 reference.
 
-    d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
+    norms: the implementations to aggregate over (default: all but identity)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    d = _select_norms(df, norms)
     d["column"] = path_column(d)
     fams = sorted(d.family.unique())
-    fig, axes = plt.subplots(1, len(fams), figsize=(5.2 * len(fams), 4.2), squeeze=False)
-    cmap = LinearSegmentedColormap.from_list("okbad", ["#2e7d32", "#fff59d", "#c62828"])
+    fig, axes = plt.subplots(1, len(fams), figsize=(6.2 * len(fams), 4.6), squeeze=False)
+    cmap = ListedColormap(["#ef9a9a", "#ffe082", "#a5d6a7"])  # wrong, mixed, right
     for ax, fam in zip(axes[0], fams):
         g = d[d.family == fam]
         worst = g.groupby(["placement", "column"]).rel_err.max().unstack("column")
-        allok = g.groupby(["placement", "column"]).ok.all().unstack("column")
+        frac = g.groupby(["placement", "column"]).ok.mean().unstack("column")
         cols = [c for c in PATH_COLUMNS if c in worst.columns]
         rows = [p for p in STUDY_PLACEMENTS if p in worst.index]
-        worst, allok = worst.loc[rows, cols], allok.loc[rows, cols]
-        val = np.log10(worst.astype(float).clip(lower=1e-9))
-        im = ax.imshow(val.values, cmap=cmap, vmin=-7, vmax=0.5, aspect="auto")
+        worst, frac = worst.reindex(index=rows, columns=cols), frac.reindex(index=rows, columns=cols)
+        code = np.where(frac.isna(), np.nan, np.where(frac == 1, 2, np.where(frac == 0, 0, 1)))
+        ax.imshow(np.ma.masked_invalid(code.astype(float)), cmap=cmap, vmin=0, vmax=2, aspect="auto")
         for i in range(len(rows)):
             for j in range(len(cols)):
                 v = worst.iat[i, j]
                 if pd.isna(v):
                     ax.text(j, i, "n/a", ha="center", va="center", fontsize=8, color="grey")
                     continue
-                mark = "ok" if allok.iat[i, j] else "WRONG"
-                ax.text(j, i, f"{mark}\n{v:.0e}", ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(len(cols)), [c.replace("cudagraph", "graph") for c in cols], rotation=30, ha="right")
+                mark = {2: "ok", 0: "WRONG", 1: "mixed"}[int(code[i, j])]
+                ax.text(j, i, f"{mark}\n{v:.1e}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(cols)), [c.replace("cudagraph", "graph") for c in cols], rotation=25, ha="right")
         ax.set_yticks(range(len(rows)), rows)
         devs = ", ".join(sorted(g.device.unique()))
         ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs})", fontsize=10)
-    fig.colorbar(im, ax=axes[0].tolist(), label="log10 worst rel_err over norms (vs float64 eager)")
-    fig.suptitle(title or "Correctness: placement x path (worst over norm implementations)")
+    shown = ", ".join(sorted(set(d.norm) - {"(unused)"}))
+    fig.suptitle(title or "Correctness: placement x path")
+    fig.text(0.5, -0.04, f"cell text: worst rel_err vs float64 eager over the norm implementations {shown}; "
+             "n/a: a uint8 buffer cannot hold normalized input", ha="center", fontsize=8)
+    fig.tight_layout()
     return fig
 
 
@@ -288,16 +307,31 @@ def plot_rel_err(df: pd.DataFrame):
 
 def findings(df: pd.DataFrame) -> str:
     """A short written finding from the table."""
-    d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
+    d = _select_norms(df, None)
     d["column"] = path_column(d)
     parts = []
     for (dev, dtype), g in d.groupby(["device", "dtype"]):
         wrong = g[~g.ok]
-        bad = sorted({f"{p} x {c}" for p, c in zip(wrong.placement, wrong.column)})
-        right = sorted(set(g.placement) - set(wrong.placement))
-        parts.append(f"On {dev} ({dtype}, {g.family.nunique()} families, {g.norm.nunique()} norm settings, "
-                     f"{len(g)} cells): right everywhere: {', '.join(right) or 'none'}. "
-                     f"Wrong cells: {', '.join(bad) or 'none'}.")
+        right = sorted(set(g.placement) - set(wrong.placement), key=STUDY_PLACEMENTS.index)
+        bad = []
+        for p in [p for p in STUDY_PLACEMENTS if p in set(wrong.placement)]:
+            cols = [c for c in PATH_COLUMNS if c in set(wrong[wrong.placement == p].column)]
+            every = set(cols) == set(g[g.placement == p].column)
+            bad.append(f"{p} (on every path)" if every else f"{p} (on {', '.join(cols)})")
+        norms_used = sorted(set(g.norm) - {"(unused)"})
+        worst_ok = g[g.ok].rel_err.max()
+        best_bad = wrong.rel_err.min() if len(wrong) else float("nan")
+        parts.append(f"On {dev} ({dtype} towers, {g.family.nunique()} families, norms {', '.join(norms_used)}; "
+                     f"{len(g)} cells): right on every path: {', '.join(right) or 'none'}. "
+                     f"Wrong: {'; '.join(bad) or 'none'}. Right cells stay below {worst_ok:.1e} relative error, "
+                     f"wrong ones start at {best_bad:.2f}: the wiring, not rounding, decides.")
+    ident = _select_norms(df, FORGETFUL_NORMS)
+    ident = ident[ident.norm.isin(FORGETFUL_NORMS)]
+    if len(ident):
+        ok_places = sorted(set(ident[ident.ok].placement))
+        parts.append("The identity implementation (a forgotten normalization, cast only) is wrong wherever the "
+                     "device norm is relied on" + (f"; it is right only for {', '.join(ok_places)}, where the "
+                                                   "processor already normalized" if ok_places else "") + ".")
     hz = df[df.case == "nan_padding"]
     if len(hz):
         leaks = hz[~hz.ok.astype(bool)]
