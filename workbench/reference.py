@@ -29,11 +29,11 @@ def hf_embeddings(model, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| in float64 (b is the reference)."""
-    a, b = a.detach().double(), b.detach().double()
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 def cos_min(a: torch.Tensor, b: torch.Tensor) -> float:
     """Smallest row-wise cosine similarity between a and the reference b (float64)."""
-    a, b = a.detach().double(), b.detach().double()
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
     return float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min())
