@@ -13,8 +13,9 @@ from .config import PRESET_NAMES, VisionConfig
 from .encoder import DTYPES, PATHS, PLACEMENTS, STUDY_PLACEMENTS, VisionEncoder, build_encoder
 from .norms import NORMS, make_norm
 from .preprocess import PatchBatch, Video, preprocess
+from .runner import EncoderGraphRunner
 from .samples import image_mix, random_images, sample_images, sample_video
 
 __all__ = ["VisionConfig", "PRESET_NAMES", "PatchBatch", "Video", "preprocess", "NORMS", "make_norm",
-           "PLACEMENTS", "STUDY_PLACEMENTS", "PATHS", "DTYPES", "VisionEncoder", "build_encoder",
+           "PLACEMENTS", "STUDY_PLACEMENTS", "PATHS", "EncoderGraphRunner", "DTYPES", "VisionEncoder", "build_encoder",
            "sample_images", "sample_video", "image_mix", "random_images"]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -53,6 +54,27 @@ def _select(studies: dict, names: str | None) -> list:
     return [studies[n] for n in wanted]
 
 
+def _check_sets(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list) -> None:
+    """Refuse, before any run folder exists, ``--set`` overrides that no study would take: a
+    STUDY prefix that names no registered study, or a KEY that a selected study's run function
+    does not accept (it would fail after the run folder was made, or be silently ignored)."""
+    unknown = sorted(k for k in sets if k is not None and k not in studies)
+    if unknown:
+        raise SystemExit(f"--set names unknown studies {unknown}; registered: {sorted(studies)}")
+    for study in selected:
+        keys = {**sets.get(None, {}), **sets.get(study.name, {})}
+        try:
+            sig = inspect.signature(study.run)
+        except (TypeError, ValueError):
+            continue
+        if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            continue
+        bad = sorted(k for k in keys if k not in sig.parameters)
+        if bad:
+            raise SystemExit(f"--set: study {study.name!r} takes no parameter {bad}; it takes "
+                             f"{sorted(sig.parameters)}")
+
+
 def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
     """Run the selected studies into a new run folder; returns (run folder, failures)."""
     from .studies import default_profile, discover
@@ -65,6 +87,7 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
     profile = default_profile() if args.profile == "auto" else args.profile
     device = DEVICE_OF_PROFILE[profile]
     sets = _parse_sets(args.set or [])
+    _check_sets(sets, studies, selected)
     run_dir = new_run_dir(args.results, name=args.name or profile)
     plan = {s.name: s.params(profile, **{**sets.get(None, {}), **sets.get(s.name, {})})
             for s in selected}

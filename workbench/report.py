@@ -255,6 +255,10 @@ def _runs_table(runs: list[Run], out_dir: Path) -> str:
             status = f"<span title='{_e(r.error)}'>unreadable meta.json</span>"
         else:
             status = "finished" if r.finished else "unfinished"
+            failures = (r.meta or {}).get("failures") or []
+            if failures:
+                status = (f"<span title='{_e('; '.join(map(str, failures)))}'>{status}, "
+                          f"{len(failures)} failed</span>")
         dur = f"{r.duration_s:.1f} s" if r.duration_s is not None else ""
         tables = ", ".join(_e(t) for t in r.tables) or '<span class="muted">none</span>'
         rows.append(

@@ -1,0 +1,50 @@
+"""The study notebooks run under papermill with their default (CPU) parameters."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_without_outputs_and_has_a_parameters_cell(nb):
+    doc = json.loads(nb.read_text())
+    code = [c for c in doc["cells"] if c["cell_type"] == "code"]
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code)
+    tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1 and 'device = "auto"' in "".join(tagged[0]["source"])
+
+
+@pytest.mark.slow
+def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(tmp_path):
+    papermill = pytest.importorskip("papermill")
+    run_dir = tmp_path / "run"
+    papermill.execute_notebook(str(ROOT / "notebooks" / "correctness.ipynb"), str(tmp_path / "out.ipynb"),
+                               parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
+                               kernel_name="python3")
+    df = pd.read_parquet(run_dir / "correctness.parquet")
+    for col in ("family", "placement", "path", "norm", "buffer_dtype", "rel_err", "cos_min", "ok"):
+        assert col in df.columns
+    emb = df[(df.case == "embedding") & (df.norm != "identity")]
+    assert set(emb.family) == {"qwen2-vl", "qwen2.5-vl"}
+    assert set(emb.norm) == {"eager", "triton_channel", "triton_flat", "triton_rows", "(unused)"}
+
+    def verdicts(placement, path):
+        return set(emb[(emb.placement == placement) & (emb.path == path)].ok)
+
+    for path in ("eager", "cudagraph", "dp"):
+        assert verdicts("tower", path) == {True}
+        assert verdicts("runner", path) == {True}
+        assert verdicts("processor", path) == {True}
+        assert verdicts("none", path) == {False}
+        assert verdicts("double", path) == {False}
+    assert verdicts("outer", "eager") == {True} and verdicts("outer", "dp") == {True}
+    assert verdicts("outer", "cudagraph") == {False}
+    hazard = df[df.case == "nan_padding"]
+    assert len(hazard) == 10 and hazard.ok.all()
+    executed = json.loads((tmp_path / "out.ipynb").read_text())
+    images = [o for c in executed["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) >= 2

@@ -1,0 +1,541 @@
+"""Provenance (meta.json, run folders, atomic tables), the HTML report, and the command line.
+
+Every results folder here lives under pytest's tmp_path; nothing is written under results/. The
+slow parts (one small correctness run in this process, one `sweep --direct` in a subprocess) are
+module-scoped fixtures shared by the tests that read them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workbench import provenance as prov
+from workbench import report as rep
+from workbench import studies
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE_RUN = REPO / "results" / "reference" / "h200-correctness-20261130"
+CLI_TIMEOUT_S = 300
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _now():
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _parse(ts: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
+
+
+def cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_folders(results: Path) -> list[Path]:
+    return sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []
+
+
+# =========================================================================== provenance
+
+
+def test_collect_meta_records_git_packages_device_and_start():
+    before = _now()
+    meta = prov.collect_meta({"alpha": 1, "families": ["tiny-qwen2-vl"]})
+    after = _now()
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    git = meta["git"]
+    assert git["sha"] == head and re.fullmatch(r"[0-9a-f]{40}", git["sha"])
+    assert git["short"] == head[:7]
+    assert isinstance(git["dirty"], bool)
+    assert Path(git["root"]).resolve() == REPO
+
+    for name in ("torch", "numpy", "pandas", "pyarrow"):
+        assert meta["packages"][name] == metadata.version(name)
+    assert isinstance(meta["device"], str) and meta["device"]
+    assert meta["device"] == meta["torch"]["device"]
+    import torch
+    if not torch.cuda.is_available():
+        assert meta["device"].startswith("cpu")
+
+    assert meta["started_at"].endswith("Z")
+    started = _parse(meta["started_at"])
+    assert before - dt.timedelta(seconds=1) <= started <= after + dt.timedelta(seconds=1)
+    assert meta["finished_at"] is None and meta["duration_s"] is None
+    assert meta["params"] == {"alpha": 1, "families": ["tiny-qwen2-vl"]}
+    json.dumps(meta, default=str)  # serializable as written
+
+
+def test_git_info_outside_a_repository_is_recorded_not_raised(tmp_path):
+    info = prov.git_info(tmp_path)
+    assert info["sha"] is None and info["dirty"] is None and info["error"]
+
+
+def test_finish_meta_adds_end_time_and_duration():
+    meta = prov.collect_meta()
+    meta["started_at"] = prov._iso(prov.utc_now() - dt.timedelta(seconds=2.5))
+    out = prov.finish_meta(meta)
+    assert out is meta
+    assert meta["finished_at"].endswith("Z")
+    assert _parse(meta["finished_at"]) >= _parse(meta["started_at"])
+    assert 2.5 <= meta["duration_s"] < 10
+
+
+def test_write_meta_protects_a_finished_run(tmp_path):
+    meta = prov.collect_meta({"n": 1})
+    path = prov.write_meta(tmp_path, meta)
+    assert path == tmp_path / "meta.json"
+    assert prov.read_meta(tmp_path)["params"] == {"n": 1}
+
+    meta["params"]["n"] = 2                       # unfinished: may be replaced
+    prov.write_meta(tmp_path, meta)
+    assert prov.read_meta(tmp_path)["params"] == {"n": 2}
+
+    prov.write_meta(tmp_path, prov.finish_meta(meta))
+    finished_text = path.read_text()
+    assert json.loads(finished_text)["finished_at"]
+
+    with pytest.raises(FileExistsError, match="finished run"):
+        prov.write_meta(tmp_path, {**meta, "params": {"n": 3}})
+    with pytest.raises(FileExistsError):
+        prov.write_meta(tmp_path, prov.collect_meta({"n": 4}))   # even an unfinished one
+    assert path.read_text() == finished_text
+
+    prov.write_meta(tmp_path, {**meta, "params": {"n": 5}}, overwrite=True)
+    assert prov.read_meta(tmp_path)["params"] == {"n": 5}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json"]   # no temporary left
+
+
+def test_write_meta_is_atomic(tmp_path, monkeypatch):
+    prov.write_meta(tmp_path, {"started_at": "x", "finished_at": None, "params": {"v": "old"}})
+    old_text = (tmp_path / "meta.json").read_text()
+
+    def broken_replace(src, dst):
+        raise OSError("disk went away")
+
+    monkeypatch.setattr(prov.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk went away"):
+        prov.write_meta(tmp_path, {"started_at": "x", "finished_at": None, "params": {"v": "new"}})
+    monkeypatch.undo()
+    assert (tmp_path / "meta.json").read_text() == old_text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json"]
+
+
+def test_write_meta_serializes_paths_dtypes_and_numpy_scalars(tmp_path):
+    import numpy as np
+    import torch
+
+    prov.write_meta(tmp_path, {"finished_at": None, "p": Path("a/b"), "d": torch.bfloat16,
+                               "x": np.float32(1.5), "t": (1, 2)})
+    back = prov.read_meta(tmp_path)
+    assert back["p"] == "a/b" and back["d"] == "torch.bfloat16" and back["x"] == 1.5
+    assert back["t"] == [1, 2]
+
+
+def test_new_run_dir_names_and_refuses_a_non_empty_folder(tmp_path, monkeypatch):
+    fixed = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    monkeypatch.setattr(prov, "utc_now", lambda: fixed)
+    short = prov.git_info()["short"]
+
+    d = prov.new_run_dir(tmp_path / "res", name="my run/1")
+    assert d.parent == tmp_path / "res" and d.is_dir() and not any(d.iterdir())
+    assert d.name == f"20300102T030405Z-{short}-my-run-1"
+
+    assert prov.new_run_dir(tmp_path / "res", name="my run/1") == d   # empty: reused
+    (d / "meta.json").write_text("{}")
+    with pytest.raises(FileExistsError, match="not empty"):
+        prov.new_run_dir(tmp_path / "res", name="my run/1")
+    assert (d / "meta.json").read_text() == "{}"
+    with pytest.raises(ValueError):
+        prov.new_run_dir(tmp_path / "res", name="///")
+
+
+def test_write_table_round_trips_through_parquet(tmp_path):
+    df = pd.DataFrame({
+        "family": ["qwen2-vl", "qwen2.5-vl", "qwen2-vl"],
+        "n": [1, 2, 3],
+        "rel_err": [1e-7, float("nan"), 0.98],
+        "ok": [True, False, False],
+    }, index=[10, 20, 30])
+    path = prov.write_table(df, tmp_path / "sub" / "t.parquet")
+    assert path == tmp_path / "sub" / "t.parquet"
+    back = pd.read_parquet(path)
+    assert list(back.columns) == list(df.columns)          # the index is not stored
+    pd.testing.assert_frame_equal(back, df.reset_index(drop=True), check_dtype=False)
+    assert back["ok"].dtype == bool and back["n"].dtype.kind == "i"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["t.parquet"]
+
+
+def test_save_table_interactive_makes_its_own_run_folder(tmp_path):
+    df = pd.DataFrame({"x": [1, 2], "ok": [True, False]})
+    path = studies.save_table("demo", df, run_dir=None, params={"families": ["a"]}, results_root=tmp_path)
+    run_dir = path.parent
+    assert path.name == "demo.parquet" and run_dir.parent == tmp_path
+    assert run_dir.name.endswith("-demo-interactive")
+    pd.testing.assert_frame_equal(pd.read_parquet(path), df)
+    meta = prov.read_meta(run_dir)
+    assert meta["finished_at"] and meta["duration_s"] is not None
+    assert meta["params"] == {"studies": {"demo": {"families": ["a"]}}, "mode": "interactive"}
+    assert meta["git"]["sha"]
+
+    with pytest.raises(FileExistsError):
+        studies.save_table("demo", pd.DataFrame({"x": [9]}), run_dir=run_dir)
+    pd.testing.assert_frame_equal(pd.read_parquet(path), df)   # the table is untouched
+
+    # a second interactive save goes to a new folder, never into the first one
+    other = studies.save_table("demo2", df, run_dir=None, results_root=tmp_path)
+    assert other.parent != run_dir
+
+
+def test_save_table_into_a_given_run_dir_writes_only_the_table(tmp_path):
+    run_dir = tmp_path / "sweep-run"
+    path = studies.save_table("demo", pd.DataFrame({"x": [1]}), run_dir=run_dir)
+    assert path == run_dir / "demo.parquet"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["demo.parquet"]   # meta is the sweep's
+
+
+# =========================================================================== report
+
+
+@pytest.fixture(scope="module")
+def cpu_table():
+    from workbench.studies import correctness
+
+    return correctness.run(families=["tiny-qwen2-vl"], norms=["eager"], paths=["eager", "cudagraph"],
+                           buffer_dtypes=["bfloat16"], hazard=True, progress=False)
+
+
+def _make_run(root: Path, table: pd.DataFrame, name: str = "cpu") -> Path:
+    meta = prov.collect_meta({"studies": {"correctness": {"families": ["tiny-qwen2-vl"]}}})
+    run_dir = prov.new_run_dir(root, name=name)
+    prov.write_meta(run_dir, meta)
+    prov.write_table(table, run_dir / "correctness.parquet")
+    prov.write_meta(run_dir, prov.finish_meta(meta))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def results_with_runs(tmp_path_factory, cpu_table):
+    """<tmp>/<local cpu run>/ and <tmp>/reference/h200-correctness-20261130/ (a copy)."""
+    root = tmp_path_factory.mktemp("results")
+    local = _make_run(root, cpu_table)
+    shutil.copytree(REFERENCE_RUN, root / "reference" / REFERENCE_RUN.name)
+    return root, local
+
+
+@pytest.fixture(scope="module")
+def built(results_with_runs):
+    root, local = results_with_runs
+    result = rep.build_report(root)
+    return root, local, result
+
+
+def _row_of(page: str, run_name: str) -> str:
+    rows = [r for r in re.findall(r"<tr>.*?</tr>", page, flags=re.S) if run_name in r]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_report_shows_both_devices_and_marks_the_reference(built):
+    root, local, result = built
+    index = root / "report" / "index.html"
+    assert result.index == index and index.is_file()
+    page = index.read_text(encoding="utf-8")
+    assert not result.problems and not result.no_study
+
+    names = [r.name for r in result.runs]
+    assert names == [local.name, REFERENCE_RUN.name]       # local first, report/ not a run
+    assert [r.reference for r in result.runs] == [False, True]
+
+    local_device = prov.read_meta(local)["device"]
+    ref_device = prov.read_meta(REFERENCE_RUN)["device"]
+    assert "H200" in ref_device and local_device.startswith("cpu")
+    assert html.escape(local_device) in page and html.escape(ref_device) in page
+
+    ref_row, local_row = _row_of(page, REFERENCE_RUN.name), _row_of(page, local.name)
+    assert 'class="ref">reference<' in ref_row and "H200" in ref_row
+    assert 'class="ref"' not in local_row and html.escape(local_device) in local_row
+    assert "finished" in ref_row and "finished" in local_row and "correctness" in local_row
+    assert "1 of them reference runs" in page
+    assert not (root / ".report.building").exists() and not (root / ".report.old").exists()
+
+
+def test_report_contains_the_written_finding(built):
+    from workbench.studies import correctness
+
+    root, local, result = built
+    page = (root / "report" / "index.html").read_text(encoding="utf-8")
+    (section,) = [s for s in result.sections if s.name == "correctness"]
+    assert section.error is None
+    assert sorted(section.runs) == sorted([local.name, REFERENCE_RUN.name])
+    expected = correctness.findings(rep.study_table("correctness", result.runs))
+    assert section.text == expected
+    paragraphs = [p.strip() for p in expected.split("\n\n") if p.strip()]
+    assert len(paragraphs) >= 3
+    for p in paragraphs:
+        assert f"<p>{html.escape(p)}</p>" in page
+    ref_device = prov.read_meta(REFERENCE_RUN)["device"]
+    assert f"On {ref_device} (bfloat16 towers" in expected
+    assert re.search(r"On cpu[^()]* \(float32 towers", expected)
+    assert "NaN hazard check" in expected
+
+
+def test_report_figures_exist_on_disk(built):
+    root, local, result = built
+    report_dir = root / "report"
+    page = (report_dir / "index.html").read_text(encoding="utf-8")
+    srcs = [html.unescape(s) for s in re.findall(r'<img src="([^"]+)"', page)]
+    (section,) = [s for s in result.sections if s.name == "correctness"]
+    assert srcs == section.figures and len(srcs) == 3
+    for src in srcs:
+        assert not Path(src).is_absolute() and ".." not in Path(src).parts
+        f = report_dir / src
+        assert f.is_file() and f.stat().st_size > 1000
+        assert f.read_bytes()[:8] == PNG_MAGIC
+    names = {Path(s).name for s in srcs}
+    assert f"correctness_matrix_{local.name}.png" in names
+    assert f"correctness_matrix_{REFERENCE_RUN.name}.png" in names
+    assert "correctness_rel_err.png" in names
+
+
+def test_report_rebuild_replaces_the_old_one_and_ignores_report_folder(built, tmp_path):
+    root, local, _ = built
+    out = tmp_path / "elsewhere"
+    result = rep.build_report(root, out, studies={})       # no study: a notice, no sections
+    assert result.no_study and [r.name for r in result.runs] == [local.name, REFERENCE_RUN.name]
+    page = (out / "index.html").read_text()
+    assert "no study exists yet" in page.lower()
+    # links to run folders are relative to the report folder
+    for r in result.runs:
+        link = re.search(rf'<a href="([^"]+)/">{re.escape(r.name)}</a>', page).group(1)
+        assert (out / link).resolve() == r.path.resolve()
+
+
+def test_report_refuses_to_write_into_a_run_folder(built):
+    root, local, _ = built
+    before = sorted(p.name for p in local.iterdir())
+    with pytest.raises(ValueError, match="run folder"):
+        rep.build_report(root, local)
+    assert sorted(p.name for p in local.iterdir()) == before
+
+
+def test_report_survives_a_corrupt_meta_json(tmp_path, cpu_table):
+    good = _make_run(tmp_path, cpu_table.head(3), name="good")
+    bad = tmp_path / "20300101T000000Z-deadbee-broken"
+    bad.mkdir()
+    (bad / "meta.json").write_text('{"started_at": "2030-01-01T00:00:00Z", "device": ', encoding="utf-8")
+    listy = tmp_path / "20300101T000001Z-deadbee-list"
+    listy.mkdir()
+    (listy / "meta.json").write_text("[1, 2]", encoding="utf-8")
+    (tmp_path / "not-a-run").mkdir()                      # no meta.json: not a run folder
+
+    result = rep.build_report(tmp_path, studies={})
+    by_name = {r.name: r for r in result.runs}
+    assert set(by_name) == {good.name, bad.name, listy.name}
+    assert by_name[bad.name].meta is None and "unreadable meta.json" in by_name[bad.name].error
+    assert by_name[listy.name].meta is None and "does not hold an object" in by_name[listy.name].error
+    assert by_name[good.name].error is None
+
+    page = result.index.read_text(encoding="utf-8")
+    for r in (bad, listy):
+        row = _row_of(page, r.name)
+        assert "unreadable meta.json" in row and "unknown device" in row
+    assert "unreadable" not in _row_of(page, good.name)
+
+
+def _boom(table, out_dir):
+    raise RuntimeError("summarize exploded on purpose")
+
+
+def test_a_failing_summary_is_shown_and_does_not_hide_the_rest(tmp_path, cpu_table):
+    """report.py: 'one broken study must not hide the others' -- the error is shown in the
+    study's section, the page is still built (replacing the old one), the run table is complete,
+    and the other studies' findings are there."""
+    results = tmp_path / "results"
+    run_dir = _make_run(results, cpu_table.head(4))
+    shutil.copy(run_dir / "correctness.parquet", run_dir / "other.parquet")
+    good = studies.discover()["correctness"]
+    other = dataclasses.replace(good, name="other", summarize=lambda table, out_dir: "other finding")
+    out = results / "report"
+    rep.build_report(results, studies={"correctness": good, "other": other})
+    assert "<img" in (out / "index.html").read_text()
+
+    result = rep.build_report(results, studies={
+        "correctness": dataclasses.replace(good, summarize=_boom), "other": other})
+    assert result.problems == ["correctness: RuntimeError: summarize exploded on purpose"]
+    assert [s.name for s in result.sections if s.error] == ["correctness"]
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "The summary failed" in page and "summarize exploded on purpose" in page
+    assert '<pre class="error">' in page and "Traceback" in page
+    assert "<p>other finding</p>" in page
+    assert "<img" not in page                    # the new page shows no stale figure
+    assert run_dir.name in _row_of(page, run_dir.name)
+
+
+def test_a_failed_build_leaves_the_previous_report_intact(built, tmp_path, monkeypatch):
+    """report.py: 'a failed build leaves the previous report in place'."""
+    root, _, _ = built
+    good = studies.discover()["correctness"]
+    quick = {"correctness": dataclasses.replace(good, summarize=lambda t, d: "first build")}
+    out = tmp_path / "report"
+    rep.build_report(root, out, studies=quick)
+    old_page = (out / "index.html").read_bytes()
+    assert b"first build" in old_page
+
+    def broken_render(*a, **k):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(rep, "render_html", broken_render)
+    with pytest.raises(RuntimeError, match="render failed"):
+        rep.build_report(root, out, studies={"correctness": dataclasses.replace(
+            good, summarize=lambda t, d: "second build")})
+    assert (out / "index.html").read_bytes() == old_page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]   # no .building / .old left
+
+
+def test_cli_report_exits_non_zero_when_a_summary_fails(built, tmp_path, monkeypatch, capsys):
+    from workbench.__main__ import main
+
+    root, _, _ = built
+    good = studies.discover()["correctness"]
+    monkeypatch.setitem(studies.STUDIES, "correctness", dataclasses.replace(good, summarize=_boom))
+    rc = main(["report", "--no-sweep", "--results", str(root), "--out", str(tmp_path / "r")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "summary failed for correctness: RuntimeError: summarize exploded on purpose" in err
+    assert "summarize exploded on purpose" in (tmp_path / "r" / "index.html").read_text()
+
+
+# =========================================================================== command line
+
+
+def test_cli_help():
+    p = cli("--help")
+    assert p.returncode == 0, p.stderr
+    for word in ("report", "sweep", "info"):
+        assert word in p.stdout
+
+
+def test_cli_info_prints_json_with_a_device():
+    p = cli("info", "--params", '{"k": [1, 2]}')
+    assert p.returncode == 0, p.stderr
+    meta = json.loads(p.stdout)
+    assert isinstance(meta["device"], str) and meta["device"]
+    assert meta["params"] == {"k": [1, 2]}
+    assert meta["git"]["sha"] and meta["packages"]["torch"]
+    assert meta["started_at"] and meta["finished_at"] is None
+
+
+def test_cli_report_no_sweep_on_an_empty_folder(tmp_path):
+    p = cli("report", "--no-sweep", "--results", tmp_path)
+    assert p.returncode == 0, p.stderr
+    index = tmp_path / "report" / "index.html"
+    assert index.is_file()
+    assert "0 run folder(s)" in p.stdout and str(index) in p.stdout
+    assert "No run folder found yet" in index.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]   # no run folder made
+
+
+SWEEP_SETS = ["--set", 'families=["tiny-qwen2-vl"]', "--set", 'norms=["eager"]',
+              "--set", 'paths=["eager","cudagraph"]', "--set", 'buffer_dtypes=["uint8"]']
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    results = tmp_path_factory.mktemp("sweep")
+    p = cli("sweep", "--direct", "--results", results, "--studies", "correctness", *SWEEP_SETS)
+    return results, p
+
+
+def test_cli_sweep_writes_a_finished_run_folder(sweep):
+    results, p = sweep
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run_dir,) = run_folders(results)
+    assert run_dir.name.endswith("-cpu") or run_dir.name.endswith("-gpu")
+    assert str(run_dir) in p.stdout and "0 failure(s)" in p.stdout
+    assert sorted(f.name for f in run_dir.iterdir()) == ["correctness.parquet", "meta.json"]
+
+    meta = prov.read_meta(run_dir)
+    assert meta["finished_at"] and meta["duration_s"] > 0 and meta["failures"] == []
+    params = meta["params"]
+    assert params["mode"] == "direct" and params["profile"] in ("cpu", "gpu")
+    c = params["studies"]["correctness"]
+    assert c["families"] == ["tiny-qwen2-vl"] and c["norms"] == ["eager"]
+    assert c["paths"] == ["eager", "cudagraph"] and c["buffer_dtypes"] == ["uint8"]
+    assert "max_pixels" in c                                 # the profile's defaults are kept
+    assert meta["git"]["sha"] and meta["device"]
+
+
+def test_cli_sweep_table_has_the_expected_verdicts(sweep):
+    results, p = sweep
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run_dir,) = run_folders(results)
+    df = pd.read_parquet(run_dir / "correctness.parquet")
+    for col in ("family", "placement", "path", "norm", "buffer_dtype", "rel_err", "cos_min", "ok"):
+        assert col in df.columns
+    emb = df[df.case == "embedding"]
+    assert set(emb.family) == {"qwen2-vl"}
+    assert set(emb.path) == {"eager", "cudagraph"}
+    assert set(emb[emb.path == "cudagraph"].buffer_dtype) == {"uint8"}
+    assert set(emb.norm) <= {"eager", "(unused)"}
+
+    def verdicts(placement, path):
+        cells = emb[(emb.placement == placement) & (emb.path == path)]
+        assert len(cells), (placement, path)
+        return set(cells.ok)
+
+    assert verdicts("outer", "eager") == {True}
+    assert verdicts("outer", "cudagraph") == {False}
+    assert verdicts("tower", "eager") == {True}
+    assert verdicts("tower", "cudagraph") == {True}
+    assert verdicts("none", "eager") == {False}
+    assert verdicts("none", "cudagraph") == {False}
+    ok = emb[emb.ok]
+    assert (ok.rel_err < ok.tolerance).all() and (emb[~emb.ok].rel_err > 0.3).all()
+
+
+def _assert_no_run_folder(results: Path):
+    assert run_folders(results) == [], [sorted(p.iterdir()) for p in run_folders(results)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--studies", "no_such_study"], "unknown studies ['no_such_study']"),
+    (["--studies", "correctness", "--set", "families"], "--set expects KEY=VALUE"),
+    (["--studies", "correctness", "--set", "=1"], "--set expects KEY=VALUE"),
+    (["--studies", "correctness", "--set", "no_such_param=1"], "no_such_param"),
+    (["--studies", "correctness", "--set", "nostudy.families=[]"], "unknown studies ['nostudy']"),
+], ids=["unknown-study", "set-without-equals", "set-without-key", "set-unknown-key",
+        "set-unknown-study"])
+def test_cli_sweep_bad_arguments_fail_before_any_run_folder(tmp_path, args, message):
+    p = cli("sweep", "--direct", "--results", tmp_path, *args)
+    assert p.returncode != 0
+    assert message in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    _assert_no_run_folder(tmp_path)
+
+
+def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path):
+    """A value the study rejects only shows when it runs: the run folder then holds no table and
+    its meta.json lists the failure; the exit code is non-zero."""
+    p = cli("sweep", "--direct", "--results", tmp_path, "--studies", "correctness",
+            "--set", 'families=["no-such-family"]')
+    assert p.returncode == 1
+    assert "correctness FAILED" in p.stderr and "no-such-family" in p.stderr
+    (run_dir,) = run_folders(tmp_path)
+    assert not (run_dir / "correctness.parquet").exists()
+    meta = prov.read_meta(run_dir)
+    assert len(meta["failures"]) == 1 and meta["failures"][0].startswith("correctness: ")
+    assert "no-such-family" in meta["failures"][0]
