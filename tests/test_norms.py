@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from workbench.config import VisionConfig  # noqa: E402
+from workbench.measure import bf16_ulps  # noqa: E402
 from workbench.norms import (NORMS, ROWS_CONFIGS, InputNorm, make_norm, norm_bytes,  # noqa: E402
                              normalize_reference)
 
@@ -46,15 +47,6 @@ def _poison(rows, dtype) -> torch.Tensor:
     return torch.full((rows, D), float("nan"), dtype=dtype)
 
 
-def _bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| counted in bf16 ulps (sign-magnitude bits mapped to an ordered integer line)."""
-    def ordered(t):
-        bits = t.contiguous().view(torch.int16).to(torch.int32)
-        mag = bits & 0x7FFF
-        return torch.where(bits < 0, -mag, mag)
-    return (ordered(a) - ordered(b)).abs()
-
-
 def _assert_correct(y: torch.Tensor, x: torch.Tensor, name: str) -> None:
     assert not torch.isnan(y).any(), f"{int(torch.isnan(y).sum())} elements left unwritten"
     if y.numel() == 0:
@@ -64,7 +56,7 @@ def _assert_correct(y: torch.Tensor, x: torch.Tensor, name: str) -> None:
         return
     ref = normalize_reference(x, CFG)
     if y.dtype == torch.bfloat16:
-        ulps = _bf16_ulps(y, ref.to(torch.bfloat16))
+        ulps = bf16_ulps(y, ref.to(torch.bfloat16))
         assert int(ulps.max()) <= 1, f"max {int(ulps.max())} bf16 ulp from the rounded reference"
     else:
         err = (y.double() - ref).abs().max().item()
@@ -98,11 +90,10 @@ def test_without_out_allocates(name, gen):
 
 
 @pytest.mark.parametrize("rows_cfg", list(ROWS_CONFIGS) + [dict(block_rows=4, block_cols=256, num_warps=2)],
-                         ids=lambda c: f"{c['block_rows']}x{c['block_cols']}w{c['num_warps']}{c.get('layout', '')}")
+                         ids=lambda c: f"{c['block_rows']}x{c['block_cols']}w{c['num_warps']}")
 def test_triton_rows_configs(rows_cfg, gen):
     norm = make_norm("triton_rows", CFG, **rows_cfg)
-    assert (norm.block_rows, norm.block_cols, norm.num_warps, norm.layout) == (
-        rows_cfg["block_rows"], rows_cfg["block_cols"], rows_cfg["num_warps"], rows_cfg.get("layout", "2d"))
+    assert (norm.block_rows, norm.block_cols, norm.num_warps) == tuple(rows_cfg.values())
     x = _pixels(gen)
     out = _poison(ROWS, torch.bfloat16)
     norm(x, torch.bfloat16, out=out)
@@ -164,19 +155,6 @@ def test_n_valid_keeps_padding_rows(name, out_dtype, n_valid, gen):
     written = max(0, min(n_valid, ROWS))
     assert torch.equal(_bits(out[written:]), _bits(poison[written:])), "rows past n_valid were written"
     _assert_correct(out[:written], x[:written], name)
-
-
-@pytest.mark.parametrize("n_valid", [0, 13, ROWS], ids=["0", "13", "N"])
-@pytest.mark.parametrize("rows_cfg", [c for c in ROWS_CONFIGS if c.get("layout") == "split"][:2],
-                         ids=lambda c: f"{c['block_rows']}x{c['block_cols']}split")
-def test_n_valid_keeps_padding_rows_split_layout(rows_cfg, n_valid, gen):
-    x = _pixels(gen)
-    poison = _poison(ROWS, torch.bfloat16)
-    out = poison.clone()
-    make_norm("triton_rows", CFG, **rows_cfg)(x, torch.bfloat16, out=out,
-                                              n_valid=torch.tensor(n_valid, dtype=torch.int32))
-    assert torch.equal(_bits(out[n_valid:]), _bits(poison[n_valid:])), "rows past n_valid were written"
-    _assert_correct(out[:n_valid], x[:n_valid], "triton_rows")
 
 
 @pytest.mark.parametrize("name", NORMS)

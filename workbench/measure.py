@@ -209,6 +209,16 @@ def copy_bandwidth_gbs(device=None, n_bytes: int = 1 << 30, reps: int = 20, warm
 
 # ---- formatting ------------------------------------------------------------------------------
 
+def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in bf16 units in the last place (both bf16; +0 and -0 are the same point): the sign-
+    magnitude bit patterns are mapped onto one ordered integer line and subtracted."""
+    def ordered(t):
+        bits = t.contiguous().view(torch.int16).to(torch.int32)
+        mag = bits & 0x7FFF
+        return torch.where(bits < 0, -mag, mag)
+    return (ordered(a) - ordered(b)).abs()
+
+
 def fmt_us(us: float) -> str:
     """A duration given in microseconds, in the most readable unit: '59.3 us', '1.24 ms'."""
     if us != us:

@@ -67,13 +67,13 @@ TORCH_OUT_DTYPES = TRITON_OUT_DTYPES + (torch.float64,)
 # The column-looped shapes (512 and 256 wide: 3 and 5 column tiles) waste fewer lanes, but the
 # compiler cannot prove `out` does not alias `pixels`, so each column tile's loads wait for the
 # previous tile's stores (checked in the PTX); the sweep decides between the two trade-offs.
-ROWS_LAYOUTS = ("2d", "split")
+# Sweep on the H200 (2026-11-30, 65536 rows uint8 -> bf16, graph replays): 4x2048/w4 61.7 us
+# (88.5% of the SM-copy floor) was best overall; 8x2048/w8 62.9 us. Two other geometries measured
+# there and dropped: each tile walked as one contiguous span with col = offset % D (107 us: the
+# modulo and the table gather cost more than the masked lanes they save) and a 1024 + 256 column
+# split loaded before storing (61.7 us: no gain over one masked 2048-wide tile).
 ROWS_CONFIGS = (
     dict(block_rows=4, block_cols=2048, num_warps=4),
-    dict(block_rows=4, block_cols=1024, num_warps=4, layout="split"),
-    dict(block_rows=8, block_cols=1024, num_warps=4, layout="split"),
-    dict(block_rows=8, block_cols=1024, num_warps=8, layout="split"),
-    dict(block_rows=2, block_cols=1024, num_warps=4, layout="split"),
     dict(block_rows=8, block_cols=2048, num_warps=8),
     dict(block_rows=8, block_cols=2048, num_warps=4),
     dict(block_rows=16, block_cols=2048, num_warps=8),
@@ -203,40 +203,6 @@ if tl is not None:
             y = x * w[None, :] + b[None, :]
             tl.store(o_tile + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    def _split_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
-                      D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                      TAIL_C: tl.constexpr, HAS_N_VALID: tl.constexpr):
-        # rows x (BLOCK_C + TAIL_C) columns: a full-width head tile and a narrow tail tile that
-        # together just cover D (1024 + 256 for 1176: 92% of lanes busy instead of 57% with one
-        # 2048-wide tile). Both tiles are loaded before either is stored, so the tail's loads do
-        # not wait behind the head's stores.
-        pid = tl.program_id(0)
-        row0 = pid * BLOCK_R
-        limit = n_rows
-        if HAS_N_VALID:
-            n_valid = tl.load(n_valid_ptr)
-            if row0 >= n_valid:
-                return
-            limit = tl.minimum(limit, n_valid)
-        r = tl.arange(0, BLOCK_R)
-        row_mask = (row0 + r) < limit
-        base = pid.to(tl.int64) * (BLOCK_R * D)
-        ch = tl.arange(0, BLOCK_C)
-        ct = BLOCK_C + tl.arange(0, TAIL_C)
-        t_mask = ct < D
-        oh = r[:, None] * D + ch[None, :]
-        ot = r[:, None] * D + ct[None, :]
-        mh = row_mask[:, None] & (ch < D)[None, :]
-        mt = row_mask[:, None] & t_mask[None, :]
-        xh = tl.load(x_ptr + base + oh, mask=mh, other=0).to(tl.float32)
-        xt = tl.load(x_ptr + base + ot, mask=mt, other=0).to(tl.float32)
-        wh = tl.load(scale_ptr + ch, mask=ch < D, other=0.0)
-        bh = tl.load(shift_ptr + ch, mask=ch < D, other=0.0)
-        wt = tl.load(scale_ptr + ct, mask=t_mask, other=0.0)
-        bt = tl.load(shift_ptr + ct, mask=t_mask, other=0.0)
-        tl.store(out_ptr + base + oh, (xh * wh[None, :] + bh[None, :]).to(out_ptr.dtype.element_ty), mask=mh)
-        tl.store(out_ptr + base + ot, (xt * wt[None, :] + bt[None, :]).to(out_ptr.dtype.element_ty), mask=mt)
-
 _JITTED: dict = {}
 
 
@@ -249,7 +215,6 @@ def _kernel(name: str):
         _JITTED["channel"] = triton.jit(_channel_kernel, do_not_specialize=["n_rows"])
         _JITTED["flat"] = triton.jit(_flat_kernel, do_not_specialize=["n_rows"])
         _JITTED["rows"] = triton.jit(_rows_kernel, do_not_specialize=["n_rows"])
-        _JITTED["split"] = triton.jit(_split_kernel, do_not_specialize=["n_rows"])
     return _JITTED[name]
 
 
@@ -278,11 +243,11 @@ class InputNorm(nn.Module):
 
     def __init__(self, name: str, cfg: VisionConfig, check_values: bool = True,
                  block_rows: int | None = None, block_cols: int | None = None,
-                 num_warps: int | None = None, layout: str | None = None):
+                 num_warps: int | None = None):
         super().__init__()
         if name not in NORMS:
             raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
-        overrides = dict(block_rows=block_rows, block_cols=block_cols, num_warps=num_warps, layout=layout)
+        overrides = dict(block_rows=block_rows, block_cols=block_cols, num_warps=num_warps)
         given = {k: v for k, v in overrides.items() if v is not None}
         if given and name != "triton_rows":
             raise ValueError(f"{', '.join(given)} only apply to 'triton_rows', not {name!r}")
@@ -291,9 +256,6 @@ class InputNorm(nn.Module):
         self.check_values = bool(check_values)
         cfg_rows = dict(ROWS_CONFIGS[0])
         cfg_rows.update(given)
-        self.layout = cfg_rows.pop("layout", "2d")
-        if self.layout not in ROWS_LAYOUTS:
-            raise ValueError(f"layout={self.layout!r} is not one of {ROWS_LAYOUTS}")
         for key, value in cfg_rows.items():
             if not _is_pow2(value):
                 raise ValueError(f"{key}={value!r} must be a positive power of two")
@@ -326,7 +288,7 @@ class InputNorm(nn.Module):
         text = f"name={self.name!r}, cfg={self.cfg.name!r}, patch_dim={self.cfg.patch_dim}"
         if self.name == "triton_rows":
             text += (f", block_rows={self.block_rows}, block_cols={self.block_cols}, "
-                     f"num_warps={self.num_warps}, layout={self.layout!r}")
+                     f"num_warps={self.num_warps}")
         return text
 
     # ---- validation ------------------------------------------------------------------------
@@ -456,33 +418,24 @@ class InputNorm(nn.Module):
                          HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
         else:
             grid = (triton.cdiv(n, self.block_rows),)
-            if self.layout == "split":
-                head = min(self.block_cols, triton.next_power_of_2(d) // 2)
-                tail = triton.next_power_of_2(max(d - head, 1))
-                _kernel("split")[grid](pixels, out, self.scale_col, self.shift_col, nv_ptr, n,
-                                       D=d, BLOCK_R=self.block_rows, BLOCK_C=head, TAIL_C=tail,
-                                       HAS_N_VALID=has_nv, num_warps=self.num_warps)
-            else:
-                kernel[grid](pixels, out, self.scale_col, self.shift_col, nv_ptr, n,
-                             D=d, BLOCK_R=self.block_rows, BLOCK_C=self.block_cols,
-                             HAS_N_VALID=has_nv, num_warps=self.num_warps)
+            kernel[grid](pixels, out, self.scale_col, self.shift_col, nv_ptr, n,
+                         D=d, BLOCK_R=self.block_rows, BLOCK_C=self.block_cols,
+                         HAS_N_VALID=has_nv, num_warps=self.num_warps)
         return out
 
 
 def make_norm(name: str, cfg: VisionConfig, check_values: bool = True, **rows_config) -> InputNorm:
     """The norm `name` (one of NORMS) for `cfg`, on the CPU; move it with ``.to(device)``.
 
-    ``rows_config`` (``block_rows``, ``block_cols``, ``num_warps``, powers of two, and ``layout``
-    in ROWS_LAYOUTS: '2d' row x column tiles, or 'split' = a 1024-wide head and a 256-wide tail
-    tile, both loaded before either is stored) overrides the default tile of ``triton_rows`` (``ROWS_CONFIGS[0]``); it is an error for
-    other norms.
+    ``rows_config`` (``block_rows``, ``block_cols``, ``num_warps``, powers of two) overrides the
+    default tile of ``triton_rows`` (``ROWS_CONFIGS[0]``); it is an error for other norms.
     ``check_values=False`` skips the integer/range check of float input (a host sync).
     """
     if name not in NORMS:
         raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
-    unknown = set(rows_config) - {"block_rows", "block_cols", "num_warps", "layout"}
+    unknown = set(rows_config) - {"block_rows", "block_cols", "num_warps"}
     if unknown:
-        raise TypeError(f"unexpected keyword(s) {sorted(unknown)}; valid: block_rows, block_cols, layout, "
+        raise TypeError(f"unexpected keyword(s) {sorted(unknown)}; valid: block_rows, block_cols, "
                         f"num_warps (triton_rows only)")
     return InputNorm(name, cfg, check_values=check_values, **rows_config)
 

@@ -35,7 +35,7 @@ import time
 import torch
 
 from workbench.config import PRESET_NAMES, VisionConfig
-from workbench.measure import copy_bandwidth_gbs, fmt_us, graph_replay_us, sm_copy_bandwidth_gbs
+from workbench.measure import bf16_ulps, copy_bandwidth_gbs, fmt_us, graph_replay_us, sm_copy_bandwidth_gbs
 from workbench.norms import NORMS, ROWS_CONFIGS, make_norm, norm_bytes, normalize_reference
 
 OUT_DTYPE = torch.bfloat16
@@ -64,15 +64,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---- correctness ---------------------------------------------------------------------------
 
-def _bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| in bf16 units in the last place (both bf16; +0 and -0 are the same point)."""
-    def ordered(t):
-        bits = t.contiguous().view(torch.int16).to(torch.int32)
-        mag = bits & 0x7FFF
-        return torch.where(bits < 0, -mag, mag)
-    return (ordered(a) - ordered(b)).abs()
-
-
 def _compare(y: torch.Tensor, x: torch.Tensor, ref: torch.Tensor, name: str) -> tuple[bool, str]:
     """Whether the written rows y match the reference; a short detail string either way."""
     if torch.isnan(y).any():
@@ -81,7 +72,7 @@ def _compare(y: torch.Tensor, x: torch.Tensor, ref: torch.Tensor, name: str) -> 
         ok = torch.equal(y, x.to(y.dtype))
         return ok, "plain cast" if ok else "differs from x.to(out_dtype)"
     if y.dtype == torch.bfloat16:
-        ulps = int(_bf16_ulps(y, ref.to(torch.bfloat16)).max()) if y.numel() else 0
+        ulps = int(bf16_ulps(y, ref.to(torch.bfloat16)).max()) if y.numel() else 0
         return ulps <= 1, f"max {ulps} bf16 ulp"
     err = float((y.double() - ref).abs().max()) if y.numel() else 0.0
     return err <= FP32_ATOL, f"max abs err {err:.2e}"
@@ -160,7 +151,7 @@ def _print_table(records: list[dict], full_p50: dict, name_of=lambda r: r["impl"
 
 
 def _cfg_name(c: dict) -> str:
-    return f"{c['block_rows']}x{c['block_cols']}/w{c['num_warps']}" + (f" {c['layout']}" if c.get("layout") else "")
+    return f"{c['block_rows']}x{c['block_cols']}/w{c['num_warps']}"
 
 
 def _device() -> torch.device:
