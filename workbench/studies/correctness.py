@@ -325,6 +325,17 @@ def findings(df: pd.DataFrame) -> str:
                      f"{len(g)} cells): right on every path: {', '.join(right) or 'none'}. "
                      f"Wrong: {'; '.join(bad) or 'none'}. Right cells stay below {worst_ok:.1e} relative error, "
                      f"wrong ones start at {best_bad:.2f}: the wiring, not rounding, decides.")
+    # a bf16 graph buffer rounds what it holds: free for raw 0..255, not for normalized floats
+    for (dev, dtype), g in d[(d.path == "cudagraph") & d.ok].groupby(["device", "dtype"]):
+        if dtype == "bfloat16":
+            continue
+        raw_in = g[g.placement == "tower"].groupby("buffer_dtype").rel_err.max()
+        norm_in = g[g.placement.isin(["processor", "runner"])].groupby("buffer_dtype").rel_err.max()
+        if "bfloat16" in norm_in and "float32" in norm_in:
+            parts.append(f"On {dev}, a bfloat16 graph buffer in a {dtype} tower costs precision only where it "
+                         f"holds normalized floats (processor, runner): rel_err {norm_in['bfloat16']:.1e} vs "
+                         f"{norm_in['float32']:.1e} with a float32 buffer; raw 0..255 pixels (placement tower) are exact "
+                         f"in bf16 (rel_err {raw_in.get('bfloat16', float('nan')):.1e}, as eager).")
     ident = _select_norms(df, FORGETFUL_NORMS)
     ident = ident[ident.norm.isin(FORGETFUL_NORMS)]
     if len(ident):
