@@ -59,13 +59,8 @@ def encode_dp(enc, batch: PatchBatch, local_path: str = "eager", runner=None, gr
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded, group=group)
     out = torch.empty(batch.n_rows // unit, enc.cfg.out_hidden, dtype=enc.dtype, device=enc.device)
-    starts = [s.start // unit for s in batch.item_slices]
     for r, items in enumerate(assign):
-        t = 0
-        for i in items:
-            k = batch.item_rows[i] // unit
-            out[starts[i]: starts[i] + k] = gathered[r][t: t + k].to(device=enc.device, dtype=enc.dtype)
-            t += k
+        batch.place_tokens(out, items, gathered[r][: counts[r]].to(device=enc.device, dtype=enc.dtype), unit)
     return out
 
 

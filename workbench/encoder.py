@@ -32,13 +32,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 FLOAT_INPUT_PLACEMENTS = ("processor", "double")
 
 
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "fp64": "float64"}
+
+
 def resolve_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
-    if isinstance(dtype, str) and dtype.replace("torch.", "") in DTYPES:
-        return DTYPES[dtype.replace("torch.", "")]
-    if dtype in ("bf16", "fp32", "fp16", "fp64"):
-        return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, "fp64": torch.float64}[dtype]
+    if isinstance(dtype, str):
+        name = dtype.replace("torch.", "")
+        name = _DTYPE_ALIASES.get(name, name)
+        if name in DTYPES:
+            return DTYPES[name]
     raise ValueError(f"unsupported dtype {dtype!r}; valid: {tuple(DTYPES)} (or torch dtypes, bf16/fp32/fp16/fp64)")
 
 
@@ -171,7 +175,7 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
                          f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
     enc = VisionEncoder(cfg, placement, norm, dtype, dev, attn_backend=attn_backend, check_inputs=check_inputs)
     if seed is not None:
-        enc.visual.to(torch.float32)
+        # init_random draws in fp32 and copy_ rounds into the tower dtype: the same weights a
+        # fp32 init followed by a cast would give, without two extra casts of every parameter
         enc.visual.init_random(seed)
-        enc.visual.to(dtype)
     return enc.eval()

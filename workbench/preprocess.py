@@ -95,6 +95,16 @@ class PatchBatch:
             start += n
         return out
 
+    def place_tokens(self, out: torch.Tensor, indices: Sequence[int], packed: torch.Tensor,
+                     merge_unit: int = 4) -> None:
+        """Scatter `packed` (the merged tokens of items `indices`, concatenated in that order)
+        into `out` ([N / merge_unit, ...], item order) at each item's token rows."""
+        slices, start = self.item_slices, 0
+        for i in indices:
+            first, k = slices[i].start // merge_unit, self.item_rows[i] // merge_unit
+            out[first: first + k] = packed[start: start + k]
+            start += k
+
     def to(self, device: Any) -> "PatchBatch":
         """Both tensors on `device` (a no-op copy-free view when already there)."""
         return PatchBatch(self.pixels.to(device), self.grid_thw.to(device))

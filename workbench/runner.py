@@ -113,7 +113,8 @@ class EncoderGraphRunner:
         self.tower = encoder.visual
         self.device = encoder.device
         # one input buffer shared by every budget (each budget's graph sees a leading view of it)
-        self.input_buffer = torch.zeros(4 * self.budgets[-1], cfg.patch_dim, dtype=buffer_dtype, device=self.device)
+        self.input_buffer = torch.zeros(cfg.merge_unit * self.budgets[-1], cfg.patch_dim, dtype=buffer_dtype,
+                                        device=self.device)
         self.graphs: dict[int, _Captured] = {}
         with torch.inference_mode():
             for b in reversed(self.budgets):
@@ -228,23 +229,16 @@ class EncoderGraphRunner:
         packs, misses = self.plan(batch)
         out = torch.empty(batch.n_rows // unit, self.encoder.cfg.out_hidden, dtype=self.encoder.dtype,
                           device=self.device)
-        token_start = [s.start // unit for s in batch.item_slices]
         for budget, idx in packs:
             sub = batch.select(idx)
             cap = self.graphs[budget]
             cap.meta.copy_(self._prepare(sub.grid_thw, budget, "cpu"))
             self.stage(cap, sub.pixels.to(self.device, non_blocking=True), pad_value)
-            res = self.replay(cap)
-            t = 0
-            for i in idx:
-                k = batch.item_rows[i] // unit
-                out[token_start[i]: token_start[i] + k] = res[t: t + k]
-                t += k
+            batch.place_tokens(out, idx, self.replay(cap), unit)
             self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, budget * unit - sub.n_rows))
         for i in misses:
             sub = batch.select([i])
-            k = sub.n_rows // unit
-            out[token_start[i]: token_start[i] + k] = self.encoder.encode_eager(sub)
+            batch.place_tokens(out, [i], self.encoder.encode_eager(sub), unit)
             self.stats.append(ReplayRecord(0, 1, sub.n_rows, 0, miss=True))
         return out
 
