@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from workbench.config import VisionConfig  # noqa: E402
 from workbench.measure import bf16_ulps  # noqa: E402
-from workbench.norms import (NORMS, ROWS_CONFIGS, InputNorm, make_norm, norm_bytes,  # noqa: E402
+from workbench.norms import (NORMS, ROWS_CONFIGS, InputNorm, make_norm,  # noqa: E402
                              normalize_reference)
 
 pytestmark = pytest.mark.triton
@@ -203,21 +203,6 @@ def test_module_buffers():
     assert tower[0].scale_col.dtype == torch.float32
     assert torch.equal(tower[0].scale_col, make_norm("eager", CFG).scale_col)
     assert "triton_rows" in repr(norm) and "block_rows=4" in repr(norm)
-
-
-def test_norm_bytes():
-    n = 1000
-    eager = norm_bytes(n, CFG, torch.bfloat16, "eager")
-    assert eager["elements"] == n * D
-    assert eager["min_bytes"] == 3 * n * D
-    assert eager["bytes"] == 27 * n * D and eager["passes"] == 4
-    assert eager["temp_bytes"] == 8 * n * D
-    assert norm_bytes(n, CFG, torch.float32, "eager")["bytes"] == 21 * n * D
-    for name in ("triton_channel", "triton_flat", "triton_rows", "identity"):
-        b = norm_bytes(n, CFG, torch.bfloat16, name)
-        assert b["bytes"] == b["min_bytes"] and b["traffic_ratio"] == 1.0 and b["temp_bytes"] == 0
-    with pytest.raises(ValueError, match="triton_rows"):
-        norm_bytes(n, CFG, torch.bfloat16, "nope")
 
 
 def test_value_check_skipped_while_capturing(monkeypatch, gen):

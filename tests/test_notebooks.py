@@ -5,6 +5,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from workbench.studies import load_table, wide
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -25,7 +27,7 @@ def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(tmp_p
     papermill.execute_notebook(str(ROOT / "notebooks" / "correctness.ipynb"), str(tmp_path / "out.ipynb"),
                                parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
                                kernel_name="python3")
-    df = pd.read_parquet(run_dir / "correctness.parquet")
+    df = wide(load_table(run_dir / "correctness.parquet"))
     for col in ("family", "placement", "path", "norm", "buffer_dtype", "rel_err", "cos_min", "ok"):
         assert col in df.columns
     emb = df[(df.case == "embedding") & (df.norm != "identity")]
@@ -48,3 +50,37 @@ def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(tmp_p
     executed = json.loads((tmp_path / "out.ipynb").read_text())
     images = [o for c in executed["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 2
+
+
+def _images(executed: Path) -> int:
+    doc = json.loads(executed.read_text())
+    return sum("image/png" in o.get("data", {}) for c in doc["cells"] for o in c.get("outputs", []))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study, metrics", [
+    ("cast_cost", {"staging_us", "copy_us", "norm_us", "bytes", "floor_us", "share_of_replay"}),
+    ("fp32_memory", {"model_bytes", "temp_bytes", "counted_peak_bytes", "trace_matches"}),
+])
+def test_input_path_notebooks_run_with_defaults(tmp_path, study, metrics):
+    papermill = pytest.importorskip("papermill")
+    run_dir = tmp_path / "run"
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(str(ROOT / "notebooks" / f"{study}.ipynb"), str(out),
+                               parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
+                               kernel_name="python3")
+    table = load_table(run_dir / f"{study}.parquet")
+    assert metrics <= set(table.metric)
+    assert table.device.str.startswith("cpu").all()
+    assert _images(out) >= 1
+
+
+@pytest.mark.slow
+def test_a_bad_papermill_value_fails_in_the_first_cell_naming_it(tmp_path):
+    papermill = pytest.importorskip("papermill")
+    with pytest.raises(papermill.PapermillExecutionError) as e:
+        papermill.execute_notebook(str(ROOT / "notebooks" / "cast_cost.ipynb"), str(tmp_path / "out.ipynb"),
+                                   parameters={"run_dir": str(tmp_path / "run"), "norms": "bogus"},
+                                   cwd=str(ROOT), progress_bar=False, kernel_name="python3")
+    assert "norms='bogus' is not a valid choice" in str(e.value)
+    assert not (tmp_path / "run").exists()

@@ -179,8 +179,13 @@ def test_write_table_round_trips_through_parquet(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["t.parquet"]
 
 
+def _demo_table(value=1.0):
+    return pd.DataFrame({"norm": ["eager", "triton_rows"], "device": ["cpu: test", "cpu: test"],
+                         "metric": ["norm_us", "norm_us"], "value": [value, 2.0], "unit": ["us", "us"]})
+
+
 def test_save_table_interactive_makes_its_own_run_folder(tmp_path):
-    df = pd.DataFrame({"x": [1, 2], "ok": [True, False]})
+    df = _demo_table()
     path = studies.save_table("demo", df, run_dir=None, params={"families": ["a"]}, results_root=tmp_path)
     run_dir = path.parent
     assert path.name == "demo.parquet" and run_dir.parent == tmp_path
@@ -192,7 +197,7 @@ def test_save_table_interactive_makes_its_own_run_folder(tmp_path):
     assert meta["git"]["sha"]
 
     with pytest.raises(FileExistsError):
-        studies.save_table("demo", pd.DataFrame({"x": [9]}), run_dir=run_dir)
+        studies.save_table("demo", _demo_table(9.0), run_dir=run_dir)
     pd.testing.assert_frame_equal(pd.read_parquet(path), df)   # the table is untouched
 
     # a second interactive save goes to a new folder, never into the first one
@@ -200,9 +205,23 @@ def test_save_table_interactive_makes_its_own_run_folder(tmp_path):
     assert other.parent != run_dir
 
 
+def test_save_table_refuses_a_table_that_breaks_the_schema_and_writes_nothing(tmp_path):
+    bad = _demo_table().drop(columns="unit")
+    with pytest.raises(studies.TableError, match="unit"):
+        studies.save_table("demo", bad, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run" / "demo.parquet").exists()
+
+
+def test_save_table_interactive_defaults_to_the_project_results_folder(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)                       # as in JupyterLab, cwd = notebooks/
+    monkeypatch.setattr(prov, "REPO_ROOT", tmp_path / "project")
+    path = studies.save_table("demo", _demo_table(), run_dir=None)
+    assert path.parent.parent == tmp_path / "project" / "results"
+
+
 def test_save_table_into_a_given_run_dir_writes_only_the_table(tmp_path):
     run_dir = tmp_path / "sweep-run"
-    path = studies.save_table("demo", pd.DataFrame({"x": [1]}), run_dir=run_dir)
+    path = studies.save_table("demo", _demo_table(), run_dir=run_dir)
     assert path == run_dir / "demo.parquet"
     assert sorted(p.name for p in run_dir.iterdir()) == ["demo.parquet"]   # meta is the sweep's
 
@@ -287,7 +306,8 @@ def test_report_contains_the_written_finding(built):
     assert len(paragraphs) >= 3
     for p in paragraphs:
         assert f"<p>{html.escape(p)}</p>" in page
-    ref_device = prov.read_meta(REFERENCE_RUN)["device"]
+    ref_device = pd.read_parquet(REFERENCE_RUN / "correctness.parquet").device.iloc[0]
+    assert "H200" in ref_device
     assert f"On {ref_device} (bfloat16 towers" in expected
     assert re.search(r"On cpu[^()]* \(float32 towers", expected)
     assert "NaN hazard check" in expected
@@ -299,7 +319,7 @@ def test_report_figures_exist_on_disk(built):
     page = (report_dir / "index.html").read_text(encoding="utf-8")
     srcs = [html.unescape(s) for s in re.findall(r'<img src="([^"]+)"', page)]
     (section,) = [s for s in result.sections if s.name == "correctness"]
-    assert srcs == section.figures and len(srcs) == 3
+    assert srcs == section.figures and len(srcs) == 4        # per run: the matrix and the rel_err plot
     for src in srcs:
         assert not Path(src).is_absolute() and ".." not in Path(src).parts
         f = report_dir / src
@@ -308,7 +328,10 @@ def test_report_figures_exist_on_disk(built):
     names = {Path(s).name for s in srcs}
     assert f"correctness_matrix_{local.name}.png" in names
     assert f"correctness_matrix_{REFERENCE_RUN.name}.png" in names
-    assert "correctness_rel_err.png" in names
+    assert f"correctness_rel_err_{local.name}.png" in names
+    assert f"correctness_rel_err_{REFERENCE_RUN.name}.png" in names
+    for src in srcs:                                          # every PNG has its SVG beside it
+        assert (report_dir / src).with_suffix(".svg").is_file()
 
 
 def test_report_rebuild_replaces_the_old_one_and_ignores_report_folder(built, tmp_path):
@@ -365,7 +388,7 @@ def test_a_failing_summary_is_shown_and_does_not_hide_the_rest(tmp_path, cpu_tab
     study's section, the page is still built (replacing the old one), the run table is complete,
     and the other studies' findings are there."""
     results = tmp_path / "results"
-    run_dir = _make_run(results, cpu_table.head(4))
+    run_dir = _make_run(results, cpu_table.head(6))   # two whole cells (3 metrics each)
     shutil.copy(run_dir / "correctness.parquet", run_dir / "other.parquet")
     good = studies.discover()["correctness"]
     other = dataclasses.replace(good, name="other", summarize=lambda table, out_dir: "other finding")
@@ -483,7 +506,7 @@ def test_cli_sweep_table_has_the_expected_verdicts(sweep):
     results, p = sweep
     assert p.returncode == 0, p.stdout + p.stderr
     (run_dir,) = run_folders(results)
-    df = pd.read_parquet(run_dir / "correctness.parquet")
+    df = studies.wide(studies.load_table(run_dir / "correctness.parquet"))
     for col in ("family", "placement", "path", "norm", "buffer_dtype", "rel_err", "cos_min", "ok"):
         assert col in df.columns
     emb = df[df.case == "embedding"]
@@ -517,8 +540,17 @@ def _assert_no_run_folder(results: Path):
     (["--studies", "correctness", "--set", "=1"], "--set expects KEY=VALUE"),
     (["--studies", "correctness", "--set", "no_such_param=1"], "no_such_param"),
     (["--studies", "correctness", "--set", "nostudy.families=[]"], "unknown studies ['nostudy']"),
+    (["--studies", "correctness", "--set", "depth=abc"], "depth='abc' is not an integer"),
+    (["--studies", "correctness", "--set", 'placements=["bogus"]'], "placements='bogus' is not a valid choice"),
+    (["--studies", "correctness", "--set", 'families=["no-such-family"]'], "qwen2.5-vl-7b"),
+    (["--studies", "cast_cost", "--set", "hazard=false"], "no selected study takes ['hazard']"),
+    (["--studies", "correctness", "--set", "correctness.budgets=[4]"], "smaller than max_items=8"),
+    (["--studies", "correctness", "--set", "budgets=[64, 32]"], "strictly ascending"),
+    (["--studies", "cast_cost", "--set", "fills=[0, 0.5]"], "(0, 1]"),
+    (["--studies", "cast_cost", "--set", "correctness.depth=2"], "does not run"),
 ], ids=["unknown-study", "set-without-equals", "set-without-key", "set-unknown-key",
-        "set-unknown-study"])
+        "set-unknown-study", "not-an-int", "bad-choice", "bad-family", "param-of-no-selected-study",
+        "cross-check", "not-ascending", "bad-fraction", "study-not-selected"])
 def test_cli_sweep_bad_arguments_fail_before_any_run_folder(tmp_path, args, message):
     p = cli("sweep", "--direct", "--results", tmp_path, *args)
     assert p.returncode != 0
@@ -527,15 +559,61 @@ def test_cli_sweep_bad_arguments_fail_before_any_run_folder(tmp_path, args, mess
     _assert_no_run_folder(tmp_path)
 
 
-def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path):
-    """A value the study rejects only shows when it runs: the run folder then holds no table and
-    its meta.json lists the failure; the exit code is non-zero."""
-    p = cli("sweep", "--direct", "--results", tmp_path, "--studies", "correctness",
-            "--set", 'families=["no-such-family"]')
-    assert p.returncode == 1
-    assert "correctness FAILED" in p.stderr and "no-such-family" in p.stderr
+def test_cli_sweep_records_the_coerced_values_that_ran(tmp_path, monkeypatch):
+    """A scalar for a list and a comma-separated string become lists; meta.json records what ran."""
+    from workbench import __main__ as cli_main
+
+    seen = {}
+
+    def fake_run(device="auto", progress=True, **params):
+        seen.update(params)
+        return _demo_table()
+
+    study = studies.discover()["cast_cost"]
+    monkeypatch.setitem(studies.STUDIES, "cast_cost", dataclasses.replace(study, run=fake_run))
+    args = cli_main.build_parser().parse_args(
+        ["sweep", "--direct", "--results", str(tmp_path), "--studies", "cast_cost", "--profile", "cpu",
+         "--set", "budgets=16", "--set", "norms=eager,triton_rows", "--set", "reps=3"])
+    run_dir, failures = cli_main.run_sweep(args)
+    assert failures == []
+    assert seen["budgets"] == [16] and seen["norms"] == ["eager", "triton_rows"] and seen["reps"] == 3
+    recorded = prov.read_meta(run_dir)["params"]["studies"]["cast_cost"]
+    assert recorded == seen
+
+
+def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path, monkeypatch):
+    """A study that fails while it runs: the run folder then holds no table and its meta.json lists
+    the failure; the exit code is non-zero; the other studies still run."""
+    from workbench import __main__ as cli_main
+
+    def broken(device="auto", progress=True, **params):
+        raise RuntimeError("no-such-family: the kernel broke")
+
+    study = studies.discover()["cast_cost"]
+    monkeypatch.setitem(studies.STUDIES, "cast_cost", dataclasses.replace(study, run=broken))
+    fine = studies.discover()["fp32_memory"]
+    monkeypatch.setitem(studies.STUDIES, "fp32_memory",
+                        dataclasses.replace(fine, run=lambda device="auto", progress=True, **p: _demo_table()))
+    args = cli_main.build_parser().parse_args(
+        ["sweep", "--direct", "--results", str(tmp_path), "--studies", "cast_cost,fp32_memory"])
+    assert args.func(args) == 1
     (run_dir,) = run_folders(tmp_path)
-    assert not (run_dir / "correctness.parquet").exists()
+    assert not (run_dir / "cast_cost.parquet").exists() and (run_dir / "fp32_memory.parquet").exists()
     meta = prov.read_meta(run_dir)
-    assert len(meta["failures"]) == 1 and meta["failures"][0].startswith("correctness: ")
+    assert len(meta["failures"]) == 1 and meta["failures"][0].startswith("cast_cost: ")
     assert "no-such-family" in meta["failures"][0]
+
+
+def test_cli_help_lists_every_study_parameter_with_its_defaults():
+    p = cli("sweep", "--help")
+    assert p.returncode == 0
+    for name, study in studies.discover().items():
+        assert f"{name}:" in p.stdout
+        for param in study.params:
+            assert f"  {param.name} (" in p.stdout
+
+
+def test_notebook_parameters_cells_match_the_declarations():
+    p = cli("notebooks", "--check")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "0 out of step" in p.stdout

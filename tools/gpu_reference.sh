@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reference measurements on a CUDA host (run from the repo root; used for the H200 runs).
 #   bash tools/gpu_reference.sh checks OUT   # CUDA tests + norm bandwidth benchmark
-#   bash tools/gpu_reference.sh study OUT    # correctness study (GPU profile) through papermill
+#   bash tools/gpu_reference.sh study OUT    # the studies (GPU profile) through papermill; STUDIES=a,b
+#                                            # picks some (default: correctness,cast_cost,fp32_memory)
 # Needs the offline wheels from `make wheels` in .whl/ for papermill (the GPU image lacks it).
 set -uo pipefail
 what=${1:?checks|study}; out=${2:-results/gpu}
@@ -17,7 +18,8 @@ case "$what" in
     python3 -m pytest tests/test_cuda.py -q -s -p no:cacheprovider 2>&1 | tee "$out/cuda_tests.log"
     python3 -m workbench.benchmarks.norm_bandwidth --out "$out/norm_bw.json" 2>&1 | tee "$out/norm_bw.log" ;;
   study)
-    python3 -m workbench sweep --profile gpu --studies correctness --results "$out" --name h200 2>&1 \
+    python3 -m workbench sweep --profile gpu --studies "${STUDIES:-correctness,cast_cost,fp32_memory}" \
+      --results "$out" --name h200 2>&1 \
       | tee "$out/study.log" ;;
   *) echo "unknown step $what (checks|study)"; exit 2 ;;
 esac

@@ -7,6 +7,11 @@
 - ``report`` is the main job: the default sweep, then ``results/report/index.html`` built from
   every run folder (local and committed reference runs). ``--no-sweep`` only rebuilds the page.
 - ``info``   prints the provenance record a run would store (git, packages, device, clocks).
+- ``notebooks`` regenerates each study notebook's ``parameters`` cell from the study's parameter
+  declaration (``--check`` only reports notebooks that are out of step).
+
+Every ``--set`` is checked against the studies' declarations before a run folder exists; the
+resolved values are what meta.json records and what the notebooks receive.
 """
 from __future__ import annotations
 
@@ -17,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .provenance import (REPO_ROOT, collect_meta, finish_meta, new_run_dir, write_meta,
-                         write_table)
+from .provenance import REPO_ROOT, collect_meta, finish_meta, new_run_dir, write_meta
 from .report import NO_STUDY_MESSAGE, build_report
+from .studies.tables import write_study_table
 
 DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda"}
 
@@ -54,25 +59,39 @@ def _select(studies: dict, names: str | None) -> list:
     return [studies[n] for n in wanted]
 
 
-def _check_sets(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list) -> None:
-    """Refuse, before any run folder exists, ``--set`` overrides that no study would take: a
-    STUDY prefix that names no registered study, or a KEY that a selected study's run function
-    does not accept (it would fail after the run folder was made, or be silently ignored)."""
+def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
+                  profile: str) -> dict[str, dict[str, Any]]:
+    """Every selected study's parameters for ``profile`` with the ``--set`` overrides applied and
+    checked against its declaration; SystemExit (no traceback, before any run folder exists)
+    naming the bad study, parameter, value and the valid choices."""
+    from .studies import ParamError
+
     unknown = sorted(k for k in sets if k is not None and k not in studies)
     if unknown:
         raise SystemExit(f"--set names unknown studies {unknown}; registered: {sorted(studies)}")
+    unselected = sorted(k for k in sets if k is not None and k not in {s.name for s in selected})
+    if unselected:
+        raise SystemExit(f"--set names studies {unselected} that this sweep does not run; selected: "
+                         f"{sorted(s.name for s in selected)}")
+    plan, errors = {}, []
+    shared = sets.get(None, {})
     for study in selected:
-        keys = {**sets.get(None, {}), **sets.get(study.name, {})}
+        names = set(study.params.names)
+        # a KEY=VALUE for every study applies to those that declare KEY; a KEY no selected study
+        # declares is refused below
+        overrides = {k: v for k, v in shared.items() if k in names}
+        overrides.update(sets.get(study.name, {}))
         try:
-            sig = inspect.signature(study.run)
-        except (TypeError, ValueError):
-            continue
-        if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-            continue
-        bad = sorted(k for k in keys if k not in sig.parameters)
-        if bad:
-            raise SystemExit(f"--set: study {study.name!r} takes no parameter {bad}; it takes "
-                             f"{sorted(sig.parameters)}")
+            plan[study.name] = study.resolve(profile, overrides)
+        except ParamError as e:
+            errors.append(f"--set: {e}")
+    nowhere = sorted(k for k in shared if not any(k in s.params.names for s in selected))
+    if nowhere:
+        valid = {s.name: s.params.names for s in selected}
+        errors.append(f"--set: no selected study takes {nowhere}; parameters: {valid}")
+    if errors:
+        raise SystemExit("\n".join(errors))
+    return plan
 
 
 def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
@@ -87,10 +106,8 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
     profile = default_profile() if args.profile == "auto" else args.profile
     device = DEVICE_OF_PROFILE[profile]
     sets = _parse_sets(args.set or [])
-    _check_sets(sets, studies, selected)
+    plan = _resolve_plan(sets, studies, selected, profile)
     run_dir = new_run_dir(args.results, name=args.name or profile)
-    plan = {s.name: s.params(profile, **{**sets.get(None, {}), **sets.get(s.name, {})})
-            for s in selected}
     meta = collect_meta({"profile": profile, "device": device,
                          "mode": "direct" if args.direct else "papermill", "studies": plan})
     write_meta(run_dir, meta)
@@ -105,7 +122,7 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
         table = run_dir / f"{study.name}.parquet"
         try:
             if args.direct:
-                write_table(study.run(**params), table)
+                write_study_table(study.run(device=device, progress=False, **params), table)
             else:
                 _run_notebook(study, params, device, run_dir, args.kernel)
             if not table.is_file():
@@ -137,6 +154,42 @@ def _run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path
         cwd=str(REPO_ROOT),
         progress_bar=True,
     )
+
+
+def _parameters_cell_index(doc: dict) -> int:
+    tagged = [i for i, c in enumerate(doc["cells"])
+              if c["cell_type"] == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(tagged) != 1:
+        raise ValueError(f"expected one cell tagged 'parameters', found {len(tagged)}")
+    return tagged[0]
+
+
+def sync_notebook(study: Any, check: bool = False) -> bool:
+    """Write the study's declared parameters into its notebook's ``parameters`` cell (or, with
+    ``check``, only compare). Returns True when the notebook was (or would be) changed."""
+    path = REPO_ROOT / study.notebook
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    i = _parameters_cell_index(doc)
+    text = study.params.parameters_cell()
+    lines = text.splitlines(keepends=True)
+    if "".join(doc["cells"][i]["source"]) == text:
+        return False
+    if not check:
+        doc["cells"][i]["source"] = lines
+        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return True
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    from .studies import discover
+
+    stale = []
+    for name, study in sorted(discover().items()):
+        if sync_notebook(study, check=args.check):
+            stale.append(study.notebook)
+    verb = "out of step" if args.check else "rewritten"
+    print(f"notebooks: {len(stale)} {verb}" + (f": {', '.join(stale)}" if stale else ""))
+    return 1 if args.check and stale else 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -182,6 +235,21 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    help="Jupyter kernel for papermill (default: %(default)s, this interpreter)")
 
 
+def _params_epilog() -> str:
+    try:
+        from .studies import discover
+
+        studies = discover()
+    except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
+        return f"(study parameters unavailable: {e})"
+    parts = ["study parameters (--set KEY=VALUE for every study that has KEY, --set STUDY.KEY=VALUE for one;",
+             "lists take JSON, a comma-separated string or one value):"]
+    for name, study in sorted(studies.items()):
+        parts.append(f"{name}:")
+        parts.append(study.params.describe("  "))
+    return "\n".join(parts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m workbench",
@@ -190,11 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
                "<study>.parquet per study; committed GPU reference runs live in "
                "results/reference/.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,info}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,info,notebooks}")
 
+    epilog = _params_epilog()
     p = sub.add_parser("report", help="the main job: default sweep, then results/report/index.html",
                        description="Run the default sweep for this hardware (unless --no-sweep), "
-                                   "then build <results>/report/index.html from every run folder.")
+                                   "then build <results>/report/index.html from every run folder.",
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default="results", type=Path, metavar="DIR",
                    help="folder holding the run folders (default: %(default)s)")
     p.add_argument("--out", type=Path, metavar="DIR",
@@ -206,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run the studies into a new run folder",
                        description="Run the registered studies (their notebooks, via papermill) "
-                                   "into a new run folder under --results.")
+                                   "into a new run folder under --results.",
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default="results", type=Path, metavar="DIR",
                    help="where the new run folder goes (default: %(default)s)")
     _add_sweep_options(p)
@@ -216,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the meta.json record a run started now would store.")
     p.add_argument("--params", metavar="JSON", help="parameters to include, as a JSON object")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells from the studies",
+                       description="Write each study's declared parameters (CPU defaults) into the "
+                                   "cell tagged 'parameters' of its notebook.")
+    p.add_argument("--check", action="store_true", help="only report notebooks that are out of step "
+                                                        "(exit 1 if any)")
+    p.set_defaults(func=cmd_notebooks)
     return parser
 
 

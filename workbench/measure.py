@@ -1,7 +1,20 @@
-"""Timing helpers: host wall time, CUDA-graph replay time, and the device copy ceilings.
+"""The measurement core shared by the studies and benchmarks.
 
-Pure functions: nothing is written to disk. The graph helpers need CUDA and raise RuntimeError
-without it (callers decide whether that is fatal; no number is ever invented).
+- Timers with one set of statistics (p50, p10, p90, min over ``reps``): `graph_replay_us` (CUDA:
+  the callable captured once, each replay timed between CUDA events on cold L2) and
+  `cpu_time_us` (host wall time after synchronization); `time_us` picks by device.
+- Ceilings measured in the run: `copy_ceiling_gbs` (CUDA: a Triton SM copy kernel timed as graph
+  replays, see `sm_copy_bandwidth_gbs`; CPU: ``copy_``), `matmul_tflops` (bf16 on CUDA, fp32 on
+  CPU); and the floors they give, `floor_us` (bytes / bandwidth) and `flop_floor_us`.
+- The byte model of the input path: `norm_traffic` (DRAM bytes one norm call moves),
+  `norm_alloc_trace` (the allocations and frees it makes, in order), `count_allocations` (the
+  same trace, counted from a real call with a dispatch mode: works on the meta device, so a real
+  16384-token budget is sized without memory) and `PoolModel` (torch's CUDA caching allocator
+  rules, replayed over a trace: the graph-pool bytes a captured call reserves).
+- `captured_memory` measures what a captured callable parks in a fresh graph pool (CUDA).
+
+Pure functions: nothing is written to disk. The CUDA helpers raise RuntimeError without a GPU
+(callers decide whether that is fatal; no number is ever invented).
 
 Why graph replays: an input norm runs inside a captured vision tower in the serving engines,
 so what matters is the kernel time with launch overhead removed, on cold L2 (the pixel rows
@@ -14,6 +27,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -44,11 +59,11 @@ def _require_cuda(what: str) -> None:
         raise RuntimeError(f"{what} needs a CUDA device; none is available")
 
 
-def median_cpu_us(fn, warmup: int = 2, reps: int = 10) -> float:
-    """Median host wall time of ``fn()`` in microseconds (time.perf_counter).
+def cpu_time_us(fn, reps: int = 10, warmup: int = 2) -> dict:
+    """Host wall time of ``fn()`` (time.perf_counter): dict(p50_us, p10_us, p90_us, min_us, reps).
 
     Each rep is bracketed by a device synchronize (when CUDA is initialized), so queued GPU work
-    is included and never leaks into the next rep.
+    is included and never leaks into the next rep. The same statistics as `graph_replay_us`.
     """
     if reps < 1:
         raise ValueError(f"reps={reps} must be >= 1")
@@ -61,7 +76,15 @@ def median_cpu_us(fn, warmup: int = 2, reps: int = 10) -> float:
         fn()
         _sync()
         samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
+    return _summary(samples)
+
+
+def time_us(fn, device, reps: int = 20, warmup: int = 3) -> dict:
+    """`graph_replay_us` on a CUDA device (``fn`` must be graph-safe), `cpu_time_us` elsewhere."""
+    if torch.device(device).type == "cuda":
+        with torch.cuda.device(torch.device(device)):
+            return graph_replay_us(fn, reps=reps, warmup=warmup)
+    return cpu_time_us(fn, reps=reps, warmup=warmup)
 
 
 def graph_replay_us(fn, reps: int = 50, warmup: int = 3, flush_bytes: int = FLUSH_BYTES) -> dict:
@@ -239,6 +262,395 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.2f} GiB"  # pragma: no cover
 
 
-def fmt_gbs(gbs: float) -> str:
-    """A bandwidth in GB/s (1e9 bytes per second): '3950 GB/s'."""
-    return f"{gbs:.0f} GB/s"
+def device_label(device) -> str:
+    """One name for a device, used in every table and figure: 'NVIDIA H200', 'cpu: <model>'."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    from .provenance import cpu_model
+    return f"cpu: {cpu_model()}"
+
+
+# ---- ceilings and floors --------------------------------------------------------------------
+
+def copy_ceiling_gbs(device, n_bytes: int | None = None, reps: int = 10) -> float:
+    """The copy ceiling of ``device`` in GB/s (read + write counted), measured now.
+
+    CUDA: `sm_copy_bandwidth_gbs` (a Triton copy kernel as graph replays, the way every norm and
+    staging step is timed; 1 GiB by default). CPU: ``dst.copy_(src)`` of 64 MiB uint8, median
+    host time: the memory bandwidth a CPU run's times should be read against.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return sm_copy_bandwidth_gbs(dev, n_bytes=n_bytes or 1 << 30, reps=reps)
+    n = n_bytes or 64 << 20
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    t = cpu_time_us(lambda: dst.copy_(src), reps=reps, warmup=2)
+    return 2 * n / (t["p50_us"] * 1e-6) / 1e9
+
+
+def matmul_tflops(device, n: int | None = None, reps: int = 10) -> float:
+    """Dense matmul rate of ``device`` in TFLOP/s, measured now: bf16 n^3 (n=8192) as graph
+    replays on CUDA; fp32 (n=512) host-timed on a CPU. The FLOP floor of the towers uses it."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        n = n or 8192
+        a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+        t = time_us(lambda: torch.mm(a, b, out=c), dev, reps=reps)
+    else:
+        n = n or 512
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        t = cpu_time_us(lambda: a @ b, reps=reps)
+    return 2 * n ** 3 / (t["p50_us"] * 1e-6) / 1e12
+
+
+def floor_us(n_bytes: float, gbs: float) -> float:
+    """The time ``n_bytes`` of DRAM traffic take at ``gbs`` GB/s, in microseconds."""
+    return n_bytes / (gbs * 1e3)
+
+
+def flop_floor_us(flops: float, tflops: float) -> float:
+    """The time ``flops`` take at ``tflops`` TFLOP/s, in microseconds."""
+    return flops / (tflops * 1e6)
+
+
+# ---- the byte model of one norm call ----------------------------------------------------------
+
+def _esize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _check_norm_name(name: str) -> None:
+    from .norms import NORMS
+    if name not in NORMS:
+        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
+
+
+def norm_traffic(name: str, n_rows: int, patch_dim: int, in_dtype: torch.dtype = torch.uint8,
+                 out_dtype: torch.dtype = torch.bfloat16, n_valid: int | None = None,
+                 out: bool = False) -> dict:
+    """DRAM bytes one call of norm ``name`` moves on ``n_rows`` x ``patch_dim`` input, pass by pass
+    (one full read and write per torch op, caches ignored; the scale/shift tables, a few KB, too).
+
+    n_valid: rows a graph-safe call is told are real (None: all); out: whether the call writes
+    into a preallocated ``out=`` (the runner placement) instead of returning a new tensor.
+    Returns dict(bytes, min_bytes, passes, traffic_ratio): ``min_bytes`` is read-once + write-once
+    of the rows that must be written. Eager uint8 -> bf16 is 27 B/element (9x the 3 B floor):
+    ``to(f32)`` 1+4, ``* scale`` 4+4, ``+ shift`` 4+4, ``to(bf16)`` 4+2. With n_valid and out it
+    computes every row and then selects: + arange/compare (12 B/row), ``where`` 2+2+2, ``copy_`` 2+2.
+    triton_rows skips padding tiles (reads/writes only valid rows); triton_flat and triton_channel
+    mask padding (no traffic, but every program still launches); identity is a cast (+ the same
+    select as eager when n_valid and out are given).
+    """
+    _check_norm_name(name)
+    i, o = _esize(in_dtype), _esize(out_dtype)
+    d = patch_dim
+    valid = n_rows if n_valid is None else max(0, min(n_valid, n_rows))
+    work = n_rows if name in ("eager", "identity") else valid
+    select = n_valid is not None and out
+    per_elem, passes = 0, 0
+    if name == "eager":
+        steps = ([] if in_dtype == torch.float32 else [(i, 4)]) + [(4, 4), (4, 4)]
+        if out and not select:
+            steps.append((4, o))                       # out.copy_(y) casts on the way
+        elif out_dtype != torch.float32:
+            steps.append((4, o))
+        per_elem, passes = sum(a + b for a, b in steps), len(steps)
+    elif name == "identity":
+        per_elem, passes = (0, 0) if (in_dtype == out_dtype and not out) else (i + o, 1)
+    else:
+        per_elem, passes = i + o, 1
+    total = per_elem * work * d
+    if select and name in ("eager", "identity"):
+        total += n_rows * (8 + 1 + 1) + n_rows * d * (3 * o + 2 * o)   # arange, <, where, copy_
+        passes += 4
+    min_bytes = (i + o) * valid * d
+    return dict(bytes=total, min_bytes=min_bytes, passes=passes,
+                traffic_ratio=total / min_bytes if min_bytes else math.nan)
+
+
+def norm_alloc_trace(name: str, n_rows: int, patch_dim: int, in_dtype: torch.dtype = torch.uint8,
+                     out_dtype: torch.dtype = torch.bfloat16, n_valid: bool = False,
+                     out: bool = False) -> list[tuple[str, int, int]]:
+    """The allocations and frees of one call of norm ``name`` (workbench.norms), in order, as
+    ``("alloc", id, bytes)`` / ``("free", id, bytes)``; what is still allocated at the end is the
+    output. Derived from the implementation's code (see `count_allocations` for the check):
+
+    eager   x.to(f32) [A], * scale [B], free A, + shift [C], free B, then: out= without n_valid:
+            copy_ into out, free C; else C.to(out_dtype) [D] (none when out_dtype is fp32) and,
+            with both n_valid and out, arange [E], < [F], free E, where [G], copy_, free G, D, F;
+            free C.
+    triton  the output [O] when no out= is given; nothing else (fp32 stays in registers).
+    identity the cast [O] (none when dtypes match), plus the select of eager when n_valid and out.
+    """
+    _check_norm_name(name)
+    el = n_rows * patch_dim
+    ob = el * _esize(out_dtype)
+    events: list[tuple[str, int, int]] = []
+    ids = iter(range(1_000_000))
+    live: dict[str, tuple[int, int]] = {}
+
+    def alloc(tag, nbytes):
+        k = next(ids)
+        live[tag] = (k, nbytes)
+        events.append(("alloc", k, nbytes))
+
+    def free(tag):
+        k, nbytes = live.pop(tag)
+        events.append(("free", k, nbytes))
+
+    def select(src_tag):
+        alloc("arange", n_rows * 8)
+        alloc("keep", n_rows)
+        free("arange")
+        alloc("where", ob)
+        free("where")
+        if src_tag:
+            free(src_tag)
+        free("keep")
+
+    if name == "eager":
+        if in_dtype != torch.float32:
+            alloc("A", el * 4)
+        alloc("B", el * 4)
+        if in_dtype != torch.float32:
+            free("A")
+        alloc("C", el * 4)
+        free("B")
+        if out and not n_valid:
+            free("C")
+            return events
+        cast = out_dtype != torch.float32
+        if cast:
+            alloc("D", ob)
+        if n_valid and out:
+            select("D" if cast else None)
+        free("C")
+    elif name == "identity":
+        cast = in_dtype != out_dtype
+        if out and not n_valid:
+            return events
+        if cast:
+            alloc("O", ob)
+        if n_valid and out:
+            select("O" if cast else None)
+    else:
+        if not out:
+            alloc("O", ob)
+    return events
+
+
+class _Counter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every fresh tensor an op returns (aliases and in-place results skipped) and the
+    moment it is freed (a weakref callback on the tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[tuple[str, int, int]] = []
+        self._next = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        returns = func._schema.returns
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for r, t in zip(returns, outs):
+            if not isinstance(t, torch.Tensor) or r.alias_info is not None:
+                continue
+            nbytes = t.untyped_storage().nbytes()
+            k = self._next
+            self._next += 1
+            self.events.append(("alloc", k, nbytes))
+            weakref.finalize(t, self.events.append, ("free", k, nbytes))
+        return out
+
+
+def count_allocations(fn) -> tuple[list[tuple[str, int, int]], object]:
+    """Run ``fn()`` and return (its allocation trace, its result), in `norm_alloc_trace`'s form.
+
+    Counted with a TorchDispatchMode: every non-aliasing op output is an allocation, freed when
+    the Python tensor dies. Works on CPU tensors and on the meta device (no memory is used)."""
+    counter = _Counter()
+    with counter:
+        result = fn()
+    return counter.events, result
+
+
+def trace_peak_bytes(trace) -> dict:
+    """Peak live bytes of a trace, the bytes still live at its end (the output), and the peak of
+    the temporaries alone (allocations freed before the end); exact sizes, no rounding."""
+    freed = {k for kind, k, _ in trace if kind == "free"}
+    live = peak = temp = temp_peak = 0
+    for kind, k, nbytes in trace:
+        sign = 1 if kind == "alloc" else -1
+        live += sign * nbytes
+        if k in freed:
+            temp += sign * nbytes
+        peak, temp_peak = max(peak, live), max(temp_peak, temp)
+    return dict(peak_bytes=peak, end_bytes=live, temp_peak_bytes=temp_peak)
+
+
+# ---- torch's CUDA caching allocator, as a model ---------------------------------------------
+
+@dataclass
+class _Block:
+    seg: int
+    offset: int
+    size: int
+    free: bool = True
+
+
+class PoolModel:
+    """torch's CUDA caching allocator (default settings, no expandable segments), replayed over
+    an allocation trace for one private graph pool; gives the bytes the pool reserves.
+
+    The rules it follows (c10/cuda/CUDACachingAllocator): sizes round up to 512 B; requests up to
+    1 MiB come from the small pool (2 MiB segments), larger ones from the large pool, where a
+    request under 10 MiB gets a 20 MiB segment and a larger one its own segment rounded up to
+    2 MiB; a request takes the smallest free block that fits (best fit) and splits it when the
+    rest is >= 512 B (small) or > 1 MiB (large); a freed block merges with free neighbours of its
+    segment. Blocks freed during a capture are reused by later allocations of the same capture.
+    """
+
+    MIN_BLOCK = 512
+    SMALL_SIZE = 1 << 20
+    SMALL_BUFFER = 2 << 20
+    LARGE_BUFFER = 20 << 20
+    MIN_LARGE_ALLOC = 10 << 20
+    ROUND_LARGE = 2 << 20
+
+    def __init__(self):
+        self.segments: list[list[_Block]] = []
+        self.small: list[bool] = []
+        self.reserved = self.allocated = self.peak_allocated = 0
+        self._held: dict[int, _Block] = {}
+
+    @classmethod
+    def round_size(cls, nbytes: int) -> int:
+        return max(cls.MIN_BLOCK, -(-nbytes // cls.MIN_BLOCK) * cls.MIN_BLOCK)
+
+    @classmethod
+    def segment_size(cls, size: int) -> int:
+        if size <= cls.SMALL_SIZE:
+            return cls.SMALL_BUFFER
+        if size < cls.MIN_LARGE_ALLOC:
+            return cls.LARGE_BUFFER
+        return -(-size // cls.ROUND_LARGE) * cls.ROUND_LARGE
+
+    def malloc(self, key: int, nbytes: int) -> None:
+        size = self.round_size(nbytes)
+        small = size <= self.SMALL_SIZE
+        fits = [b for s, seg in enumerate(self.segments) if self.small[s] == small
+                for b in seg if b.free and b.size >= size]
+        if fits:
+            block = min(fits, key=lambda b: (b.size, b.seg, b.offset))
+        else:
+            seg_size = self.segment_size(size)
+            block = _Block(len(self.segments), 0, seg_size)
+            self.segments.append([block])
+            self.small.append(small)
+            self.reserved += seg_size
+        rest = block.size - size
+        if (small and rest >= self.MIN_BLOCK) or (not small and rest > self.SMALL_SIZE):
+            seg = self.segments[block.seg]
+            tail = _Block(block.seg, block.offset + size, rest)
+            seg.insert(seg.index(block) + 1, tail)
+            block.size = size
+        block.free = False
+        self._held[key] = block
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def free(self, key: int) -> None:
+        block = self._held.pop(key)
+        block.free = True
+        self.allocated -= block.size
+        seg = self.segments[block.seg]
+        i = seg.index(block)
+        if i + 1 < len(seg) and seg[i + 1].free:
+            block.size += seg.pop(i + 1).size
+        if i > 0 and seg[i - 1].free:
+            prev = seg[i - 1]
+            prev.size += block.size
+            seg.pop(i)
+
+    def capture_prologue(self) -> "PoolModel":
+        """What every capture allocates in its own pool before the first op: torch registers the
+        default CUDA generator with the graph, which allocates its seed and offset as two one-
+        element int64 tensors (2 x 512 B blocks: one 2 MiB small-pool segment)."""
+        for key, nbytes in ((-1, 8), (-2, 8)):
+            self.malloc(key, nbytes)
+        return self
+
+    def run(self, trace) -> "PoolModel":
+        for kind, key, nbytes in trace:
+            if kind == "alloc":
+                self.malloc(key, nbytes)
+            else:
+                self.free(key)
+        return self
+
+
+def pool_model(trace, captured: bool = True) -> dict:
+    """`PoolModel` over ``trace``: dict(pool_bytes reserved, peak_bytes allocated, end_bytes).
+
+    captured: the trace runs inside a graph capture, so the capture's own allocations
+    (`PoolModel.capture_prologue`) come first and count in the pool."""
+    m = PoolModel()
+    if captured:
+        m.capture_prologue()
+    m.run(trace)
+    return dict(pool_bytes=m.reserved, peak_bytes=m.peak_allocated, end_bytes=m.allocated)
+
+
+def captured_memory(fn, device, warmup: int = 2) -> dict:
+    """What capturing ``fn`` into a fresh CUDA graph pool costs, measured with the allocator's
+    own counters: dict(pool_bytes = reserved bytes the capture added, peak_bytes = peak allocated
+    bytes during the capture above what was allocated before, end_bytes = still allocated after).
+
+    ``fn`` is warmed on the stream the capture then uses (Triton compiles; cuBLAS allocates one
+    workspace per stream, 32 MiB on Hopper, which would otherwise land in the first pool captured
+    on a new stream), then the cache is emptied so that only the capture's own segments are
+    counted. The graph is kept alive until the counters are read, then released."""
+    _require_cuda("captured_memory")
+    dev = torch.device(device)
+    with torch.cuda.device(dev):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(max(1, warmup)):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        reserved0, allocated0 = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            result = fn()
+        torch.cuda.synchronize()
+        out = dict(pool_bytes=torch.cuda.memory_reserved() - reserved0,
+                   peak_bytes=torch.cuda.max_memory_allocated() - allocated0,
+                   end_bytes=torch.cuda.memory_allocated() - allocated0)
+        del result, graph
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return out
+
+
+def eager_peak_bytes(fn, device) -> dict:
+    """Peak allocated bytes of one eager call of ``fn`` above what was allocated before (CUDA),
+    and what stayed allocated after it: dict(peak_bytes, end_bytes)."""
+    _require_cuda("eager_peak_bytes")
+    with torch.cuda.device(torch.device(device)):
+        torch.cuda.synchronize()
+        allocated0 = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn()
+        torch.cuda.synchronize()
+        out = dict(peak_bytes=torch.cuda.max_memory_allocated() - allocated0,
+                   end_bytes=torch.cuda.memory_allocated() - allocated0)
+        del result
+    return out

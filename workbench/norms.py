@@ -380,7 +380,7 @@ class InputNorm(nn.Module):
         return out.copy_(torch.where(keep[:, None], y.to(out.dtype), out))
 
     def _eager(self, pixels, out_dtype, out, n_valid):
-        # the engines' fallback: fp32 temporaries on purpose (see norm_bytes for their cost)
+        # the engines' fallback: fp32 temporaries on purpose (workbench.measure.norm_traffic models their cost)
         y = pixels.to(torch.float32) * self.scale_col + self.shift_col
         if out is not None and n_valid is None:
             return out.copy_(y)   # copy_ casts; no separate cast pass
@@ -392,6 +392,10 @@ class InputNorm(nn.Module):
         return self._select(pixels.to(out_dtype), out, n_valid)
 
     def _triton(self, pixels, out_dtype, out, n_valid):
+        if pixels.device.type == "meta":
+            # shapes only (byte counting on the meta device): the kernel has no data to touch,
+            # and it allocates nothing besides the output
+            return out if out is not None else torch.empty(pixels.shape, dtype=out_dtype, device="meta")
         kernel = _kernel({"triton_channel": "channel", "triton_flat": "flat",
                           "triton_rows": "rows"}[self.name])
         if pixels.device.type != "cuda" and not _JITTED["interpreted"]:
@@ -455,47 +459,3 @@ def normalize_reference(pixels: torch.Tensor, cfg: VisionConfig,
     mean = torch.tensor(cfg.image_mean, dtype=dtype, device=pixels.device).repeat_interleave(per_channel)
     std = torch.tensor(cfg.image_std, dtype=dtype, device=pixels.device).repeat_interleave(per_channel)
     return (pixels.to(dtype) * cfg.rescale_factor - mean) / std
-
-
-def norm_bytes(n_rows: int, cfg: VisionConfig, out_dtype: torch.dtype, name: str,
-               in_dtype: torch.dtype = torch.uint8) -> dict:
-    """Byte model of one norm call on ``n_rows`` rows (``out=None``, no ``n_valid``).
-
-    Returns a dict with ``elements``; ``min_bytes`` (the floor: read the input once, write the
-    output once: 1 + 2 = 3 B/element for uint8 -> bf16); ``read_bytes``/``write_bytes``/``bytes``
-    (the implementation's modelled DRAM traffic, one full pass per torch op, caches ignored);
-    ``traffic_ratio`` = bytes / min_bytes; ``passes`` (elementwise kernel launches); and
-    ``temp_bytes`` (peak fp32 temporaries live at once besides input and output).
-
-    Eager, modelled pass by pass: ``x.to(f32)`` (read in, write 4), ``* scale`` (read 4, write
-    4; the f32 copy of x dies after it), ``+ shift`` (read 4, write 4), ``.to(out)`` (read 4,
-    write out; skipped for fp32 out). uint8 -> bf16: 27 B/element, 9x the floor. Peak
-    temporaries: 8 B/element (the product and the sum are live at once during the add), which
-    matches what the engines measured in the CUDA-graph pool for eager fp32. The Triton kernels
-    and identity read and write each element once (the scale/shift tables are a few KB, ignored).
-    """
-    if name not in NORMS:
-        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
-    elements = int(n_rows) * cfg.patch_dim
-    in_b = torch.empty((), dtype=in_dtype).element_size()
-    out_b = torch.empty((), dtype=out_dtype).element_size()
-    temp = 0
-    if name == "eager":
-        passes = []                                     # (read, write) bytes per element
-        if in_dtype != torch.float32:
-            passes.append((in_b, 4))
-        passes += [(4 if in_dtype != torch.float32 else in_b, 4), (4, 4)]
-        if out_dtype != torch.float32:
-            passes.append((4, out_b))
-        temp = 8
-    elif name == "identity" and in_dtype == out_dtype:
-        passes = []                                     # .to() of the same dtype is a no-op
-    else:
-        passes = [(in_b, out_b)]
-    read = sum(p[0] for p in passes) * elements
-    write = sum(p[1] for p in passes) * elements
-    min_bytes = (in_b + out_b) * elements
-    return dict(name=name, n_rows=int(n_rows), elements=elements, in_dtype=str(in_dtype),
-                out_dtype=str(out_dtype), min_bytes=min_bytes, read_bytes=read, write_bytes=write,
-                bytes=read + write, traffic_ratio=(read + write) / min_bytes if min_bytes else math.nan,
-                passes=len(passes), temp_bytes=temp * elements)

@@ -1,11 +1,20 @@
 """Build ``results/report/index.html`` from the run folders under ``results/``.
 
 The report only reads: each run folder holds ``meta.json`` (see workbench.provenance) and one
-``<study>.parquet`` tidy table per study it ran. Runs committed under ``results/reference/``
-(measured on GPU hosts) are shown beside local ones, marked as reference and labelled by device.
-For every registered study, the tables of all runs are concatenated (with ``run``, ``device`` and
-``reference`` columns added) and handed to the study's summarize function, which saves figures
-and writes the finding. Nothing here runs a model.
+``<study>.parquet`` tidy long table per study it ran (workbench.studies.tables). Runs committed
+under ``results/reference/`` (measured on GPU hosts) are shown beside local ones, marked as
+reference and labelled by device. For every registered study, the tables of all runs are read with
+`load_table`, concatenated (with ``run``, ``reference`` and ``run_date`` columns added, and
+``device`` from meta.json only where a table has none) and handed to the study's summarize
+function, which saves figures and writes the finding. A table that cannot be read or breaks the
+table format is left out and named, with the reason, in its study's section and in the Runs table;
+it does not blank the study. Each study section also says, one line per device, for which of the
+devices seen in any run the study has no data.
+
+The committed norm bandwidth benchmark (``results/reference/*.json`` with
+``"benchmark": "norm_bandwidth"``) gets its own section: % of the SM-copy ceiling and p50 times
+per implementation and row count, with a finding generated from the numbers. Nothing here runs a
+model.
 
 The report is built in a temporary folder next to the target and swapped in at the end, so a
 failed build leaves the previous report in place.
@@ -14,7 +23,9 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
+import re
 import shutil
 import traceback
 from dataclasses import dataclass, field
@@ -105,6 +116,22 @@ def find_runs(results_dir: Path | str = "results") -> list[Run]:
 
 
 @dataclass
+class TableProblem:
+    """One run's table of one study that could not be read or breaks the table format."""
+
+    run: str
+    study: str
+    reason: str
+
+    @property
+    def line(self) -> str:
+        return f"run {self.run}: table unreadable: {self.reason}"
+
+    def __str__(self) -> str:
+        return f"{self.study}: {self.line}"
+
+
+@dataclass
 class StudySection:
     name: str
     question: str
@@ -112,6 +139,30 @@ class StudySection:
     text: str = ""
     figures: list[str] = field(default_factory=list)    # paths relative to the report folder
     error: str | None = None
+    svgs: dict[str, str] = field(default_factory=dict)  # figure -> its SVG, where one was saved
+    table_problems: list[str] = field(default_factory=list)   # "run X: table unreadable: ..."
+    missing_devices: list[str] = field(default_factory=list)  # devices seen elsewhere, not here
+    tables: list[tuple[str, str]] = field(default_factory=list)  # (caption, HTML) of key numbers
+
+
+@dataclass
+class BenchmarkPanel:
+    """One committed benchmark file, drawn."""
+
+    source: str                     # file name under results/reference/
+    device: str = ""
+    date: str = ""
+    text: str = ""
+    figures: list[str] = field(default_factory=list)
+    svgs: dict[str, str] = field(default_factory=dict)
+    error: str | None = None        # one line: why this file could not be shown
+
+
+@dataclass
+class BenchmarkSection:
+    title: str
+    panels: list[BenchmarkPanel] = field(default_factory=list)
+    note: str = ""                  # one line when there is nothing to show
 
 
 @dataclass
@@ -120,14 +171,84 @@ class ReportResult:
     runs: list[Run]
     sections: list[StudySection]
     no_study: bool
+    table_problems: list[str] = field(default_factory=list)   # "<study>: run X: table unreadable: ..."
+    bandwidth: BenchmarkSection | None = None
 
     @property
     def problems(self) -> list[str]:
+        """Failed summaries (the CLI exits non-zero for these). Unreadable tables are in
+        ``table_problems`` and benchmark files in ``bandwidth``; neither is counted here."""
         return [f"{s.name}: {s.error.splitlines()[-1]}" for s in self.sections if s.error]
 
 
-def study_table(study_name: str, runs: list[Run]):
-    """All runs' tables for one study, concatenated, with run/device/reference columns."""
+# --------------------------------------------------------------------------- tables
+
+_DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})")
+
+
+def _run_date(run: Run) -> str:
+    m = _DATE.match(str((run.meta or {}).get("started_at") or "").strip())
+    return m.group(1) if m else ""
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _problem_reason(exc: BaseException, path: Path) -> str:
+    """One line: what is wrong with the table at ``path`` (its folder left out; the run is named
+    beside it)."""
+    msg = str(exc) or type(exc).__name__
+    if str(path) in msg:                          # TableError names the file: keep its name only
+        msg = msg.replace(str(path), path.name)
+    else:
+        msg = f"{path.name}: {type(exc).__name__}: {msg}"
+    return _one_line(msg)
+
+
+def run_table(run: Run, study_name: str):
+    """One run's table of one study, read and checked with `load_table`, with ``run``,
+    ``reference`` and ``run_date`` columns added and ``device`` from meta.json where the table has
+    none (a table's own device column is kept). Raises what `load_table` raises."""
+    from .studies.tables import VALUE_COLUMNS, load_table
+
+    df = load_table(run.tables[study_name])
+    added = {"run": run.name, "reference": bool(run.reference), "run_date": _run_date(run)}
+    if "device" not in df.columns:
+        added["device"] = run.device
+    at = min((df.columns.get_loc(c) for c in VALUE_COLUMNS if c in df.columns), default=len(df.columns))
+    for col, value in added.items():
+        if col in df.columns:
+            df[col] = value
+        else:
+            df.insert(at, col, value)
+            at += 1
+    return df
+
+
+def load_tables(runs: list[Run], study_names) -> tuple[dict[tuple[str, str], Any], list[TableProblem]]:
+    """Every run's table of each study in ``study_names``: {(run name, study): DataFrame}, and
+    the tables that could not be read (any exception: a truncated parquet, a broken schema)."""
+    loaded: dict[tuple[str, str], Any] = {}
+    problems: list[TableProblem] = []
+    names = set(study_names)
+    for run in runs:
+        for study, path in run.tables.items():
+            if study not in names:
+                continue
+            try:
+                loaded[(run.name, study)] = run_table(run, study)
+            except Exception as e:  # noqa: BLE001 - one bad file must not blank the report
+                problems.append(TableProblem(run=run.name, study=study, reason=_problem_reason(e, path)))
+    return loaded, problems
+
+
+def study_table(study_name: str, runs: list[Run], problems: list[TableProblem] | None = None,
+                loaded: Mapping[tuple[str, str], Any] | None = None):
+    """All runs' readable tables for one study, concatenated (see `run_table` for the columns
+    added); None when there is none. A table that cannot be read is skipped and, where
+    ``problems`` is given, recorded there. ``loaded`` (from `load_tables`) avoids reading twice."""
     import pandas as pd
 
     frames = []
@@ -135,24 +256,91 @@ def study_table(study_name: str, runs: list[Run]):
         path = run.tables.get(study_name)
         if path is None:
             continue
-        df = pd.read_parquet(path)
-        df["run"] = run.name
-        df["device"] = run.device
-        df["reference"] = run.reference
-        frames.append(df)
+        if loaded is not None and (run.name, study_name) in loaded:
+            frames.append(loaded[(run.name, study_name)])
+            continue
+        try:
+            frames.append(run_table(run, study_name))
+        except Exception as e:  # noqa: BLE001 - skip it, say why
+            if problems is not None:
+                problems.append(TableProblem(run=run.name, study=study_name,
+                                             reason=_problem_reason(e, path)))
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def _summarize(study: Any, runs: list[Run], out_dir: Path) -> StudySection:
+def known_devices(runs: list[Run], loaded: Mapping[tuple[str, str], Any]) -> set[str]:
+    """The devices seen anywhere: every loaded table's ``device`` values, plus the meta.json
+    device of each run with no loaded table."""
+    devices: set[str] = set()
+    with_tables = {run for run, _ in loaded}
+    for df in loaded.values():
+        if "device" in df.columns:
+            devices.update(str(d) for d in df["device"].dropna().unique())
+    for run in runs:
+        if run.name not in with_tables and (run.meta or {}).get("device"):
+            devices.add(str(run.meta["device"]))
+    return devices
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str]]:
+    """Figure files (absolute or relative to ``base``) as paths relative to ``root`` (files saved
+    outside it are copied into ``base``), the PNG of a PNG/SVG pair shown and its SVG linked."""
+    rels: list[str] = []
+    for fig in paths:
+        fig = Path(fig)
+        if not fig.is_absolute():
+            fig = base / fig
+        try:
+            rel = fig.resolve().relative_to(root)
+        except ValueError:                       # saved elsewhere: copy it (and its SVG) in
+            shutil.copy2(fig, base / fig.name)
+            svg = fig.with_suffix(".svg")
+            if fig.suffix.lower() != ".svg" and svg.is_file() and not (base / svg.name).exists():
+                shutil.copy2(svg, base / svg.name)
+            rel = (base / fig.name).relative_to(root)
+        if rel.as_posix() not in rels:
+            rels.append(rel.as_posix())
+    shown = [r for r in rels if not (r.lower().endswith(".svg")
+                                     and any(o != r and Path(o).with_suffix("").as_posix()
+                                             == Path(r).with_suffix("").as_posix() for o in rels))]
+    svgs = {}
+    for r in shown:
+        svg = Path(r).with_suffix(".svg")
+        if not r.lower().endswith(".svg") and (root / svg).is_file():
+            svgs[r] = svg.as_posix()
+    return shown, svgs
+
+
+# --------------------------------------------------------------------------- studies
+
+
+def _summarize(study: Any, runs: list[Run], out_dir: Path,
+               loaded: Mapping[tuple[str, str], Any] | None = None,
+               devices: set[str] | None = None) -> StudySection:
     from .studies import Summary
 
-    used = [r.name for r in runs if study.name in r.tables]
-    section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=used)
-    if not used:
+    holders = [r.name for r in runs if study.name in r.tables]
+    section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[])
+    devices = set(devices or ())
+    if not holders:
         section.text = "No run holds a table for this study yet (make sweep)."
+        section.missing_devices = sorted(devices)
         return section
     try:
-        table = study_table(study.name, runs)
+        problems: list[TableProblem] = []
+        table = study_table(study.name, runs, problems=problems, loaded=loaded)
+        section.table_problems = [p.line for p in problems]
+        if table is None:
+            section.text = "No table of this study could be read."
+            section.missing_devices = sorted(devices)
+            return section
+        present = set(table["run"].astype(str))
+        section.runs = [name for name in holders if name in present]
+        if "device" in table.columns:
+            section.missing_devices = sorted(devices - {str(d) for d in table["device"].dropna().unique()})
         out_dir = out_dir.resolve()
         fig_dir = out_dir / study.name
         fig_dir.mkdir(parents=True, exist_ok=True)
@@ -160,19 +348,201 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path) -> StudySection:
         if isinstance(result, str):
             result = Summary(text=result)
         section.text = result.text
-        for fig in result.figures:
-            fig = Path(fig)
-            if not fig.is_absolute():
-                fig = fig_dir / fig
-            try:
-                rel = fig.resolve().relative_to(out_dir)
-            except ValueError:                       # saved elsewhere: copy it in
-                shutil.copy2(fig, fig_dir / fig.name)
-                rel = (fig_dir / fig.name).relative_to(out_dir)
-            section.figures.append(rel.as_posix())
+        section.tables = [(caption, _table_html(df)) for caption, df in getattr(result, "tables", [])]
+        section.figures, section.svgs = _figures_in(result.figures, fig_dir, out_dir)
     except Exception:  # noqa: BLE001 - one broken study must not hide the others
         section.error = traceback.format_exc()
     return section
+
+
+# --------------------------------------------------------------------------- norm bandwidth
+
+NORM_BW_BENCHMARK = "norm_bandwidth"
+NORM_BW_TITLE = "Norm bandwidth (committed benchmark)"
+NORM_BW_DIRNAME = "norm_bandwidth"
+LAUNCH_BOUND_PCT = 50.0      # below this share of the copy ceiling a call is launch/latency bound
+
+
+def _benchmark_date(doc: Mapping[str, Any], path: Path) -> str:
+    if doc.get("date"):
+        return str(doc["date"])
+    m = re.search(r"(?<!\d)(\d{4})(\d{2})(\d{2})(?!\d)", path.stem)
+    return f"{m.group(1)}-{m.group(2)}-{m.group(3)}" if m else "undated"
+
+
+def _norm_bw_records(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The full-size records (``n_valid`` null) with the keys the figures need, checked."""
+    results = doc.get("results")
+    if not isinstance(results, list) or not results:
+        raise ValueError("no 'results' list of measurements")
+    out = []
+    for i, r in enumerate(results):
+        if not isinstance(r, dict):
+            raise ValueError(f"results[{i}] is not an object")
+        if r.get("n_valid") is not None:
+            continue
+        missing = [k for k in ("impl", "n_rows", "p50_us", "floor_us", "pct_floor") if r.get(k) is None]
+        if missing:
+            raise ValueError(f"results[{i}] lacks {missing}")
+        rec = dict(r)
+        for k in ("p50_us", "floor_us", "pct_floor"):
+            rec[k] = float(r[k])
+            if not math.isfinite(rec[k]):
+                raise ValueError(f"results[{i}].{k} is not a finite number: {r[k]!r}")
+        rec["n_rows"] = int(r["n_rows"])
+        rec["rows"] = str(r.get("rows") or r["n_rows"])
+        rec["impl"] = str(r["impl"])
+        out.append(rec)
+    if not out:
+        raise ValueError("no full-size measurement (every record has n_valid set)")
+    return out
+
+
+def _norm_bw_figures(recs, device: str, date: str, sm_copy_gbs: float | None, out_dir: Path, stem: str):
+    import matplotlib.pyplot as plt
+
+    from .studies.plotting import save_figure
+
+    sizes = sorted({(r["n_rows"], r["rows"]) for r in recs})
+    labels = [label for _, label in sizes]
+    impls = list(dict.fromkeys(r["impl"] for r in recs))
+    by = {(r["impl"], r["n_rows"]): r for r in recs}
+    x = list(range(len(sizes)))
+    width = 0.8 / max(len(impls), 1)
+    paths: list[Path] = []
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(sizes) + 3), 4.2))
+    top = 100.0
+    for i, impl in enumerate(impls):
+        xs, ys = [], []
+        for j, (n, _) in enumerate(sizes):
+            r = by.get((impl, n))
+            if r is not None:
+                xs.append(j - 0.4 + width * (i + 0.5))
+                ys.append(r["pct_floor"])
+        bars = ax.bar(xs, ys, width=width * 0.92, label=impl)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
+        top = max([top, *ys])
+    ceiling = (f"SM-copy ceiling ({sm_copy_gbs:.0f} GB/s)" if sm_copy_gbs is not None
+               else "SM-copy ceiling")
+    ax.axhline(100.0, color="black", linestyle="--", linewidth=1, label=ceiling)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("pixel rows (images x rows per image)")
+    ax.set_ylabel("% of copy ceiling (higher is better)")
+    ax.set_ylim(0, top * 1.15)
+    ax.set_title(f"Norm bandwidth, uint8 rows -> bf16, on {device} ({date})", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    paths += save_figure(fig, out_dir, f"{stem}_pct")
+
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(sizes) + 3), 3.6))
+    for impl in impls:
+        pts = [(j, by[(impl, n)]["p50_us"]) for j, (n, _) in enumerate(sizes) if (impl, n) in by]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+    floors = [(j, next(r["floor_us"] for r in recs if r["n_rows"] == n)) for j, (n, _) in enumerate(sizes)]
+    ax.plot([p[0] for p in floors], [p[1] for p in floors], color="black", marker="_", markersize=18,
+            linestyle=":", linewidth=1, label="byte floor")
+    ax.set_yscale("log")
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("pixel rows (images x rows per image)")
+    ax.set_ylabel("p50 time per call (µs, lower is better)")
+    ax.set_title(f"Norm p50 time on {device} ({date})", fontsize=10)
+    ax.margins(x=0.08)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="y", which="both", alpha=0.3)
+    paths += save_figure(fig, out_dir, f"{stem}_p50")
+    return paths
+
+
+def norm_bandwidth_finding(recs, device: str, date: str) -> str:
+    """Two or three sentences from the full-size records: the implementation closest to the copy
+    ceiling at the largest row count, eager's share there, and the smallest size's best share
+    (launch-bound where it is low)."""
+    sizes = sorted({(r["n_rows"], r["rows"]) for r in recs})
+    (n_big, big), (n_small, small) = sizes[-1], sizes[0]
+    at_big = [r for r in recs if r["n_rows"] == n_big]
+    best = max(at_big, key=lambda r: r["pct_floor"])
+    s1 = (f"On {device} ({date}), {best['impl']} comes closest to the SM-copy ceiling at {big} rows: "
+          f"{best['pct_floor']:.1f}% ({best['p50_us']:.1f} µs against a {best['floor_us']:.1f} µs byte floor)")
+    eager = next((r for r in at_big if r["impl"] == "eager"), None)
+    if eager is not None and eager is not best:
+        s1 += f"; eager reaches {eager['pct_floor']:.1f}% there ({eager['p50_us']:.1f} µs)."
+    else:
+        s1 += "."
+    parts = [s1]
+    if n_small != n_big:
+        sb = max((r for r in recs if r["n_rows"] == n_small), key=lambda r: r["pct_floor"])
+        if sb["pct_floor"] < LAUNCH_BOUND_PCT:
+            parts.append(f"At {small} rows the best is {sb['impl']} at only {sb['pct_floor']:.1f}% "
+                         f"({sb['p50_us']:.1f} µs against {sb['floor_us']:.1f} µs): a call that small is "
+                         f"bound by launch and latency, not by memory bandwidth.")
+        else:
+            parts.append(f"Even at {small} rows the best, {sb['impl']}, reaches {sb['pct_floor']:.1f}% "
+                         f"of the ceiling.")
+    return " ".join(parts)
+
+
+def _norm_bw_panel(path: Path, doc: Mapping[str, Any], out_dir: Path) -> BenchmarkPanel:
+    device = str(doc.get("device") or "unknown device")
+    date = _benchmark_date(doc, path)
+    panel = BenchmarkPanel(source=path.name, device=device, date=date)
+    try:
+        recs = _norm_bw_records(doc)
+        sm = doc.get("sm_copy_gbs")
+        sm = float(sm) if isinstance(sm, (int, float)) and not isinstance(sm, bool) else None
+        fig_dir = out_dir / NORM_BW_DIRNAME
+        from .studies.plotting import slug
+
+        paths = _norm_bw_figures(recs, device, date, sm, fig_dir, slug(path.stem))
+        panel.figures, panel.svgs = _figures_in(paths, fig_dir, out_dir)
+        text = norm_bandwidth_finding(recs, device, date)
+        versions = ", ".join(f"{k} {doc[k]}" for k in ("torch", "triton") if doc.get(k))
+        copy = doc.get("copy_gbs")
+        extra = []
+        if sm is not None:
+            extra.append(f"SM-copy ceiling {sm:.0f} GB/s")
+        if isinstance(copy, (int, float)) and not isinstance(copy, bool):
+            extra.append(f"eager copy_ {float(copy):.0f} GB/s (for reference)")
+        if versions:
+            extra.append(versions)
+        panel.text = text + ("\n\n" + "; ".join(extra) + "." if extra else "")
+    except Exception as e:  # noqa: BLE001 - a bad file shows an error line, not a failed report
+        panel.error = _one_line(f"{path.name}: {type(e).__name__}: {e}")
+    return panel
+
+
+def norm_bandwidth_section(results_dir: Path | str, out_dir: Path) -> BenchmarkSection:
+    """The committed norm bandwidth benchmark(s): every ``<results_dir>/reference/*.json`` whose
+    object has ``"benchmark": "norm_bandwidth"``, drawn into ``<out_dir>/norm_bandwidth/``."""
+    section = BenchmarkSection(title=NORM_BW_TITLE)
+    ref = Path(results_dir) / REFERENCE_DIRNAME
+    files = sorted(ref.glob("*.json")) if ref.is_dir() else []
+    out_dir = Path(out_dir).resolve()
+    for path in files:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:       # cannot tell what it holds: say so
+            section.panels.append(BenchmarkPanel(
+                source=path.name, error=_one_line(f"{path.name}: unreadable JSON ({e})")))
+            continue
+        if not isinstance(doc, dict) or doc.get("benchmark") != NORM_BW_BENCHMARK:
+            continue
+        section.panels.append(_norm_bw_panel(path, doc, out_dir))
+    if not section.panels:
+        section.note = (f"No committed norm bandwidth benchmark: no {REFERENCE_DIRNAME}/*.json with "
+                        f'"benchmark": "{NORM_BW_BENCHMARK}" under {results_dir}.')
+    return section
+
+
+# --------------------------------------------------------------------------- build
+
+
+# the order of the design brief's study table; a study not listed goes after them, by name
+STUDY_ORDER = ("correctness", "cast_cost", "padding_waste", "fp32_memory", "encoder_latency")
+
+
+def _study_rank(name: str) -> tuple[int, str]:
+    return (STUDY_ORDER.index(name) if name in STUDY_ORDER else len(STUDY_ORDER), name)
 
 
 def build_report(results_dir: Path | str = "results", out_dir: Path | str | None = None,
@@ -196,9 +566,16 @@ def build_report(results_dir: Path | str = "results", out_dir: Path | str | None
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        sections = [_summarize(s, runs, tmp) for _, s in sorted(studies.items())]
+        loaded, problems = load_tables(runs, studies)
+        devices = known_devices(runs, loaded)
+        sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices)
+                    for _, s in sorted(studies.items(), key=lambda kv: _study_rank(kv[0]))]
+        bandwidth = norm_bandwidth_section(results_dir, tmp)
+        by_run: dict[str, list[str]] = {}
+        for p in problems:
+            by_run.setdefault(p.run, []).append(f"{p.study}: {p.reason}")
         page = render_html(runs, sections, no_study=not studies, results_dir=results_dir,
-                           out_dir=out_dir)
+                           out_dir=out_dir, bandwidth=bandwidth, table_problems=by_run)
         atomic_write_text(tmp / "index.html", page)
         old = out_dir.with_name(f".{out_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)
@@ -210,7 +587,8 @@ def build_report(results_dir: Path | str = "results", out_dir: Path | str | None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ReportResult(index=out_dir / "index.html", runs=runs, sections=sections,
-                        no_study=not studies)
+                        no_study=not studies, table_problems=[str(p) for p in problems],
+                        bandwidth=bandwidth)
 
 
 # --------------------------------------------------------------------------- HTML
@@ -225,9 +603,14 @@ th { background: #f5f5f7; }
 .notice { background: #fff8e1; border: 1px solid #f0c36d; padding: 0.8rem 1rem; border-radius: 4px; }
 .ref { background: #e8f0fe; border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; }
 .muted { color: #6e6e73; font-size: 0.85rem; }
+.problem { color: #a50e0e; font-size: 0.85rem; }
+figcaption { font-size: 0.8rem; }
 pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 code { background: #f5f5f7; padding: 0 0.2rem; }
+.tablebox { overflow-x: auto; margin: 1rem 0; } .caption { font-weight: 600; margin-bottom: 0.3rem; }
+table.data { font-size: 0.8rem; width: auto; } table.data td { text-align: right; white-space: nowrap; }
+.toc { font-size: 0.9rem; }
 """
 
 
@@ -242,9 +625,11 @@ def _rel_link(target: Path, out_dir: Path) -> str | None:
         return None
 
 
-def _runs_table(runs: list[Run], out_dir: Path) -> str:
+def _runs_table(runs: list[Run], out_dir: Path,
+                table_problems: Mapping[str, list[str]] | None = None) -> str:
     if not runs:
         return "<p>No run folder found yet (a run folder holds a <code>meta.json</code>).</p>"
+    table_problems = table_problems or {}
     rows = []
     for r in runs:
         link = _rel_link(r.path, out_dir)
@@ -259,6 +644,10 @@ def _runs_table(runs: list[Run], out_dir: Path) -> str:
             if failures:
                 status = (f"<span title='{_e('; '.join(map(str, failures)))}'>{status}, "
                           f"{len(failures)} failed</span>")
+        bad = table_problems.get(r.name) or []
+        if bad:
+            status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
+                       f"table{'s' if len(bad) > 1 else ''} unreadable</span>")
         dur = f"{r.duration_s:.1f} s" if r.duration_s is not None else ""
         tables = ", ".join(_e(t) for t in r.tables) or '<span class="muted">none</span>'
         rows.append(
@@ -274,6 +663,21 @@ def _paragraphs(text: str) -> str:
     return "".join(f"<p>{_e(p)}</p>" for p in parts)
 
 
+def _table_html(df) -> str:
+    """A small DataFrame as an HTML table: three significant digits, n/a for missing values."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+        return v
+    return df.to_html(index=False, border=0, classes="data", na_rep="n/a", formatters={
+        c: fmt for c in df.columns if df[c].dtype.kind == "f"}, escape=True)
+
+
+def _figure_html(src: str, alt: str, svg: str | None = None) -> str:
+    cap = f'<figcaption><a href="{_e(svg)}">SVG</a></figcaption>' if svg else ""
+    return f'<figure><img src="{_e(src)}" alt="{_e(alt)}">{cap}</figure>'
+
+
 def _section_html(s: StudySection) -> str:
     out = [f'<h2 id="{_e(s.name)}">{_e(s.name)}</h2>']
     if s.question:
@@ -281,15 +685,40 @@ def _section_html(s: StudySection) -> str:
     if s.error:
         out.append(f'<p>The summary failed:</p><pre class="error">{_e(s.error)}</pre>')
     out.append(_paragraphs(s.text))
+    for caption, table in s.tables:
+        out.append(f'<div class="tablebox"><p class="caption">{_e(caption)}</p>{table}</div>')
     for fig in s.figures:
-        out.append(f'<figure><img src="{_e(fig)}" alt="{_e(s.name)} figure"></figure>')
+        out.append(_figure_html(fig, f"{s.name} figure", s.svgs.get(fig)))
+    for line in s.table_problems:
+        out.append(f'<p class="problem">{_e(line)}</p>')
+    for dev in s.missing_devices:
+        out.append(f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>')
     if s.runs:
         out.append(f'<p class="muted">From runs: {_e(", ".join(s.runs))}</p>')
     return "\n".join(out)
 
 
+def _benchmark_html(b: BenchmarkSection) -> str:
+    out = [f'<h2 id="{_e(NORM_BW_DIRNAME)}">{_e(b.title)}</h2>']
+    if b.note:
+        out.append(f'<p class="muted">{_e(b.note)}</p>')
+    many = len(b.panels) > 1
+    for p in b.panels:
+        if many:
+            out.append(f"<h3>{_e(p.device or p.source)}{', ' + _e(p.date) if p.date else ''}</h3>")
+        if p.error:
+            out.append(f'<p class="problem">{_e(p.error)}</p>')
+        out.append(_paragraphs(p.text))
+        for fig in p.figures:
+            out.append(_figure_html(fig, f"norm bandwidth, {p.device}", p.svgs.get(fig)))
+        if not p.error:
+            out.append(f'<p class="muted">From <code>{_e(REFERENCE_DIRNAME)}/{_e(p.source)}</code>.</p>')
+    return "\n".join(out)
+
+
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
-                results_dir: Path, out_dir: Path) -> str:
+                results_dir: Path, out_dir: Path, bandwidth: BenchmarkSection | None = None,
+                table_problems: Mapping[str, list[str]] | None = None) -> str:
     now = utc_now().isoformat(timespec="seconds").replace("+00:00", "Z")
     body = [
         "<h1>Vision-encoder input-normalization workbench: report</h1>",
@@ -300,10 +729,17 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
         body.append(f'<p class="notice"><strong>{_e(NO_STUDY_MESSAGE[0].upper() + NO_STUDY_MESSAGE[1:])}.</strong> '
                     "Study modules register themselves in <code>workbench/studies/</code>; "
                     "once one exists, <code>make report</code> runs it and summarizes it here.</p>")
+    toc = [f'<a href="#{_e(s.name)}">{_e(s.name)}</a>' for s in sections]
+    if bandwidth is not None:
+        toc.append(f'<a href="#{_e(NORM_BW_DIRNAME)}">norm bandwidth</a>')
+    toc.append('<a href="#runs">runs</a>')
+    body.append(f'<p class="toc">Sections: {" · ".join(toc)}</p>')
     for s in sections:
         body.append(_section_html(s))
-    body.append("<h2>Runs</h2>")
-    body.append(_runs_table(runs, out_dir))
+    if bandwidth is not None:
+        body.append(_benchmark_html(bandwidth))
+    body.append('<h2 id="runs">Runs</h2>')
+    body.append(_runs_table(runs, out_dir, table_problems))
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<title>Workbench report</title>"
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -35,8 +35,9 @@ import time
 import torch
 
 from workbench.config import PRESET_NAMES, VisionConfig
-from workbench.measure import bf16_ulps, copy_bandwidth_gbs, fmt_us, graph_replay_us, sm_copy_bandwidth_gbs
-from workbench.norms import NORMS, ROWS_CONFIGS, make_norm, norm_bytes, normalize_reference
+from workbench.measure import (bf16_ulps, copy_bandwidth_gbs, fmt_us, graph_replay_us, norm_traffic,
+                               sm_copy_bandwidth_gbs)
+from workbench.norms import NORMS, ROWS_CONFIGS, make_norm, normalize_reference
 
 OUT_DTYPE = torch.bfloat16
 CHECK_DTYPES = (torch.bfloat16, torch.float32)
@@ -126,8 +127,8 @@ def time_norm(norm, x: torch.Tensor, reps: int, n_valid: torch.Tensor | None = N
 
 
 def _record(impl, config, label, n_rows, n_valid, t, cfg, floor_gbs) -> dict:
-    work_rows = n_rows if n_valid is None else n_valid
-    model = norm_bytes(work_rows, cfg, OUT_DTYPE, impl)
+    model = norm_traffic(impl, n_rows, cfg.patch_dim, torch.uint8, OUT_DTYPE, n_valid=n_valid,
+                         out=n_valid is not None)
     floor_us = model["min_bytes"] / (floor_gbs * 1e3)
     return dict(impl=impl, config=config, rows=label, n_rows=n_rows, n_valid=n_valid,
                 p50_us=t["p50_us"], p10_us=t["p10_us"], p90_us=t["p90_us"],

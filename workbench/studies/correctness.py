@@ -16,14 +16,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import VisionConfig
-from ..encoder import FLOAT_INPUT_PLACEMENTS, STUDY_PLACEMENTS, build_encoder, resolve_device, resolve_dtype
+from ..config import PRESET_NAMES, VisionConfig
+from ..encoder import FLOAT_INPUT_PLACEMENTS, PATHS, STUDY_PLACEMENTS, build_encoder, resolve_device, resolve_dtype
+from ..measure import device_label
 from ..norms import NORMS, normalize_reference
 from ..preprocess import Video, preprocess
 from ..reference import cos_min, rel_err
 from ..runner import EncoderGraphRunner
 from ..samples import sample_images, sample_video
-from . import Study, Summary, register
+from . import Study, Summary, profile_of, register
+from .params import Param, ParamSpec, ascending_unique
+from .plotting import save_figure
+from .tables import tidy, wide
 
 # Relative-error tolerance per tower dtype. A right cell differs from the float64 reference only
 # by rounding: fp32 ~1e-6 (24-bit mantissa, errors grow slowly with depth), bf16 ~1e-2 (8-bit
@@ -84,18 +88,52 @@ def _encode_dp_cells(spec: dict) -> dict:
     return out
 
 
-def run(families=("tiny-qwen2-vl", "tiny-qwen2.5-vl"), depth: int | None = None, placements=STUDY_PLACEMENTS,
-        norms=NORMS, paths=("eager", "cudagraph", "dp"), buffer_dtypes=("bfloat16", "uint8", "float32"),
-        dtype: str = "float32", device: str = "auto", max_pixels: int = 112 * 112, budgets=(16, 32, 64, 128),
-        max_items: int = 8, dp_world_size: int = 2, seed: int = 0, hazard: bool = True,
-        progress: bool = True) -> pd.DataFrame:
-    """Measure every cell; returns one row per cell (wide: rel_err, cos_min, ok, tolerance).
+PARAMS = ParamSpec(
+    Param("families", "list[str]", cpu=["tiny-qwen2-vl", "tiny-qwen2.5-vl"], gpu=["qwen2-vl-7b", "qwen2.5-vl-7b"],
+          choices=PRESET_NAMES, help="presets (one tower each)"),
+    Param("depth", "int", cpu=None, gpu=4, optional=True, minimum=1,
+          help="blocks per tower, real width kept (None: the preset's depth)"),
+    Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("float32", "bfloat16", "float16"),
+          help="tower dtype"),
+    Param("placements", "list[str]", cpu=list(STUDY_PLACEMENTS), choices=STUDY_PLACEMENTS,
+          help="where normalization lives"),
+    Param("norms", "list[str]", cpu=list(NORMS), choices=NORMS, help="norm implementations"),
+    Param("paths", "list[str]", cpu=list(PATHS), choices=PATHS, help="execution paths"),
+    Param("buffer_dtypes", "list[str]", cpu=["bfloat16", "uint8", "float32"],
+          choices=("bfloat16", "uint8", "float32"), help="graph input buffer dtypes (cudagraph path)"),
+    Param("max_pixels", "int", cpu=112 * 112, gpu=448 * 448, minimum=56 * 56, help="processor cap on image size"),
+    Param("budgets", "list[int]", cpu=[16, 32, 64, 128], gpu=[64, 128, 256, 512, 1024], minimum=1,
+          rule=ascending_unique, help="graph budgets in merged tokens"),
+    Param("max_items", "int", cpu=8, minimum=1, help="most sequences one replay holds"),
+    Param("dp_world_size", "int", cpu=2, minimum=1, help="ranks of the dp path"),
+    Param("hazard", "bool", cpu=True, help="also poison pool and padding with NaN"),
+    Param("seed", "int", cpu=0),
+    check=lambda p: _check_budgets_cover(p),
+)
 
-    families: preset names; depth: reduce every tower to this many blocks (real width kept);
-    max_pixels caps the processor's image size; budgets/max_items configure the graph runner;
-    dp_world_size ranks run the dp path (gloo on CPU, NCCL with one GPU per rank; skipped with a
-    note when fewer GPUs are visible). hazard: also run the NaN padding / pool check.
+METRICS = {"rel_err": "relative", "cos_min": "cosine", "ok": "bool", "replays": "count", "misses": "count",
+           "padded_rows": "rows", "rows_changed": "rows", "ranks_agree": "bool"}
+
+
+def _check_budgets_cover(p: dict) -> None:
+    small = [b for b in p["budgets"] if b < p["max_items"]]
+    if small:
+        raise ValueError(f"budgets {small} are smaller than max_items={p['max_items']}: a budget must hold one "
+                         f"merged token per item; raise them or lower max_items")
+
+
+def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
+    """Measure every cell; returns the tidy long table (metrics rel_err, cos_min, ok, ...).
+
+    params: see PARAMS (defaults: the device's profile). families: preset names; depth: reduce
+    every tower to this many blocks (real width kept); max_pixels caps the processor's image size;
+    budgets/max_items configure the graph runner; dp_world_size ranks run the dp path (gloo on
+    CPU, NCCL with one GPU per rank; skipped with a note when fewer GPUs are visible). hazard:
+    also run the NaN padding / pool check.
     """
+    p = PARAMS.resolve(params, profile_of(resolve_device(device)), study="correctness")
+    (families, depth, dtype, placements, norms, paths, buffer_dtypes, max_pixels, budgets, max_items,
+     dp_world_size, hazard, seed) = (p[k] for k in PARAMS.names)
     from tqdm.auto import tqdm
 
     dev = resolve_device(device)
@@ -114,7 +152,7 @@ def run(families=("tiny-qwen2-vl", "tiny-qwen2.5-vl"), depth: int | None = None,
             ref = ref_enc.visual(normalize_reference(raw.pixels, cfg).to(dev), raw.grid_thw).cpu()
         del ref_enc
         common = dict(family=cfg.family, preset=fam, depth=cfg.depth, width=cfg.width, dtype=str(dt).replace(
-            "torch.", ""), device=_device_name(dev), n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
+            "torch.", ""), device=device_label(dev), n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
         cells = list(_cells(placements, norms, [p for p in paths if p != "dp"], buffer_dtypes))
         encoders = {}
         for placement, norm, path, buf in tqdm(cells, desc=f"correctness {fam}", disable=not progress):
@@ -140,13 +178,12 @@ def run(families=("tiny-qwen2-vl", "tiny-qwen2.5-vl"), depth: int | None = None,
             rows += _dp_rows(cfg, items, placements, norms, dt, dev, seed, dp_world_size, common, ref, tol)
         if hazard:
             rows += _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common)
-    return pd.DataFrame(rows)
+    return tidy(pd.DataFrame(rows), METRICS)
 
 
-def _device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(dev)}"
-    return "cpu"
+def _cells_wide(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (wide) from the long table; a wide frame passes through."""
+    return wide(df) if "metric" in df.columns else df
 
 
 def _row(common, placement, norm, path, buf, out, ref, tol, case="embedding", **extra):
@@ -210,6 +247,7 @@ FORGETFUL_NORMS = ("identity",)
 
 
 def _select_norms(df: pd.DataFrame, norms) -> pd.DataFrame:
+    df = _cells_wide(df)
     d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
     if norms is None:
         return d[~d.norm.isin(FORGETFUL_NORMS)]
@@ -260,7 +298,7 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
     for ax, fam in zip(axes[0], fams):
         g = d[d.family == fam]
         worst = g.groupby(["placement", "column"]).rel_err.max().unstack("column")
-        frac = g.groupby(["placement", "column"]).ok.mean().unstack("column")
+        frac = g.groupby(["placement", "column"]).ok.mean().astype("float64").unstack("column")
         cols = [c for c in PATH_COLUMNS if c in worst.columns]
         rows = [p for p in STUDY_PLACEMENTS if p in worst.index]
         worst, frac = worst.reindex(index=rows, columns=cols), frac.reindex(index=rows, columns=cols)
@@ -269,7 +307,7 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
         for i in range(len(rows)):
             for j in range(len(cols)):
                 v = worst.iat[i, j]
-                if pd.isna(v):
+                if pd.isna(v) or np.isnan(code[i, j]):
                     ax.text(j, i, "n/a", ha="center", va="center", fontsize=8, color="grey")
                     continue
                 mark = {2: "ok", 0: "WRONG", 1: "mixed"}[int(code[i, j])]
@@ -290,6 +328,7 @@ def plot_rel_err(df: pd.DataFrame):
     """rel_err of every cell on a log scale, grouped by placement, with the tolerance line."""
     import matplotlib.pyplot as plt
 
+    df = _cells_wide(df)
     d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
     d["column"] = path_column(d)
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -305,12 +344,13 @@ def plot_rel_err(df: pd.DataFrame):
     ax.set_xticks(range(len(places)), places)
     ax.set_ylabel("rel_err vs float64 reference")
     ax.legend(fontsize=8, ncol=3)
-    ax.set_title("Every cell's relative error (all families and norms)")
+    ax.set_title(f"Every cell's relative error (all families and norms; {', '.join(sorted(d.device.unique()))})")
     return fig
 
 
 def findings(df: pd.DataFrame) -> str:
     """A short written finding from the table."""
+    df = _cells_wide(df)
     d = _select_norms(df, None)
     d["column"] = path_column(d)
     parts = []
@@ -357,36 +397,26 @@ def findings(df: pd.DataFrame) -> str:
 
 
 def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    import matplotlib.pyplot as plt
+    from .plotting import groups_by_run, run_label
 
-    out_dir = Path(out_dir)
+    cells = _cells_wide(table)
     figs = []
-    for key, g in table.groupby(["run"]) if "run" in table else [(("local",), table)]:
-        name = key[0] if isinstance(key, tuple) else key
-        fig = plot_matrix(g, title=f"Correctness matrix, run {name} ({', '.join(sorted(g.device.unique()))})")
-        path = out_dir / f"correctness_matrix_{name}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        figs.append(path)
-    fig = plot_rel_err(table)
-    path = out_dir / "correctness_rel_err.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    figs.append(path)
-    return Summary(text=findings(table), figures=figs)
+    for name, g in groups_by_run(cells):
+        fig = plot_matrix(g, title=f"Correctness matrix, run {name} ({run_label(g)})")
+        figs += save_figure(fig, out_dir, f"correctness_matrix_{name}")[:1]
+    for name, g in groups_by_run(cells):      # one per run: devices are never pooled in one plot
+        fig = plot_rel_err(g)
+        fig.axes[0].set_title(f"Every cell's relative error, run {name} ({run_label(g)})", fontsize=10)
+        figs += save_figure(fig, out_dir, f"correctness_rel_err_{name}")[:1]
+    return Summary(text=findings(cells), figures=figs)
 
 
-register(Study(
+STUDY = register(Study(
     name="correctness",
     notebook="notebooks/correctness.ipynb",
     run=run,
     summarize=summarize,
-    defaults={
-        "cpu": dict(families=["tiny-qwen2-vl", "tiny-qwen2.5-vl"], dtype="float32", max_pixels=112 * 112,
-                    budgets=[16, 32, 64, 128], dp_world_size=2),
-        "gpu": dict(families=["qwen2-vl-7b", "qwen2.5-vl-7b"], depth=4, dtype="bfloat16", max_pixels=448 * 448,
-                    budgets=[64, 128, 256, 512, 1024], dp_world_size=2),
-    },
+    params=PARAMS,
     question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
              "leak into real rows",
 ))

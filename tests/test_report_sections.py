@@ -1,0 +1,277 @@
+"""The report's per-study robustness and its extra sections, on tiny hand-made tables (no model runs).
+
+- an unreadable table (truncated parquet, a broken schema) is skipped and named with its run in
+  the study's section and in the Runs table, without blanking the study or failing the build;
+- each study section names, one line each, the devices seen elsewhere for which it has no data;
+- a table's own ``device`` column is kept; ``run``, ``reference`` and ``run_date`` are added;
+- the committed norm bandwidth benchmark (``reference/*.json``) is drawn, PNG shown, SVG linked.
+"""
+from __future__ import annotations
+
+import copy
+import html
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workbench import provenance as prov
+from workbench import report as rep
+from workbench.studies import Study, Summary
+from workbench.studies.params import ParamSpec
+from workbench.studies.plotting import save_figure
+from workbench.studies.tables import write_study_table
+
+REPO = Path(__file__).resolve().parent.parent
+NORM_BW_JSON = REPO / "results" / "reference" / "norm_bw-h200-20261130.json"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def base_meta():
+    return prov.collect_meta({"studies": {"demo": {}}})
+
+
+def long_table(device: str, n: int = 3, metric: str = "staging_us") -> pd.DataFrame:
+    return pd.DataFrame({"size": list(range(n)), "device": device, "metric": metric,
+                         "value": [float(i) + 0.5 for i in range(n)], "unit": "us"})
+
+
+def make_run(root: Path, meta: dict, name: str, device: str, tables: dict, reference: bool = False,
+             started: str | None = None) -> Path:
+    """A finished run folder under ``root`` (or ``root/reference``) whose meta.json says
+    ``device``; ``tables`` maps study -> DataFrame (written checked) or bytes (written as is)."""
+    meta = copy.deepcopy(meta)
+    meta["device"] = device
+    if started:
+        meta["started_at"] = started
+    run_dir = prov.new_run_dir(root / "reference" if reference else root, name=name)
+    prov.write_meta(run_dir, meta)
+    for study, t in tables.items():
+        path = run_dir / f"{study}.parquet"
+        if isinstance(t, pd.DataFrame):
+            write_study_table(t, path)
+        else:
+            path.write_bytes(t)
+    prov.write_meta(run_dir, prov.finish_meta(meta))
+    return run_dir
+
+
+def recording_study(name: str, seen: dict | None = None, svg: bool = True) -> Study:
+    """A study whose summarize keeps the table it was given and saves one figure."""
+
+    def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
+        import matplotlib.pyplot as plt
+
+        if seen is not None:
+            seen[name] = table.copy()
+        fig, ax = plt.subplots(figsize=(2, 2))
+        ax.plot(table["value"].to_numpy())
+        if svg:
+            figs = save_figure(fig, out_dir, f"{name}_values")[:1]     # PNG shown, SVG beside it
+        else:
+            figs = [Path(out_dir) / f"{name}_values.png"]
+            fig.savefig(figs[0])
+            plt.close(fig)
+        return Summary(text=f"{name} finding from {table['run'].nunique()} run(s)", figures=figs)
+
+    return Study(name=name, notebook=f"notebooks/{name}.ipynb", run=lambda **k: None,
+                 summarize=summarize, params=ParamSpec(), question=f"what does {name} show")
+
+
+def section(result, name):
+    (s,) = [s for s in result.sections if s.name == name]
+    return s
+
+
+def section_html(page: str, name: str) -> str:
+    start = page.index(f'<h2 id="{name}">')
+    end = page.index("<h2", start + 4)
+    return page[start:end]
+
+
+def row_of(page: str, run_name: str) -> str:
+    rows = [r for r in re.findall(r"<tr>.*?</tr>", page, flags=re.S) if run_name in r]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+# --------------------------------------------------------------------------- unreadable tables
+
+
+def test_a_truncated_parquet_is_named_and_does_not_blank_the_report(tmp_path, base_meta):
+    good = make_run(tmp_path, base_meta, "good", "cpu: test", {"demo": long_table("cpu: test")})
+    full = (good / "demo.parquet").read_bytes()
+    bad = make_run(tmp_path, base_meta, "bad", "cpu: test", {"demo": full[: len(full) // 2]})
+
+    result = rep.build_report(tmp_path, studies={"demo": recording_study("demo")})
+    s = section(result, "demo")
+    assert s.error is None and s.text == "demo finding from 1 run(s)"
+    assert s.runs == [good.name] and len(s.figures) == 1
+    assert len(s.table_problems) == 1
+    assert s.table_problems[0].startswith(f"run {bad.name}: table unreadable: ")
+    assert "unreadable parquet" in s.table_problems[0]
+    assert len(result.table_problems) == 1 and bad.name in result.table_problems[0]
+    assert result.problems == []                          # the CLI exit code is unaffected
+
+    page = result.index.read_text(encoding="utf-8")
+    sec = section_html(page, "demo")
+    assert "<p>demo finding from 1 run(s)</p>" in sec and "<img" in sec
+    assert html.escape(f"run {bad.name}: table unreadable: ") in sec
+    assert "table unreadable" in row_of(page, bad.name)
+    assert "unreadable" not in row_of(page, good.name)
+
+
+def test_a_table_missing_the_unit_column_is_listed_with_the_column(tmp_path, base_meta):
+    good = make_run(tmp_path, base_meta, "good", "cpu: test", {"demo": long_table("cpu: test")})
+    bad = make_run(tmp_path, base_meta, "nounit", "cpu: test", {})
+    long_table("cpu: test").drop(columns="unit").to_parquet(bad / "demo.parquet", index=False)
+
+    result = rep.build_report(tmp_path, studies={"demo": recording_study("demo")})
+    (line,) = section(result, "demo").table_problems
+    assert line.startswith(f"run {bad.name}: table unreadable:") and "'unit'" in line
+    assert "\n" not in line and str(bad) not in line           # one line, no long folder path
+    assert section(result, "demo").runs == [good.name]
+    page = result.index.read_text(encoding="utf-8")
+    assert html.escape(line) in section_html(page, "demo")
+    assert html.escape("'unit'") in row_of(page, bad.name)     # the reason is in the row's tooltip
+
+
+def test_a_study_whose_only_table_is_unreadable_says_so(tmp_path, base_meta):
+    bad = make_run(tmp_path, base_meta, "bad", "cpu: test", {"demo": b"not a parquet file"})
+    called = {}
+    result = rep.build_report(tmp_path, studies={"demo": recording_study("demo", seen=called)})
+    s = section(result, "demo")
+    assert not called and s.error is None and s.figures == []
+    assert "could be read" in s.text and s.table_problems[0].startswith(f"run {bad.name}:")
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def test_no_data_line_for_a_device_seen_only_in_another_study(tmp_path, base_meta):
+    make_run(tmp_path, base_meta, "cpu", "cpu: test",
+             {"alpha": long_table("cpu: test"), "beta": long_table("cpu: test")})
+    make_run(tmp_path, base_meta, "gpu", "NVIDIA H200", {"alpha": long_table("cuda: NVIDIA H200")},
+             reference=True)
+    make_run(tmp_path, base_meta, "idle", "NVIDIA A100", {})        # no table: its meta device counts
+
+    result = rep.build_report(tmp_path, studies={"alpha": recording_study("alpha"),
+                                                 "beta": recording_study("beta")})
+    assert section(result, "beta").missing_devices == ["NVIDIA A100", "cuda: NVIDIA H200"]
+    assert section(result, "alpha").missing_devices == ["NVIDIA A100"]
+    page = result.index.read_text(encoding="utf-8")
+    beta = section_html(page, "beta")
+    assert '<p class="muted">No beta data for cuda: NVIDIA H200.</p>' in beta
+    assert '<p class="muted">No beta data for NVIDIA A100.</p>' in beta
+    assert "No beta data for cpu: test" not in beta
+    alpha = section_html(page, "alpha")
+    assert "No alpha data for cuda: NVIDIA H200" not in alpha and "No alpha data for NVIDIA H200" not in alpha
+    # the meta device of a run that has a table is not a separate device
+    assert "NVIDIA H200." not in beta.replace("cuda: NVIDIA H200.", "")
+
+
+def test_the_tables_own_device_column_is_kept(tmp_path, base_meta):
+    run = make_run(tmp_path, base_meta, "gpu", "2x NVIDIA H200",
+                   {"demo": long_table("cuda: NVIDIA H200")}, reference=True,
+                   started="2026-11-30T04:28:27.307Z")
+    seen: dict = {}
+    rep.build_report(tmp_path, studies={"demo": recording_study("demo", seen=seen)})
+    table = seen["demo"]
+    assert set(table["device"]) == {"cuda: NVIDIA H200"}
+    assert set(table["run"]) == {run.name} and table["reference"].tolist() == [True] * 3
+    assert set(table["run_date"]) == {"2026-11-30"}
+    assert list(table.columns[-3:]) == ["metric", "value", "unit"]       # still schema order
+
+    runs = rep.find_runs(tmp_path)
+    direct = rep.study_table("demo", runs)
+    assert set(direct["device"]) == {"cuda: NVIDIA H200"}
+
+
+def test_run_date_is_empty_without_a_start_time(tmp_path, base_meta):
+    make_run(tmp_path, base_meta, "x", "cpu: test", {"demo": long_table("cpu: test")}, started="?")
+    table = rep.study_table("demo", rep.find_runs(tmp_path))
+    assert set(table["run_date"]) == {""}
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def test_svg_is_linked_only_where_it_was_saved(tmp_path, base_meta):
+    make_run(tmp_path, base_meta, "cpu", "cpu: test",
+             {"withsvg": long_table("cpu: test"), "pngonly": long_table("cpu: test")})
+    result = rep.build_report(tmp_path, studies={"withsvg": recording_study("withsvg"),
+                                                 "pngonly": recording_study("pngonly", svg=False)})
+    out = result.index.parent
+    page = result.index.read_text(encoding="utf-8")
+    with_svg = section_html(page, "withsvg")
+    (src,) = re.findall(r'<img src="([^"]+)"', with_svg)
+    (svg,) = re.findall(r'<figcaption><a href="([^"]+)">SVG</a></figcaption>', with_svg)
+    assert svg == str(Path(src).with_suffix(".svg").as_posix()) and (out / svg).is_file()
+    assert (out / src).read_bytes()[:8] == PNG_MAGIC
+    assert "<figcaption>" not in section_html(page, "pngonly")
+    assert "<img" in section_html(page, "pngonly")
+
+
+# --------------------------------------------------------------------------- norm bandwidth
+
+
+def test_norm_bandwidth_section_from_the_committed_json(tmp_path):
+    (tmp_path / "reference").mkdir()
+    shutil.copy(NORM_BW_JSON, tmp_path / "reference" / NORM_BW_JSON.name)
+    (tmp_path / "reference" / "notes.json").write_text('{"benchmark": "other"}')   # ignored
+
+    result = rep.build_report(tmp_path, studies={})
+    out = result.index.parent
+    page = result.index.read_text(encoding="utf-8")
+    start = page.index(f">{rep.NORM_BW_TITLE}</h2>")
+    sec = page[start:page.index('<h2 id="runs">Runs</h2>')]
+    srcs = re.findall(r'<img src="([^"]+)"', sec)
+    assert len(srcs) == 2 and all(s.startswith("norm_bandwidth/") for s in srcs)
+    for src in srcs:
+        f = out / src
+        assert f.is_file() and f.stat().st_size > 1000 and f.read_bytes()[:8] == PNG_MAGIC
+        assert f'<a href="{Path(src).with_suffix(".svg").as_posix()}">SVG</a>' in sec
+        assert (out / Path(src).with_suffix(".svg")).is_file()
+
+    (panel,) = result.bandwidth.panels
+    assert panel.error is None and panel.device == "NVIDIA H200" and panel.date == "2026-11-30"
+    doc = json.loads(NORM_BW_JSON.read_text())
+    full = [r for r in doc["results"] if r["n_valid"] is None]
+    biggest = max(r["n_rows"] for r in full)
+    best = max((r for r in full if r["n_rows"] == biggest), key=lambda r: r["pct_floor"])
+    eager = next(r for r in full if r["n_rows"] == biggest and r["impl"] == "eager")
+    assert "NVIDIA H200" in panel.text and best["impl"] in panel.text
+    assert f"{best['pct_floor']:.1f}%" in panel.text and f"eager reaches {eager['pct_floor']:.1f}%" in panel.text
+    assert "launch" in panel.text                                        # 4x1024 is far from the ceiling
+    assert html.escape(panel.text.split("\n\n")[0]) in sec
+    assert result.problems == []
+
+
+def test_norm_bandwidth_bad_files_show_an_error_line(tmp_path):
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    (ref / "norm_bw-broken-20261201.json").write_text('{"benchmark": "norm_bandwidth", ')
+    (ref / "norm_bw-empty-20261202.json").write_text('{"benchmark": "norm_bandwidth", "device": "X"}')
+    result = rep.build_report(tmp_path, studies={})
+    errors = [p.error for p in result.bandwidth.panels]
+    assert len(errors) == 2 and all(errors)
+    assert "unreadable JSON" in errors[0] and "results" in errors[1]
+    page = result.index.read_text(encoding="utf-8")
+    for e in errors:
+        assert f'<p class="problem">{html.escape(e)}</p>' in page
+    assert result.problems == []
+
+
+def test_no_norm_bandwidth_json_is_one_line(tmp_path):
+    result = rep.build_report(tmp_path, studies={})
+    assert result.bandwidth.panels == [] and result.bandwidth.note
+    page = result.index.read_text(encoding="utf-8")
+    assert "No committed norm bandwidth benchmark" in page
+    assert not (result.index.parent / "norm_bandwidth").exists()

@@ -1,0 +1,272 @@
+"""The study framework (parameter declarations, the table format), the measurement core's byte and
+memory models, and the two input-path studies on the CPU."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import workbench as wb
+from workbench import measure
+from workbench.norms import NORMS, make_norm, normalize_reference
+from workbench.studies import STUDIES, ParamError, TableError, check_table, discover, tidy, wide
+from workbench.studies.params import Param, ParamSpec, ascending_unique
+
+CFG = wb.VisionConfig.preset("qwen2.5-vl-7b")
+D = CFG.patch_dim
+
+
+# =========================================================================== parameters
+
+def _spec():
+    return ParamSpec(
+        Param("families", "list[str]", cpu=["tiny-qwen2-vl"], gpu=["qwen2-vl-7b"], choices=wb.PRESET_NAMES),
+        Param("depth", "int", cpu=None, gpu=4, optional=True, minimum=1),
+        Param("budgets", "list[int]", cpu=[16, 32], minimum=1, rule=ascending_unique),
+        Param("hazard", "bool", cpu=True),
+        Param("frac", "float", cpu=0.5),
+    )
+
+
+def test_params_resolve_defaults_per_profile_and_coerce_unambiguous_values():
+    spec = _spec()
+    assert spec.resolve({}, "cpu") == dict(families=["tiny-qwen2-vl"], depth=None, budgets=[16, 32], hazard=True,
+                                           frac=0.5)
+    assert spec.resolve({}, "gpu")["depth"] == 4
+    got = spec.resolve(dict(families="tiny-qwen2-vl", budgets=16, hazard="false", depth="3", frac=1), "cpu")
+    # a papermill `-p families tiny-qwen2-vl` string is one item, never its characters
+    assert got == dict(families=["tiny-qwen2-vl"], depth=3, budgets=[16], hazard=False, frac=1.0)
+    assert spec.resolve(dict(families="tiny-qwen2-vl, qwen2-vl-7b", depth="null"), "cpu")["families"] == [
+        "tiny-qwen2-vl", "qwen2-vl-7b"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(depth="abc"), "depth='abc' is not an integer; valid: an integer >= 1 or null"),
+    (dict(depth=0), "below the minimum 1"),
+    (dict(depth=True), "is not an integer"),
+    (dict(families=["bogus"]), "families='bogus' is not a valid choice; valid: qwen2-vl-2b"),
+    (dict(budgets=[32, 16]), "strictly ascending"),
+    (dict(budgets=[]), "the list is empty"),
+    (dict(hazard="maybe"), "not a boolean"),
+    (dict(frac="nan"), "not a finite number"),
+    (dict(nope=1), "no parameter ['nope']; valid: families, depth, budgets, hazard, frac"),
+], ids=lambda v: str(v)[:30])
+def test_params_refuse_bad_values_naming_value_and_choices(overrides, message):
+    with pytest.raises(ParamError) as e:
+        _spec().resolve(overrides, "cpu", study="demo")
+    assert message in str(e.value) and "study 'demo'" in str(e.value)
+
+
+def test_a_declaration_with_an_invalid_default_is_refused():
+    with pytest.raises(ParamError, match="not a valid choice"):
+        Param("norm", "str", cpu="bogus", choices=NORMS)
+
+
+def test_parameters_cell_is_valid_python_with_the_cpu_defaults():
+    spec = _spec()
+    ns: dict = {}
+    exec(spec.parameters_cell(), ns)
+    assert {k: ns[k] for k in spec.names} == spec.defaults("cpu")
+    assert ns["device"] == "auto" and ns["run_dir"] is None
+    assert spec.from_namespace(ns) == spec.defaults("cpu")
+
+
+def test_every_registered_study_declares_its_parameters_once():
+    studies = discover()
+    assert {"correctness", "cast_cost", "fp32_memory"} <= set(studies)
+    for name, study in studies.items():
+        for profile in ("cpu", "gpu"):
+            assert study.resolve(profile) == study.params.defaults(profile)
+        assert "device" not in study.params.names and "run_dir" not in study.params.names
+
+
+# =========================================================================== tables
+
+def _long():
+    return pd.DataFrame({"norm": ["eager", "eager", "triton_rows"], "device": ["cpu: x"] * 3,
+                         "metric": ["norm_us", "bytes", "norm_us"], "value": [3.0, 10, 1.5],
+                         "unit": ["us", "bytes", "us"]})
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.drop(columns="unit"), "missing column(s) ['unit']"),
+    (lambda d: d.drop(columns="device"), "missing column(s) ['device']"),
+    (lambda d: d.assign(unit=["us", "bytes", None]), "without a unit"),
+    (lambda d: d.assign(unit=["us", "bytes", "ms"]), "more than one unit: {'norm_us': ['us', 'ms']}"),
+    (lambda d: d.assign(value=["a", 1, 2]), "non-numeric value"),
+    (lambda d: d.assign(norm=[["x"], "eager", "t"]), "holds lists"),
+    (lambda d: d.assign(norm="eager"), "measure the same thing twice"),
+    (lambda d: d.iloc[:0], "no rows"),
+], ids=["no-unit-column", "no-device", "row-without-unit", "unit-changes", "text-value", "list-param",
+        "duplicate", "empty"])
+def test_the_table_schema_refuses_what_breaks_it(mutate, message):
+    with pytest.raises(TableError) as e:
+        check_table(mutate(_long()))
+    assert message in str(e.value)
+
+
+def test_check_table_orders_columns_parameters_first():
+    t = check_table(_long()[["metric", "value", "unit", "norm", "device"]])
+    assert list(t.columns) == ["norm", "device", "metric", "value", "unit"]
+
+
+def test_tidy_and_wide_round_trip_with_missing_parameters_and_booleans():
+    frame = pd.DataFrame({"case": ["a", "b", "c"], "note": [None, "skipped", None], "device": ["cpu: x"] * 3,
+                          "err": [0.1, np.nan, 0.3], "ok": [True, np.nan, False]})
+    long = tidy(frame, {"err": "relative", "ok": "bool"})
+    check_table(long)
+    assert len(long) == 5          # the skipped cell keeps one row so it stays visible
+    w = wide(long).set_index("case")
+    assert w.loc["a", "err"] == 0.1 and bool(w.loc["a", "ok"]) and not bool(w.loc["c", "ok"])
+    assert w.loc["b", "note"] == "skipped" and pd.isna(w.loc["a", "note"])
+
+
+# =========================================================================== measure: byte and memory models
+
+def test_norm_traffic_counts_every_pass():
+    n = 1000
+    eager = measure.norm_traffic("eager", n, D)
+    assert eager["min_bytes"] == 3 * n * D and eager["bytes"] == 27 * n * D and eager["passes"] == 4
+    assert measure.norm_traffic("eager", n, D, out_dtype=torch.float32)["bytes"] == 21 * n * D
+    for name in ("triton_channel", "triton_flat", "triton_rows", "identity"):
+        t = measure.norm_traffic(name, n, D)
+        assert t["bytes"] == t["min_bytes"] and t["traffic_ratio"] == 1.0
+    # n_valid: only triton kernels stop moving padding; eager with out= also selects
+    assert measure.norm_traffic("triton_rows", n, D, n_valid=250)["bytes"] == 3 * 250 * D
+    assert measure.norm_traffic("eager", n, D, n_valid=250, out=True)["bytes"] > eager["bytes"]
+    with pytest.raises(ValueError, match="triton_rows"):
+        measure.norm_traffic("nope", n, D)
+
+
+@pytest.mark.parametrize("name", NORMS)
+@pytest.mark.parametrize("in_dtype", [torch.uint8, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n_valid, out", [(False, False), (True, False), (False, True), (True, True)])
+def test_modelled_allocation_trace_equals_the_counted_one(name, in_dtype, n_valid, out):
+    """The analytic trace of each implementation is what a real call allocates and frees, in order
+    (counted on the meta device at a real 16384-token budget, so no memory is used)."""
+    rows = 4 * 16384
+    norm = make_norm(name, CFG, check_values=False).to("meta")
+    x = torch.empty(rows, D, dtype=in_dtype, device="meta")
+    dst = torch.empty(rows, D, dtype=torch.bfloat16, device="meta") if out else None
+    nv = torch.tensor(rows // 2, dtype=torch.int32, device="meta") if n_valid else None
+    counted, _ = measure.count_allocations(lambda: norm(x, torch.bfloat16, out=dst, n_valid=nv))
+
+    def renumber(trace):
+        ids: dict = {}
+        return [(k, ids.setdefault(i, len(ids)), b) for k, i, b in trace]
+
+    model = measure.norm_alloc_trace(name, rows, D, in_dtype, torch.bfloat16, n_valid=n_valid, out=out)
+    assert renumber(counted) == renumber(model)
+
+
+def test_counting_on_real_cpu_tensors_sees_the_fp32_temporaries(gen_rows=333):
+    x = torch.randint(0, 256, (gen_rows, D), dtype=torch.uint8)
+    norm = make_norm("eager", CFG)
+    counted, y = measure.count_allocations(lambda: norm(x, torch.bfloat16))
+    assert measure.bf16_ulps(y, normalize_reference(x, CFG).to(torch.bfloat16)).max() <= 1   # counting changes nothing
+    peak = measure.trace_peak_bytes(counted)
+    assert peak["temp_peak_bytes"] == 8 * gen_rows * D and peak["end_bytes"] == 2 * gen_rows * D
+
+
+def test_pool_model_follows_the_caching_allocator_rules():
+    mib = 1 << 20
+    # a 19.3 MB fp32 temporary takes its own segment rounded up to 2 MiB; the second reuses nothing
+    trace = measure.norm_alloc_trace("eager", 4096, D)
+    got = measure.pool_model(trace, captured=False)
+    assert got["pool_bytes"] == 2 * 20 * mib           # two 20 MiB segments; C and D reuse freed blocks
+    assert measure.pool_model(trace)["pool_bytes"] == 2 * 20 * mib + 2 * mib   # + the capture prologue
+    # small requests share 2 MiB segments; 1-10 MiB requests get a 20 MiB segment that later ones split
+    m = measure.PoolModel()
+    m.malloc(0, 100)
+    m.malloc(1, 700)
+    assert m.reserved == 2 * mib
+    m.malloc(2, 3 * mib)
+    m.malloc(3, 3 * mib)
+    assert m.reserved == 2 * mib + 20 * mib
+    m.free(2)
+    m.free(3)
+    m.malloc(4, 5 * mib)                                # the freed blocks merged back: no new segment
+    assert m.reserved == 22 * mib and m.allocated == 5 * mib + 512 + 1024   # 100 B and 700 B round to 512 B steps
+    assert measure.PoolModel.segment_size(11 * mib + 1) == 12 * mib
+
+
+def test_cpu_timer_statistics():
+    t = measure.cpu_time_us(lambda: sum(range(1000)), reps=7, warmup=1)
+    assert t["reps"] == 7 and t["min_us"] <= t["p10_us"] <= t["p50_us"] <= t["p90_us"]
+    assert measure.floor_us(4e9, 4000.0) == pytest.approx(1e3)
+    assert measure.flop_floor_us(1e12, 1000.0) == pytest.approx(1e3)
+    assert measure.copy_ceiling_gbs("cpu", n_bytes=1 << 22, reps=3) > 0
+
+
+# =========================================================================== the two input-path studies
+
+@pytest.fixture(scope="module")
+def cast_table():
+    from workbench.studies import cast_cost
+    return cast_cost.run(device="cpu", progress=False, budgets=[16], fills=[0.5, 1.0], reps=2, depth=1)
+
+
+def test_cast_cost_measures_every_design_and_checks_it_first(cast_table):
+    from workbench.studies import cast_cost
+    check_table(cast_table)
+    w = wide(cast_table)
+    assert set(w.design) == set(cast_cost.DESIGNS)
+    assert (w.max_err_ulp <= 1).all()                  # every design's output is right before timing
+    assert (w.staging_us > 0).all() and (w.floor_us > 0).all() and (w.share_of_replay < 1).all()
+    assert np.allclose(w.ratio_to_floor, w.staging_us / w.floor_us)
+    # bytes follow the design: the bf16 buffer moves more than the uint8 one, valid-only less
+    at = w[(w.fill == 0.5) & (w.norm == "eager")].set_index("design")
+    assert at.loc["bf16_buffer", "bytes"] > at.loc["uint8_buffer", "bytes"] > at.loc["uint8_valid", "bytes"]
+    assert (w.device.str.startswith("cpu")).all()
+    assert "Cheapest correct design per budget" in cast_cost.findings(cast_table)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("design", ["bf16_buffer", "uint8_buffer", "uint8_valid", "runner"])
+def test_every_staging_design_feeds_the_tower_normalized_rows(design, seed):
+    """With a Triton kernel (interpreter): the valid rows that reach the tower equal the float64
+    reference within one bf16 ulp; padding rows of the runner's buffer are zero."""
+    from workbench.studies.cast_cost import build_staging
+    cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
+    n, big_n = 13, 24
+    src = torch.randint(0, 256, (n, cfg.patch_dim), dtype=torch.uint8)
+    ref = normalize_reference(src, cfg)
+    st = build_staging(design, "triton_rows", cfg, src, ref.float(), big_n, torch.bfloat16)
+    y = st.result()
+    assert measure.bf16_ulps(y[:n], ref.to(torch.bfloat16)).max() <= 1
+    if design == "runner":
+        assert torch.equal(y[n:], torch.zeros_like(y[n:]))
+
+
+def test_fp32_memory_models_every_cell_on_the_cpu():
+    from workbench.studies import fp32_memory
+    t = fp32_memory.run(device="cpu", progress=False)
+    check_table(t)
+    w = wide(t)
+    n = w[w.scope == "norm"]
+    assert n.trace_matches.all()
+    big = n[(n.budget == 16384) & (n.buffer_dtype == "uint8")].set_index("norm")
+    rows = 4 * 16384
+    assert big.loc["eager", "temp_bytes"] == 8 * rows * D               # two fp32 copies live at once
+    for fused in ("triton_channel", "triton_flat", "triton_rows"):
+        assert big.loc[fused, "temp_bytes"] == 0
+        assert big.loc[fused, "model_bytes"] < big.loc["eager", "model_bytes"] / 3
+    assert "pool_bytes" not in set(t.metric)           # nothing measured without CUDA
+    assert "No CUDA measurement" in fp32_memory.findings(t)
+
+
+def test_every_study_table_holds_to_the_schema(cast_table):
+    """The tables the studies return pass the schema check (correctness: one small run)."""
+    from workbench.studies import correctness
+    t = correctness.run(device="cpu", progress=False, families=["tiny-qwen2-vl"], norms=["eager"],
+                        paths=["eager"], placements=["tower", "none"], hazard=False)
+    for table in (t, cast_table):
+        checked = check_table(table)
+        assert list(checked.columns[-3:]) == ["metric", "value", "unit"] and "device" in checked
+    assert set(STUDIES) >= {"correctness", "cast_cost", "fp32_memory"}
+    w = wide(t)
+    assert set(w.placement) == {"tower", "none"} and w.ok.dtype == bool
+    assert math.isfinite(w.rel_err.max())

@@ -1,0 +1,332 @@
+"""fp32 memory: the bytes normalization parks in the CUDA-graph memory pool, measured and modelled.
+
+Three scopes per (norm implementation, budget, graph buffer dtype):
+
+- ``norm``   the norm captured alone, as the tower calls it (input: the graph buffer's dtype, output
+             bf16, ``n_valid`` given, no ``out=``). Measured on CUDA (reserved bytes of its fresh
+             graph pool, peak allocated bytes); modelled everywhere: the allocation trace derived
+             from the implementation (`workbench.measure.norm_alloc_trace`) replayed through a
+             model of torch's caching allocator (`PoolModel`), and the trace itself checked
+             against one counted from a real call with a dispatch mode on the ``meta`` device, so a
+             16384-token budget is sized without memory. Every capture also holds a 2 MiB
+             small-pool segment for the graph's RNG seed/offset (`PoolModel.capture_prologue`):
+             the identity norm on a bf16 buffer, a no-op, measures exactly that.
+- ``tower``  placement tower: the tower (``depth`` blocks) captured with the norm as its first op,
+             minus the same tower with the norm removed (it then only casts its input): what the
+             norm adds to the pool once the tower's own allocations can reuse the freed
+             temporaries. Measured on CUDA only.
+- ``runner`` placement runner: the norm runs before the graph, writing the bf16 buffer through
+             ``out=``; the pool holds no norm. Its temporaries are transient, outside the pool:
+             peak allocated bytes of one call, measured (CUDA) and modelled.
+
+``temp_bytes`` is the temporary memory alone: the peak of the allocations freed before the call
+returns (for eager: two fp32 copies of the rows, 8 bytes/element).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import PRESET_NAMES, VisionConfig
+from ..encoder import build_encoder, resolve_device
+from ..measure import (captured_memory, count_allocations, device_label, eager_peak_bytes, fmt_bytes,
+                       norm_alloc_trace, pool_model, trace_peak_bytes)
+from ..norms import NORMS, make_norm
+from . import Study, Summary, profile_of, register
+from .params import Param, ParamSpec, ascending_unique
+from .plotting import groups_by_run, run_label, save_figure
+from .tables import tidy, wide
+
+BUFFERS = {"uint8": torch.uint8, "bfloat16": torch.bfloat16}
+OUT_DTYPE = torch.bfloat16
+
+PARAMS = ParamSpec(
+    Param("preset", "str", cpu="tiny-qwen2.5-vl", gpu="qwen2.5-vl-7b", choices=PRESET_NAMES,
+          help="tower for the tower-scope cells (CUDA only)"),
+    Param("depth", "int", cpu=2, minimum=1, help="blocks of the captured tower"),
+    Param("norms", "list[str]", cpu=list(NORMS), choices=NORMS, help="norm implementations"),
+    Param("budgets", "list[int]", cpu=[1024, 4096, 16384], minimum=1, rule=ascending_unique,
+          help="graph budgets in merged tokens (4 pixel rows each; modelled on meta, any size)"),
+    Param("buffer_dtypes", "list[str]", cpu=list(BUFFERS), choices=tuple(BUFFERS), help="graph buffer dtypes"),
+    Param("seed", "int", cpu=0),
+)
+
+METRICS = {"model_bytes": "bytes", "model_peak_bytes": "bytes", "temp_bytes": "bytes",
+           "counted_peak_bytes": "bytes", "trace_matches": "bool", "pool_bytes": "bytes", "peak_bytes": "bytes",
+           "model_error": "fraction"}
+
+
+def _counted_trace(norm: str, cfg: VisionConfig, rows: int, in_dtype, out: bool):
+    """The allocation trace of a real call on the meta device, ids renumbered from 0."""
+    mod = make_norm(norm, cfg, check_values=False).to("meta")
+    x = torch.empty(rows, cfg.patch_dim, dtype=in_dtype, device="meta")
+    dst = torch.empty(rows, cfg.patch_dim, dtype=OUT_DTYPE, device="meta") if out else None
+    nv = None if out else torch.tensor(rows, dtype=torch.int32, device="meta")
+    trace, _ = count_allocations(lambda: mod(x, OUT_DTYPE, out=dst, n_valid=nv))
+    return _renumber(trace)
+
+
+def _renumber(trace):
+    ids: dict = {}
+    return [(kind, ids.setdefault(k, len(ids)), nbytes) for kind, k, nbytes in trace]
+
+
+def _model_row(norm, cfg, rows, in_dtype, out: bool) -> dict:
+    trace = norm_alloc_trace(norm, rows, cfg.patch_dim, in_dtype, OUT_DTYPE, n_valid=not out, out=out)
+    counted = _counted_trace(norm, cfg, rows, in_dtype, out)
+    pool = pool_model(trace, captured=not out)   # the runner's norm runs outside any capture
+    peak = trace_peak_bytes(trace)
+    return dict(model_bytes=0 if out else pool["pool_bytes"], model_peak_bytes=pool["peak_bytes"],
+                temp_bytes=peak["temp_peak_bytes"],
+                counted_peak_bytes=trace_peak_bytes(counted)["peak_bytes"],
+                trace_matches=_renumber(trace) == counted)
+
+
+def _rel_error(measured: float, model: float) -> float:
+    """measured / model - 1; 0 when both are 0 (a no-op cast allocates nothing), inf when only
+    the model is 0."""
+    if model == 0:
+        return 0.0 if measured == 0 else float("inf")
+    return measured / model - 1
+
+
+def _tower_pool(enc, buf, meta, dev) -> dict:
+    with torch.inference_mode():
+        return captured_memory(lambda: enc.visual.forward_prepared(buf, meta), dev)
+
+
+def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
+    """Model (every device) and measure (CUDA) every cell; returns the tidy long table."""
+    from tqdm.auto import tqdm
+
+    dev = resolve_device(device)
+    p = PARAMS.resolve(params, profile_of(dev), study="fp32_memory")
+    base = VisionConfig.preset(p["preset"])
+    cfg = base.reduced(p["depth"]) if p["depth"] != base.depth else base
+    cuda = dev.type == "cuda"
+    label = device_label(dev)
+    common = dict(study="fp32_memory", preset=p["preset"], family=cfg.family, depth=cfg.depth,
+                  dtype="bfloat16", device=label)
+    rows = []
+    cells = [(b, buf, n) for b in p["budgets"] for buf in p["buffer_dtypes"] for n in p["norms"]]
+    bar = tqdm(total=len(cells) + len(p["budgets"]) * (1 + len(p["buffer_dtypes"])), desc="fp32_memory",
+               disable=not progress)
+    for budget in p["budgets"]:
+        n_rows = budget * cfg.merge_unit
+        geo = dict(budget=budget, budget_rows=n_rows)
+        baseline, encoders, meta = {}, {}, None
+        if cuda:
+            grid = torch.tensor([[1, cfg.merge_size, n_rows // cfg.merge_size]])
+            window_rows = min(n_rows, cfg.window_merged ** 2 * cfg.merge_unit)
+            plain = build_encoder(cfg, placement="none", norm="eager", dtype=OUT_DTYPE, device=dev,
+                                  seed=p["seed"], check_inputs=False)
+            meta = plain.visual.prepare(grid, n_rows=n_rows, n_segments=1, max_seqlen=n_rows,
+                                        n_window_segments=budget, max_window_seqlen=window_rows, device=dev)
+            gen = torch.Generator(device=dev).manual_seed(p["seed"])
+            pixels = torch.randint(0, 256, (n_rows, cfg.patch_dim), dtype=torch.uint8, device=dev, generator=gen)
+            for buf_name in p["buffer_dtypes"]:
+                buf = pixels.to(BUFFERS[buf_name])
+                baseline[buf_name] = (buf, _tower_pool(plain, buf, meta, dev))
+                bar.update()
+            del plain
+        for buf_name in p["buffer_dtypes"]:
+            in_dtype = BUFFERS[buf_name]
+            for norm in p["norms"]:
+                r = dict(common, **geo, scope="norm", placement="tower", buffer_dtype=buf_name, norm=norm,
+                         **_model_row(norm, cfg, n_rows, in_dtype, out=False))
+                if cuda:
+                    mod = make_norm(norm, cfg, check_values=False).to(dev)
+                    buf = baseline[buf_name][0]
+                    nv = torch.tensor(n_rows, dtype=torch.int32, device=dev)
+                    m = captured_memory(lambda: mod(buf, OUT_DTYPE, n_valid=nv), dev)
+                    r.update(pool_bytes=m["pool_bytes"], peak_bytes=m["peak_bytes"],
+                             model_error=_rel_error(m["pool_bytes"], r["model_bytes"]))
+                    enc = build_encoder(cfg, placement="tower", norm=norm, dtype=OUT_DTYPE, device=dev,
+                                        seed=p["seed"], check_inputs=False)
+                    t = _tower_pool(enc, buf, meta, dev)
+                    base_t = baseline[buf_name][1]
+                    rows.append(dict(common, **geo, scope="tower", placement="tower", buffer_dtype=buf_name,
+                                     norm=norm, pool_bytes=t["pool_bytes"] - base_t["pool_bytes"],
+                                     peak_bytes=t["peak_bytes"] - base_t["peak_bytes"]))
+                    del enc
+                rows.append(r)
+                bar.update()
+        # runner placement: the norm writes the bf16 buffer through out=, outside the graph
+        for norm in p["norms"]:
+            r = dict(common, **geo, scope="runner", placement="runner", buffer_dtype="bfloat16", norm=norm,
+                     **_model_row(norm, cfg, n_rows, torch.uint8, out=True))
+            if cuda:
+                mod = make_norm(norm, cfg, check_values=False).to(dev)
+                src = baseline[p["buffer_dtypes"][0]][0].to(torch.uint8)
+                dst = torch.empty(n_rows, cfg.patch_dim, dtype=OUT_DTYPE, device=dev)
+                mod(src, OUT_DTYPE, out=dst)      # warm (compiles)
+                m = eager_peak_bytes(lambda: mod(src, OUT_DTYPE, out=dst), dev)
+                r.update(pool_bytes=0, peak_bytes=m["peak_bytes"])
+                del dst
+            rows.append(r)
+        bar.update()
+        baseline.clear()
+        if cuda:
+            torch.cuda.empty_cache()
+    bar.close()
+    return tidy(pd.DataFrame(rows), METRICS)
+
+
+# ---- presentation ---------------------------------------------------------------------------
+
+def comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """Norm-scope cells: modelled vs measured pool bytes (MiB) per implementation and budget."""
+    w = wide(table)
+    w = w[w.scope == "norm"]
+    cols = ["device", "buffer_dtype", "budget", "budget_rows", "norm", "model_bytes", "pool_bytes", "model_error",
+            "temp_bytes", "peak_bytes", "model_peak_bytes", "trace_matches"]
+    return w[[c for c in cols if c in w]].sort_values(["device", "buffer_dtype", "budget", "norm"]).reset_index(
+        drop=True)
+
+
+def plot_pool(g: pd.DataFrame):
+    """Pool bytes per implementation vs budget rows, modelled (lines) and measured (markers), one
+    panel per buffer dtype; log-log axes."""
+    import matplotlib.pyplot as plt
+
+    w = wide(g)
+    w = w[w.scope == "norm"]
+    bufs = sorted(w.buffer_dtype.unique())
+    fig, axes = plt.subplots(1, len(bufs), figsize=(6.2 * len(bufs), 4.6), squeeze=False)
+    for ax, buf in zip(axes[0], bufs):
+        d = w[w.buffer_dtype == buf]
+        for k, (norm, c) in enumerate(d.groupby("norm", sort=False)):
+            c = c.sort_values("budget_rows")
+            color = f"C{k}"
+            ax.plot(c.budget_rows, c.model_bytes / 2**20, color=color, label=f"{norm} (model)")
+            if "pool_bytes" in c and c.pool_bytes.notna().any():
+                ax.scatter(c.budget_rows, c.pool_bytes / 2**20, color=color, marker="o", s=30,
+                           label=f"{norm} (measured)")
+            ax.plot(c.budget_rows, c.temp_bytes.replace(0, np.nan) / 2**20, color=color, ls=":", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("budget rows (pixel rows of the graph buffer)")
+        ax.set_ylabel("graph-pool bytes of the norm (MiB, log)")
+        ax.set_title(f"{buf} buffer -> bf16 (dotted: fp32 temporaries alone)", fontsize=9)
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"fp32 memory: pool bytes of the normalization captured alone ({run_label(g)})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_tower(g: pd.DataFrame):
+    """What each norm adds to the pool of the captured tower (and the runner's transient peak)."""
+    import matplotlib.pyplot as plt
+
+    w = wide(g)
+    t = w[w.scope.isin(["tower", "runner"]) & w.get("peak_bytes", pd.Series(index=w.index)).notna()]
+    if t.empty:
+        return None
+    t = t.assign(cell=t.scope + " / " + t.buffer_dtype)
+    budgets = sorted(t.budget.unique())
+    fig, axes = plt.subplots(1, len(budgets), figsize=(5.4 * len(budgets), 4.4), squeeze=False)
+    for ax, budget in zip(axes[0], budgets):
+        d = t[t.budget == budget]
+        cells = sorted(d.cell.unique())
+        norms = list(dict.fromkeys(d.norm))
+        width = 0.8 / len(cells)
+        for k, cell in enumerate(cells):
+            c = d[d.cell == cell].set_index("norm").reindex(norms)
+            metric = c.peak_bytes if cell.startswith("runner") else c.pool_bytes
+            ax.bar(np.arange(len(norms)) + k * width, metric.fillna(0) / 2**20, width,
+                   label=f"{cell}: " + ("transient peak (outside the pool)" if cell.startswith("runner")
+                                        else "pool bytes added"))
+        ax.set_xticks(np.arange(len(norms)) + 0.4 - width / 2, norms, rotation=20, fontsize=8)
+        ax.set_ylabel("MiB (norm minus no norm)")
+        ax.set_title(f"budget {budget} tokens ({budget * 4} rows)", fontsize=9)
+        ax.axhline(0, color="k", lw=0.6)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"What the norm adds to the captured tower ({run_label(g)})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def findings(table: pd.DataFrame) -> str:
+    w = wide(table)
+    parts = []
+    for dev, g in w.groupby("device"):
+        n = g[g.scope == "norm"]
+        biggest = n.budget.max()
+        top = n[(n.budget == biggest) & (n.buffer_dtype == n.buffer_dtype.iloc[0])].set_index("norm")
+        fused = [x for x in top.index if x.startswith("triton")]
+        lines = [f"On {dev}, the normalization captured alone at {biggest} tokens ({biggest * 4} rows, "
+                 f"{top.buffer_dtype.iloc[0]} buffer): "
+                 + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'model_bytes'])}" for x in top.index)
+                 + " of pool (model). Its fp32 temporaries: "
+                 + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'temp_bytes'])}" for x in top.index)
+                 + (f"; the fused kernels ({', '.join(fused)}) keep fp32 in registers and add "
+                    f"{fmt_bytes(top.loc[fused, 'temp_bytes'].max())}." if fused else ".")]
+        if "trace_matches" in n:
+            lines.append(f"The modelled allocation trace equals the counted one (dispatch mode, meta device) in "
+                         f"{int(n.trace_matches.fillna(False).sum())}/{len(n)} cells.")
+        if "pool_bytes" in n and n.pool_bytes.notna().any():
+            err = n.model_error.abs().replace(np.inf, np.nan).fillna(np.inf)
+            worst = n.loc[err.idxmax()]
+            lines.append(f"Measured pool bytes vs the allocator model: worst {err.max():.1%} "
+                         f"({worst.norm}, {worst.buffer_dtype}, {int(worst.budget)} tokens); "
+                         f"{int((err <= 0.05).sum())}/{len(n)} cells within 5%.")
+            tw = g[(g.scope == "tower") & (g.budget == biggest)]
+            if len(tw):
+                lines.append(f"Inside the captured {int(tw.depth.iloc[0])}-block tower at {biggest} tokens the norm "
+                             "adds (vs the tower without it): " + ", ".join(
+                                 f"{r.norm}/{r.buffer_dtype} {fmt_bytes(r.pool_bytes)}" for r in tw.itertuples())
+                             + ": freed temporaries are partly reused by the tower's own allocations.")
+            rn = g[(g.scope == "runner") & (g.budget == biggest)]
+            if len(rn) and rn.peak_bytes.notna().any():
+                lines.append("The runner placement keeps the norm out of the pool; its transient peak outside "
+                             "the graph: " + ", ".join(f"{r.norm} {fmt_bytes(r.peak_bytes)}" for r in rn.itertuples())
+                             + ".")
+        else:
+            lines.append("No CUDA measurement on this device: graph-pool bytes exist only on a GPU "
+                         "(see the reference run).")
+        parts.append(" ".join(lines))
+    return "\n\n".join(parts)
+
+
+def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per device: pool MiB of the norm captured alone, modelled and (CUDA) measured, per
+    implementation and buffer dtype (rows) and budget (columns), with the fp32 temporaries."""
+    out = {}
+    w = wide(table)
+    for dev, g in w[w.scope == "norm"].groupby("device"):
+        parts = {}
+        for budget, b in g.groupby("budget"):
+            b = b.set_index(["norm", "buffer_dtype"])
+            parts[f"{budget} tok: model MiB"] = b.model_bytes / 2**20
+            if "pool_bytes" in b and b.pool_bytes.notna().any():
+                parts[f"{budget} tok: measured MiB"] = b.pool_bytes / 2**20
+                parts[f"{budget} tok: error %"] = 100 * b.model_error
+            parts[f"{budget} tok: fp32 temp MiB"] = b.temp_bytes / 2**20
+        t = pd.DataFrame(parts).reset_index().rename(columns={"buffer_dtype": "buffer"})
+        out[dev] = t
+    return out
+
+
+def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
+    figs = []
+    for run, g in groups_by_run(table):
+        figs += save_figure(plot_pool(g), out_dir, f"fp32_memory_pool_{run}")[:1]
+        fig = plot_tower(g)
+        if fig is not None:
+            figs += save_figure(fig, out_dir, f"fp32_memory_tower_{run}")[:1]
+    tables = [(f"Graph-pool bytes of the norm captured alone on {dev} (model: allocation trace through the "
+               f"caching-allocator model; error = measured / model - 1)", t) for dev, t in key_numbers(table).items()]
+    return Summary(text=findings(table), figures=figs, tables=tables)
+
+
+STUDY = register(Study(
+    name="fp32_memory",
+    notebook="notebooks/fp32_memory.ipynb",
+    run=run,
+    summarize=summarize,
+    params=PARAMS,
+    question="graph-pool / peak bytes attributable to normalization, measured and modelled",
+))

@@ -1,0 +1,265 @@
+"""One declaration of a study's parameters, read by everything that needs them.
+
+A study declares each parameter once, as a `Param` (name, kind, allowed values, CPU default, GPU
+default, help). That declaration is the only place the defaults live:
+
+- the notebook's cell tagged ``parameters`` is generated from it (`ParamSpec.parameters_cell`,
+  kept in step by ``python -m workbench notebooks`` and checked by a test);
+- the sweep checks every ``--set`` against it before a run folder exists (`ParamSpec.resolve`);
+- ``python -m workbench sweep --help`` lists it (`ParamSpec.describe`);
+- the run's meta.json records the resolved values, i.e. what actually ran.
+
+Values are coerced where the intent is unambiguous and refused otherwise, with a message that
+names the parameter, the bad value and the valid choices: a list parameter takes a list, one
+scalar (``budgets=16`` -> ``[16]``) or a comma-separated string (papermill ``-p families
+tiny-qwen2-vl`` -> ``["tiny-qwen2-vl"]``, never iterated character by character).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+PROFILES = ("cpu", "gpu")
+KINDS = ("int", "float", "str", "bool", "list[int]", "list[float]", "list[str]")
+_SAME = object()      # gpu default: the same as the cpu default
+
+
+class ParamError(ValueError):
+    """A parameter value that a study cannot take; the message names value and valid choices."""
+
+
+def _scalar(kind: str, name: str, value: Any) -> Any:
+    """Coerce one scalar of ``kind`` ('int', 'float', 'str', 'bool')."""
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.strip().lower() in ("true", "1", "yes")
+        raise ParamError(f"{name}={value!r} is not a boolean; valid: true, false")
+    if kind == "int":
+        if isinstance(value, bool):
+            raise ParamError(f"{name}={value!r} is not an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ParamError(f"{name}={value!r} is not an integer")
+    if kind == "float":
+        if isinstance(value, bool):
+            raise ParamError(f"{name}={value!r} is not a number")
+        if isinstance(value, (int, float)):
+            out = float(value)
+        elif isinstance(value, str):
+            try:
+                out = float(value.strip())
+            except ValueError:
+                raise ParamError(f"{name}={value!r} is not a number") from None
+        else:
+            raise ParamError(f"{name}={value!r} is not a number")
+        if not math.isfinite(out):
+            raise ParamError(f"{name}={value!r} is not a finite number")
+        return out
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise ParamError(f"{name}={value!r} is not a string")
+    raise AssertionError(kind)  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Param:
+    """One study parameter.
+
+    kind: one of KINDS; cpu / gpu: the defaults of the two profiles (gpu defaults to cpu's);
+    choices: the allowed values (of each element, for a list); optional: None is allowed (and
+    means "the study's own choice", e.g. the preset's depth); minimum: the smallest allowed number;
+    rule: an extra check ``rule(value) -> None`` that raises ValueError with a clear message.
+    """
+
+    name: str
+    kind: str
+    cpu: Any
+    gpu: Any = _SAME
+    choices: tuple | None = None
+    optional: bool = False
+    minimum: float | None = None
+    help: str = ""
+    rule: Callable[[Any], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"parameter {self.name!r}: unknown kind {self.kind!r}; valid: {KINDS}")
+        for profile in PROFILES:      # a declaration whose own defaults are invalid is a bug
+            self.check(self.default(profile))
+
+    def default(self, profile: str) -> Any:
+        value = self.cpu if profile == "cpu" or self.gpu is _SAME else self.gpu
+        return list(value) if isinstance(value, (list, tuple)) else value
+
+    @property
+    def is_list(self) -> bool:
+        return self.kind.startswith("list[")
+
+    def _valid(self) -> str:
+        if self.choices is not None:
+            return ", ".join(map(str, self.choices))
+        what = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+                "list[int]": "a list of integers", "list[float]": "a list of numbers",
+                "list[str]": "a list of strings"}[self.kind]
+        if self.minimum is not None:
+            what += f" >= {self.minimum:g}" if not self.is_list else f" (each >= {self.minimum:g})"
+        return what + (" or null" if self.optional else "")
+
+    def _element(self, kind: str, value: Any) -> Any:
+        try:
+            out = _scalar(kind, self.name, value)
+        except ParamError as e:
+            raise ParamError(f"{e}; valid: {self._valid()}") from None
+        if self.choices is not None and out not in self.choices:
+            raise ParamError(f"{self.name}={value!r} is not a valid choice; valid: {self._valid()}")
+        if self.minimum is not None and out < self.minimum:
+            raise ParamError(f"{self.name}={value!r} is below the minimum {self.minimum:g}")
+        return out
+
+    def check(self, value: Any) -> Any:
+        """The value coerced to this parameter's kind, or ParamError naming it and the valid values."""
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")
+                             and self.kind != "str"):
+            if self.optional:
+                return None
+            raise ParamError(f"{self.name}={value!r}: a value is required; valid: {self._valid()}")
+        if self.is_list:
+            elem = self.kind[5:-1]
+            if isinstance(value, str):
+                text = value.strip()
+                if text.startswith("["):
+                    try:
+                        value = json.loads(text)
+                    except ValueError:
+                        raise ParamError(f"{self.name}={value!r} is not a valid JSON list") from None
+                else:
+                    value = [v.strip() for v in text.split(",") if v.strip()]
+            elif not isinstance(value, (list, tuple)):
+                value = [value]
+            out = [self._element(elem, v) for v in value]
+            if not out:
+                raise ParamError(f"{self.name}: the list is empty; valid: {self._valid()}")
+        else:
+            out = self._element(self.kind, value)
+        if self.rule is not None:
+            try:
+                self.rule(out)
+            except ValueError as e:
+                raise ParamError(f"{self.name}={out!r}: {e}") from None
+        return out
+
+    def literal(self, profile: str = "cpu") -> str:
+        """The default as Python source for the notebook's parameters cell."""
+        return repr(self.default(profile)).replace("'", '"')
+
+
+class ParamSpec:
+    """A study's parameters, in declaration order; ``device`` and ``run_dir`` are the framework's."""
+
+    FRAMEWORK = ("device", "run_dir")
+
+    def __init__(self, *params: Param, check: Callable[[dict], None] | None = None):
+        names = [p.name for p in params]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"parameters declared twice: {dup}")
+        clash = [n for n in names if n in self.FRAMEWORK]
+        if clash:
+            raise ValueError(f"{clash} are set by the framework, not declared by a study")
+        self.params = {p.name: p for p in params}
+        self._check = check
+
+    def __iter__(self):
+        return iter(self.params.values())
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.params)
+
+    def defaults(self, profile: str) -> dict[str, Any]:
+        if profile not in PROFILES:
+            raise ParamError(f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
+        return {p.name: p.default(profile) for p in self}
+
+    def resolve(self, overrides: Mapping[str, Any] | None = None, profile: str = "cpu",
+                study: str = "") -> dict[str, Any]:
+        """The profile's defaults with ``overrides`` applied, every value checked and coerced.
+
+        Raises ParamError for an unknown name (listing the valid ones) or a bad value."""
+        overrides = dict(overrides or {})
+        where = f"study {study!r}: " if study else ""
+        unknown = sorted(k for k in overrides if k not in self.params)
+        if unknown:
+            raise ParamError(f"{where}no parameter {unknown}; valid: {', '.join(self.names)}")
+        out = self.defaults(profile)
+        for name, value in overrides.items():
+            try:
+                out[name] = self.params[name].check(value)
+            except ParamError as e:
+                raise ParamError(f"{where}{e}") from None
+        if self._check is not None:
+            try:
+                self._check(out)
+            except ValueError as e:
+                raise ParamError(f"{where}{e}") from None
+        return out
+
+    def from_namespace(self, namespace: Mapping[str, Any], study: str = "") -> dict[str, Any]:
+        """The declared parameters read from a notebook's globals (after papermill injected its
+        values), checked: the notebook's second cell calls this so a bad value fails at once."""
+        missing = [n for n in self.names if n not in namespace]
+        if missing:
+            raise ParamError(f"the notebook defines no {missing}: regenerate its parameters cell "
+                             f"(python -m workbench notebooks)")
+        return self.resolve({n: namespace[n] for n in self.names}, "cpu", study)
+
+    def parameters_cell(self) -> str:
+        """Source of the notebook cell tagged ``parameters``: the CPU defaults, one per line."""
+        lines = ["# Parameters: generated from the study's declaration (python -m workbench notebooks);",
+                 "# papermill overrides them. Defaults: the CPU profile (minutes on 2 cores)."]
+        width = max(len(f"{p.name} = {p.literal()}") for p in self)
+        for p in self:
+            text = f"{p.name} = {p.literal()}"
+            gpu = p.literal("gpu")
+            note = p.help + (f" [gpu: {gpu}]" if gpu != p.literal() else "")
+            lines.append(f"{text:<{width}}  # {note}" if note else text)
+        lines.append('device = "auto"    # "auto" | "cpu" | "cuda"')
+        lines.append("run_dir = None     # None: a new run folder under the project's results/")
+        return "\n".join(lines)
+
+    def describe(self, indent: str = "  ") -> str:
+        """One line per parameter: name, kind, valid values, cpu and gpu defaults, help."""
+        out = []
+        for p in self:
+            extra = f" choices: {', '.join(map(str, p.choices))};" if p.choices else ""
+            gpu = p.literal("gpu")
+            out.append(f"{indent}{p.name} ({p.kind}{', optional' if p.optional else ''}):{extra} "
+                       f"cpu {p.literal()}" + (f", gpu {gpu}" if gpu != p.literal() else "")
+                       + (f". {p.help}" if p.help else ""))
+        return "\n".join(out)
+
+
+def ascending_unique(values: Iterable[int]) -> None:
+    """A rule for budget lists: strictly ascending."""
+    values = list(values)
+    if values != sorted(set(values)):
+        raise ValueError("must be strictly ascending without repeats")
+
+
+def fractions(values: Iterable[float]) -> None:
+    """A rule for fill levels: each in (0, 1]."""
+    bad = [v for v in values if not 0 < v <= 1]
+    if bad:
+        raise ValueError(f"{bad} are not fractions in (0, 1]")

@@ -1,0 +1,52 @@
+"""Shared figure helpers: every study saves its figures the same way and labels them alike."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a run or device name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.") or "x"
+
+
+def save_figure(fig, out_dir: str | Path, stem: str) -> list[Path]:
+    """Save ``fig`` as ``<stem>.png`` (shown in the report) and ``<stem>.svg`` in ``out_dir``,
+    close it, and return both paths (PNG first)."""
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{slug(stem)}.png", out_dir / f"{slug(stem)}.svg"]
+    fig.savefig(paths[0], dpi=110, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def run_label(g: pd.DataFrame) -> str:
+    """'<device>, <dtype>, <date>[, reference run]' for the rows of one run: the caption every
+    figure carries so that numbers from different machines are never read as one."""
+    dev = ", ".join(sorted(map(str, g["device"].unique()))) if "device" in g else "unknown device"
+    parts = [dev]
+    if "dtype" in g:
+        parts.append("/".join(sorted(map(str, g["dtype"].dropna().unique()))))
+    if "run_date" in g:
+        parts.append(", ".join(sorted(map(str, g["run_date"].dropna().unique()))))
+    if "reference" in g and bool(g["reference"].any()):
+        parts.append("reference run")
+    return ", ".join(p for p in parts if p)
+
+
+def groups_by_run(table: pd.DataFrame) -> Iterable[tuple[str, pd.DataFrame]]:
+    """(run name, rows) per run, reference runs last; a table without a run column is one group."""
+    if "run" not in table:
+        yield "local", table
+        return
+    order = (table[["run", "reference"]].drop_duplicates().sort_values(["reference", "run"])
+             if "reference" in table else table[["run"]].drop_duplicates().sort_values("run"))
+    for run in order["run"]:
+        yield run, table[table["run"] == run]
