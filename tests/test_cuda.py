@@ -71,3 +71,27 @@ def test_cuda_graph_replay_matches_eager(preset, placement):
     else:
         assert err < 2e-2
         assert torch.isfinite(again).all() and torch.equal(again, graph)
+
+
+@pytest.mark.parametrize("name", wb.NORMS)
+@pytest.mark.parametrize("in_dtype", [torch.uint8, torch.bfloat16])
+def test_cuda_graph_pool_of_a_norm_equals_the_allocator_model(name, in_dtype):
+    """The bytes a captured norm reserves in its graph pool, and its peak, are what the analytic
+    allocation trace replayed through the caching-allocator model predicts, exactly."""
+    from workbench import measure
+    cfg = wb.VisionConfig.preset("qwen2.5-vl-7b")
+    rows = 4 * 1024
+    norm = wb.make_norm(name, cfg, check_values=False).to("cuda")
+    x = torch.randint(0, 256, (rows, cfg.patch_dim), device="cuda").to(in_dtype)
+    nv = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    got = measure.captured_memory(lambda: norm(x, torch.bfloat16, n_valid=nv), "cuda")
+    model = measure.pool_model(measure.norm_alloc_trace(name, rows, cfg.patch_dim, in_dtype, n_valid=True))
+    assert got["pool_bytes"] == model["pool_bytes"] and got["peak_bytes"] == model["peak_bytes"]
+
+
+def test_cuda_staging_designs_match_float64_and_time_as_graph_replays():
+    from workbench.studies import cast_cost
+    t = cast_cost.run(device="cuda", progress=False, budgets=[64], fills=[0.5], reps=3, depth=1)
+    from workbench.studies import wide
+    w = wide(t)
+    assert (w.max_err_ulp <= 1).all() and (w.staging_us > 0).all() and (w.device == torch.cuda.get_device_name()).all()

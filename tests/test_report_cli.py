@@ -489,7 +489,9 @@ def test_cli_sweep_writes_a_finished_run_folder(sweep):
     (run_dir,) = run_folders(results)
     assert run_dir.name.endswith("-cpu") or run_dir.name.endswith("-gpu")
     assert str(run_dir) in p.stdout and "0 failure(s)" in p.stdout
-    assert sorted(f.name for f in run_dir.iterdir()) == ["correctness.parquet", "meta.json"]
+    assert sorted(f.name for f in run_dir.iterdir()) == ["correctness.parquet", "figures", "meta.json"]
+    figs = sorted(f.name for f in (run_dir / "figures").iterdir())
+    assert f"correctness_matrix_{run_dir.name}.png" in figs and f"correctness_matrix_{run_dir.name}.svg" in figs
 
     meta = prov.read_meta(run_dir)
     assert meta["finished_at"] and meta["duration_s"] > 0 and meta["failures"] == []

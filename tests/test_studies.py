@@ -270,3 +270,21 @@ def test_every_study_table_holds_to_the_schema(cast_table):
     w = wide(t)
     assert set(w.placement) == {"tower", "none"} and w.ok.dtype == bool
     assert math.isfinite(w.rel_err.max())
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2-vl", "tiny-qwen2.5-vl"])
+def test_tower_flop_model_equals_torch_flop_counter(preset):
+    """The FLOP floor's count (matmuls, full and window attention) is what the tower executes,
+    counted by torch's FlopCounterMode on a real forward (grids that tile whole windows)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    cfg = wb.VisionConfig.preset(preset)
+    enc = wb.build_encoder(cfg, placement="none", norm="eager", dtype=torch.float32, device="cpu")
+    grid = torch.tensor([[1, 16, 24], [1, 8, 8]])
+    x = torch.randn(int(grid.prod(1).sum()), cfg.patch_dim)
+    with FlopCounterMode(display=False) as fc:
+        enc.visual(x, grid)
+    model = measure.tower_flops(cfg, [16 * 24, 8 * 8])
+    counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+    assert model["total"] == fc.get_total_flops()
+    assert model["matmul"] == counts["aten.mm"] + counts["aten.addmm"]
+    assert model["attention_full"] + model["attention_window"] == counts["aten.bmm"]

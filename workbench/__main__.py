@@ -117,6 +117,7 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
     from tqdm.auto import tqdm
 
     failures: list[str] = []
+    warnings: list[str] = []
     for study in tqdm(selected, desc="studies", unit="study", disable=len(selected) < 2):
         params = plan[study.name]
         table = run_dir / f"{study.name}.parquet"
@@ -130,10 +131,35 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
         except Exception as e:  # noqa: BLE001 - record it, go on with the other studies
             failures.append(f"{study.name}: {type(e).__name__}: {e}")
             print(f"sweep: {study.name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        warning = _save_run_figures(study, table, run_dir)
+        if warning:
+            warnings.append(warning)
+            print(f"sweep: {warning}", file=sys.stderr)
     meta["failures"] = failures
+    meta["warnings"] = warnings
     write_meta(run_dir, finish_meta(meta))
     print(f"sweep: done in {meta['duration_s']:.1f} s, {len(failures)} failure(s): {run_dir}")
     return run_dir, failures
+
+
+def _save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
+    """The study's figures of this run alone, PNG and SVG, into ``<run_dir>/figures/``, so a run
+    folder (a committed reference run too) carries its own pictures. Returns a warning instead
+    of raising: a figure that fails to draw never fails a finished measurement."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from .provenance import utc_now
+    from .studies.tables import load_table
+
+    try:
+        df = load_table(table).assign(run=run_dir.name, reference=False,
+                                      run_date=utc_now().strftime("%Y-%m-%d"))
+        study.summarize(df, run_dir / "figures")
+    except Exception as e:  # noqa: BLE001
+        return f"{study.name}: figures not saved ({type(e).__name__}: {e})"
+    return None
 
 
 def _run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path,

@@ -87,11 +87,25 @@ def time_us(fn, device, reps: int = 20, warmup: int = 3) -> dict:
     return cpu_time_us(fn, reps=reps, warmup=warmup)
 
 
+def _warm_on_side_stream(fn, warmup: int):
+    """Run ``fn`` ``warmup`` times (at least once) on a new side stream and return that stream, for
+    the capture that follows: capturing on the stream that was warmed keeps one-time allocations
+    (Triton compiles, the per-stream cuBLAS workspace) out of the graph's pool."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(max(1, warmup)):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return stream
+
+
 def graph_replay_us(fn, reps: int = 50, warmup: int = 3, flush_bytes: int = FLUSH_BYTES) -> dict:
     """Time ``fn`` as a CUDA-graph replay: dict(p50_us, p10_us, p90_us, min_us, reps).
 
     ``fn`` is warmed ``warmup`` times on a side stream (Triton compiles, allocator settles), then
-    captured once into a `torch.cuda.CUDAGraph`. Each of the ``reps`` replays is timed on its own
+    captured once on that stream into a `torch.cuda.CUDAGraph`. Each of the ``reps`` replays is timed on its own
     between two CUDA events; before each, outside the timed region, a ``flush_bytes`` buffer is
     overwritten so L2 holds none of the replay's data (``flush_bytes=0`` times warm replays).
     ``fn`` must be graph-safe (no host syncs); tensors it allocates come from the graph's pool and
@@ -100,16 +114,10 @@ def graph_replay_us(fn, reps: int = 50, warmup: int = 3, flush_bytes: int = FLUS
     _require_cuda("graph_replay_us")
     if reps < 1:
         raise ValueError(f"reps={reps} must be >= 1")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(max(1, warmup)):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    stream = _warm_on_side_stream(fn, warmup)
 
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         fn()
     flush = torch.empty(max(1, flush_bytes), dtype=torch.uint8, device="cuda")
     graph.replay()                       # the first replay uploads the graph: not timed
@@ -315,6 +323,32 @@ def floor_us(n_bytes: float, gbs: float) -> float:
 def flop_floor_us(flops: float, tflops: float) -> float:
     """The time ``flops`` take at ``tflops`` TFLOP/s, in microseconds."""
     return flops / (tflops * 1e6)
+
+
+def tower_flops(cfg, seq_rows) -> dict:
+    """FLOPs of one tower forward over sequences of ``seq_rows`` pixel rows each (one per image or
+    video frame), counted from the config: dict(matmul, attention_full, attention_window, total).
+
+    matmul: 2 x the multiply-adds of the patch embedding, every block's qkv, projection and MLP
+    (fc1 + fc2, or gate + up + down for SwiGLU) per row, and the merger per merged token.
+    attention: QK^T and PV, 4 x s^2 x width per block and sequence of s rows, in the blocks with
+    full attention; Qwen2.5-VL's window blocks attend within windows of (window_merged x
+    merge_size)^2 rows, counted as whole windows (an upper bound at ragged image edges).
+    """
+    seq_rows = [int(s) for s in seq_rows]
+    rows = sum(seq_rows)
+    w, m = cfg.width, cfg.mlp_hidden
+    mlp = 2 * w * m if cfg.family == "qwen2-vl" else 3 * w * m
+    per_row = cfg.patch_dim * w + cfg.depth * (4 * w * w + mlp)
+    merged = w * cfg.merge_unit
+    merger = merged * merged + merged * cfg.out_hidden
+    matmul = 2 * (per_row * rows + merger * rows // cfg.merge_unit)
+    full_blocks = cfg.depth if cfg.family == "qwen2-vl" else len(cfg.fullatt_blocks)
+    window_blocks = cfg.depth - full_blocks
+    win = (cfg.window_merged * cfg.merge_size) ** 2
+    full = full_blocks * sum(4 * s * s * w for s in seq_rows)
+    window = window_blocks * sum(4 * min(s, win) * s * w for s in seq_rows)
+    return dict(matmul=matmul, attention_full=full, attention_window=window, total=matmul + full + window)
 
 
 # ---- the byte model of one norm call ----------------------------------------------------------
@@ -617,13 +651,7 @@ def captured_memory(fn, device, warmup: int = 2) -> dict:
     _require_cuda("captured_memory")
     dev = torch.device(device)
     with torch.cuda.device(dev):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(max(1, warmup)):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+        stream = _warm_on_side_stream(fn, warmup)
         torch.cuda.empty_cache()
         reserved0, allocated0 = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()

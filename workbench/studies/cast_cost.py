@@ -16,7 +16,8 @@ graph normalizes it. The designs, each with every norm implementation where it h
 Per (design, norm, budget, fill) it measures the copy part, the norm part and both together (CUDA:
 graph replays on cold L2, median and p90; CPU: host time), the bytes each moves (workbench.measure
 byte model), the byte floor at the copy ceiling measured in the same run, and the tower's own
-replay at that budget, also measured in the same run. Every design's output is checked against a
+replay at that budget, also measured in the same run, beside its FLOP floor (matmul + attention
+FLOPs at the matmul rate measured in the run). Every design's output is checked against a
 float64 reference before it is timed.
 """
 from __future__ import annotations
@@ -30,12 +31,12 @@ import torch
 
 from ..config import PRESET_NAMES, VisionConfig
 from ..encoder import build_encoder, resolve_device, resolve_dtype
-from ..measure import (bf16_ulps, copy_ceiling_gbs, device_label, floor_us, fmt_bytes, fmt_us, norm_traffic,
-                       time_us)
+from ..measure import (bf16_ulps, copy_ceiling_gbs, device_label, floor_us, flop_floor_us, fmt_bytes, fmt_us,
+                       matmul_tflops, norm_traffic, time_us, tower_flops)
 from ..norms import NORMS, make_norm, normalize_reference
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique, fractions
-from .plotting import groups_by_run, run_label, save_figure
+from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure
 from .tables import tidy, wide
 
 DESIGNS = ("bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fp32_buffer")
@@ -48,7 +49,7 @@ PARAMS = ParamSpec(
     Param("depth", "int", cpu=None, optional=True, minimum=1,
           help="blocks of that tower (None: the preset's depth)"),
     Param("dtype", "str", cpu="bfloat16", choices=("bfloat16",), help="tower dtype (bf16, as served)"),
-    Param("budgets", "list[int]", cpu=[16, 64], gpu=[256, 1024, 4096], minimum=1, rule=ascending_unique,
+    Param("budgets", "list[int]", cpu=[16, 64], gpu=[256, 1024, 4096, 16384], minimum=1, rule=ascending_unique,
           help="graph budgets in merged tokens (4 pixel rows each)"),
     Param("fills", "list[float]", cpu=[0.25, 0.5, 0.75, 1.0], rule=fractions,
           help="valid rows / budget rows"),
@@ -64,7 +65,7 @@ METRICS = {
     "staging_us": "us", "staging_p90_us": "us",
     "bytes": "bytes", "min_bytes": "bytes", "h2d_bytes": "bytes", "floor_us": "us", "ratio_to_floor": "x",
     "replay_us": "us", "share_of_replay": "fraction", "max_err_ulp": "ulp",
-    "copy_gbs": "GB/s", "launch_us": "us",
+    "copy_gbs": "GB/s", "launch_us": "us", "matmul_tflops": "TFLOP/s", "replay_floor_us": "us",
 }
 
 
@@ -180,6 +181,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     # what one tiny kernel costs as a graph replay: the latency below which no staging can go
     tiny = torch.zeros(1, device=dev)
     launch = time_us(lambda: tiny.add_(1), dev, reps=p["reps"])["p50_us"]
+    tflops = matmul_tflops(dev)
     gen = torch.Generator().manual_seed(p["seed"])
     rows = []
     cells = [(b, f, design, norm) for b in p["budgets"] for f in p["fills"]
@@ -213,7 +215,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             bytes=total, min_bytes=min_bytes, h2d_bytes=st.h2d_bytes, floor_us=floor_us(total, gbs),
             ratio_to_floor=t_all["p50_us"] / floor_us(total, gbs), replay_us=replay[budget],
             share_of_replay=t_all["p50_us"] / (t_all["p50_us"] + replay[budget]), max_err_ulp=err,
-            copy_gbs=gbs, launch_us=launch))
+            copy_gbs=gbs, launch_us=launch, matmul_tflops=tflops,
+            replay_floor_us=flop_floor_us(tower_flops(cfg, [big_n])["total"], tflops)))
         del st, src_u8, src_f32
         bar.update()
     bar.close()
@@ -234,16 +237,6 @@ def table_at(table: pd.DataFrame, fill: float = 0.75) -> pd.DataFrame:
             "floor_us", "ratio_to_floor", "share_of_replay", "replay_us", "max_err_ulp"]
     cols = [c for c in cols if c in w]
     return w[cols].sort_values(["device", "budget", "staging_us"]).reset_index(drop=True)
-
-
-def _plain_log_ticks(axis) -> None:
-    """Log-axis tick labels as plain numbers (10, 20, 50, 100), not 2x10^1."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_minor_locator(LogLocator(base=10, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
 def plot_staging(g: pd.DataFrame, fill: float = 0.75):
@@ -270,7 +263,7 @@ def plot_staging(g: pd.DataFrame, fill: float = 0.75):
         ax.set_yticks(y, names, fontsize=8)
         ax.invert_yaxis()
         ax.set_xscale("log")
-        _plain_log_ticks(ax.xaxis)
+        plain_log_ticks(ax.xaxis)
         ax.set_xlabel("input staging per replay (us, log)")
         tower = d.replay_us.iloc[0]
         ax.set_title(f"budget {budget} tokens ({budget * 4} rows), {fill:.0%} valid\n"
@@ -295,7 +288,7 @@ def plot_fill(g: pd.DataFrame, budget: int | None = None):
         c = c.sort_values("fill")
         ax.plot(c.fill * 100, c.staging_us, marker="o", label=cell_name(design, norm))
     ax.set_yscale("log")
-    _plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax.yaxis)
     ax.set_xlabel("valid rows (% of the budget)")
     ax.set_ylabel("input staging per replay (us, log)")
     ax.set_title(f"Staging vs fill, budget {budget} tokens ({run_label(g)})", fontsize=10)
@@ -358,6 +351,11 @@ def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
         costs = [c for c in costs if c]
         if costs:
             text += (f" Against it at {int(best.budget)} tokens (one image per replay): " + "; ".join(costs) + ".")
+        if "replay_floor_us" in g:
+            r = top.sort_values("staging_us").iloc[0]
+            text += (f" The tower replay itself ({fmt_us(r.replay_us)} at {int(r.budget)} tokens) runs at "
+                     f"{r.replay_us / r.replay_floor_us:.1f}x its FLOP floor ({g.matmul_tflops.iloc[0]:.0f} "
+                     "TFLOP/s measured), so the input's share would grow by that factor in a tower at its floor.")
         if "launch_us" in g:
             text += (f" One tiny kernel replayed alone takes {fmt_us(g.launch_us.iloc[0])} here: the smallest "
                      "budgets are bound by that latency, not by bytes.")

@@ -37,7 +37,7 @@ from ..measure import (captured_memory, count_allocations, device_label, eager_p
 from ..norms import NORMS, make_norm
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import groups_by_run, run_label, save_figure
+from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure
 from .tables import tidy, wide
 
 BUFFERS = {"uint8": torch.uint8, "bfloat16": torch.bfloat16}
@@ -188,31 +188,49 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_pool(g: pd.DataFrame):
-    """Pool bytes per implementation vs budget rows, modelled (lines) and measured (markers), one
-    panel per buffer dtype; log-log axes."""
+    """Pool bytes of the norm captured alone vs budget rows, one panel per buffer dtype: the model
+    as lines (implementations with the same model share one line and one label), CUDA
+    measurements as open circles, fp32 temporaries dotted; log-log axes."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     w = wide(g)
     w = w[w.scope == "norm"]
     bufs = sorted(w.buffer_dtype.unique())
+    measured = "pool_bytes" in w and w.pool_bytes.notna().any()
     fig, axes = plt.subplots(1, len(bufs), figsize=(6.2 * len(bufs), 4.6), squeeze=False)
     for ax, buf in zip(axes[0], bufs):
         d = w[w.buffer_dtype == buf]
-        for k, (norm, c) in enumerate(d.groupby("norm", sort=False)):
+        groups: dict[tuple, list[str]] = {}
+        for norm, c in d.groupby("norm", sort=False):
             c = c.sort_values("budget_rows")
+            groups.setdefault(tuple(c.model_bytes), []).append(norm)
+        for k, (series, norms) in enumerate(groups.items()):
+            c = d[d.norm == norms[0]].sort_values("budget_rows")
             color = f"C{k}"
-            ax.plot(c.budget_rows, c.model_bytes / 2**20, color=color, label=f"{norm} (model)")
-            if "pool_bytes" in c and c.pool_bytes.notna().any():
-                ax.scatter(c.budget_rows, c.pool_bytes / 2**20, color=color, marker="o", s=30,
-                           label=f"{norm} (measured)")
-            ax.plot(c.budget_rows, c.temp_bytes.replace(0, np.nan) / 2**20, color=color, ls=":", lw=1)
+            ax.plot(c.budget_rows, np.asarray(series) / 2**20, color=color, label=" = ".join(norms))
+            if (c.temp_bytes > 0).any():
+                ax.plot(c.budget_rows, c.temp_bytes / 2**20, color=color, ls=":", lw=1.2)
+            if measured:
+                for norm in norms:
+                    m = d[d.norm == norm].sort_values("budget_rows")
+                    ax.scatter(m.budget_rows, m.pool_bytes / 2**20, facecolors="none", edgecolors=color, s=60)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        plain_log_ticks(ax.xaxis)
+        plain_log_ticks(ax.yaxis)
         ax.set_xlabel("budget rows (pixel rows of the graph buffer)")
         ax.set_ylabel("graph-pool bytes of the norm (MiB, log)")
-        ax.set_title(f"{buf} buffer -> bf16 (dotted: fp32 temporaries alone)", fontsize=9)
-        ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"fp32 memory: pool bytes of the normalization captured alone ({run_label(g)})", fontsize=10)
+        ax.set_title(f"{buf} buffer -> bf16", fontsize=9)
+        handles, labels = ax.get_legend_handles_labels()
+        handles.append(Line2D([], [], color="grey", ls=":"))
+        labels.append("fp32 temporaries alone")
+        if measured:
+            handles.append(Line2D([], [], marker="o", mfc="none", mec="grey", ls=""))
+            labels.append("measured (CUDA graph pool)")
+        ax.legend(handles, labels, fontsize=7)
+    fig.suptitle(f"fp32 memory: pool bytes of the normalization captured alone, lines = model "
+                 f"({run_label(g)})", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -50,3 +50,13 @@ def groups_by_run(table: pd.DataFrame) -> Iterable[tuple[str, pd.DataFrame]]:
              if "reference" in table else table[["run"]].drop_duplicates().sort_values("run"))
     for run in order["run"]:
         yield run, table[table["run"] == run]
+
+
+def plain_log_ticks(axis) -> None:
+    """Log-axis tick labels as plain numbers (10, 20, 50, 100), not 2x10^1."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_minor_locator(LogLocator(base=10, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
