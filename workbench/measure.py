@@ -24,6 +24,7 @@ previous replay is still in L2 (H200: 60 MB of L2).
 """
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -611,9 +612,11 @@ class PoolModel:
             seg.pop(i)
 
     def capture_prologue(self) -> "PoolModel":
-        """What every capture allocates in its own pool before the first op: torch registers the
-        default CUDA generator with the graph, which allocates its seed and offset as two one-
-        element int64 tensors (2 x 512 B blocks: one 2 MiB small-pool segment)."""
+        """What a capture allocates in its own pool before the first op: torch registers the
+        default CUDA generator with the graph, and when no other graph is registered with it, it
+        allocates the generator's seed and offset as two one-element int64 tensors (2 x 512 B
+        blocks: one 2 MiB small-pool segment). `captured_memory` collects garbage first, so no
+        stale graph is registered when it measures."""
         for key, nbytes in ((-1, 8), (-2, 8)):
             self.malloc(key, nbytes)
         return self
@@ -652,6 +655,10 @@ def captured_memory(fn, device, warmup: int = 2) -> dict:
     dev = torch.device(device)
     with torch.cuda.device(dev):
         stream = _warm_on_side_stream(fn, warmup)
+        # a graph still alive (say, held by a reference cycle) keeps the generator's capture state
+        # registered, and the next capture then skips the RNG prologue the model counts
+        gc.collect()
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
         reserved0, allocated0 = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()

@@ -36,7 +36,7 @@ from ..measure import (bf16_ulps, copy_ceiling_gbs, device_label, floor_us, flop
 from ..norms import NORMS, make_norm, normalize_reference
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique, fractions
-from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure
+from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
 from .tables import tidy, wide
 
 DESIGNS = ("bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fp32_buffer")
@@ -183,42 +183,46 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     launch = time_us(lambda: tiny.add_(1), dev, reps=p["reps"])["p50_us"]
     tflops = matmul_tflops(dev)
     gen = torch.Generator().manual_seed(p["seed"])
-    rows = []
-    cells = [(b, f, design, norm) for b in p["budgets"] for f in p["fills"]
-             for design, norm in _cells(p["designs"], p["norms"])]
+    rows: list[dict] = []
+    cells = list(_cells(p["designs"], p["norms"]))
     replay = {}
-    bar = tqdm(total=len(cells) + len(p["budgets"]), desc="cast_cost", disable=not progress)
+    bar = tqdm(total=len(cells) * len(p["budgets"]) * len(p["fills"]) + len(p["budgets"]), desc="cast_cost",
+               disable=not progress)
     for budget in p["budgets"]:
         replay[budget] = _tower_replay_us(cfg, dt, dev, budget, p["reps"], p["seed"])
         bar.update()
-    for budget, fill, design, norm in cells:
+    for budget in p["budgets"]:
         big_n = budget * cfg.merge_unit
-        n = max(cfg.merge_unit, int(round(fill * budget)) * cfg.merge_unit)
-        src = torch.randint(0, 256, (n, cfg.patch_dim), dtype=torch.uint8, generator=gen)
-        ref = normalize_reference(src, cfg)
-        src_u8 = src.to(dev)
-        src_f32 = ref.float().to(dev)
-        st = build_staging(design, norm, cfg, src_u8, src_f32, big_n, dt)
-        with torch.inference_mode():
-            y = st.result()
-            err = int(bf16_ulps(y[:n].to(torch.bfloat16).cpu(), ref.to(torch.bfloat16)).max())
-            t_copy = time_us(st.copy, dev, reps=p["reps"])
-            t_norm = time_us(st.norm, dev, reps=p["reps"])
-            t_all = time_us(lambda: (st.copy(), st.norm()), dev, reps=p["reps"])
-        total = st.copy_bytes + st.norm_bytes
-        min_bytes = n * cfg.patch_dim * (1 + torch.empty((), dtype=dt).element_size())
-        rows.append(dict(
-            study="cast_cost", preset=p["preset"], family=cfg.family, depth=cfg.depth, dtype=str(dt)[6:],
-            device=label, design=design, norm=norm, budget=budget, budget_rows=big_n, fill=fill, valid_rows=n,
-            copy_us=t_copy["p50_us"], copy_p90_us=t_copy["p90_us"], norm_us=t_norm["p50_us"],
-            norm_p90_us=t_norm["p90_us"], staging_us=t_all["p50_us"], staging_p90_us=t_all["p90_us"],
-            bytes=total, min_bytes=min_bytes, h2d_bytes=st.h2d_bytes, floor_us=floor_us(total, gbs),
-            ratio_to_floor=t_all["p50_us"] / floor_us(total, gbs), replay_us=replay[budget],
-            share_of_replay=t_all["p50_us"] / (t_all["p50_us"] + replay[budget]), max_err_ulp=err,
-            copy_gbs=gbs, launch_us=launch, matmul_tflops=tflops,
-            replay_floor_us=flop_floor_us(tower_flops(cfg, [big_n])["total"], tflops)))
-        del st, src_u8, src_f32
-        bar.update()
+        for fill in p["fills"]:
+            n = max(cfg.merge_unit, int(round(fill * budget)) * cfg.merge_unit)
+            # one source per (budget, fill), shared by every design; its float64 reference on the device
+            src_u8 = torch.randint(0, 256, (n, cfg.patch_dim), dtype=torch.uint8, generator=gen).to(dev)
+            ref = normalize_reference(src_u8, cfg)
+            src_f32, ref_bf16 = ref.float(), ref.to(torch.bfloat16)
+            del ref
+            for design, norm in cells:
+                st = build_staging(design, norm, cfg, src_u8, src_f32, big_n, dt)
+                with torch.inference_mode():
+                    y = st.result()
+                    err = int(bf16_ulps(y[:n].to(torch.bfloat16), ref_bf16).max())
+                    t_copy = time_us(st.copy, dev, reps=p["reps"])
+                    t_norm = time_us(st.norm, dev, reps=p["reps"])
+                    t_all = time_us(lambda: (st.copy(), st.norm()), dev, reps=p["reps"])
+                total = st.copy_bytes + st.norm_bytes
+                min_bytes = n * cfg.patch_dim * (1 + torch.empty((), dtype=dt).element_size())
+                rows.append(dict(
+                    study="cast_cost", preset=p["preset"], family=cfg.family, depth=cfg.depth, dtype=str(dt)[6:],
+                    device=label, design=design, norm=norm, budget=budget, budget_rows=big_n, fill=fill,
+                    valid_rows=n, copy_us=t_copy["p50_us"], copy_p90_us=t_copy["p90_us"], norm_us=t_norm["p50_us"],
+                    norm_p90_us=t_norm["p90_us"], staging_us=t_all["p50_us"], staging_p90_us=t_all["p90_us"],
+                    bytes=total, min_bytes=min_bytes, h2d_bytes=st.h2d_bytes, floor_us=floor_us(total, gbs),
+                    ratio_to_floor=t_all["p50_us"] / floor_us(total, gbs), replay_us=replay[budget],
+                    share_of_replay=t_all["p50_us"] / (t_all["p50_us"] + replay[budget]), max_err_ulp=err,
+                    copy_gbs=gbs, launch_us=launch, matmul_tflops=tflops,
+                    replay_floor_us=flop_floor_us(tower_flops(cfg, [big_n])["total"], tflops)))
+                del st, y
+                bar.update()
+            del src_u8, src_f32, ref_bf16
     bar.close()
     return tidy(pd.DataFrame(rows), METRICS)
 
@@ -233,10 +237,11 @@ def table_at(table: pd.DataFrame, fill: float = 0.75) -> pd.DataFrame:
     """One row per (device, budget, design, norm) at ``fill``: the closing table of the study."""
     w = wide(table)
     w = w[np.isclose(w.fill, fill)]
-    cols = ["device", "budget", "design", "norm", "staging_us", "staging_p90_us", "copy_us", "norm_us", "bytes",
+    cols = ["run", "reference", "device", "budget", "design", "norm", "staging_us", "staging_p90_us", "copy_us", "norm_us", "bytes",
             "floor_us", "ratio_to_floor", "share_of_replay", "replay_us", "max_err_ulp"]
     cols = [c for c in cols if c in w]
-    return w[cols].sort_values(["device", "budget", "staging_us"]).reset_index(drop=True)
+    return w[cols].sort_values([c for c in ("run", "device", "budget", "staging_us") if c in cols]).reset_index(
+        drop=True)
 
 
 def plot_staging(g: pd.DataFrame, fill: float = 0.75):
@@ -300,7 +305,8 @@ def key_numbers(table: pd.DataFrame, fill: float = 0.75) -> dict[str, pd.DataFra
     """Per device, the designs (rows, cheapest first at the largest budget) x budgets: staging
     p50 in us, its ratio to the byte floor, and the bytes moved (MiB), at ``fill``."""
     out = {}
-    for dev, g in table_at(table, fill).groupby("device"):
+    for run, g in groups_by_run(table_at(table, fill)):
+        dev = source_label(g, run)
         g = g.assign(cell=[cell_name(a, b) for a, b in zip(g.design, g.norm)])
         parts = {}
         for budget, b in g.groupby("budget"):
@@ -318,7 +324,8 @@ def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
     """The finding per device: the cheapest correct design per budget and what the others cost."""
     w = wide(table)
     parts = []
-    for dev, g in w.groupby("device"):
+    for run, g in groups_by_run(w):
+        dev = source_label(g, run)
         at = g[np.isclose(g.fill, fill)]
         if at.empty:
             at = g[g.fill == g.fill.max()]

@@ -37,7 +37,7 @@ from ..measure import (captured_memory, count_allocations, device_label, eager_p
 from ..norms import NORMS, make_norm
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure
+from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
 from .tables import tidy, wide
 
 BUFFERS = {"uint8": torch.uint8, "bfloat16": torch.bfloat16}
@@ -270,7 +270,8 @@ def plot_tower(g: pd.DataFrame):
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
     parts = []
-    for dev, g in w.groupby("device"):
+    for run, g in groups_by_run(w):
+        dev = source_label(g, run)
         n = g[g.scope == "norm"]
         biggest = n.budget.max()
         top = n[(n.budget == biggest) & (n.buffer_dtype == n.buffer_dtype.iloc[0])].set_index("norm")
@@ -314,7 +315,8 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     implementation and buffer dtype (rows) and budget (columns), with the fp32 temporaries."""
     out = {}
     w = wide(table)
-    for dev, g in w[w.scope == "norm"].groupby("device"):
+    for run, g in groups_by_run(w[w.scope == "norm"]):
+        dev = source_label(g, run)
         parts = {}
         for budget, b in g.groupby("budget"):
             b = b.set_index(["norm", "buffer_dtype"])

@@ -60,3 +60,13 @@ def plain_log_ticks(axis) -> None:
     axis.set_minor_locator(LogLocator(base=10, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
+def source_label(g: pd.DataFrame, run: str) -> str:
+    """'<device>' for a table without runs, else '<device> (run <name>[, reference])': how a
+    finding names the source of its numbers."""
+    dev = ", ".join(sorted(map(str, g["device"].unique())))
+    if "run" not in g:
+        return dev
+    ref = ", reference" if "reference" in g and bool(g["reference"].any()) else ""
+    return f"{dev} (run {run}{ref})"
