@@ -611,16 +611,6 @@ class PoolModel:
             prev.size += block.size
             seg.pop(i)
 
-    def capture_prologue(self) -> "PoolModel":
-        """What a capture allocates in its own pool before the first op: torch registers the
-        default CUDA generator with the graph, and when no other graph is registered with it, it
-        allocates the generator's seed and offset as two one-element int64 tensors (2 x 512 B
-        blocks: one 2 MiB small-pool segment). `captured_memory` collects garbage first, so no
-        stale graph is registered when it measures."""
-        for key, nbytes in ((-1, 8), (-2, 8)):
-            self.malloc(key, nbytes)
-        return self
-
     def run(self, trace) -> "PoolModel":
         for kind, key, nbytes in trace:
             if kind == "alloc":
@@ -630,33 +620,43 @@ class PoolModel:
         return self
 
 
-def pool_model(trace, captured: bool = True) -> dict:
-    """`PoolModel` over ``trace``: dict(pool_bytes reserved, peak_bytes allocated, end_bytes).
-
-    captured: the trace runs inside a graph capture, so the capture's own allocations
-    (`PoolModel.capture_prologue`) come first and count in the pool."""
-    m = PoolModel()
-    if captured:
-        m.capture_prologue()
-    m.run(trace)
+def pool_model(trace) -> dict:
+    """`PoolModel` over ``trace``: dict(pool_bytes reserved, peak_bytes allocated, end_bytes)."""
+    m = PoolModel().run(trace)
     return dict(pool_bytes=m.reserved, peak_bytes=m.peak_allocated, end_bytes=m.allocated)
 
 
+def _pool_segment_bytes(pool_id) -> int | None:
+    """Bytes of the allocator segments that belong to graph pool ``pool_id`` (None if this torch's
+    memory snapshot does not say which pool a segment belongs to)."""
+    segments = torch.cuda.memory_snapshot()
+    if segments and "segment_pool_id" not in segments[0]:
+        return None
+    return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id") or ()) == tuple(pool_id))
+
+
 def captured_memory(fn, device, warmup: int = 2) -> dict:
-    """What capturing ``fn`` into a fresh CUDA graph pool costs, measured with the allocator's
-    own counters: dict(pool_bytes = reserved bytes the capture added, peak_bytes = peak allocated
-    bytes during the capture above what was allocated before, end_bytes = still allocated after).
+    """What capturing ``fn`` into a fresh CUDA graph pool costs: dict(pool_bytes = bytes of the
+    segments of the graph's own pool, per the allocator's memory snapshot; reserved_bytes =
+    reserved bytes the capture added, the same figure from the global counter; peak_bytes = peak
+    allocated bytes during the capture above what was allocated before; end_bytes = still
+    allocated after).
 
     ``fn`` is warmed on the stream the capture then uses (Triton compiles; cuBLAS allocates one
     workspace per stream, 32 MiB on Hopper, which would otherwise land in the first pool captured
     on a new stream), then the cache is emptied so that only the capture's own segments are
-    counted. The graph is kept alive until the counters are read, then released."""
+    counted. A trivial graph is kept captured meanwhile: the first graph registered with the
+    CUDA generator allocates its RNG seed and offset (2 x 512 B, outside the graph's pool, in
+    whatever small segment has room), which is no part of what ``fn`` costs. The measured graph
+    is kept alive until the counters are read, then released."""
     _require_cuda("captured_memory")
     dev = torch.device(device)
     with torch.cuda.device(dev):
         stream = _warm_on_side_stream(fn, warmup)
-        # a graph still alive (say, held by a reference cycle) keeps the generator's capture state
-        # registered, and the next capture then skips the RNG prologue the model counts
+        tiny = torch.zeros(1, device=dev)
+        keeper = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(keeper, stream=stream):
+            tiny.add_(1)
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -666,10 +666,12 @@ def captured_memory(fn, device, warmup: int = 2) -> dict:
         with torch.cuda.graph(graph, stream=stream):
             result = fn()
         torch.cuda.synchronize()
-        out = dict(pool_bytes=torch.cuda.memory_reserved() - reserved0,
+        reserved = torch.cuda.memory_reserved() - reserved0
+        own = _pool_segment_bytes(graph.pool())
+        out = dict(pool_bytes=reserved if own is None else own, reserved_bytes=reserved,
                    peak_bytes=torch.cuda.max_memory_allocated() - allocated0,
                    end_bytes=torch.cuda.memory_allocated() - allocated0)
-        del result, graph
+        del result, graph, keeper
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return out

@@ -8,9 +8,8 @@ Three scopes per (norm implementation, budget, graph buffer dtype):
              from the implementation (`workbench.measure.norm_alloc_trace`) replayed through a
              model of torch's caching allocator (`PoolModel`), and the trace itself checked
              against one counted from a real call with a dispatch mode on the ``meta`` device, so a
-             16384-token budget is sized without memory. Every capture also holds a 2 MiB
-             small-pool segment for the graph's RNG seed/offset (`PoolModel.capture_prologue`):
-             the identity norm on a bf16 buffer, a no-op, measures exactly that.
+             16384-token budget is sized without memory. The measurement counts the segments
+             of the graph's own pool (see `workbench.measure.captured_memory`).
 - ``tower``  placement tower: the tower (``depth`` blocks) captured with the norm as its first op,
              minus the same tower with the norm removed (it then only casts its input): what the
              norm adds to the pool once the tower's own allocations can reuse the freed
@@ -77,7 +76,7 @@ def _renumber(trace):
 def _model_row(norm, cfg, rows, in_dtype, out: bool) -> dict:
     trace = norm_alloc_trace(norm, rows, cfg.patch_dim, in_dtype, OUT_DTYPE, n_valid=not out, out=out)
     counted = _counted_trace(norm, cfg, rows, in_dtype, out)
-    pool = pool_model(trace, captured=not out)   # the runner's norm runs outside any capture
+    pool = pool_model(trace)
     peak = trace_peak_bytes(trace)
     return dict(model_bytes=0 if out else pool["pool_bytes"], model_peak_bytes=pool["peak_bytes"],
                 temp_bytes=peak["temp_peak_bytes"],
