@@ -2,7 +2,6 @@
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from workbench.studies import load_table, wide

@@ -25,7 +25,7 @@ from workbench import report as rep
 from workbench import studies
 
 REPO = Path(__file__).resolve().parent.parent
-REFERENCE_RUN = REPO / "results" / "reference" / "h200-correctness-20261130"
+REFERENCE_RUN = REPO / "results" / "reference" / "20261130T074611Z-2fedbe0-h200"   # H200: correctness and more
 CLI_TIMEOUT_S = 300
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -163,19 +163,21 @@ def test_new_run_dir_names_and_refuses_a_non_empty_folder(tmp_path, monkeypatch)
         prov.new_run_dir(tmp_path / "res", name="///")
 
 
-def test_write_table_round_trips_through_parquet(tmp_path):
+def test_write_study_table_round_trips_through_parquet_in_schema_order(tmp_path):
     df = pd.DataFrame({
+        "metric": ["rel_err", "rel_err", "ok"],
         "family": ["qwen2-vl", "qwen2.5-vl", "qwen2-vl"],
         "n": [1, 2, 3],
-        "rel_err": [1e-7, float("nan"), 0.98],
-        "ok": [True, False, False],
+        "device": ["cpu: x"] * 3,
+        "value": [1e-7, float("nan"), 0.0],
+        "unit": ["relative", "relative", "bool"],
     }, index=[10, 20, 30])
-    path = prov.write_table(df, tmp_path / "sub" / "t.parquet")
+    path = studies.write_study_table(df, tmp_path / "sub" / "t.parquet")
     assert path == tmp_path / "sub" / "t.parquet"
     back = pd.read_parquet(path)
-    assert list(back.columns) == list(df.columns)          # the index is not stored
-    pd.testing.assert_frame_equal(back, df.reset_index(drop=True), check_dtype=False)
-    assert back["ok"].dtype == bool and back["n"].dtype.kind == "i"
+    assert list(back.columns) == ["family", "n", "device", "metric", "value", "unit"]   # no index stored
+    pd.testing.assert_frame_equal(back, studies.check_table(df), check_dtype=False)
+    assert back["n"].dtype.kind == "i" and back["value"].dtype == float
     assert sorted(p.name for p in path.parent.iterdir()) == ["t.parquet"]
 
 
@@ -241,17 +243,21 @@ def _make_run(root: Path, table: pd.DataFrame, name: str = "cpu") -> Path:
     meta = prov.collect_meta({"studies": {"correctness": {"families": ["tiny-qwen2-vl"]}}})
     run_dir = prov.new_run_dir(root, name=name)
     prov.write_meta(run_dir, meta)
-    prov.write_table(table, run_dir / "correctness.parquet")
+    studies.write_study_table(table, run_dir / "correctness.parquet")
     prov.write_meta(run_dir, prov.finish_meta(meta))
     return run_dir
 
 
 @pytest.fixture(scope="module")
 def results_with_runs(tmp_path_factory, cpu_table):
-    """<tmp>/<local cpu run>/ and <tmp>/reference/h200-correctness-20261130/ (a copy)."""
+    """<tmp>/<local cpu run>/ and <tmp>/reference/<the H200 reference run>/ (its meta.json and
+    correctness table only, so the correctness section is what these tests read)."""
     root = tmp_path_factory.mktemp("results")
     local = _make_run(root, cpu_table)
-    shutil.copytree(REFERENCE_RUN, root / "reference" / REFERENCE_RUN.name)
+    ref = root / "reference" / REFERENCE_RUN.name
+    ref.mkdir(parents=True)
+    for name in ("meta.json", "correctness.parquet"):
+        shutil.copy(REFERENCE_RUN / name, ref / name)
     return root, local
 
 

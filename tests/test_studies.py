@@ -288,3 +288,17 @@ def test_tower_flop_model_equals_torch_flop_counter(preset):
     assert model["total"] == fc.get_total_flops()
     assert model["matmul"] == counts["aten.mm"] + counts["aten.addmm"]
     assert model["attention_full"] + model["attention_window"] == counts["aten.bmm"]
+
+
+def test_every_committed_reference_table_holds_to_the_schema():
+    """The GPU reference runs the report shows on a CPU machine are in the one table format, with a
+    device name in every row and a study that is registered."""
+    from pathlib import Path
+    from workbench.studies import load_table
+    ref = Path(__file__).resolve().parents[1] / "results" / "reference"
+    tables = sorted(ref.glob("*/*.parquet"))
+    assert tables, "no committed reference table"
+    for path in tables:
+        t = load_table(path)
+        assert path.stem in discover(), path
+        assert t.device.str.contains("H200").all(), path

@@ -16,7 +16,6 @@ resolved values are what meta.json records and what the notebooks receive.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 from pathlib import Path

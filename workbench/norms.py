@@ -42,7 +42,6 @@ Without the interpreter the Triton norms need CUDA tensors.
 """
 from __future__ import annotations
 
-import math
 import os
 
 import torch

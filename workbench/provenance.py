@@ -5,7 +5,8 @@ Every run folder under ``results/`` holds a ``meta.json`` made here:
     meta = collect_meta(params)          # at the start of a run
     run_dir = new_run_dir("results", name="smoke")
     write_meta(run_dir, meta)            # unfinished: may be rewritten
-    ...                                  # the run writes its <study>.parquet tables (write_table)
+    ...                                  # the run writes its <study>.parquet tables
+                                         # (workbench.studies.tables.write_study_table)
     write_meta(run_dir, finish_meta(meta))   # finished: protected from being overwritten
 
 Everything here is robust to a missing git, a tree that is not a repository, a missing package,
@@ -16,7 +17,6 @@ a reader never sees half a table or half a meta.json.
 from __future__ import annotations
 
 import datetime as _dt
-import io
 import json
 import os
 import platform
@@ -372,11 +372,3 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
 
 def atomic_write_text(path: Path | str, text: str, encoding: str = "utf-8") -> Path:
     return atomic_write_bytes(path, text.encode(encoding))
-
-
-def write_table(df: Any, path: Path | str) -> Path:
-    """Write a pandas DataFrame as parquet (pyarrow), atomically. The index is not stored:
-    tables are tidy, long-format, and carry their keys as columns."""
-    buf = io.BytesIO()
-    df.to_parquet(buf, engine="pyarrow", index=False)
-    return atomic_write_bytes(path, buf.getvalue())

@@ -161,7 +161,6 @@ def _tower_replay_us(cfg, dtype, dev, budget, reps, seed) -> float:
     x = torch.randint(0, 256, (rows, cfg.patch_dim), device=dev).to(dtype)
     with torch.inference_mode():
         t = time_us(lambda: enc.visual.forward_prepared(x, meta), dev, reps=max(3, reps // 3))
-    del enc
     return t["p50_us"]
 
 
@@ -207,7 +206,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     err = int(bf16_ulps(y[:n].to(torch.bfloat16), ref_bf16).max())
                     t_copy = time_us(st.copy, dev, reps=p["reps"])
                     t_norm = time_us(st.norm, dev, reps=p["reps"])
-                    t_all = time_us(lambda: (st.copy(), st.norm()), dev, reps=p["reps"])
+                    t_all = time_us(lambda st=st: (st.copy(), st.norm()), dev, reps=p["reps"])
                 total = st.copy_bytes + st.norm_bytes
                 min_bytes = n * cfg.patch_dim * (1 + torch.empty((), dtype=dt).element_size())
                 rows.append(dict(
@@ -253,9 +252,12 @@ def plot_staging(g: pd.DataFrame, fill: float = 0.75):
     w = w[np.isclose(w.fill, fill)]
     budgets = sorted(w.budget.unique())
     n_cells = w.groupby("budget").size().max()
-    fig, axes = plt.subplots(1, len(budgets), figsize=(5.6 * len(budgets), 1.4 + 0.38 * n_cells), squeeze=False,
-                             sharey=False)
-    for ax, budget in zip(axes[0], budgets):
+    ncols = min(2, len(budgets))
+    nrows = -(-len(budgets) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7.2 * ncols, (1.6 + 0.36 * n_cells) * nrows), squeeze=False)
+    for ax in axes.flat[len(budgets):]:
+        ax.set_visible(False)
+    for ax, budget in zip(axes.flat, budgets):
         d = w[w.budget == budget].sort_values("staging_us")
         names = [cell_name(a, b) for a, b in zip(d.design, d.norm)]
         y = np.arange(len(d))
@@ -274,8 +276,8 @@ def plot_staging(g: pd.DataFrame, fill: float = 0.75):
         ax.set_title(f"budget {budget} tokens ({budget * 4} rows), {fill:.0%} valid\n"
                      f"tower replay {fmt_us(tower)}", fontsize=9)
         ax.set_xlim(right=ax.get_xlim()[1] * 6)
-    axes[0][0].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Cast cost: staging the graph input ({run_label(g)})", fontsize=10)
+    axes.flat[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Cast cost: staging the graph input ({run_label(g)})", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -288,16 +290,22 @@ def plot_fill(g: pd.DataFrame, budget: int | None = None):
     w = wide(g)
     budget = budget or int(w.budget.max())
     d = w[w.budget == budget]
-    fig, ax = plt.subplots(figsize=(8, 4.6))
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    styles = {"eager": ("-", "o"), "triton_channel": (":", "s"), "triton_flat": ("-.", "^"),
+              "triton_rows": ("--", "D"), LEGACY_NORM: ("-", "x")}
+    colors = {design: f"C{i}" for i, design in enumerate(DESIGNS)}
     for (design, norm), c in d.groupby(["design", "norm"], sort=False):
         c = c.sort_values("fill")
-        ax.plot(c.fill * 100, c.staging_us, marker="o", label=cell_name(design, norm))
+        ls, marker = styles.get(norm, ("-", "o"))
+        ax.plot(c.fill * 100, c.staging_us, ls=ls, marker=marker, color=colors.get(design, "k"), ms=4,
+                label=cell_name(design, norm))
     ax.set_yscale("log")
     plain_log_ticks(ax.yaxis)
     ax.set_xlabel("valid rows (% of the budget)")
     ax.set_ylabel("input staging per replay (us, log)")
     ax.set_title(f"Staging vs fill, budget {budget} tokens ({run_label(g)})", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="colour: design, line: norm",
+              title_fontsize=7)
     return fig
 
 
@@ -361,7 +369,7 @@ def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
         if "replay_floor_us" in g:
             r = top.sort_values("staging_us").iloc[0]
             text += (f" The tower replay itself ({fmt_us(r.replay_us)} at {int(r.budget)} tokens) runs at "
-                     f"{r.replay_us / r.replay_floor_us:.1f}x its FLOP floor ({g.matmul_tflops.iloc[0]:.0f} "
+                     f"{r.replay_us / r.replay_floor_us:.1f}x its FLOP floor ({g.matmul_tflops.iloc[0]:.3g} "
                      "TFLOP/s measured), so the input's share would grow by that factor in a tower at its floor.")
         if "launch_us" in g:
             text += (f" One tiny kernel replayed alone takes {fmt_us(g.launch_us.iloc[0])} here: the smallest "

@@ -9,7 +9,6 @@ cells should fail. `ok` is rel_err below a per-dtype tolerance (TOLERANCE, justi
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import numpy as np

@@ -116,7 +116,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     for budget in p["budgets"]:
         n_rows = budget * cfg.merge_unit
         geo = dict(budget=budget, budget_rows=n_rows)
-        baseline, encoders, meta = {}, {}, None
+        baseline, meta = {}, None
         if cuda:
             grid = torch.tensor([[1, cfg.merge_size, n_rows // cfg.merge_size]])
             window_rows = min(n_rows, cfg.window_merged ** 2 * cfg.merge_unit)
