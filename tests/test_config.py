@@ -68,3 +68,51 @@ def test_normalization_constants():
     for c in range(3):
         assert cfg.norm_scale[c] == pytest.approx(1 / 255 / cfg.image_std[c])
         assert cfg.norm_shift[c] == pytest.approx(-cfg.image_mean[c] / cfg.image_std[c])
+
+
+# Values that pass the old checks but make `encode` return non-finite embeddings without a word:
+# each must be rejected with the bad value and what was expected.
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(eps=-1), r"eps=-1 must be a finite number > 0"),
+    (dict(eps=0), r"eps=0 must be a finite number > 0"),
+    (dict(eps=_NAN), r"eps=nan must be a finite number > 0"),
+    (dict(eps=_INF), r"eps=inf must be a finite number > 0"),
+    (dict(eps="1e-6"), r"eps='1e-6' must be a finite number > 0"),
+    (dict(rope_theta=0), r"rope_theta=0 must be a finite number > 0"),
+    (dict(rope_theta=-10000.0), r"rope_theta=-10000\.0 must be a finite number > 0"),
+    (dict(rope_theta=_INF), r"rope_theta=inf must be a finite number > 0"),
+    (dict(rescale_factor=_NAN), r"rescale_factor=nan must be a finite number > 0"),
+    (dict(rescale_factor=_INF), r"rescale_factor=inf must be a finite number > 0"),
+    (dict(rescale_factor=0), r"rescale_factor=0 must be a finite number > 0"),
+    (dict(rescale_factor=-1 / 255), r"rescale_factor=-0\.0039\d* must be a finite number > 0"),
+    (dict(image_std=(0.5, _NAN, 0.5)), r"image_std=\(0\.5, nan, 0\.5\).*finite numbers > 0.*\[1\]"),
+    (dict(image_std=(0.5, 0.5, _INF)), r"image_std=.*inf.*finite numbers > 0.*\[2\]"),
+    (dict(image_std=(0.0, 0.5, 0.5)), r"image_std=\(0\.0, 0\.5, 0\.5\).*finite numbers > 0.*\[0\]"),
+    (dict(image_std=(0.5, -0.5, 0.5)), r"image_std=.*-0\.5.*finite numbers > 0.*\[1\]"),
+    (dict(image_mean=(_NAN, 0.5, 0.5)), r"image_mean=\(nan, 0\.5, 0\.5\).*finite numbers.*\[0\]"),
+    (dict(image_mean=(0.5, -_INF, 0.5)), r"image_mean=.*-inf.*finite numbers.*\[1\]"),
+    (dict(image_mean=(0.5, 0.5)), r"image_mean/image_std need 3 values \(in_channels\), got 2/3"),
+    (dict(image_std=(0.5,) * 4), r"image_mean/image_std need 3 values \(in_channels\), got 3/4"),
+    (dict(image_mean=0.5), r"image_mean=0\.5 must be a tuple of 3 numbers"),
+])
+def test_non_finite_or_non_positive_numbers_are_rejected(change, match):
+    for preset in ("tiny-qwen2-vl", "tiny-qwen2.5-vl"):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(PRESETS[preset], **change)  # replace re-runs __post_init__
+    with pytest.raises(ValueError, match=match):
+        wb.VisionConfig("direct", family="qwen2-vl", **change)
+
+
+def test_all_number_problems_are_reported_together():
+    with pytest.raises(ValueError) as e:
+        dataclasses.replace(PRESETS["tiny-qwen2-vl"], eps=-1, rope_theta=0, rescale_factor=_NAN)
+    assert all(s in str(e.value) for s in ("eps=-1", "rope_theta=0", "rescale_factor=nan"))
+
+
+def test_valid_number_edge_cases_are_accepted():
+    cfg = dataclasses.replace(PRESETS["tiny-qwen2-vl"], eps=1, rope_theta=100, rescale_factor=1,
+                              image_mean=(0, -1.5, 2), image_std=(1, 2, 3))
+    assert cfg.eps == 1 and cfg.norm_shift == (0.0, 0.75, -2 / 3)

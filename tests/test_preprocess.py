@@ -435,3 +435,93 @@ def test_samples_are_real_rgb_photos_and_deterministic():
     assert v.shape == (5, 64, 96, 3) and v.dtype == np.uint8
     assert np.array_equal(v[1][:, :-4], v[0][:, 4:])  # a pan: each frame is the last one shifted
     assert math.prod(sample_video(2, size=(700, 900)).shape) == 2 * 700 * 900 * 3
+
+
+# ---------------------------------------------------------------------------------------------
+# traps: a preset name for cfg; grey videos as [T, H, W]; the channels-first hint
+# ---------------------------------------------------------------------------------------------
+def test_cfg_may_be_a_preset_name():
+    img = PHOTOS["chelsea"]
+    by_name = preprocess(img, "tiny-qwen2-vl")
+    assert torch.equal(by_name.pixels, preprocess(img, CFG).pixels)
+    with pytest.raises(ValueError, match=r"unknown preset 'tiny'; valid presets: qwen2-vl-2b"):
+        preprocess(img, "tiny")
+    with pytest.raises(TypeError, match=r"cfg must be a VisionConfig or a preset name .*got dict"):
+        preprocess(img, {"in_channels": 3})
+
+
+def _grey_video(t=4, h=60, w=80):
+    return np.random.default_rng(t * h * w).integers(0, 256, (t, h, w), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_grey_video_array_t_h_w_in_video_is_grey_frames(as_tensor):
+    grey = _grey_video()
+    rgb = np.repeat(grey[..., None], 3, -1)
+    ref = preprocess([Video(rgb)], CFG)
+    got = preprocess([Video(torch.from_numpy(grey) if as_tensor else grey)], CFG)
+    assert got.grid_thw.tolist() == [[2, 4, 6]] == ref.grid_thw.tolist()
+    assert torch.equal(got.pixels, ref.pixels)
+    # same as the frame-list and the [T, H, W, 1] spellings
+    assert torch.equal(preprocess(Video(list(grey)), CFG).pixels, ref.pixels)
+    assert torch.equal(preprocess(Video(grey[..., None]), CFG).pixels, ref.pixels)
+
+
+def test_grey_video_array_passed_as_an_image_gets_advice_that_works():
+    grey = _grey_video()
+    with pytest.raises(ValueError) as e:
+        preprocess([grey], CFG)
+    msg = str(e.value)
+    # the advice names the grey-video reading (it must not only suggest a transpose to RGBA)
+    assert "Video(x)" in msg and "[T, H, W]" in msg, msg
+    # ...and the transpose is offered as channels-first RGBA, with what that does to alpha
+    assert "transpose(1, 2, 0)" in msg and "RGBA" in msg and "white" in msg, msg
+    # following the grey-video advice gives the grey video
+    ref = preprocess([Video(np.repeat(grey[..., None], 3, -1))], CFG)
+    assert torch.equal(preprocess([Video(grey)], CFG).pixels, ref.pixels)
+
+
+@pytest.mark.parametrize("shape", [(2, 30, 40), (6, 30, 40), (5, 30, 40)])
+def test_3d_array_without_a_channel_first_axis_gets_no_transpose_hint(shape):
+    with pytest.raises(ValueError) as e:
+        preprocess(np.zeros(shape, np.uint8), CFG)
+    assert "transpose" not in str(e.value) and "Video(x)" in str(e.value)
+
+
+def test_channels_first_hint_when_followed_gives_the_image():
+    rgb = np.asarray(PHOTOS["chelsea"])[:60, :80]
+    chw = np.ascontiguousarray(rgb.transpose(2, 0, 1))
+    with pytest.raises(ValueError, match=r"channels-first.*x\.transpose\(1, 2, 0\)"):
+        preprocess(chw, CFG)
+    assert torch.equal(preprocess(chw.transpose(1, 2, 0), CFG).pixels, preprocess(rgb, CFG).pixels)
+    # a one-channel CHW image: the transpose gives the grey image
+    g = rgb[..., 0]
+    with pytest.raises(ValueError, match=r"channels-first.*transpose"):
+        preprocess(g[None], CFG)
+    assert torch.equal(preprocess(g[None].transpose(1, 2, 0), CFG).pixels, preprocess(g, CFG).pixels)
+
+
+def test_channels_first_video_array_gets_the_video_transpose():
+    v = sample_video(4, size=(56, 84))
+    tchw = np.ascontiguousarray(v.transpose(0, 3, 1, 2))
+    with pytest.raises(ValueError, match=r"channels-first.*x\.transpose\(0, 2, 3, 1\)"):
+        preprocess(tchw, CFG)
+    assert torch.equal(preprocess(tchw.transpose(0, 2, 3, 1), CFG).pixels, preprocess(v, CFG).pixels)
+
+
+def test_ambiguous_3d_array_in_video_gets_advice_that_works():
+    # [30, 40, 3] in a Video reads as one RGB image; the advice for 30 grey frames is x[..., None]
+    x = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"one \[H, W, C\] image.*Video\(x\[\.\.\., None\]\)"):
+        Video(x)
+    followed = preprocess(Video(x[..., None]), CFG)
+    assert followed.grid_thw[0, 0] == 15
+    assert torch.equal(followed.pixels, preprocess(Video(np.repeat(x[..., None], 3, -1)), CFG).pixels)
+
+
+def test_rgba_array_is_composited_on_white_like_pil_rgba():
+    rgba = np.random.default_rng(1).integers(0, 256, (60, 80, 4), dtype=np.uint8)
+    ours = preprocess(rgba, CFG).pixels
+    assert torch.equal(ours, preprocess(Image.fromarray(rgba, "RGBA"), CFG).pixels)
+    # a still image is two identical temporal copies: the same rows as a 2-frame video of it
+    assert torch.equal(preprocess(Video(np.stack([rgba, rgba])), CFG).pixels, ours)

@@ -145,7 +145,7 @@ def test_write_meta_serializes_paths_dtypes_and_numpy_scalars(tmp_path):
     assert back["t"] == [1, 2]
 
 
-def test_new_run_dir_names_and_refuses_a_non_empty_folder(tmp_path, monkeypatch):
+def test_new_run_dir_names_and_never_reuses_a_folder(tmp_path, monkeypatch):
     fixed = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
     monkeypatch.setattr(prov, "utc_now", lambda: fixed)
     short = prov.git_info()["short"]
@@ -153,14 +153,56 @@ def test_new_run_dir_names_and_refuses_a_non_empty_folder(tmp_path, monkeypatch)
     d = prov.new_run_dir(tmp_path / "res", name="my run/1")
     assert d.parent == tmp_path / "res" and d.is_dir() and not any(d.iterdir())
     assert d.name == f"20300102T030405Z-{short}-my-run-1"
-
-    assert prov.new_run_dir(tmp_path / "res", name="my run/1") == d   # empty: reused
     (d / "meta.json").write_text("{}")
-    with pytest.raises(FileExistsError, match="not empty"):
-        prov.new_run_dir(tmp_path / "res", name="my run/1")
+    # the same second and name again: a new folder, the first one untouched
+    again = prov.new_run_dir(tmp_path / "res", name="my run/1")
+    assert again.name == f"20300102T030405Z-{short}-my-run-1-2" and not any(again.iterdir())
     assert (d / "meta.json").read_text() == "{}"
     with pytest.raises(ValueError):
         prov.new_run_dir(tmp_path / "res", name="///")
+
+
+def test_concurrent_new_run_dirs_of_the_same_name_are_all_distinct(tmp_path, monkeypatch):
+    """Eight processes ask for the same name in the same second: eight folders."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    with ctx.Pool(8) as pool:
+        names = pool.starmap(_new_run_dir_at_fixed_time, [(str(tmp_path),)] * 8)
+    assert len(set(names)) == 8 and sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+
+
+def _new_run_dir_at_fixed_time(root):
+    prov.utc_now = lambda: dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    return prov.new_run_dir(root, name="same").name
+
+
+def test_a_finished_table_is_never_overwritten(tmp_path):
+    path = studies.write_study_table(_demo_table(), tmp_path / "t.parquet")
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        studies.write_study_table(_demo_table(5.0), path)
+    pd.testing.assert_frame_equal(pd.read_parquet(path), _demo_table())
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]      # no temporary file left
+
+
+def test_run_lock_is_exclusive_and_released_when_its_holder_dies(tmp_path):
+    import subprocess
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from workbench.provenance import RunLock
+lock = RunLock({str(run)!r}); assert lock.acquire(); print('held', flush=True); time.sleep(60)"""],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert prov.run_in_use(run)
+        with pytest.raises(RuntimeError, match="in use by another process"):
+            with prov.RunLock(run):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not prov.run_in_use(run)            # SIGKILL released it
 
 
 def test_write_study_table_round_trips_through_parquet_in_schema_order(tmp_path):
@@ -369,11 +411,15 @@ def test_report_survives_a_corrupt_meta_json(tmp_path, cpu_table):
     listy = tmp_path / "20300101T000001Z-deadbee-list"
     listy.mkdir()
     (listy / "meta.json").write_text("[1, 2]", encoding="utf-8")
-    (tmp_path / "not-a-run").mkdir()                      # no meta.json: not a run folder
+    (tmp_path / "not-a-run").mkdir()                      # no meta.json and no table: not a run folder
+    tables_only = tmp_path / "papermill-by-hand"            # tables but no meta.json: listed, not used
+    tables_only.mkdir()
+    shutil.copy(good / "correctness.parquet", tables_only / "correctness.parquet")
 
     result = rep.build_report(tmp_path, studies={})
     by_name = {r.name: r for r in result.runs}
-    assert set(by_name) == {good.name, bad.name, listy.name}
+    assert set(by_name) == {good.name, bad.name, listy.name, tables_only.name}
+    assert "no meta.json" in by_name[tables_only.name].error and by_name[tables_only.name].tables == {}
     assert by_name[bad.name].meta is None and "unreadable meta.json" in by_name[bad.name].error
     assert by_name[listy.name].meta is None and "does not hold an object" in by_name[listy.name].error
     assert by_name[good.name].error is None
@@ -383,6 +429,7 @@ def test_report_survives_a_corrupt_meta_json(tmp_path, cpu_table):
         row = _row_of(page, r.name)
         assert "unreadable meta.json" in row and "unknown device" in row
     assert "unreadable" not in _row_of(page, good.name)
+    assert f"<li>{tables_only.name}: no meta.json" in page      # listed with the reason, visibly
 
 
 def _boom(table, out_dir):

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .provenance import REPO_ROOT, collect_meta, finish_meta, new_run_dir, write_meta
+from .provenance import REPO_ROOT, RunLock, collect_meta, finish_meta, new_run_dir, write_meta
 from .report import NO_STUDY_MESSAGE, build_report
 from .studies.tables import write_study_table
 
@@ -94,25 +94,45 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
 
 
 def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
-    """Run the selected studies into a new run folder; returns (run folder, failures)."""
+    """Run the selected studies into a new run folder, or finish an interrupted one
+    (``--resume``); returns (run folder, failures)."""
     from .studies import default_profile, discover
 
     studies = discover()
     if not studies:
         print(NO_STUDY_MESSAGE)
         return None, []
+    if getattr(args, "resume", None):
+        return resume_sweep(args, studies)
     selected = _select(studies, args.studies)
     profile = default_profile() if args.profile == "auto" else args.profile
     device = DEVICE_OF_PROFILE[profile]
     sets = _parse_sets(args.set or [])
     plan = _resolve_plan(sets, studies, selected, profile)
     run_dir = new_run_dir(args.results, name=args.name or profile)
-    meta = collect_meta({"profile": profile, "device": device,
-                         "mode": "direct" if args.direct else "papermill", "studies": plan})
-    write_meta(run_dir, meta)
-    print(f"sweep: profile {profile}, {len(selected)} stud{'y' if len(selected) == 1 else 'ies'} "
-          f"-> {run_dir}")
+    lock = RunLock(run_dir)
+    lock.acquire()                 # a folder this process just made: nobody else can hold it
+    failures: list[str] = []
+    try:
+        meta = collect_meta({"profile": profile, "device": device,
+                             "mode": "direct" if args.direct else "papermill", "studies": plan})
+        write_meta(run_dir, meta)
+        print(f"sweep: profile {profile}, {len(selected)} stud{'y' if len(selected) == 1 else 'ies'} "
+              f"-> {run_dir}")
+        failures, warnings = _execute(selected, plan, device, run_dir, args.direct, args.kernel)
+        meta["failures"] = failures
+        meta["warnings"] = warnings
+        write_meta(run_dir, finish_meta(meta))
+    finally:
+        # a complete run keeps no lock file; one with failures keeps it for --resume to take
+        lock.release(remove=not failures and bool(meta.get("finished_at")))
+    print(f"sweep: done in {meta['duration_s']:.1f} s, {len(failures)} failure(s): {run_dir}")
+    return run_dir, failures
 
+
+def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool,
+             kernel: str) -> tuple[list[str], list[str]]:
+    """Run each study of ``selected`` into ``run_dir``; returns (failures, warnings)."""
     from tqdm.auto import tqdm
 
     failures: list[str] = []
@@ -121,10 +141,10 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
         params = plan[study.name]
         table = run_dir / f"{study.name}.parquet"
         try:
-            if args.direct:
+            if direct:
                 write_study_table(study.run(device=device, progress=False, **params), table)
             else:
-                _run_notebook(study, params, device, run_dir, args.kernel)
+                _run_notebook(study, params, device, run_dir, kernel)
             if not table.is_file():
                 raise RuntimeError(f"the study wrote no {table.name}")
         except Exception as e:  # noqa: BLE001 - record it, go on with the other studies
@@ -135,11 +155,85 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
         if warning:
             warnings.append(warning)
             print(f"sweep: {warning}", file=sys.stderr)
-    meta["failures"] = failures
-    meta["warnings"] = warnings
-    write_meta(run_dir, finish_meta(meta))
-    print(f"sweep: done in {meta['duration_s']:.1f} s, {len(failures)} failure(s): {run_dir}")
+    return failures, warnings
+
+
+def _find_run(results: Path, name: str) -> Path:
+    path = Path(name)
+    for candidate in (path, Path(results) / name):
+        if (candidate / "meta.json").is_file():
+            return candidate
+    raise SystemExit(f"--resume {name!r}: no run folder with a meta.json there or under {results}/")
+
+
+def resume_sweep(args: argparse.Namespace, studies: dict) -> tuple[Path | None, list[str]]:
+    """Finish the run folder ``args.resume``: run only the studies its meta.json planned that have
+    no table yet, with the parameters it recorded; finished tables are never touched. The run's
+    meta.json then lists what was resumed, when, and with which code."""
+    from .provenance import git_info, read_meta, utc_now
+    from .studies import ParamError
+
+    run_dir = _find_run(args.results, args.resume)
+    lock = RunLock(run_dir)
+    if not lock.acquire():
+        raise SystemExit(f"--resume: {run_dir} is in use by another process ({lock.holder()}); wait for it")
+    meta: dict = {}
+    failures: list[str] = []
+    try:
+        meta = read_meta(run_dir)
+        params = meta.get("params") or {}
+        plan, device = params.get("studies") or {}, params.get("device") or "cpu"
+        unknown = sorted(set(plan) - set(studies))
+        if unknown:
+            raise SystemExit(f"--resume: {run_dir.name} planned studies {unknown} that are not registered now")
+        missing = [n for n in plan if not (run_dir / f"{n}.parquet").is_file()]
+        if not missing:
+            print(f"sweep: {run_dir} has every planned table; nothing to resume")
+            return run_dir, failures
+        try:   # the recorded values must still be valid for today's declarations
+            plan = {n: studies[n].resolve(params.get("profile", "cpu"), plan[n]) for n in plan}
+        except ParamError as e:
+            raise SystemExit(f"--resume: {e}") from None
+        now = git_info()
+        entry = {"at": utc_now().isoformat(timespec="seconds").replace("+00:00", "Z"), "studies": missing,
+                 "git": now.get("short"), "dirty": now.get("dirty")}
+        if now.get("sha") != (meta.get("git") or {}).get("sha"):
+            entry["note"] = f"resumed with other code than the run started with ({(meta.get('git') or {}).get('short')})"
+            print(f"sweep: warning: {entry['note']}", file=sys.stderr)
+        print(f"sweep: resuming {run_dir}: {', '.join(missing)} (finished: "
+              f"{', '.join(n for n in plan if n not in missing) or 'none'})")
+        direct = params.get("mode") == "direct"
+        # a killed notebook run can leave a partial executed notebook: it is rewritten
+        failures, warnings = _execute([studies[n] for n in missing], plan, device, run_dir, direct, args.kernel)
+        meta.setdefault("resumed", []).append(entry)
+        meta["failures"] = failures
+        meta["warnings"] = (meta.get("warnings") or []) + warnings
+        write_meta(run_dir, finish_meta(meta), overwrite=True)
+    finally:
+        lock.release(remove=not failures and bool(meta.get("finished_at")))
+    print(f"sweep: resumed {len(missing)} stud{'y' if len(missing) == 1 else 'ies'}, {len(failures)} "
+          f"failure(s): {run_dir}")
     return run_dir, failures
+
+
+def interrupted_run(results: Path, name: str) -> Path | None:
+    """The newest run folder under ``results`` named ``*-<sha>-<name>`` for this code (same commit,
+    clean tree) that never finished and that no process is working in: what ``make report``
+    resumes instead of starting over."""
+    from .provenance import git_info, read_meta, run_in_use
+
+    g = git_info()
+    if not g.get("sha") or g.get("dirty"):
+        return None
+    candidates = sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True)
+    for run in candidates:
+        try:
+            meta = read_meta(run)
+        except (OSError, ValueError):
+            continue
+        if not meta.get("finished_at") and (meta.get("git") or {}).get("sha") == g["sha"] and not run_in_use(run):
+            return run
+    return None
 
 
 def _save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
@@ -231,6 +325,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     failures: list[str] = []
     if not args.no_sweep:
+        profile = args.profile
+        if profile == "auto":
+            from .studies import default_profile
+            profile = default_profile()
+        if not args.resume and not args.studies and not args.set:
+            interrupted = interrupted_run(args.results, args.name or profile)
+            if interrupted is not None:
+                print(f"report: resuming the interrupted run {interrupted.name}")
+                args.resume = str(interrupted)
         _, failures = run_sweep(args)
     result = build_report(args.results, args.out)
     if result.no_study and args.no_sweep:
@@ -258,6 +361,9 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                         "their notebooks with papermill")
     g.add_argument("--kernel", default="python3",
                    help="Jupyter kernel for papermill (default: %(default)s, this interpreter)")
+    g.add_argument("--resume", metavar="RUN",
+                   help="finish an interrupted run folder (a path, or a folder name under --results): only "
+                        "the studies without a table run, with the parameters its meta.json recorded")
 
 
 def _params_epilog() -> str:

@@ -6,6 +6,8 @@ A preset is data, not code (gpt-fast style): `VisionConfig.preset(name)` looks i
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 
 FAMILIES = ("qwen2-vl", "qwen2.5-vl")
@@ -13,6 +15,12 @@ FAMILIES = ("qwen2-vl", "qwen2.5-vl")
 # CLIP statistics used by the Qwen2-VL processor (rescale 1/255 first, then (x - mean) / std).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def _finite(v) -> bool:
+    """A real, finite number (bool excluded: True is no epsilon). NaN and inf pass every `<=`
+    comparison silently, so finiteness is checked explicitly."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True)
@@ -61,11 +69,30 @@ class VisionConfig:
         elif (self.width // self.heads) % 4:
             problems.append(f"head_dim={self.width // self.heads} must be divisible by 4 "
                             "(2-D rotary: half the head for h, half for w, in cos/sin pairs)")
-        if len(self.image_mean) != self.in_channels or len(self.image_std) != self.in_channels:
+        # Float settings: a zero, negative, NaN or inf value here fails nowhere later; it turns the
+        # embeddings non-finite without a word (rsqrt(var + eps) with eps <= 0, the rotary
+        # 1 / theta**(k / half) with theta 0, a NaN or inf scale on every pixel).
+        for name in ("eps", "rope_theta", "rescale_factor"):
+            value = getattr(self, name)
+            if not (_finite(value) and value > 0):
+                problems.append(f"{name}={value!r} must be a finite number > 0")
+        stats_ok = True
+        for name in ("image_mean", "image_std"):
+            value = getattr(self, name)
+            if not isinstance(value, (tuple, list)):
+                problems.append(f"{name}={value!r} must be a tuple of {self.in_channels} numbers "
+                                f"(one per channel, in_channels={self.in_channels})")
+                stats_ok = False
+                continue
+            # mean may be any finite number (it is subtracted); std divides, so it must be > 0
+            positive = name == "image_std"
+            bad = [i for i, v in enumerate(value) if not (_finite(v) and (v > 0 or not positive))]
+            if bad:
+                want = "finite numbers > 0" if positive else "finite numbers"
+                problems.append(f"{name}={tuple(value)} must hold {want}; bad entries at {bad}")
+        if stats_ok and (len(self.image_mean) != self.in_channels or len(self.image_std) != self.in_channels):
             problems.append(f"image_mean/image_std need {self.in_channels} values (in_channels), "
                             f"got {len(self.image_mean)}/{len(self.image_std)}")
-        if any(s <= 0 for s in self.image_std):
-            problems.append(f"image_std={self.image_std} must be positive")
         if self.min_pixels > self.max_pixels:
             problems.append(f"min_pixels={self.min_pixels} exceeds max_pixels={self.max_pixels}")
         if self.family == "qwen2.5-vl":

@@ -14,10 +14,12 @@ the way engines wire them, so that their failures come from the wiring alone:
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
-from .config import VisionConfig
+from .config import PRESET_NAMES, VisionConfig
 from .norms import NORMS, _interpreting, make_norm
 from .preprocess import PatchBatch
 from .towers import build_tower
@@ -140,15 +142,44 @@ class VisionEncoder(nn.Module):
         if path == "eager":
             return self.encode_eager(batch)
         if path == "cudagraph":
+            from .runner import EncoderGraphRunner
             if runner is None:
-                from .runner import EncoderGraphRunner
-                runner = self._default_runner = getattr(self, "_default_runner", None) or \
-                    EncoderGraphRunner.default_for(self, batch)
+                runner = self.default_runner(batch)
+            elif not isinstance(runner, EncoderGraphRunner):
+                raise TypeError(f"runner must be a workbench EncoderGraphRunner (or None for the default), "
+                                f"got {type(runner).__name__}")
             elif runner.encoder is not self:
                 raise ValueError("the runner was built for another encoder")
             return runner.encode(batch)
         from .dp import encode_dp
         return encode_dp(self, batch, **kw)
+
+    def default_runner(self, batch: PatchBatch):
+        """The runner `encode(path='cudagraph')` uses without `runner=`: built for the first batch
+        (`EncoderGraphRunner.default_for`), kept, and rebuilt when a later batch has an item
+        larger than its largest budget. Keeping the first batch's budgets would run every larger
+        item eagerly (a miss) for the encoder's whole life, which only `runner.stats` shows.
+        """
+        from .runner import EncoderGraphRunner, default_budgets
+        current = getattr(self, "_default_runner", None)
+        if current is None:
+            self._default_runner = EncoderGraphRunner.default_for(self, batch)
+            return self._default_runner
+        wanted = default_budgets(EncoderGraphRunner.default_max_tokens(self, batch))
+        if wanted[-1] <= current.budgets[-1]:
+            return current
+        # grow, never shrink: the budgets cover both the old batches and this one (default_budgets
+        # are powers of two from 64, so `wanted` extends `current.budgets` when both are defaults)
+        old = current.budgets
+        biggest = max(r // self.cfg.merge_unit for r in batch.item_rows)
+        # drop the old runner (its buffers and, on CUDA, its graph pool) before capturing again
+        self._default_runner = current = None
+        self._default_runner = EncoderGraphRunner.default_for(self, batch)
+        warnings.warn(f"the default cudagraph runner was rebuilt: an item of {biggest} merged tokens exceeds its "
+                      f"largest budget {old[-1]}; budgets {old} -> {self._default_runner.budgets} (every budget "
+                      f"was captured again). To capture once, pass runner=wb.EncoderGraphRunner(enc, "
+                      f"budgets=[...]) with budgets covering your largest item.", stacklevel=3)
+        return self._default_runner
 
     @torch.no_grad()
     def encode_eager(self, batch: PatchBatch) -> torch.Tensor:
@@ -168,6 +199,15 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     """
     if isinstance(cfg, str):
         cfg = VisionConfig.preset(cfg)
+    if not isinstance(cfg, VisionConfig):
+        raise TypeError(f"cfg must be a wb.VisionConfig or a preset name ({', '.join(PRESET_NAMES)}), "
+                        f"got {type(cfg).__name__}")
+    # checked before anything uses them (norm.startswith below, the tower build): a None or a typo
+    # must name itself and the choices, not surface as an AttributeError from deep inside
+    if placement not in STUDY_PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; valid: {PLACEMENTS} (and the study case 'double')")
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}; valid: {NORMS}")
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype)
     if norm.startswith("triton") and dev.type == "cpu" and not _interpreting():

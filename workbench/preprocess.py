@@ -14,7 +14,8 @@ Layout of one item (image or video), with P = patch_size, T = temporal_patch_siz
 * columns are ordered (C, T, ph, pw); for a still image both temporal copies are identical.
 
 Inputs (see `preprocess` for the full list): PIL images, HxWx3 uint8 numpy arrays or torch
-tensors (channels last), and videos as [T, H, W, 3] uint8 arrays/tensors or `Video(frames)`.
+tensors (channels last), and videos as [T, H, W, 3] uint8 arrays/tensors or `Video(frames)`
+(which also takes grey frames as one [T, H, W] array).
 """
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ __all__ = ["PatchBatch", "Video", "smart_resize", "preprocess", "ACCEPTED_INPUTS
 
 ACCEPTED_INPUTS = ("PIL.Image.Image", "numpy.ndarray uint8 [H, W, 3] (also [H, W], [H, W, 1], [H, W, 4])",
                    "torch.Tensor uint8 of the same shapes", "numpy/torch uint8 video [T, H, W, 3]",
-                   "workbench.preprocess.Video(frames)", "a list/tuple of any of these")
+                   "workbench.preprocess.Video(frames) (frames: a list of images, [T, H, W, C], "
+                   "or grey [T, H, W])", "a list/tuple of any of these")
+
+# Channel counts of a channels-last array: grey, RGB, RGBA. A 3-D array whose last axis is one of
+# these is an image [H, W, C]; any other 3-D array is not, and may be grey video frames [T, H, W].
+_CHANNELS = (1, 3, 4)
 
 # PIL modes that hold 8-bit samples and convert to RGB the way transformers' convert_to_rgb does.
 _PIL_MODES = ("1", "L", "P", "RGB", "RGBA", "LA", "PA", "RGBX", "RGBa", "CMYK", "YCbCr")
@@ -146,16 +152,27 @@ class PatchBatch:
 @dataclass
 class Video:
     """A video given as a sequence of frames (each anything `preprocess` takes as an image, all
-    the same size), or as one uint8 array/tensor [T, H, W, C]. Wrapping frames in `Video`
-    is what tells `preprocess` that a list of images is one video rather than a batch."""
+    the same size), or as one uint8 array/tensor [T, H, W, C], or [T, H, W] for grey frames.
+    Wrapping frames in `Video` is what tells `preprocess` that a list of images is one video
+    rather than a batch.
+
+    A 3-D array is read as grey frames [T, H, W] only when its last axis is not a channel count
+    (1, 3, 4): [30, 40, 3] is far more likely one RGB image than 30 frames 3 pixels wide, so that
+    shape is an error with advice for both readings instead of a guess."""
 
     frames: Any
 
     def __post_init__(self) -> None:
         if isinstance(self.frames, (np.ndarray, torch.Tensor)):
-            if self.frames.ndim != 4:
-                raise ValueError(f"Video frames as one array must be [T, H, W, C], got shape "
-                                 f"{tuple(self.frames.shape)}")
+            shape = tuple(self.frames.shape)
+            if self.frames.ndim == 3 and shape[2] in _CHANNELS:
+                raise ValueError(
+                    f"Video frames as one array must be [T, H, W, C], got shape {shape}, which reads as one "
+                    f"[H, W, C] image (last axis {shape[2]}); pass an image without Video(...), or, if these "
+                    f"are {shape[0]} grey frames of {shape[1]}x{shape[2]} pixels, use Video(x[..., None])")
+            if self.frames.ndim not in (3, 4):
+                raise ValueError(f"Video frames as one array must be [T, H, W, C] (or [T, H, W] for grey "
+                                 f"frames), got shape {shape}")
         elif isinstance(self.frames, (list, tuple)):
             self.frames = list(self.frames)
         else:
@@ -262,11 +279,9 @@ def _array_to_rgb(arr: np.ndarray, what: str) -> np.ndarray:
         raise ValueError(f"{what} has shape {tuple(arr.shape)}; an image is [H, W], [H, W, 1], "
                          f"[H, W, 3] or [H, W, 4] (channels last)")
     h, w, c = arr.shape
-    if c not in (1, 3, 4):
-        hint = (f" (it looks channels-first: use x.transpose(1, 2, 0) / x.permute(1, 2, 0))"
-                if h in (1, 3, 4) else "")
+    if c not in _CHANNELS:
         raise ValueError(f"{what} has shape {tuple(arr.shape)} with {c} channels; valid channel "
-                         f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA){hint}")
+                         f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA)" + _layout_hint(arr.shape))
     if h == 0 or w == 0:
         raise ValueError(f"{what} has zero size: {h}x{w} (HxW)")
     if c == 1:
@@ -274,6 +289,22 @@ def _array_to_rgb(arr: np.ndarray, what: str) -> np.ndarray:
     if c == 4:
         return _composite_on_white(arr)
     return arr
+
+
+def _layout_hint(shape: tuple[int, ...]) -> str:
+    """Advice for a 3-D array [a, b, c] whose last axis is not a channel count. Each suggestion
+    must give the intended pixels when followed, so the readings are spelled out: a channels-first
+    image (only when `a` is a channel count; for 4 say that alpha is composited on white, since
+    a [4, H, W] array may just as well be 4 grey frames, and transposing those would silently make
+    an RGBA image of them), and grey video frames [T, H, W], which `Video(x)` takes as they are."""
+    a = shape[0]
+    first = {1: "grey", 3: "RGB", 4: "RGBA"}
+    parts = []
+    if a in first:
+        parts.append(f"a channels-first {first[a]} image [C, H, W]: use x.transpose(1, 2, 0) / x.permute(1, 2, 0)"
+                     + (", and its alpha is composited on white" if a == 4 else ""))
+    parts.append(f"{a} grey video frames [T, H, W]: wrap it as Video(x)")
+    return " (if it is " + "; if it is ".join(parts) + ")"
 
 
 def _image_to_rgb(x: Any, what: str) -> np.ndarray:
@@ -290,10 +321,19 @@ def _frames_to_rgb(video: Any, what: str) -> np.ndarray:
     frames = video.frames if isinstance(video, Video) else video
     if isinstance(frames, (np.ndarray, torch.Tensor)):
         arr = _as_numpy(frames, what)
+        if arr.ndim == 3 and isinstance(video, Video):
+            # grey frames [T, H, W] (Video has already rejected a last axis of 1/3/4): give them a
+            # channel axis, and the grey-to-RGB repeat below treats them exactly like grey images
+            arr = arr[..., None]
         if arr.ndim != 4:
             raise ValueError(f"{what} has shape {tuple(arr.shape)}; a video array is [T, H, W, C]")
         if arr.shape[0] == 0:
             raise ValueError(f"{what} has no frames (shape {tuple(arr.shape)})")
+        if arr.shape[3] not in _CHANNELS and arr.shape[1] in _CHANNELS:
+            # the per-frame error would suggest a per-frame transpose; the whole array needs one
+            raise ValueError(f"{what} has shape {tuple(arr.shape)} with {arr.shape[3]} channels; valid channel "
+                             f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA) (it looks channels-first "
+                             f"[T, C, H, W]: use x.transpose(0, 2, 3, 1) / x.permute(0, 2, 3, 1))")
         if arr.shape[3] == 3 and arr.shape[1] and arr.shape[2]:
             return arr
         frames = list(arr)
@@ -377,11 +417,14 @@ def normalize_rows(pixels: torch.Tensor, cfg) -> torch.Tensor:
 def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatch:
     """Images and/or videos -> `PatchBatch` in the transformers Qwen2-VL layout (module docstring).
 
+    cfg: a VisionConfig or a preset name (as `build_encoder` takes).
+
     Accepted inputs: one item or a list/tuple of items, where an item is
       * an image: a PIL.Image, or a uint8 numpy array / torch tensor, channels last, shaped
         [H, W, 3] (RGB), [H, W] or [H, W, 1] (grey), or [H, W, 4] (RGBA);
       * a video: a uint8 numpy array / torch tensor [T, H, W, C] (C as for images), or
-        `Video(frames)` with a list of images (all the same size). A plain list of images is a
+        `Video(frames)` with such an array, grey frames [T, H, W] (when W is not 1, 3 or 4), or a
+        list of images (all the same size). A plain 3-D array is always an image, and a plain list of images is a
         batch of images, never a video. T must be a multiple of cfg.temporal_patch_size (2):
         an odd frame count is a ValueError, drop the last frame or repeat it yourself.
     Colour conversions, chosen to give the same pixels as transformers' `convert_to_rgb`:
@@ -400,8 +443,14 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatc
     Returns uint8 pixels, or with `normalize=True` float32 pixels equal to transformers' default
     (rescale + normalize) output. grid_thw is [1, gh, gw] per image and [T/2, gh, gw] per video.
     """
-    if getattr(cfg, "in_channels", None) != 3:
-        raise ValueError(f"preprocess makes RGB rows; cfg.in_channels={getattr(cfg, 'in_channels', None)} "
+    from .config import VisionConfig
+    if isinstance(cfg, str):  # a preset name, as build_encoder takes (unknown names list the valid ones)
+        cfg = VisionConfig.preset(cfg)
+    if not isinstance(cfg, VisionConfig):
+        raise TypeError(f"cfg must be a VisionConfig or a preset name (VisionConfig.preset names), "
+                        f"got {type(cfg).__name__}")
+    if cfg.in_channels != 3:
+        raise ValueError(f"preprocess makes RGB rows; cfg.in_channels={cfg.in_channels} "
                          f"is not supported (must be 3)")
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {normalize!r}")

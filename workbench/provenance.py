@@ -327,29 +327,104 @@ def _slug(name: str) -> str:
 
 
 def new_run_dir(root: Path | str = "results", name: str | None = None) -> Path:
-    """Create ``<root>/<UTC timestamp>-<short sha or 'nogit'>[-name]`` and return it.
+    """Create a new run folder ``<root>/<UTC timestamp>-<short sha or 'nogit'>[-name][-k]`` and
+    return it.
 
-    An existing empty folder of that name is reused; a non-empty one is refused
-    (FileExistsError), so a run never mixes its files into another run's.
+    The folder is made with a plain ``mkdir`` (no ``exist_ok``), which the file system grants to
+    exactly one caller: two runs started in the same second with the same name get different
+    folders (the second one ``-2``, and so on), and an existing folder is never reused.
     """
     stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
     sha = git_info().get("short") or "nogit"
-    folder = f"{stamp}-{sha}" + (f"-{_slug(name)}" if name else "")
-    path = Path(root) / folder
-    path.mkdir(parents=True, exist_ok=True)
-    if any(path.iterdir()):
-        raise FileExistsError(f"run folder {path} exists and is not empty")
-    return path
+    base = f"{stamp}-{sha}" + (f"-{_slug(name)}" if name else "")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 1000):
+        path = root / (base if k == 1 else f"{base}-{k}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free run folder name {base}[-k] under {root} (999 taken)")
+
+
+class RunLock:
+    """An exclusive lock on a run folder while a process works in it (``<run>/.lock``, flock).
+
+    The operating system releases it when the holder exits, however it exits (SIGKILL too), so a
+    folder whose lock can be taken is not being worked on: a sweep may resume it. The lock file
+    records the holder's pid and host for people reading the folder."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Path | str):
+        self.path = Path(run_dir) / self.NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        self._fd = fd
+        return True
+
+    def release(self, remove: bool = False) -> None:
+        """Drop the lock; ``remove`` also deletes the lock file (for a run that is complete, so
+        its folder holds only results)."""
+        if self._fd is not None:
+            if remove:
+                try:
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+            os.close(self._fd)          # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        if not self.acquire():
+            raise RuntimeError(f"run folder {self.path.parent} is in use by another process "
+                               f"({self.holder() or 'unknown holder'})")
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip()
+        except OSError:
+            return ""
+
+
+def run_in_use(run_dir: Path | str) -> bool:
+    """Whether another process holds the run folder's lock right now."""
+    lock = RunLock(run_dir)
+    if lock.acquire():
+        lock.release()
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- atomic writes
 
 
-def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
+def atomic_write_bytes(path: Path | str, data: bytes, exclusive: bool = False) -> Path:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part.
 
     The bytes go to a temporary file in the same folder, are flushed to disk, and then replace
-    ``path`` in one ``os.replace``. Parent folders are created. File mode follows the umask.
+    ``path`` in one ``os.replace``. With ``exclusive`` the temporary file is instead hard-linked
+    to ``path``, which fails (FileExistsError) if ``path`` exists, even when another process
+    creates it at the same moment: a finished file is never replaced. Parent folders are
+    created. File mode follows the umask.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -360,7 +435,14 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise FileExistsError(f"{path} exists; a finished file is never overwritten") from None
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -82,14 +82,20 @@ class Run:
         return float(d) if isinstance(d, (int, float)) else None
 
 
+NO_META = ("no meta.json: the report cannot say what ran there or on which device, so its tables are "
+           "not used (a run folder gets one from the sweep or from save_table)")
+
+
 def _load_run(path: Path, reference: bool) -> Run:
     meta: dict[str, Any] | None = None
     error = None
+    if not (path / META_NAME).is_file():
+        return Run(path=path, meta=None, tables={}, reference=reference, error=NO_META)
     try:
         with open(path / META_NAME, encoding="utf-8") as f:
             meta = json.load(f)
         if not isinstance(meta, dict):
-            meta, error = None, "meta.json does not hold an object"
+            meta, error = None, "unreadable meta.json: it does not hold an object"
     except (OSError, ValueError) as e:
         error = f"unreadable meta.json: {e}"
     tables = {p.stem: p for p in sorted(path.glob("*.parquet"))}
@@ -97,8 +103,9 @@ def _load_run(path: Path, reference: bool) -> Run:
 
 
 def find_runs(results_dir: Path | str = "results") -> list[Run]:
-    """Run folders (those holding a meta.json) directly under ``results_dir`` and under
-    ``results_dir/reference/``; local runs first, each group oldest first."""
+    """Run folders directly under ``results_dir`` and under ``results_dir/reference/``; local runs
+    first, each group oldest first. A folder without a meta.json (or with an unreadable one) is
+    listed too, with the reason in ``error``, so the report never skips one silently."""
     results_dir = Path(results_dir)
     runs: list[Run] = []
     for base, reference in ((results_dir, False), (results_dir / REFERENCE_DIRNAME, True)):
@@ -109,7 +116,7 @@ def find_runs(results_dir: Path | str = "results") -> list[Run]:
                 continue
             if not reference and child.name in (REPORT_DIRNAME, REFERENCE_DIRNAME):
                 continue
-            if (child / META_NAME).is_file():
+            if (child / META_NAME).is_file() or any(child.glob("*.parquet")):
                 runs.append(_load_run(child, reference))
     runs.sort(key=lambda r: (r.reference, r.started, r.name))
     return runs
@@ -625,6 +632,15 @@ def _rel_link(target: Path, out_dir: Path) -> str | None:
         return None
 
 
+def _unfinished(r: Run) -> str:
+    from .provenance import run_in_use
+
+    if run_in_use(r.path):
+        return "in progress"
+    return (f"interrupted: finish it with <code>python -m workbench sweep --resume {_e(r.name)}</code> "
+            "(make report resumes it when the code is the same)")
+
+
 def _runs_table(runs: list[Run], out_dir: Path,
                 table_problems: Mapping[str, list[str]] | None = None) -> str:
     if not runs:
@@ -637,9 +653,13 @@ def _runs_table(runs: list[Run], out_dir: Path,
         if r.reference:
             name += ' <span class="ref">reference</span>'
         if r.error:
-            status = f"<span title='{_e(r.error)}'>unreadable meta.json</span>"
+            status = f"<span class='problem'>{_e(r.error)}</span>"
         else:
-            status = "finished" if r.finished else "unfinished"
+            status = "finished" if r.finished else _unfinished(r)
+            resumed = (r.meta or {}).get("resumed") or []
+            if resumed:
+                parts = "; ".join(f"{', '.join(x.get('studies', []))} at {x.get('at', '?')}" for x in resumed)
+                status += f", resumed ({_e(parts)})"
             failures = (r.meta or {}).get("failures") or []
             if failures:
                 status = (f"<span title='{_e('; '.join(map(str, failures)))}'>{status}, "
@@ -653,9 +673,13 @@ def _runs_table(runs: list[Run], out_dir: Path,
         rows.append(
             f"<tr><td>{name}</td><td>{_e(r.device)}</td><td><code>{_e(r.git)}</code></td>"
             f"<td>{_e(r.started)}</td><td>{dur}</td><td>{status}</td><td>{tables}</td></tr>")
+    problems = [f"<li>{_e(r.name)}: {_e(r.error)}</li>" for r in runs if r.error]
+    problems += [f"<li>{_e(name)}: {_e(line)}</li>" for name, lines in table_problems.items() for line in lines]
+    listing = ("<p class='problem'>Run folders and tables the report could not use:</p><ul class='problem'>"
+               + "".join(problems) + "</ul>") if problems else ""
     return ("<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
             "<th>duration</th><th>status</th><th>tables</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>")
+            + "".join(rows) + "</tbody></table>" + listing)
 
 
 def _paragraphs(text: str) -> str:

@@ -19,6 +19,8 @@ buffers, padding and call path, replayed eagerly: the placement bugs reproduce o
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -121,11 +123,19 @@ class EncoderGraphRunner:
                 self.graphs[b] = self._capture(b)
 
     # ---- construction ------------------------------------------------------------------------
+    # the largest budget a default runner captures; larger items run eagerly (misses)
+    DEFAULT_MAX_BUDGET = 16384
+
+    @classmethod
+    def default_max_tokens(cls, encoder, batch: PatchBatch) -> int:
+        """Merged tokens the default budgets must cover for `batch`: its largest item, capped."""
+        biggest = max(r // encoder.cfg.merge_unit for r in batch.item_rows)
+        return min(biggest, cls.DEFAULT_MAX_BUDGET)
+
     @classmethod
     def default_for(cls, encoder, batch: PatchBatch, **kw) -> "EncoderGraphRunner":
         """Budgets covering the batch's largest item (powers of two from 64), as engines choose them."""
-        biggest = max(r // encoder.cfg.merge_unit for r in batch.item_rows)
-        return cls(encoder, budgets=default_budgets(min(biggest, 16384)), **kw)
+        return cls(encoder, budgets=default_budgets(cls.default_max_tokens(encoder, batch)), **kw)
 
     def _prepare(self, grid_thw: torch.Tensor, budget: int, device):
         cfg = self.encoder.cfg
@@ -188,8 +198,23 @@ class EncoderGraphRunner:
         return out, misses
 
     # ---- replay ------------------------------------------------------------------------------
+    def check_pad_value(self, pad_value) -> None:
+        """pad_value must be something the input buffer can hold: any real number for a float
+        buffer (NaN included: that is the hazard check), an integer 0..255 for a uint8 buffer.
+        Checked up front, because `fill_` would otherwise fail mid-encode with a raw conversion
+        error (NaN, 256) or silently wrap or truncate (-1 -> 255, 0.5 -> 0)."""
+        real = isinstance(pad_value, numbers.Real) and not isinstance(pad_value, bool)
+        if self.buffer_dtype == torch.uint8:
+            if not (real and math.isfinite(pad_value) and pad_value == int(pad_value) and 0 <= pad_value <= 255):
+                raise ValueError(f"a uint8 buffer can only be padded with an integer 0..255, got {pad_value!r}; "
+                                 f"for a NaN padding check use buffer_dtype torch.float32 or torch.bfloat16")
+        elif not real:
+            raise ValueError(f"pad_value must be a real number (0 as engines pad; NaN for the hazard check), "
+                             f"got {pad_value!r}")
+
     def stage(self, cap: _Captured, pixels: torch.Tensor, pad_value: float = 0.0) -> None:
         """Fill the static input: valid rows (copy + cast, or the runner's normalization), padding rows."""
+        self.check_pad_value(pad_value)
         n = pixels.shape[0]
         dst = cap.pixels
         if self.encoder.runner_norm is not None:
@@ -225,6 +250,7 @@ class EncoderGraphRunner:
 
         pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check)."""
         self.encoder.check_batch(batch)
+        self.check_pad_value(pad_value)  # before any replay, so a bad value leaves no partial stats
         unit = self.encoder.cfg.merge_unit
         packs, misses = self.plan(batch)
         out = torch.empty(batch.n_rows // unit, self.encoder.cfg.out_hidden, dtype=self.encoder.dtype,

@@ -80,12 +80,15 @@ def check_table(df: pd.DataFrame, name: str = "table") -> pd.DataFrame:
 
 
 def write_study_table(df: pd.DataFrame, path: str | Path) -> Path:
-    """Check ``df`` against the schema, then write it as parquet atomically; returns the path."""
+    """Check ``df`` against the schema, then write it as parquet atomically; returns the path.
+
+    An existing table is never replaced (FileExistsError), even by a concurrent writer: a
+    finished measurement is evidence."""
     path = Path(path)
     table = check_table(df, name=path.name)
     buf = io.BytesIO()
     table.to_parquet(buf, engine="pyarrow", index=False)
-    return atomic_write_bytes(path, buf.getvalue())
+    return atomic_write_bytes(path, buf.getvalue(), exclusive=True)
 
 
 def load_table(path: str | Path) -> pd.DataFrame:
