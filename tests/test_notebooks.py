@@ -83,3 +83,22 @@ def test_a_bad_papermill_value_fails_in_the_first_cell_naming_it(tmp_path):
                                    cwd=str(ROOT), progress_bar=False, kernel_name="python3")
     assert "norms='bogus' is not a valid choice" in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_notebook_run_from_the_notebooks_folder_lands_in_the_results_folder(tmp_path, monkeypatch):
+    """As in JupyterLab (working directory notebooks/, run_dir None): the run lands in the results
+    folder with its own meta.json, not in notebooks/results/."""
+    papermill = pytest.importorskip("papermill")
+    from workbench import provenance as prov
+    results = tmp_path / "results"
+    monkeypatch.setenv(prov.RESULTS_ENV, str(results))      # the project's results/ unless moved
+    papermill.execute_notebook(str(ROOT / "notebooks" / "fp32_memory.ipynb"), str(tmp_path / "out.ipynb"),
+                               parameters={"budgets": [1024]}, cwd=str(ROOT / "notebooks"), progress_bar=False,
+                               kernel_name="python3")
+    (run,) = results.iterdir()
+    assert run.name.endswith("-fp32_memory-interactive")
+    meta = prov.read_meta(run)
+    assert meta["params"]["mode"] == "interactive" and meta["params"]["studies"]["fp32_memory"]["budgets"] == [1024]
+    assert not (ROOT / "notebooks" / "results").exists()
+    load_table(run / "fp32_memory.parquet")

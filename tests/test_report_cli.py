@@ -259,15 +259,62 @@ def test_save_table_refuses_a_table_that_breaks_the_schema_and_writes_nothing(tm
 def test_save_table_interactive_defaults_to_the_project_results_folder(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)                       # as in JupyterLab, cwd = notebooks/
     monkeypatch.setattr(prov, "REPO_ROOT", tmp_path / "project")
+    monkeypatch.delenv(prov.RESULTS_ENV, raising=False)
     path = studies.save_table("demo", _demo_table(), run_dir=None)
     assert path.parent.parent == tmp_path / "project" / "results"
 
 
-def test_save_table_into_a_given_run_dir_writes_only_the_table(tmp_path):
-    run_dir = tmp_path / "sweep-run"
-    path = studies.save_table("demo", _demo_table(), run_dir=run_dir)
+def test_save_table_into_a_sweeps_run_dir_leaves_its_meta_alone(tmp_path):
+    run_dir = prov.new_run_dir(tmp_path, name="sweep")
+    meta = prov.collect_meta({"profile": "cpu", "mode": "papermill", "studies": {"demo": {"a": 1}}})
+    prov.write_meta(run_dir, meta)
+    before = (run_dir / "meta.json").read_text()
+    path = studies.save_table("demo", _demo_table(), run_dir=run_dir, params={"a": 1})
     assert path == run_dir / "demo.parquet"
-    assert sorted(p.name for p in run_dir.iterdir()) == ["demo.parquet"]   # meta is the sweep's
+    assert sorted(p.name for p in run_dir.iterdir()) == ["demo.parquet", "meta.json"]
+    assert (run_dir / "meta.json").read_text() == before          # the sweep finishes its own meta
+
+
+def test_papermill_by_hand_into_a_run_dir_gets_provenance(tmp_path):
+    """README recipe: `papermill ... -p run_dir results/my-run` for two studies: one meta.json
+    that records both studies' parameters, and the report reads the folder."""
+    run_dir = tmp_path / "my-run"
+    studies.save_table("demo", _demo_table(), run_dir=run_dir, params={"a": 1, "device": "cpu"})
+    meta = prov.read_meta(run_dir)
+    assert meta["params"] == {"studies": {"demo": {"a": 1, "device": "cpu"}}, "mode": "notebook"}
+    assert meta["finished_at"] and meta["git"]["sha"]
+    studies.save_table("demo2", _demo_table(), run_dir=run_dir, params={"b": 2})
+    assert set(prov.read_meta(run_dir)["params"]["studies"]) == {"demo", "demo2"}
+    runs = rep.find_runs(tmp_path)
+    assert [r.name for r in runs] == ["my-run"] and runs[0].error is None and set(runs[0].tables) == {
+        "demo", "demo2"}
+
+
+def test_results_land_in_the_project_results_whatever_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(prov.RESULTS_ENV, raising=False)
+    assert prov.results_root() == REPO / "results"
+    monkeypatch.setenv(prov.RESULTS_ENV, str(tmp_path / "elsewhere"))
+    assert prov.results_root() == tmp_path / "elsewhere"
+    path = studies.save_table("demo", _demo_table(), run_dir=None)
+    assert path.parent.parent == tmp_path / "elsewhere"
+    p = subprocess.run([sys.executable, "-m", "workbench", "report", "--no-sweep"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                       env={**__import__("os").environ, prov.RESULTS_ENV: str(tmp_path / "elsewhere")})
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "elsewhere" / "report" / "index.html").is_file()
+    assert not (tmp_path / "results").exists()
+
+
+def test_cli_help_is_instant_and_a_bad_flag_shows_the_subcommands_usage():
+    import time
+    t0 = time.perf_counter()
+    p = cli("--help")
+    assert p.returncode == 0 and time.perf_counter() - t0 < 5          # seconds include Python's start
+    p = cli("sweep", "--bogus")
+    assert p.returncode == 2 and "usage: python -m workbench sweep" in p.stderr and "--bogus" in p.stderr
+    code = "import sys, workbench.__main__; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0   # torch not imported
 
 
 # =========================================================================== report

@@ -78,7 +78,7 @@ def test_float_buffer_pad_value_must_be_a_number():
 
 # ---- build_encoder: None for norm / placement -----------------------------------------------
 def test_build_encoder_rejects_none_norm_and_placement_with_the_valid_choices():
-    with pytest.raises(ValueError, match=r"unknown norm None; valid: \('eager', 'triton_channel'"):
+    with pytest.raises(ValueError, match=r"unknown norm None; valid norms: eager, triton_channel"):
         wb.build_encoder("tiny-qwen2-vl", norm=None, device="cpu")
     with pytest.raises(ValueError, match=r"unknown norm 3; valid"):
         wb.build_encoder("tiny-qwen2-vl", norm=3, device="cpu")

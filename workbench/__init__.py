@@ -1,21 +1,69 @@
 """Vision-encoder input-normalization workbench (Qwen2-VL / Qwen2.5-VL).
 
-On a machine without CUDA, Triton kernels can only run in Triton's interpreter, so importing the
-package sets TRITON_INTERPRET=1 there unless the variable is already set.
+The public names below are imported on first use (``wb.build_encoder`` loads torch then), so
+``python -m workbench --help`` and the light modules (provenance, report) start instantly. On a
+machine without CUDA, Triton kernels can only run in Triton's interpreter: the modules that hold
+kernels (workbench.norms, workbench.measure) set TRITON_INTERPRET=1 there before importing Triton,
+unless the variable is already set.
 """
-import os as _os
+from __future__ import annotations
 
-import torch as _torch
+import importlib
+import sys
+import types
 
-if not _torch.cuda.is_available():
-    _os.environ.setdefault("TRITON_INTERPRET", "1")
-from .config import PRESET_NAMES, VisionConfig
-from .encoder import DTYPES, PATHS, PLACEMENTS, STUDY_PLACEMENTS, VisionEncoder, build_encoder
-from .norms import NORMS, make_norm
-from .preprocess import PatchBatch, Video, preprocess
-from .runner import EncoderGraphRunner
-from .samples import image_mix, random_images, sample_images, sample_video
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "VisionConfig": "config", "PRESET_NAMES": "config",
+    "DTYPES": "encoder", "PATHS": "encoder", "PLACEMENTS": "encoder", "STUDY_PLACEMENTS": "encoder",
+    "VisionEncoder": "encoder", "build_encoder": "encoder",
+    "NORMS": "norms", "make_norm": "norms",
+    "PatchBatch": "preprocess", "Video": "preprocess", "preprocess": "preprocess",
+    "EncoderGraphRunner": "runner",
+    "image_mix": "samples", "random_images": "samples", "sample_images": "samples", "sample_video": "samples",
+}
 
-__all__ = ["VisionConfig", "PRESET_NAMES", "PatchBatch", "Video", "preprocess", "NORMS", "make_norm",
-           "PLACEMENTS", "STUDY_PLACEMENTS", "PATHS", "EncoderGraphRunner", "DTYPES", "VisionEncoder", "build_encoder",
-           "sample_images", "sample_video", "image_mix", "random_images"]
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value          # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """`wb.preprocess` is the function, although a submodule of the same name exists: importing
+    a submodule sets it as an attribute of the package, which would shadow the function (an
+    eager ``from .preprocess import preprocess`` used to overwrite it back). The class-level
+    property wins over that attribute; its setter takes the import system's assignment."""
+
+    @property
+    def preprocess(self):
+        from .preprocess import preprocess
+        return preprocess
+
+    @preprocess.setter
+    def preprocess(self, module) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def default_triton_mode() -> None:
+    """Set TRITON_INTERPRET=1 where torch sees no CUDA device (unless it is set already); called by
+    the modules that hold Triton kernels before they import Triton."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .provenance import REPO_ROOT, RunLock, collect_meta, finish_meta, new_run_dir, write_meta
+from .provenance import REPO_ROOT, RunLock, collect_meta, finish_meta, new_run_dir, results_root, write_meta
 from .report import NO_STUDY_MESSAGE, build_report
-from .studies.tables import write_study_table
+
+PROGRESS_ENV = "WORKBENCH_PROGRESS"     # read by workbench.studies.plotting.progress
+
+# Everything heavy (torch, pandas, the studies) is imported inside the commands, so that --help and
+# argument errors answer at once.
 
 DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda"}
 
@@ -142,6 +147,7 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
         table = run_dir / f"{study.name}.parquet"
         try:
             if direct:
+                from .studies.tables import write_study_table
                 write_study_table(study.run(device=device, progress=False, **params), table)
             else:
                 _run_notebook(study, params, device, run_dir, kernel)
@@ -265,6 +271,8 @@ def _run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path
     except ImportError as e:
         raise RuntimeError("papermill is not installed (make setup, or make wheels on a GPU "
                            "host; --direct runs studies without notebooks)") from e
+    # the kernel inherits this: studies show no progress bars inside the executed notebook
+    os.environ[PROGRESS_ENV] = "0"
     pm.execute_notebook(
         str(nb),
         str(run_dir / f"{study.name}.ipynb"),
@@ -381,23 +389,42 @@ def _params_epilog() -> str:
     return "\n".join(parts)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog is computed only when help is shown (listing the studies'
+    parameters imports them, and with them torch)."""
+
+    def __init__(self, *args, lazy_epilog=None, **kw):
+        super().__init__(*args, **kw)
+        self._lazy_epilog = lazy_epilog
+
+    def format_help(self) -> str:
+        if self._lazy_epilog is not None and self.epilog is None:
+            self.epilog = self._lazy_epilog()
+        return super().format_help()
+
+
+def _results_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--results", type=Path, metavar="DIR", default=None,
+                   help=f"{what} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
+                        f"the same whatever the working directory)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m workbench",
         description="Vision-encoder input-normalization workbench: run the studies, build the "
                     "report, show provenance.",
         epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
                "<study>.parquet per study; committed GPU reference runs live in "
                "results/reference/.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,info,notebooks}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,info,notebooks}",
+                                parser_class=_Parser)
 
-    epilog = _params_epilog()
     p = sub.add_parser("report", help="the main job: default sweep, then results/report/index.html",
                        description="Run the default sweep for this hardware (unless --no-sweep), "
                                    "then build <results>/report/index.html from every run folder.",
-                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default="results", type=Path, metavar="DIR",
-                   help="folder holding the run folders (default: %(default)s)")
+                       lazy_epilog=_params_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _results_option(p, "folder holding the run folders")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="where to write the report (default: <results>/report)")
     p.add_argument("--no-sweep", action="store_true",
@@ -408,9 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="run the studies into a new run folder",
                        description="Run the registered studies (their notebooks, via papermill) "
                                    "into a new run folder under --results.",
-                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default="results", type=Path, metavar="DIR",
-                   help="where the new run folder goes (default: %(default)s)")
+                       lazy_epilog=_params_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _results_option(p, "where the new run folder goes")
     _add_sweep_options(p)
     p.set_defaults(func=cmd_sweep)
 
@@ -425,11 +451,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only report notebooks that are out of step "
                                                         "(exit 1 if any)")
     p.set_defaults(func=cmd_notebooks)
+    parser.subcommands = sub.choices
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:   # an unknown flag after a subcommand: show that subcommand's usage, not the top one
+        parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "results", "unset") is None:
+        args.results = results_root()
     return args.func(args)
 
 

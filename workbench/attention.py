@@ -22,10 +22,16 @@ import torch.nn.functional as F
 ATTN_BACKENDS = ("auto", "varlen", "masked", "loop")
 
 
+def check_backend(backend) -> str:
+    """``backend`` if it names one of ATTN_BACKENDS, else ValueError naming it and the valid ones."""
+    if not isinstance(backend, str) or backend not in ATTN_BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; valid: {ATTN_BACKENDS}")
+    return backend
+
+
 def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
     """Pick the concrete backend for `auto`; validate explicit choices."""
-    if backend not in ATTN_BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; valid: {ATTN_BACKENDS}")
+    check_backend(backend)
     device = torch.device(device)
     half = dtype in (torch.float16, torch.bfloat16)
     if backend == "auto":

@@ -137,22 +137,6 @@ class VisionConfig:
         """Per-channel offset of the device normalization: -mean / std."""
         return tuple(-m / s for m, s in zip(self.image_mean, self.image_std))
 
-    def param_count(self) -> int:
-        """Number of tower parameters (for FLOP floors)."""
-        w, m = self.width, self.mlp_hidden
-        attn = w * 3 * w + 3 * w + w * w + w
-        if self.family == "qwen2-vl":
-            mlp = w * m + m + m * w + w
-            norms = 4 * w
-            ln_q = 2 * w
-        else:
-            mlp = 3 * w * m + 2 * m + w
-            norms = 2 * w
-            ln_q = w
-        merged = w * self.merge_unit
-        merger = ln_q + merged * merged + merged + merged * self.out_hidden + self.out_hidden
-        return self.patch_dim * w + self.depth * (attn + mlp + norms) + merger
-
     # ---- presets and transformers mapping ------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> "VisionConfig":

@@ -14,38 +14,88 @@ the way engines wire them, so that their failures come from the wiring alone:
 """
 from __future__ import annotations
 
-import warnings
+import importlib
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .config import PRESET_NAMES, VisionConfig
-from .norms import NORMS, _interpreting, make_norm
+from .dtypes import dtype_name
+from .dtypes import resolve_dtype as _resolve_dtype
+from .norms import _interpreting, check_norm_name, make_norm
 from .preprocess import PatchBatch
 from .towers import build_tower
 
-PLACEMENTS = ("processor", "outer", "tower", "runner", "none")
-STUDY_PLACEMENTS = PLACEMENTS + ("double",)
+@dataclass(frozen=True)
+class Placement:
+    """Where normalization lives, as one row of `PLACEMENT_TABLE`: the encoder wires itself from
+    it, the graph runner checks its buffer dtype against it, the studies enumerate cells with it.
+
+    norm_in: the module that normalizes on the device ("outer", "tower", "runner") or None;
+    input_kind: what the encoder takes, "uint8" (raw pixels) or "normalized" (the CPU
+    processor's float32); buffer_dtypes: graph input buffers that can hold that input (a uint8
+    buffer cannot hold normalized floats); study_only: a deliberate misconfiguration."""
+
+    name: str
+    who: str
+    norm_in: str | None
+    input_kind: str
+    buffer_dtypes: tuple[torch.dtype, ...]
+    study_only: bool = False
+
+
+_ANY_BUFFER = (torch.bfloat16, torch.uint8, torch.float32)
+_FLOAT_BUFFER = (torch.bfloat16, torch.float32)
+PLACEMENT_TABLE: dict[str, Placement] = {p.name: p for p in (
+    Placement("processor", "the CPU processor", None, "normalized", _FLOAT_BUFFER),
+    Placement("outer", "the outer model, before it calls the tower", "outer", "uint8", _ANY_BUFFER),
+    Placement("tower", "the tower's first op", "tower", "uint8", _ANY_BUFFER),
+    Placement("runner", "the encoder runner, into the graph buffer", "runner", "uint8", _FLOAT_BUFFER),
+    Placement("none", "nobody", None, "uint8", _ANY_BUFFER),
+    Placement("double", "the CPU processor and the tower (a misconfiguration)", "tower", "normalized",
+              _FLOAT_BUFFER, study_only=True),
+)}
+PLACEMENTS = tuple(n for n, p in PLACEMENT_TABLE.items() if not p.study_only)
+STUDY_PLACEMENTS = tuple(PLACEMENT_TABLE)
 PATHS = ("eager", "cudagraph", "dp")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
-
-# placements whose encoder takes the processor's float32 normalized pixels instead of uint8
-FLOAT_INPUT_PLACEMENTS = ("processor", "double")
+TOWER_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+DTYPES = {dtype_name(d): d for d in TOWER_DTYPES}
 
 
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "fp64": "float64"}
+# The execution paths beyond eager live above the encoder (the graph runner, the dp path) and
+# register themselves here when imported; the encoder knows only which module provides each and
+# loads it by name on first use, so it imports nothing above it.
+PATH_PROVIDERS = {"cudagraph": "workbench.runner", "dp": "workbench.dp"}
+_PATH_ENCODERS: dict[str, Callable] = {}
+
+
+def register_path(name: str, encode: Callable) -> None:
+    """Make ``encode(encoder, batch, runner=None, **kw) -> Tensor`` the implementation of path
+    ``name`` (one of PATHS) for `VisionEncoder.encode`."""
+    if name not in PATH_PROVIDERS:
+        raise ValueError(f"unknown path {name!r}; paths with a provider: {tuple(PATH_PROVIDERS)}")
+    _PATH_ENCODERS[name] = encode
+
+
+def path_encoder(name: str) -> Callable:
+    """The function registered for path ``name``, importing its provider module if needed."""
+    if name not in _PATH_ENCODERS:
+        importlib.import_module(PATH_PROVIDERS[name])
+    return _PATH_ENCODERS[name]
+
+
+def check_placement(name) -> Placement:
+    """The table row of placement ``name``, or ValueError naming it and the valid ones."""
+    if not isinstance(name, str) or name not in PLACEMENT_TABLE:
+        raise ValueError(f"unknown placement {name!r}; valid: {PLACEMENTS} (and the study case 'double')")
+    return PLACEMENT_TABLE[name]
 
 
 def resolve_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str):
-        name = dtype.replace("torch.", "")
-        name = _DTYPE_ALIASES.get(name, name)
-        if name in DTYPES:
-            return DTYPES[name]
-    raise ValueError(f"unsupported dtype {dtype!r}; valid: {tuple(DTYPES)} (or torch dtypes, bf16/fp32/fp16/fp64)")
+    """A tower dtype from a dtype, a name or an alias (bf16, fp32, fp16, fp64)."""
+    return _resolve_dtype(dtype, allowed=TOWER_DTYPES, what="tower dtype")
 
 
 def resolve_device(device) -> torch.device:
@@ -69,19 +119,17 @@ class VisionEncoder(nn.Module):
     def __init__(self, cfg: VisionConfig, placement: str, norm: str, dtype: torch.dtype, device: torch.device,
                  attn_backend: str = "auto", check_inputs: bool = True):
         super().__init__()
-        if placement not in STUDY_PLACEMENTS:
-            raise ValueError(f"unknown placement {placement!r}; valid: {PLACEMENTS} (and the study case 'double')")
-        if norm not in NORMS:
-            raise ValueError(f"unknown norm {norm!r}; valid: {NORMS}")
+        self.spec = check_placement(placement)
+        check_norm_name(norm)
         self.cfg, self.placement, self.norm_name = cfg, placement, norm
         self.check_inputs = check_inputs
-        device_norm = placement in ("tower", "double")
+        device_norm = self.spec.norm_in == "tower"
         norm_module = make_norm(norm, cfg, check_values=check_inputs)
         self.visual = build_tower(cfg, input_norm=norm_module if device_norm else None, device_norm=device_norm,
                                   attn_backend=attn_backend)
         # the outer model's own norm (placement `outer`) and the model runner's (placement `runner`)
-        self.outer_norm = norm_module if placement == "outer" else None
-        self.runner_norm = norm_module if placement == "runner" else None
+        self.outer_norm = norm_module if self.spec.norm_in == "outer" else None
+        self.runner_norm = norm_module if self.spec.norm_in == "runner" else None
         self.to(device=device)
         self.visual.to(dtype=dtype)
 
@@ -96,7 +144,7 @@ class VisionEncoder(nn.Module):
     @property
     def input_kind(self) -> str:
         """'normalized' (float32 from the CPU processor) or 'uint8' (raw pixels)."""
-        return "normalized" if self.placement in FLOAT_INPUT_PLACEMENTS else "uint8"
+        return self.spec.input_kind
 
     # ---- the outer model's eager entry point -------------------------------------------------
     def get_image_features(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
@@ -122,7 +170,7 @@ class VisionEncoder(nn.Module):
             raise ValueError(f"batch rows have {batch.pixels.shape[1]} columns, the {self.cfg.name!r} tower "
                              f"takes {self.cfg.patch_dim}")
         if self.check_inputs:
-            want_float = self.placement in FLOAT_INPUT_PLACEMENTS
+            want_float = self.spec.input_kind == "normalized"
             if want_float and not batch.pixels.dtype.is_floating_point:
                 raise ValueError(f"placement {self.placement!r} takes CPU-normalized float pixels "
                                  f"(wb.preprocess(..., normalize=True)), got {batch.pixels.dtype}")
@@ -135,51 +183,16 @@ class VisionEncoder(nn.Module):
 
         path: one of PATHS. `cudagraph` uses `runner` (a wb.EncoderGraphRunner over this encoder)
         or builds a default one; `dp` shards items over torch.distributed ranks (kw go to it).
+        The paths beyond eager live in their own modules (see `register_path`).
         """
         if path not in PATHS:
             raise ValueError(f"unknown path {path!r}; valid: {PATHS}")
         self.check_batch(batch)
         if path == "eager":
+            if runner is not None or kw:
+                raise TypeError(f"path 'eager' takes no runner or options, got {['runner'] * (runner is not None) + sorted(kw)}")
             return self.encode_eager(batch)
-        if path == "cudagraph":
-            from .runner import EncoderGraphRunner
-            if runner is None:
-                runner = self.default_runner(batch)
-            elif not isinstance(runner, EncoderGraphRunner):
-                raise TypeError(f"runner must be a workbench EncoderGraphRunner (or None for the default), "
-                                f"got {type(runner).__name__}")
-            elif runner.encoder is not self:
-                raise ValueError("the runner was built for another encoder")
-            return runner.encode(batch)
-        from .dp import encode_dp
-        return encode_dp(self, batch, **kw)
-
-    def default_runner(self, batch: PatchBatch):
-        """The runner `encode(path='cudagraph')` uses without `runner=`: built for the first batch
-        (`EncoderGraphRunner.default_for`), kept, and rebuilt when a later batch has an item
-        larger than its largest budget. Keeping the first batch's budgets would run every larger
-        item eagerly (a miss) for the encoder's whole life, which only `runner.stats` shows.
-        """
-        from .runner import EncoderGraphRunner, default_budgets
-        current = getattr(self, "_default_runner", None)
-        if current is None:
-            self._default_runner = EncoderGraphRunner.default_for(self, batch)
-            return self._default_runner
-        wanted = default_budgets(EncoderGraphRunner.default_max_tokens(self, batch))
-        if wanted[-1] <= current.budgets[-1]:
-            return current
-        # grow, never shrink: the budgets cover both the old batches and this one (default_budgets
-        # are powers of two from 64, so `wanted` extends `current.budgets` when both are defaults)
-        old = current.budgets
-        biggest = max(r // self.cfg.merge_unit for r in batch.item_rows)
-        # drop the old runner (its buffers and, on CUDA, its graph pool) before capturing again
-        self._default_runner = current = None
-        self._default_runner = EncoderGraphRunner.default_for(self, batch)
-        warnings.warn(f"the default cudagraph runner was rebuilt: an item of {biggest} merged tokens exceeds its "
-                      f"largest budget {old[-1]}; budgets {old} -> {self._default_runner.budgets} (every budget "
-                      f"was captured again). To capture once, pass runner=wb.EncoderGraphRunner(enc, "
-                      f"budgets=[...]) with budgets covering your largest item.", stacklevel=3)
-        return self._default_runner
+        return path_encoder(path)(self, batch, runner=runner, **kw)
 
     @torch.no_grad()
     def encode_eager(self, batch: PatchBatch) -> torch.Tensor:
@@ -204,10 +217,8 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
                         f"got {type(cfg).__name__}")
     # checked before anything uses them (norm.startswith below, the tower build): a None or a typo
     # must name itself and the choices, not surface as an AttributeError from deep inside
-    if placement not in STUDY_PLACEMENTS:
-        raise ValueError(f"unknown placement {placement!r}; valid: {PLACEMENTS} (and the study case 'double')")
-    if norm not in NORMS:
-        raise ValueError(f"unknown norm {norm!r}; valid: {NORMS}")
+    check_placement(placement)
+    check_norm_name(norm)
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype)
     if norm.startswith("triton") and dev.type == "cpu" and not _interpreting():

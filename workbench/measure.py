@@ -140,6 +140,10 @@ def graph_replay_us(fn, reps: int = 50, warmup: int = 3, flush_bytes: int = FLUS
 
 # ---- copy ceilings ---------------------------------------------------------------------------
 
+from . import default_triton_mode
+from .norms import check_norm_name
+
+default_triton_mode()   # before Triton is imported: the interpreter on machines without CUDA
 try:
     import triton
     import triton.language as tl
@@ -358,12 +362,6 @@ def _esize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _check_norm_name(name: str) -> None:
-    from .norms import NORMS
-    if name not in NORMS:
-        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
-
-
 def norm_traffic(name: str, n_rows: int, patch_dim: int, in_dtype: torch.dtype = torch.uint8,
                  out_dtype: torch.dtype = torch.bfloat16, n_valid: int | None = None,
                  out: bool = False) -> dict:
@@ -380,7 +378,7 @@ def norm_traffic(name: str, n_rows: int, patch_dim: int, in_dtype: torch.dtype =
     mask padding (no traffic, but every program still launches); identity is a cast (+ the same
     select as eager when n_valid and out are given).
     """
-    _check_norm_name(name)
+    check_norm_name(name)
     i, o = _esize(in_dtype), _esize(out_dtype)
     d = patch_dim
     valid = n_rows if n_valid is None else max(0, min(n_valid, n_rows))
@@ -421,7 +419,7 @@ def norm_alloc_trace(name: str, n_rows: int, patch_dim: int, in_dtype: torch.dty
     triton  the output [O] when no out= is given; nothing else (fp32 stays in registers).
     identity the cast [O] (none when dtypes match), plus the select of eager when n_valid and out.
     """
-    _check_norm_name(name)
+    check_norm_name(name)
     el = n_rows * patch_dim
     ob = el * _esize(out_dtype)
     events: list[tuple[str, int, int]] = []

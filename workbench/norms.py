@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from workbench.config import VisionConfig
+from workbench.dtypes import names
 
 NORMS = ("eager", "triton_channel", "triton_flat", "triton_rows", "identity")
 
@@ -85,12 +86,13 @@ FLAT_BLOCK = 1024
 FLAT_WARPS = 4
 CHANNEL_WARPS = 4
 
-_DTYPE_NAMES = {torch.uint8: "uint8", torch.float16: "float16", torch.bfloat16: "bfloat16",
-                torch.float32: "float32", torch.float64: "float64"}
+def check_norm_name(name) -> str:
+    """``name`` if it is one of NORMS, else ValueError naming it and the valid ones (the one check
+    every entry point uses)."""
+    if not isinstance(name, str) or name not in NORMS:
+        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
+    return name
 
-
-def _names(dtypes) -> str:
-    return ", ".join(_DTYPE_NAMES[d] for d in dtypes)
 
 
 _REPLAYING = 0
@@ -124,6 +126,9 @@ def _is_capturing() -> bool:
 # could only assume 1. Program bases are computed in int64 scalars so N * D may exceed 2**31,
 # while the per-element offsets stay int32 (64-bit vector index math is measurably slower).
 
+from . import default_triton_mode
+
+default_triton_mode()   # before Triton is imported: the interpreter on machines without CUDA
 try:
     import triton
     import triton.language as tl
@@ -244,8 +249,7 @@ class InputNorm(nn.Module):
                  block_rows: int | None = None, block_cols: int | None = None,
                  num_warps: int | None = None):
         super().__init__()
-        if name not in NORMS:
-            raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
+        check_norm_name(name)
         overrides = dict(block_rows=block_rows, block_cols=block_cols, num_warps=num_warps)
         given = {k: v for k, v in overrides.items() if v is not None}
         if given and name != "triton_rows":
@@ -300,14 +304,14 @@ class InputNorm(nn.Module):
                              f"C*T*P*P), got shape {tuple(pixels.shape)}")
         if pixels.dtype not in INPUT_DTYPES:
             raise TypeError(f"pixels dtype {pixels.dtype} is not supported; valid: "
-                            f"{_names(INPUT_DTYPES)}")
+                            f"{names(INPUT_DTYPES)}")
         valid_out = TRITON_OUT_DTYPES if self.name.startswith("triton") else TORCH_OUT_DTYPES
         if not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype must be a torch.dtype, got {out_dtype!r}; valid: "
-                            f"{_names(valid_out)}")
+                            f"{names(valid_out)}")
         if out_dtype not in valid_out:
             raise ValueError(f"out_dtype {out_dtype} is not supported by {self.name!r}; valid: "
-                             f"{_names(valid_out)}")
+                             f"{names(valid_out)}")
         if not pixels.is_contiguous():
             raise ValueError("pixels must be contiguous (call .contiguous() yourself; the norm "
                              "does not copy silently because that would add a hidden pass)")
@@ -434,8 +438,7 @@ def make_norm(name: str, cfg: VisionConfig, check_values: bool = True, **rows_co
     default tile of ``triton_rows`` (``ROWS_CONFIGS[0]``); it is an error for other norms.
     ``check_values=False`` skips the integer/range check of float input (a host sync).
     """
-    if name not in NORMS:
-        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
+    check_norm_name(name)
     unknown = set(rows_config) - {"block_rows", "block_cols", "num_warps"}
     if unknown:
         raise TypeError(f"unexpected keyword(s) {sorted(unknown)}; valid: block_rows, block_cols, "

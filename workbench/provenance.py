@@ -46,6 +46,15 @@ PACKAGES = (
 )
 
 META_NAME = "meta.json"
+RESULTS_ENV = "WORKBENCH_RESULTS"
+
+
+def results_root() -> Path:
+    """Where run folders and the report live: ``$WORKBENCH_RESULTS`` when set (moving them on
+    purpose), else the project's ``results/``, whatever the working directory (a notebook opened
+    in JupyterLab runs in notebooks/, a papermill run from anywhere)."""
+    env = os.environ.get(RESULTS_ENV)
+    return Path(env).expanduser() if env else REPO_ROOT / "results"
 _GIT_TIMEOUT_S = 10
 
 

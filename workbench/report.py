@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .provenance import META_NAME, atomic_write_text, utc_now
+from .provenance import META_NAME, atomic_write_text, results_root, utc_now
 
 REPORT_DIRNAME = "report"
 REFERENCE_DIRNAME = "reference"
@@ -102,11 +102,11 @@ def _load_run(path: Path, reference: bool) -> Run:
     return Run(path=path, meta=meta, tables=tables, reference=reference, error=error)
 
 
-def find_runs(results_dir: Path | str = "results") -> list[Run]:
+def find_runs(results_dir: Path | str | None = None) -> list[Run]:
     """Run folders directly under ``results_dir`` and under ``results_dir/reference/``; local runs
     first, each group oldest first. A folder without a meta.json (or with an unreadable one) is
     listed too, with the reason in ``error``, so the report never skips one silently."""
-    results_dir = Path(results_dir)
+    results_dir = Path(results_dir) if results_dir is not None else results_root()
     runs: list[Run] = []
     for base, reference in ((results_dir, False), (results_dir / REFERENCE_DIRNAME, True)):
         if not base.is_dir():
@@ -552,13 +552,13 @@ def _study_rank(name: str) -> tuple[int, str]:
     return (STUDY_ORDER.index(name) if name in STUDY_ORDER else len(STUDY_ORDER), name)
 
 
-def build_report(results_dir: Path | str = "results", out_dir: Path | str | None = None,
+def build_report(results_dir: Path | str | None = None, out_dir: Path | str | None = None,
                  studies: Mapping[str, Any] | None = None) -> ReportResult:
     """Write ``<out_dir>/index.html`` (default ``<results_dir>/report``) and return what it shows.
 
     ``studies`` defaults to the registry (``workbench.studies.discover()``).
     """
-    results_dir = Path(results_dir)
+    results_dir = Path(results_dir) if results_dir is not None else results_root()
     out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIRNAME
     if (out_dir / META_NAME).exists():
         raise ValueError(f"{out_dir} holds a meta.json: it is a run folder, not a report folder")

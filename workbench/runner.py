@@ -21,10 +21,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import torch
 
+from .dtypes import dtype_name, names
+from .encoder import register_path
 from .norms import replaying
 from .preprocess import PatchBatch
 
@@ -96,7 +99,7 @@ class EncoderGraphRunner:
         self.encoder = encoder
         self.budgets = _check_budgets(budgets, max_items)
         if buffer_dtype not in BUFFER_DTYPES:
-            raise ValueError(f"buffer_dtype {buffer_dtype} is not supported; valid: {BUFFER_DTYPES}")
+            raise ValueError(f"buffer_dtype {buffer_dtype} is not supported; valid: {names(BUFFER_DTYPES)}")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; valid: {BACKENDS}")
         on_cuda = encoder.device.type == "cuda"
@@ -105,9 +108,10 @@ class EncoderGraphRunner:
         if backend == "cuda" and not on_cuda:
             raise ValueError(f"backend 'cuda' needs the encoder on a CUDA device, it is on {encoder.device}; "
                              "use backend='emulated' (or 'auto')")
-        if buffer_dtype == torch.uint8 and (encoder.input_kind == "normalized" or encoder.runner_norm is not None):
+        if buffer_dtype not in encoder.spec.buffer_dtypes:
             raise ValueError(f"placement {encoder.placement!r} fills the graph buffer with normalized floats, which a "
-                             "uint8 buffer cannot hold; use buffer_dtype torch.bfloat16 or torch.float32")
+                             f"{dtype_name(buffer_dtype)} buffer cannot hold; valid buffer dtypes for it: "
+                             f"{names(encoder.spec.buffer_dtypes)}")
         self.buffer_dtype, self.max_items, self.backend, self.warmup = buffer_dtype, max_items, backend, warmup
         self.stats: list[ReplayRecord] = []
         self.pool = None
@@ -281,3 +285,47 @@ class EncoderGraphRunner:
     def __repr__(self) -> str:
         return (f"EncoderGraphRunner(placement={self.encoder.placement!r}, budgets={self.budgets}, "
                 f"buffer_dtype={self.buffer_dtype}, max_items={self.max_items}, backend={self.backend!r})")
+
+
+def default_runner(encoder, batch: PatchBatch) -> "EncoderGraphRunner":
+    """The runner `encode(path='cudagraph')` uses without `runner=`: built for the first batch
+    (`EncoderGraphRunner.default_for`), kept, and rebuilt when a later batch has an item
+    larger than its largest budget. Keeping the first batch's budgets would run every larger
+    item eagerly (a miss) for the encoder's whole life, which only `runner.stats` shows.
+    """
+    current = getattr(encoder, "_default_runner", None)
+    if current is None:
+        encoder._default_runner = EncoderGraphRunner.default_for(encoder, batch)
+        return encoder._default_runner
+    wanted = default_budgets(EncoderGraphRunner.default_max_tokens(encoder, batch))
+    if wanted[-1] <= current.budgets[-1]:
+        return current
+    # grow, never shrink: the budgets cover both the old batches and this one (default_budgets
+    # are powers of two from 64, so `wanted` extends `current.budgets` when both are defaults)
+    old = current.budgets
+    biggest = max(r // encoder.cfg.merge_unit for r in batch.item_rows)
+    # drop the old runner (its buffers and, on CUDA, its graph pool) before capturing again
+    encoder._default_runner = current = None
+    encoder._default_runner = EncoderGraphRunner.default_for(encoder, batch)
+    warnings.warn(f"the default cudagraph runner was rebuilt: an item of {biggest} merged tokens exceeds its "
+                  f"largest budget {old[-1]}; budgets {old} -> {encoder._default_runner.budgets} (every budget "
+                  f"was captured again). To capture once, pass runner=wb.EncoderGraphRunner(enc, "
+                  f"budgets=[...]) with budgets covering your largest item.", stacklevel=4)
+    return encoder._default_runner
+
+
+def encode_cudagraph(encoder, batch: PatchBatch, runner: "EncoderGraphRunner | None" = None, **kw):
+    """Path `cudagraph` of `VisionEncoder.encode`: the given runner, or the encoder's default one."""
+    if kw:
+        raise TypeError(f"path 'cudagraph' takes no options {sorted(kw)} (only runner=)")
+    if runner is None:
+        runner = default_runner(encoder, batch)
+    elif not isinstance(runner, EncoderGraphRunner):
+        raise TypeError(f"runner must be a workbench EncoderGraphRunner (or None for the default), "
+                        f"got {type(runner).__name__}")
+    elif runner.encoder is not encoder:
+        raise ValueError("the runner was built for another encoder")
+    return runner.encode(batch)
+
+
+register_path("cudagraph", encode_cudagraph)

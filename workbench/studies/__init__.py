@@ -105,39 +105,58 @@ def profile_of(device: Any) -> str:
     return "gpu" if name.startswith("cuda") else "cpu"
 
 
+_NOTEBOOK_STARTED: dict[str, Any] = {}
+
+
 def notebook_params(name: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     """The study's declared parameters from a notebook's globals, checked and coerced (the cell
-    after ``parameters`` calls this, so a bad papermill value fails before any work)."""
+    after ``parameters`` calls this, so a bad papermill value fails before any work). It also
+    notes the time, which `save_table` records as the run's start."""
+    from ..provenance import utc_now
+
     study = discover()[name]
-    return study.params.from_namespace(namespace, study=name)
+    params = study.params.from_namespace(namespace, study=name)
+    _NOTEBOOK_STARTED[name] = utc_now()
+    return params
 
 
 def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
                params: Mapping[str, Any] | None = None, results_root: str | Path | None = None) -> Path:
     """Check ``table`` against the study table format and write ``<run_dir>/<study_name>.parquet``
-    atomically; returns its path.
+    atomically; returns its path. Every run folder ends up with its provenance:
 
-    A notebook run by the sweep gets ``run_dir`` from it (meta.json is the sweep's). Run
-    interactively with ``run_dir=None``, a new run folder is made under ``results_root`` (default:
-    the project's results/, whatever the working directory) with its own meta.json recording
-    ``params``, so an interactive result is never mixed into, nor overwrites, a finished run. An
-    existing table of the same study in ``run_dir`` is refused rather than replaced.
+    - ``run_dir=None`` (a notebook run interactively): a new run folder under ``results_root``
+      (default: `workbench.provenance.results_root()`: the project's results/ whatever the
+      working directory, or $WORKBENCH_RESULTS) with its own meta.json (mode ``interactive``);
+    - a ``run_dir`` without meta.json (papermill started by hand with ``-p run_dir ...``): a
+      meta.json is written there (mode ``notebook``); a later study saved into the same folder
+      adds its parameters to it;
+    - a ``run_dir`` whose meta.json another process wrote (the sweep's): left alone.
+
+    ``params`` are recorded as the study's parameters. An existing table is never replaced.
     """
-    from ..provenance import REPO_ROOT, collect_meta, finish_meta, new_run_dir, write_meta
+    from ..provenance import (META_NAME, collect_meta, finish_meta, new_run_dir, read_meta,
+                              results_root as default_root, write_meta)
 
     table = check_table(table, name=f"{study_name} table")
-    own_meta = run_dir is None
-    if own_meta:
-        root = Path(results_root) if results_root is not None else REPO_ROOT / "results"
-        run_dir = new_run_dir(root, name=f"{study_name}-interactive")
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / f"{study_name}.parquet"
-    if path.exists():
-        raise FileExistsError(f"{path} exists; a finished run's table is never overwritten (use a new run_dir)")
-    if own_meta:
-        meta = collect_meta({"studies": {study_name: dict(params or {})}, "mode": "interactive"})
-    write_study_table(table, path)
-    if own_meta:
+    if run_dir is None:
+        root = Path(results_root) if results_root is not None else default_root()
+        run_dir, mode = new_run_dir(root, name=f"{study_name}-interactive"), "interactive"
+    else:
+        run_dir, mode = Path(run_dir), "notebook"
+        run_dir.mkdir(parents=True, exist_ok=True)
+    path = write_study_table(table, run_dir / f"{study_name}.parquet")
+    meta_path = run_dir / META_NAME
+    recorded = {study_name: dict(params or {})}
+    if not meta_path.exists():
+        meta = collect_meta({"studies": recorded, "mode": mode})
+        started = _NOTEBOOK_STARTED.pop(study_name, None)
+        if started is not None:
+            meta["started_at"] = started.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         write_meta(run_dir, finish_meta(meta))
+    else:
+        meta = read_meta(run_dir)
+        if (meta.get("params") or {}).get("mode") == "notebook":     # ours: add this study
+            meta["params"].setdefault("studies", {}).update(recorded)
+            write_meta(run_dir, finish_meta(meta), overwrite=True)
     return path

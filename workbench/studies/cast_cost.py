@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from ..config import PRESET_NAMES, VisionConfig
+from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device, resolve_dtype
 from ..measure import (bf16_ulps, copy_ceiling_gbs, device_label, floor_us, flop_floor_us, fmt_bytes, fmt_us,
                        matmul_tflops, norm_traffic, time_us, tower_flops)
@@ -37,6 +38,7 @@ from ..norms import NORMS, make_norm, normalize_reference
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique, fractions
 from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
+from .plotting import progress as show_progress
 from .tables import tidy, wide
 
 DESIGNS = ("bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fp32_buffer")
@@ -168,8 +170,6 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Measure every (design, norm, budget, fill) cell; returns the tidy long table.
 
     params: see PARAMS (defaults: the device's profile)."""
-    from tqdm.auto import tqdm
-
     dev = resolve_device(device)
     p = PARAMS.resolve(params, profile_of(dev), study="cast_cost")
     dt = resolve_dtype(p["dtype"])
@@ -185,8 +185,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     rows: list[dict] = []
     cells = list(_cells(p["designs"], p["norms"]))
     replay = {}
-    bar = tqdm(total=len(cells) * len(p["budgets"]) * len(p["fills"]) + len(p["budgets"]), desc="cast_cost",
-               disable=not progress)
+    bar = show_progress(total=len(cells) * len(p["budgets"]) * len(p["fills"]) + len(p["budgets"]),
+                        desc="cast_cost", enabled=progress)
     for budget in p["budgets"]:
         replay[budget] = _tower_replay_us(cfg, dt, dev, budget, p["reps"], p["seed"])
         bar.update()
@@ -210,7 +210,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                 total = st.copy_bytes + st.norm_bytes
                 min_bytes = n * cfg.patch_dim * (1 + torch.empty((), dtype=dt).element_size())
                 rows.append(dict(
-                    study="cast_cost", preset=p["preset"], family=cfg.family, depth=cfg.depth, dtype=str(dt)[6:],
+                    study="cast_cost", preset=p["preset"], family=cfg.family, depth=cfg.depth, dtype=dtype_name(dt),
                     device=label, design=design, norm=norm, budget=budget, budget_rows=big_n, fill=fill,
                     valid_rows=n, copy_us=t_copy["p50_us"], copy_p90_us=t_copy["p90_us"], norm_us=t_norm["p50_us"],
                     norm_p90_us=t_norm["p90_us"], staging_us=t_all["p50_us"], staging_p90_us=t_all["p90_us"],

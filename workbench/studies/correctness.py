@@ -16,7 +16,9 @@ import pandas as pd
 import torch
 
 from ..config import PRESET_NAMES, VisionConfig
-from ..encoder import FLOAT_INPUT_PLACEMENTS, PATHS, STUDY_PLACEMENTS, build_encoder, resolve_device, resolve_dtype
+from ..dtypes import dtype_name
+from ..dtypes import resolve_dtype as dtype_of
+from ..encoder import PATHS, PLACEMENT_TABLE, STUDY_PLACEMENTS, build_encoder, resolve_device, resolve_dtype
 from ..measure import device_label
 from ..norms import NORMS, normalize_reference
 from ..preprocess import Video, preprocess
@@ -25,6 +27,7 @@ from ..runner import EncoderGraphRunner
 from ..samples import sample_images, sample_video
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique
+from .plotting import progress as show_progress
 from .plotting import save_figure
 from .tables import tidy, wide
 
@@ -43,15 +46,15 @@ PRECISION_ORDER = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
 
 def cell_tolerance(dtype: torch.dtype, buffer_dtype: str) -> float:
-    buf = BUFFER_NAMES.get(buffer_dtype)
+    buf = dtype_of(buffer_dtype) if buffer_dtype in BUFFER_NAMES else None
     if buf is None or not buf.is_floating_point:
         return TOLERANCE[dtype]
     return TOLERANCE[max(dtype, buf, key=PRECISION_ORDER.index)]
 
 
 # norm implementations do not matter where no device norm runs
-NORM_FREE = ("processor", "none")
-BUFFER_NAMES = {"bfloat16": torch.bfloat16, "uint8": torch.uint8, "float32": torch.float32}
+NORM_FREE = tuple(n for n, p in PLACEMENT_TABLE.items() if p.norm_in is None)
+BUFFER_NAMES = ("bfloat16", "uint8", "float32")
 PATH_COLUMNS = ["eager", "cudagraph[bfloat16]", "cudagraph[uint8]", "cudagraph[float32]", "dp"]
 
 
@@ -68,8 +71,8 @@ def _cells(placements, norms, paths, buffer_dtypes):
             for path in paths:
                 bufs = buffer_dtypes if path == "cudagraph" else ["-"]
                 for buf in bufs:
-                    if buf == "uint8" and (placement in FLOAT_INPUT_PLACEMENTS or placement == "runner"):
-                        continue  # a uint8 buffer cannot hold normalized floats: not a configuration
+                    if buf != "-" and dtype_of(buf) not in PLACEMENT_TABLE[placement].buffer_dtypes:
+                        continue  # e.g. a uint8 buffer cannot hold normalized floats: not a configuration
                     yield placement, (norm if placement not in NORM_FREE else "(unused)"), path, buf
 
 
@@ -133,8 +136,6 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     p = PARAMS.resolve(params, profile_of(resolve_device(device)), study="correctness")
     (families, depth, dtype, placements, norms, paths, buffer_dtypes, max_pixels, budgets, max_items,
      dp_world_size, hazard, seed) = (p[k] for k in PARAMS.names)
-    from tqdm.auto import tqdm
-
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
     tol = TOLERANCE[dt]
@@ -150,11 +151,10 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         with torch.no_grad():
             ref = ref_enc.visual(normalize_reference(raw.pixels, cfg).to(dev), raw.grid_thw).cpu()
         del ref_enc
-        common = dict(family=cfg.family, preset=fam, depth=cfg.depth, width=cfg.width, dtype=str(dt).replace(
-            "torch.", ""), device=device_label(dev), n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
+        common = dict(family=cfg.family, preset=fam, depth=cfg.depth, width=cfg.width, dtype=dtype_name(dt), device=device_label(dev), n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
         cells = list(_cells(placements, norms, [p for p in paths if p != "dp"], buffer_dtypes))
         encoders = {}
-        for placement, norm, path, buf in tqdm(cells, desc=f"correctness {fam}", disable=not progress):
+        for placement, norm, path, buf in show_progress(cells, desc=f"correctness {fam}", enabled=progress):
             key = (placement, norm)
             if key not in encoders:
                 encoders[key] = _build(cfg, placement, norm, dt, dev, seed)
@@ -164,7 +164,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             if path == "eager":
                 out = enc.encode(batch)
             else:
-                runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=BUFFER_NAMES[buf],
+                runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=dtype_of(buf),
                                             max_items=max_items)
                 out = enc.encode(batch, path="cudagraph", runner=runner)
                 st = runner.stats_frame()

@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from ..config import PRESET_NAMES, VisionConfig
+from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device
 from ..measure import (captured_memory, count_allocations, device_label, eager_peak_bytes, fmt_bytes,
                        norm_alloc_trace, pool_model, trace_peak_bytes)
@@ -37,9 +38,10 @@ from ..norms import NORMS, make_norm
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
+from .plotting import progress as show_progress
 from .tables import tidy, wide
 
-BUFFERS = {"uint8": torch.uint8, "bfloat16": torch.bfloat16}
+BUFFERS = {dtype_name(d): d for d in (torch.uint8, torch.bfloat16)}   # the graph buffers a tower norm reads
 OUT_DTYPE = torch.bfloat16
 
 PARAMS = ParamSpec(
@@ -99,8 +101,6 @@ def _tower_pool(enc, buf, meta, dev) -> dict:
 
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Model (every device) and measure (CUDA) every cell; returns the tidy long table."""
-    from tqdm.auto import tqdm
-
     dev = resolve_device(device)
     p = PARAMS.resolve(params, profile_of(dev), study="fp32_memory")
     base = VisionConfig.preset(p["preset"])
@@ -111,8 +111,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                   dtype="bfloat16", device=label)
     rows = []
     cells = [(b, buf, n) for b in p["budgets"] for buf in p["buffer_dtypes"] for n in p["norms"]]
-    bar = tqdm(total=len(cells) + len(p["budgets"]) * (1 + len(p["buffer_dtypes"])), desc="fp32_memory",
-               disable=not progress)
+    bar = show_progress(total=len(cells) + len(p["budgets"]) * (1 + len(p["buffer_dtypes"])), desc="fp32_memory",
+                        enabled=progress)
     for budget in p["budgets"]:
         n_rows = budget * cfg.merge_unit
         geo = dict(budget=budget, budget_rows=n_rows)

@@ -1,6 +1,8 @@
-"""Shared figure helpers: every study saves its figures the same way and labels them alike."""
+"""Shared presentation helpers: every study saves its figures the same way, labels them alike,
+and shows progress the same way."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Iterable
@@ -70,3 +72,23 @@ def source_label(g: pd.DataFrame, run: str) -> str:
         return dev
     ref = ", reference" if "reference" in g and bool(g["reference"].any()) else ""
     return f"{dev} (run {run}{ref})"
+
+
+PROGRESS_ENV = "WORKBENCH_PROGRESS"
+
+
+def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled: bool = True):
+    """A tqdm progress bar for long study work. Off when ``enabled`` is False or
+    ``$WORKBENCH_PROGRESS`` is 0 (the sweep sets it for notebooks it executes: papermill shows
+    cell progress, and bar fragments would litter the executed notebook); a notebook widget where
+    ipywidgets is installed, plain text otherwise (never tqdm's "IProgress not found" warning)."""
+    from tqdm.std import tqdm as text_bar
+
+    if not enabled or os.environ.get(PROGRESS_ENV) == "0":
+        return text_bar(iterable, total=total, desc=desc, disable=True)
+    try:
+        import ipywidgets  # noqa: F401
+        from tqdm.auto import tqdm as bar
+    except ImportError:
+        bar = text_bar
+    return bar(iterable, total=total, desc=desc)

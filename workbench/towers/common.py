@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import ATTN_BACKENDS, resolve_backend, varlen_attention
+from ..attention import check_backend, resolve_backend, varlen_attention
 from ..config import VisionConfig
 
 
@@ -210,9 +210,7 @@ class VisionTower(nn.Module):
         self.cfg = cfg
         self.device_norm = device_norm
         self.input_norm = input_norm
-        self.attn_backend = attn_backend
-        if attn_backend not in ATTN_BACKENDS:
-            raise ValueError(f"unknown attention backend {attn_backend!r}; valid: {ATTN_BACKENDS}")
+        self.attn_backend = check_backend(attn_backend)
         self.patch_embed = PatchEmbed(cfg)
 
     # ---- properties ------------------------------------------------------------------------
