@@ -704,6 +704,9 @@ def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path, monkeypatch):
     meta = prov.read_meta(run_dir)
     assert len(meta["failures"]) == 1 and meta["failures"][0].startswith("cast_cost: ")
     assert "no-such-family" in meta["failures"][0]
+    page = rep.build_report(tmp_path, studies={}).index.read_text()
+    assert "Studies that failed in a run:" in page and "no-such-family: the kernel broke" in page   # visible
+    assert "interrupted" in page or "--resume" in page                  # and how to finish it
 
 
 def test_cli_help_lists_every_study_parameter_with_its_defaults():

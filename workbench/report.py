@@ -662,8 +662,8 @@ def _runs_table(runs: list[Run], out_dir: Path,
                 status += f", resumed ({_e(parts)})"
             failures = (r.meta or {}).get("failures") or []
             if failures:
-                status = (f"<span title='{_e('; '.join(map(str, failures)))}'>{status}, "
-                          f"{len(failures)} failed</span>")
+                status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
+                          f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
         bad = table_problems.get(r.name) or []
         if bad:
             status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
@@ -677,6 +677,9 @@ def _runs_table(runs: list[Run], out_dir: Path,
     problems += [f"<li>{_e(name)}: {_e(line)}</li>" for name, lines in table_problems.items() for line in lines]
     listing = ("<p class='problem'>Run folders and tables the report could not use:</p><ul class='problem'>"
                + "".join(problems) + "</ul>") if problems else ""
+    failed = [f"<li>{_e(r.name)}: {_e(f)}</li>" for r in runs for f in ((r.meta or {}).get("failures") or [])]
+    if failed:   # the reason on the page, not only in a tooltip
+        listing += "<p class='problem'>Studies that failed in a run:</p><ul class='problem'>" + "".join(failed) + "</ul>"
     return ("<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
             "<th>duration</th><th>status</th><th>tables</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>" + listing)

@@ -311,7 +311,7 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
                     continue
                 mark = {2: "ok", 0: "WRONG", 1: "mixed"}[int(code[i, j])]
                 ax.text(j, i, f"{mark}\n{v:.1e}", ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(len(cols)), [c.replace("cudagraph", "graph") for c in cols], rotation=25, ha="right")
+        ax.set_xticks(range(len(cols)), cols, rotation=25, ha="right")       # the path names of the tables
         ax.set_yticks(range(len(rows)), rows)
         devs = ", ".join(sorted(g.device.unique()))
         ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs})", fontsize=10)
