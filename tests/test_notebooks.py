@@ -102,3 +102,21 @@ def test_a_notebook_run_from_the_notebooks_folder_lands_in_the_results_folder(tm
     assert meta["params"]["mode"] == "interactive" and meta["params"]["studies"]["fp32_memory"]["budgets"] == [1024]
     assert not (ROOT / "notebooks" / "results").exists()
     load_table(run / "fp32_memory.parquet")
+
+
+@pytest.mark.slow
+def test_a_papermill_sweep_exports_readable_html_that_the_report_links(tmp_path):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "workbench", "sweep", "--results", str(tmp_path), "--studies",
+                        "fp32_memory", "--set", "budgets=[1024]"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    html = (run / "fp32_memory.html").read_text()
+    assert "<html" in html and "what normalization parks in the CUDA-graph pool" in html   # the notebook, rendered
+    assert "IProgress" not in html and "TqdmWarning" not in html
+    subprocess.run([sys.executable, "-m", "workbench", "report", "--no-sweep", "--results", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert f'href="../{run.name}/fp32_memory.html"' in page and f'href="../{run.name}/meta.json"' in page

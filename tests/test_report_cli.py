@@ -436,10 +436,10 @@ def test_report_rebuild_replaces_the_old_one_and_ignores_report_folder(built, tm
     assert result.no_study and [r.name for r in result.runs] == [local.name, REFERENCE_RUN.name]
     page = (out / "index.html").read_text()
     assert "no study exists yet" in page.lower()
-    # links to run folders are relative to the report folder
+    # a run's link opens its meta.json, relative to the report folder
     for r in result.runs:
-        link = re.search(rf'<a href="([^"]+)/">{re.escape(r.name)}</a>', page).group(1)
-        assert (out / link).resolve() == r.path.resolve()
+        link = re.search(rf'<a href="([^"]+)">{re.escape(r.name)}</a>', page).group(1)
+        assert (out / link).resolve() == (r.path / "meta.json").resolve()
 
 
 def test_report_refuses_to_write_into_a_run_folder(built):

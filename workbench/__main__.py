@@ -157,11 +157,27 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
             failures.append(f"{study.name}: {type(e).__name__}: {e}")
             print(f"sweep: {study.name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             continue
-        warning = _save_run_figures(study, table, run_dir)
-        if warning:
-            warnings.append(warning)
-            print(f"sweep: {warning}", file=sys.stderr)
+        for warning in (_save_run_figures(study, table, run_dir),
+                        None if direct else _export_html(run_dir / f"{study.name}.ipynb")):
+            if warning:
+                warnings.append(warning)
+                print(f"sweep: {warning}", file=sys.stderr)
     return failures, warnings
+
+
+def _export_html(notebook: Path) -> str | None:
+    """``<study>.html`` beside the executed notebook, so the report links to something a browser
+    shows (code, tables, figures); a warning instead of an error where nbconvert is missing."""
+    try:
+        import nbconvert
+        import nbformat
+
+        body, _ = nbconvert.HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
+        from .provenance import atomic_write_text
+        atomic_write_text(notebook.with_suffix(".html"), body)
+    except Exception as e:  # noqa: BLE001 - the measurement is done; only its readable copy is missing
+        return f"{notebook.stem}: no HTML export ({type(e).__name__}: {e})"
+    return None
 
 
 def _find_run(results: Path, name: str) -> Path:

@@ -632,6 +632,13 @@ def _rel_link(target: Path, out_dir: Path) -> str | None:
         return None
 
 
+def _table_link(r: Run, study: str, out_dir: Path) -> str:
+    """The study's name, linked to the run's HTML export of its executed notebook when there is one."""
+    page = r.path / f"{study}.html"
+    link = _rel_link(page, out_dir) if page.is_file() else None
+    return f'<a href="{_e(link)}">{_e(study)}</a>' if link else _e(study)
+
+
 def _unfinished(r: Run) -> str:
     from .provenance import run_in_use
 
@@ -648,8 +655,10 @@ def _runs_table(runs: list[Run], out_dir: Path,
     table_problems = table_problems or {}
     rows = []
     for r in runs:
-        link = _rel_link(r.path, out_dir)
-        name = f'<a href="{_e(link)}/">{_e(r.name)}</a>' if link else _e(r.name)
+        # the run's meta.json (provenance, parameters) opens readably in a browser; a folder would not
+        meta = r.path / META_NAME
+        link = _rel_link(meta if meta.is_file() else r.path, out_dir)
+        name = f'<a href="{_e(link)}">{_e(r.name)}</a>' if link else _e(r.name)
         if r.reference:
             name += ' <span class="ref">reference</span>'
         if r.error:
@@ -669,7 +678,7 @@ def _runs_table(runs: list[Run], out_dir: Path,
             status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
                        f"table{'s' if len(bad) > 1 else ''} unreadable</span>")
         dur = f"{r.duration_s:.1f} s" if r.duration_s is not None else ""
-        tables = ", ".join(_e(t) for t in r.tables) or '<span class="muted">none</span>'
+        tables = ", ".join(_table_link(r, t, out_dir) for t in r.tables) or '<span class="muted">none</span>'
         rows.append(
             f"<tr><td>{name}</td><td>{_e(r.device)}</td><td><code>{_e(r.git)}</code></td>"
             f"<td>{_e(r.started)}</td><td>{dur}</td><td>{status}</td><td>{tables}</td></tr>")
