@@ -374,10 +374,14 @@ def test_report_shows_both_devices_and_marks_the_reference(built):
     assert names == [local.name, REFERENCE_RUN.name]       # local first, report/ not a run
     assert [r.reference for r in result.runs] == [False, True]
 
-    local_device = prov.read_meta(local)["device"]
-    ref_device = prov.read_meta(REFERENCE_RUN)["device"]
-    assert "H200" in ref_device and local_device.startswith("cpu")
+    # one device name for a run everywhere: the one its tables carry (not the host's "2x ...")
+    local_device = pd.read_parquet(local / "correctness.parquet").device.iloc[0]
+    ref_device = pd.read_parquet(REFERENCE_RUN / "correctness.parquet").device.iloc[0]
+    assert ref_device == "NVIDIA H200" and local_device.startswith("cpu")
+    assert prov.read_meta(REFERENCE_RUN)["device"] == "2x NVIDIA H200"
+    assert [r.device for r in result.runs] == [local_device, ref_device]
     assert html.escape(local_device) in page and html.escape(ref_device) in page
+    assert "2x NVIDIA H200" not in _row_of(page, REFERENCE_RUN.name)
 
     ref_row, local_row = _row_of(page, REFERENCE_RUN.name), _row_of(page, local.name)
     assert 'class="ref">reference<' in ref_row and "H200" in ref_row

@@ -51,6 +51,7 @@ class Run:
     tables: dict[str, Path] = field(default_factory=dict)   # study name -> parquet file
     reference: bool = False
     error: str | None = None                                   # meta.json unreadable
+    table_devices: list[str] = field(default_factory=list)     # `device` values of its read tables
 
     @property
     def name(self) -> str:
@@ -58,6 +59,10 @@ class Run:
 
     @property
     def device(self) -> str:
+        """The device its tables were measured on (one name everywhere: the tables' own), or,
+        before they are read, the host meta.json names ('2x NVIDIA H200' on a 2-GPU host)."""
+        if self.table_devices:
+            return ", ".join(self.table_devices)
         return str((self.meta or {}).get("device") or "unknown device")
 
     @property
@@ -575,6 +580,9 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
     try:
         loaded, problems = load_tables(runs, studies)
         devices = known_devices(runs, loaded)
+        for run in runs:
+            run.table_devices = sorted({str(d) for (name, _), df in loaded.items() if name == run.name
+                                        for d in df["device"].dropna().unique()})
         sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices)
                     for _, s in sorted(studies.items(), key=lambda kv: _study_rank(kv[0]))]
         bandwidth = norm_bandwidth_section(results_dir, tmp)
