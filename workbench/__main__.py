@@ -25,8 +25,6 @@ from typing import Any, Sequence
 from .provenance import REPO_ROOT, RunLock, collect_meta, finish_meta, new_run_dir, results_root, write_meta
 from .report import NO_STUDY_MESSAGE, build_report
 
-PROGRESS_ENV = "WORKBENCH_PROGRESS"     # read by workbench.studies.plotting.progress
-
 # Everything heavy (torch, pandas, the studies) is imported inside the commands, so that --help and
 # argument errors answer at once.
 
@@ -265,13 +263,12 @@ def _save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from .provenance import utc_now
-    from .studies.tables import load_table
+    from .provenance import read_meta
+    from .report import Run, run_table
 
-    try:
-        df = load_table(table).assign(run=run_dir.name, reference=False,
-                                      run_date=utc_now().strftime("%Y-%m-%d"))
-        study.summarize(df, run_dir / "figures")
+    try:   # the same columns the report adds (run, reference, run_date), from the same code
+        run = Run(path=run_dir, meta=read_meta(run_dir), tables={study.name: table})
+        study.summarize(run_table(run, study.name), run_dir / "figures")
     except Exception as e:  # noqa: BLE001
         return f"{study.name}: figures not saved ({type(e).__name__}: {e})"
     return None
@@ -287,6 +284,8 @@ def _run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path
     except ImportError as e:
         raise RuntimeError("papermill is not installed (make setup, or make wheels on a GPU "
                            "host; --direct runs studies without notebooks)") from e
+    from .studies.plotting import PROGRESS_ENV
+
     # the kernel inherits this: studies show no progress bars inside the executed notebook
     os.environ[PROGRESS_ENV] = "0"
     pm.execute_notebook(

@@ -280,16 +280,21 @@ def study_table(study_name: str, runs: list[Run], problems: list[TableProblem] |
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def known_devices(runs: list[Run], loaded: Mapping[tuple[str, str], Any]) -> set[str]:
-    """The devices seen anywhere: every loaded table's ``device`` values, plus the meta.json
-    device of each run with no loaded table."""
-    devices: set[str] = set()
-    with_tables = {run for run, _ in loaded}
-    for df in loaded.values():
-        if "device" in df.columns:
-            devices.update(str(d) for d in df["device"].dropna().unique())
+def note_table_devices(runs: list[Run], loaded: Mapping[tuple[str, str], Any]) -> None:
+    """Set each run's ``table_devices``: the ``device`` values of its loaded tables."""
     for run in runs:
-        if run.name not in with_tables and (run.meta or {}).get("device"):
+        run.table_devices = sorted({str(d) for (name, _), df in loaded.items() if name == run.name
+                                    for d in df["device"].dropna().unique()})
+
+
+def known_devices(runs: list[Run]) -> set[str]:
+    """The devices seen anywhere: each run's ``device`` (its tables' devices once
+    `note_table_devices` ran; the meta.json device of a run with no readable table)."""
+    devices: set[str] = set()
+    for run in runs:
+        if run.table_devices:
+            devices.update(run.table_devices)
+        elif (run.meta or {}).get("device"):
             devices.add(str(run.meta["device"]))
     return devices
 
@@ -579,10 +584,8 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
     tmp.mkdir(parents=True)
     try:
         loaded, problems = load_tables(runs, studies)
-        devices = known_devices(runs, loaded)
-        for run in runs:
-            run.table_devices = sorted({str(d) for (name, _), df in loaded.items() if name == run.name
-                                        for d in df["device"].dropna().unique()})
+        note_table_devices(runs, loaded)
+        devices = known_devices(runs)
         sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices)
                     for _, s in sorted(studies.items(), key=lambda kv: _study_rank(kv[0]))]
         bandwidth = norm_bandwidth_section(results_dir, tmp)
