@@ -60,6 +60,8 @@ def _images(executed: Path) -> int:
 @pytest.mark.parametrize("study, metrics", [
     ("cast_cost", {"staging_us", "copy_us", "norm_us", "bytes", "floor_us", "share_of_replay"}),
     ("fp32_memory", {"model_bytes", "temp_bytes", "counted_peak_bytes", "trace_matches"}),
+    ("padding_waste", {"padded_frac", "padded_frac_expected", "norm_us_padding", "matmul_flops_padding",
+                       "replay_ms", "edge_replay_ms", "encode_ms_per_image"}),
 ])
 def test_input_path_notebooks_run_with_defaults(tmp_path, study, metrics):
     papermill = pytest.importorskip("papermill")

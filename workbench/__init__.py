@@ -21,6 +21,8 @@ _EXPORTS = {
     "PatchBatch": "preprocess", "Video": "preprocess", "preprocess": "preprocess",
     "EncoderGraphRunner": "runner",
     "image_mix": "samples", "random_images": "samples", "sample_images": "samples", "sample_video": "samples",
+    "mix_distribution": "samples", "mix_tokens": "samples", "mix_sizes": "samples",
+    "plan_budgets": "planner", "expected_padding": "planner", "geometric_budgets": "planner",
 }
 
 __all__ = list(_EXPORTS)

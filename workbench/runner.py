@@ -7,7 +7,8 @@ copies the pack's pixels into the static buffer (a device-to-device copy, plus a
 buffer dtype differs), zeroes the padding rows, and copies host-prepared metadata (rotary cos/sin,
 cu_seqlens with repeated tails, window index) into the static metadata buffers. All budgets are
 captured into one shared memory pool, largest first; outputs are cloned out of the static
-output buffer.
+output buffer. `encode(batch, phases={})` also times each phase (plan, metadata, staging, replay,
+copy_out: `PHASES`), synchronizing the device around each; without ``phases`` nothing is timed.
 
 The runner calls `encoder.visual.forward_prepared` directly, as engines do: whatever the outer
 model does before calling its tower (placement `outer`) does not happen here. Only the model
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -83,6 +85,42 @@ def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
     while out[-1] < max_tokens:
         out.append(out[-1] * 2)
     return out
+
+
+# the phases of `EncoderGraphRunner.encode(..., phases={})`, in the order they run per pack
+PHASES = ("plan", "metadata", "staging", "replay", "copy_out")
+
+
+class _PhaseClock:
+    """``with clock("replay"): ...`` adds the seconds the block took to ``phases["replay"]``,
+    synchronizing a CUDA device before and after it so that queued work is counted where it was
+    issued. With ``phases=None`` every block is a plain pass-through: no clock, no sync."""
+
+    __slots__ = ("phases", "device", "name", "t0")
+
+    def __init__(self, phases: dict | None, device: torch.device):
+        if phases is not None and not isinstance(phases, dict):
+            raise TypeError(f"phases must be a dict (or None), got {type(phases).__name__}")
+        self.phases = phases
+        self.device = device if phases is not None and device.type == "cuda" else None
+        self.name, self.t0 = None, 0.0
+
+    def __call__(self, name: str) -> "_PhaseClock":
+        self.name = name
+        return self
+
+    def __enter__(self) -> None:
+        if self.phases is not None:
+            if self.device is not None:
+                torch.cuda.synchronize(self.device)
+            self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> bool:
+        if self.phases is not None:
+            if self.device is not None:
+                torch.cuda.synchronize(self.device)
+            self.phases[self.name] = self.phases.get(self.name, 0.0) + time.perf_counter() - self.t0
+        return False
 
 
 class EncoderGraphRunner:
@@ -249,26 +287,39 @@ class EncoderGraphRunner:
         self.input_buffer.zero_()
 
     @torch.inference_mode()
-    def encode(self, batch: PatchBatch, pad_value: float = 0.0) -> torch.Tensor:
+    def encode(self, batch: PatchBatch, pad_value: float = 0.0, phases: dict | None = None) -> torch.Tensor:
         """Merged embeddings [N/4, out_hidden] in item order; appends ReplayRecords to `stats`.
 
-        pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check)."""
+        pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check).
+        phases: a dict to add each phase's seconds to (keys `PHASES`, plus ``miss`` when an item
+        runs eagerly); the device is synchronized before and after each phase, so the times are
+        wall times of finished work. None (the default) times nothing and never synchronizes."""
         self.encoder.check_batch(batch)
         self.check_pad_value(pad_value)  # before any replay, so a bad value leaves no partial stats
+        phase = _PhaseClock(phases, self.device)
         unit = self.encoder.cfg.merge_unit
-        packs, misses = self.plan(batch)
-        out = torch.empty(batch.n_rows // unit, self.encoder.cfg.out_hidden, dtype=self.encoder.dtype,
-                          device=self.device)
+        with phase("plan"):
+            packs, misses = self.plan(batch)
+        with phase("copy_out"):
+            out = torch.empty(batch.n_rows // unit, self.encoder.cfg.out_hidden, dtype=self.encoder.dtype,
+                              device=self.device)
         for budget, idx in packs:
-            sub = batch.select(idx)
+            with phase("plan"):
+                sub = batch.select(idx)
             cap = self.graphs[budget]
-            cap.meta.copy_(self._prepare(sub.grid_thw, budget, "cpu"))
-            self.stage(cap, sub.pixels.to(self.device, non_blocking=True), pad_value)
-            batch.place_tokens(out, idx, self.replay(cap), unit)
+            with phase("metadata"):
+                cap.meta.copy_(self._prepare(sub.grid_thw, budget, "cpu"))
+            with phase("staging"):
+                self.stage(cap, sub.pixels.to(self.device, non_blocking=True), pad_value)
+            with phase("replay"):
+                result = self.replay(cap)
+            with phase("copy_out"):
+                batch.place_tokens(out, idx, result, unit)
             self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, budget * unit - sub.n_rows))
         for i in misses:
-            sub = batch.select([i])
-            batch.place_tokens(out, [i], self.encoder.encode_eager(sub), unit)
+            with phase("miss"):
+                sub = batch.select([i])
+                batch.place_tokens(out, [i], self.encoder.encode_eager(sub), unit)
             self.stats.append(ReplayRecord(0, 1, sub.n_rows, 0, miss=True))
         return out
 

@@ -11,16 +11,21 @@ Everything here is deterministic given its arguments (and `seed`).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
+import tomllib
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["SAMPLE_NAMES", "MIX_NAMES", "sample_images", "sample_video", "image_mix", "random_images"]
+__all__ = ["SAMPLE_NAMES", "MIX_NAMES", "MIX_FILE", "sample_images", "sample_video", "random_images",
+           "get_mix", "mix_distribution", "mix_sizes", "mix_tokens", "image_mix"]
 
 SAMPLE_NAMES = ("astronaut", "chelsea", "coffee", "rocket", "grace_hopper")
-MIX_NAMES = ("photos", "mixed", "noise")
 
 
 def _load_skimage(name: str) -> np.ndarray:
@@ -128,37 +133,261 @@ def random_images(n: int, seed: int = 0, min_side: int = 16, max_side: int = 640
     return out
 
 
-# (area in pixels, how many) bands for the "mixed" mix: near min_pixels (56*56 = 3136), a spread of
-# ordinary sizes, and two above max_pixels (28*28*1280 = 1003520) that the processor scales down.
-_MIXED_BANDS = ((2_000, 5_000, 3), (20_000, 120_000, 3), (150_000, 600_000, 3), (1_100_000, 2_000_000, 2))
+# ---------------------------------------------------------------------------------------------
+# image-size mixes
+# ---------------------------------------------------------------------------------------------
+# The named size distributions live in data/image_mixes.toml (see data/README.md); the shipped
+# photos are one more mix, "photos", built here from SAMPLE_NAMES at their own sizes.
+MIX_FILE = Path(__file__).resolve().parent.parent / "data" / "image_mixes.toml"
+
+_PHOTO_SIZES = {"astronaut": (512, 512), "chelsea": (300, 451), "coffee": (400, 600),
+                "rocket": (427, 640), "grace_hopper": (600, 512)}
+_PHOTO_SOURCES = {"astronaut": "scikit-image data.astronaut()", "chelsea": "scikit-image data.chelsea()",
+                  "coffee": "scikit-image data.coffee()", "rocket": "scikit-image data.rocket()",
+                  "grace_hopper": "matplotlib cbook.get_sample_data('grace_hopper.jpg')"}
 
 
-def image_mix(name: str, seed: int = 0) -> list:
-    """A named list of images:
+@dataclass(frozen=True)
+class MixEntry:
+    """One size of a mix: `frames` is 1 for an image; `weight` is relative (not normalized)."""
 
-    "photos": the real photos (RGB PIL images, their own sizes);
-    "mixed":  11 RGB PIL images, real photos resized (bicubic, aspect ratio jittered by up to
-              +-30 %) to areas of about 2k-5k px (near min_pixels, so they are upscaled),
-              20k-120k, 150k-600k and 1.1M-2M px (above max_pixels);
-    "noise":  random_images(8, seed): uint8 [H, W, 3] noise, sides 16..640.
-    """
+    kind: str            # "image" or "video"
+    frames: int
+    height: int
+    width: int
+    weight: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Mix:
+    name: str
+    description: str
+    weights: str                 # how the weights were chosen (an assumption)
+    tokens: tuple[int, int]      # claimed merged-token range after the processor's resize
+    entries: tuple[MixEntry, ...]
+
+
+@dataclass(frozen=True)
+class MixItem:
+    """One drawn item: what `mix_sizes` returns. `entry` is its index in the mix's entries."""
+
+    kind: str            # "image" or "video"
+    frames: int          # 1 for an image
+    height: int
+    width: int
+    entry: int
+
+
+def _posint(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _parse_mix(name: str, table, where: str) -> Mix:
+    def bad(msg):
+        return ValueError(f"{where}: mix {name!r}: {msg}")
+
+    if not isinstance(table, dict):
+        raise bad("is not a table")
+    for key in ("description", "weights"):
+        if not isinstance(table.get(key), str) or not table[key].strip():
+            raise bad(f"needs a non-empty string {key!r}")
+    tokens = table.get("tokens")
+    if (not isinstance(tokens, list) or len(tokens) != 2 or not all(_posint(t) for t in tokens)
+            or tokens[0] > tokens[1]):
+        raise bad(f"tokens must be [lo, hi], two positive integers with lo <= hi, got {tokens!r}")
+    raw = table.get("entries")
+    if not isinstance(raw, list) or not raw:
+        raise bad("needs at least one [[entries]] item")
+    entries = []
+    for i, e in enumerate(raw):
+        unknown = set(e) - {"frames", "height", "width", "weight", "source"}
+        if unknown:
+            raise bad(f"entry {i} has unknown key(s) {sorted(unknown)}")
+        for key in ("height", "width"):
+            if not _posint(e.get(key)):
+                raise bad(f"entry {i}: {key} must be a positive integer, got {e.get(key)!r}")
+        w = e.get("weight")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            raise bad(f"entry {i}: weight must be a finite number > 0, got {w!r}")
+        if not isinstance(e.get("source"), str) or not e["source"].strip():
+            raise bad(f"entry {i}: needs a non-empty string 'source' (where the numbers come from)")
+        frames = e.get("frames")
+        if frames is not None and not _posint(frames):
+            raise bad(f"entry {i}: frames must be a positive integer, got {frames!r}")
+        entries.append(MixEntry("image" if frames is None else "video", 1 if frames is None else frames,
+                                e["height"], e["width"], float(w), e["source"]))
+    return Mix(name, table["description"], table["weights"], (tokens[0], tokens[1]), tuple(entries))
+
+
+@functools.lru_cache(maxsize=None)
+def _file_mixes() -> dict[str, Mix]:
+    if not MIX_FILE.is_file():
+        raise FileNotFoundError(f"the image-mix file {MIX_FILE} is missing (it lives in the repository's data/ "
+                                f"folder, which an installed wheel does not carry); only the 'photos' mix works")
+    with open(MIX_FILE, "rb") as f:
+        data = tomllib.load(f)
+    if "photos" in data:
+        raise ValueError(f"{MIX_FILE}: the name 'photos' is reserved for the shipped sample photos")
+    return {name: _parse_mix(name, table, str(MIX_FILE)) for name, table in data.items()}
+
+
+def _photos_mix() -> Mix:
+    entries = tuple(MixEntry("image", 1, h, w, 1.0, f"{_PHOTO_SOURCES[n]}, {h}x{w} (HxW)")
+                    for n, (h, w) in ((n, _PHOTO_SIZES[n]) for n in SAMPLE_NAMES))
+    return Mix("photos", "The real sample photos shipped in scikit-image and matplotlib, at their own sizes",
+               "equal weights", (0, 0), entries)
+
+
+def _mix_names() -> tuple[str, ...]:
+    try:
+        return tuple(_file_mixes()) + ("photos",)
+    except FileNotFoundError:
+        return ("photos",)
+
+
+MIX_NAMES: tuple[str, ...] = _mix_names()
+
+
+def get_mix(name: str) -> Mix:
+    """The named mix (entries, description, claimed token range); ValueError naming the valid ones.
+    For "photos" the claimed range is computed (the photos' own sizes under the default resize)."""
     if name == "photos":
-        return list(sample_images().values())
-    if name == "noise":
-        return random_images(8, seed)
-    if name != "mixed":
+        mix = _photos_mix()
+        toks = [_entry_tokens(e, _geometry(None)) for e in mix.entries]
+        return dataclasses.replace(mix, tokens=(min(toks), max(toks)))
+    if not isinstance(name, str) or name not in MIX_NAMES:
         raise ValueError(f"unknown image mix {name!r}; valid: {', '.join(MIX_NAMES)}")
-    photos = list(sample_images().values())
+    return _file_mixes()[name]
+
+
+def _geometry(cfg):
+    """(patch, merge, temporal, min_pixels, max_pixels) of cfg (VisionConfig, preset name or None:
+    the Qwen2-VL geometry every preset shares)."""
+    from .config import PRESETS, VisionConfig
+    if cfg is None:
+        cfg = PRESETS["qwen2-vl-7b"]
+    elif isinstance(cfg, str):
+        cfg = VisionConfig.preset(cfg)
+    elif not isinstance(cfg, VisionConfig):
+        raise TypeError(f"cfg must be a wb.VisionConfig, a preset name or None, got {type(cfg).__name__}")
+    return cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size, cfg.min_pixels, cfg.max_pixels
+
+
+def _target_size(e, geo) -> tuple[int, int]:
+    from .preprocess import smart_resize
+    p, m, _, lo, hi = geo
+    return smart_resize(e.height, e.width, p * m, lo, hi)
+
+
+def _entry_tokens(e, geo) -> int:
+    """Merged tokens of one item as wb.preprocess makes them: every image / video frame is resized
+    to smart_resize(h, w); grid [frames / T (1 for an image), H'/P, W'/P]; tokens = t*gh*gw / m^2."""
+    p, m, tp, _, _ = geo
+    h, w = _target_size(e, geo)
+    if e.kind == "video" and e.frames % tp:
+        raise ValueError(f"a video entry of {e.frames} frames is not a multiple of temporal_patch_size={tp}")
+    t = 1 if e.kind == "image" else e.frames // tp
+    return t * (h // (p * m)) * (w // (p * m))
+
+
+def mix_distribution(name: str, cfg=None) -> list[tuple[int, float]]:
+    """The exact distribution of merged tokens per item of mix `name`: [(tokens, probability)],
+    ascending distinct token counts, probabilities summing to 1 (weights normalized; entries that
+    land on the same count are added).
+
+    Token counts come from the resize wb.preprocess applies (smart_resize with factor
+    patch_size * merge_size and cfg's min/max pixels, per frame for videos), with cfg's patch,
+    merge and temporal sizes: cfg is a wb.VisionConfig, a preset name, or None (the Qwen2-VL
+    geometry, which every preset shares)."""
+    mix = get_mix(name)
+    geo = _geometry(cfg)
+    acc: dict[int, float] = {}
+    total = sum(e.weight for e in mix.entries)
+    for e in mix.entries:
+        t = _entry_tokens(e, geo)
+        acc[t] = acc.get(t, 0.0) + e.weight / total
+    return sorted(acc.items())
+
+
+def _check_n(n, what="n") -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"{what}={n!r} must be a non-negative integer")
+    return int(n)
+
+
+def mix_sizes(name: str, n: int, seed: int = 0) -> list[MixItem]:
+    """n items drawn from mix `name` by weight (numpy default_rng(seed), with replacement), as
+    MixItem(kind, frames, height, width, entry) records; deterministic given (name, n, seed)."""
+    mix = get_mix(name)
+    n = _check_n(n)
+    w = np.array([e.weight for e in mix.entries], dtype=np.float64)
+    idx = np.random.default_rng(seed).choice(len(w), size=n, p=w / w.sum())
+    return [MixItem(mix.entries[i].kind, mix.entries[i].frames, mix.entries[i].height, mix.entries[i].width,
+                    int(i)) for i in idx]
+
+
+def mix_tokens(name: str, n: int, seed: int = 0, cfg=None) -> list[int]:
+    """Merged tokens of the n items `mix_sizes(name, n, seed)` draws (cfg as in mix_distribution)."""
+    geo = _geometry(cfg)
+    mix = get_mix(name)
+    return [_entry_tokens(mix.entries[it.entry], geo) for it in mix_sizes(name, n, seed)]
+
+
+def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = False) -> list:
+    """The items `mix_sizes(name, n, seed)` draws, as real inputs for wb.preprocess:
+
+    * images: RGB PIL images whose content is a real sample photo (item i uses the i-th shipped
+      photo, cycling), resized with PIL bicubic to the drawn height x width;
+    * video clips: wb.Video holding uint8 [frames, H, W, 3], a pan over a sample photo
+      (`sample_video`).
+
+    resized=True draws every item directly at the size the preprocessor resizes it to
+    (smart_resize with the default geometry): wb.preprocess then gives the very same grid_thw, and
+    far less memory is used (a 12 MP phone photo is 4032 x 3024 x 3 bytes = 36 MB as uint8; its
+    resized copy about 3 MB). The pixels differ from resizing the full-size item (one resize
+    instead of two).
+
+    n=None: for "photos", every photo once at its own size, in SAMPLE_NAMES order (photos missing
+    from the installed packages are skipped with a warning); for the other mixes a ValueError,
+    since their full-size items are large: give n. An unknown name is a ValueError naming the
+    valid ones.
+    """
+    if not isinstance(name, str) or name not in MIX_NAMES:
+        raise ValueError(f"unknown image mix {name!r}; valid: {', '.join(MIX_NAMES)}")
+    if not isinstance(resized, bool):
+        raise TypeError(f"resized must be a bool, got {resized!r}")
+    photos = sample_images()
     if not photos:
-        raise FileNotFoundError("no sample photos are available for the 'mixed' mix")
-    rng = np.random.default_rng(seed)
+        raise FileNotFoundError("no sample photos are available in the installed packages")
+    if n is None:
+        if name != "photos":
+            raise ValueError(f"image_mix({name!r}) needs n (how many items to draw); only 'photos' "
+                             f"has a default (every photo once)")
+        items = [MixItem("image", 1, *_PHOTO_SIZES[k], SAMPLE_NAMES.index(k)) for k in photos]
+    else:
+        items = mix_sizes(name, n, seed)
+    from .preprocess import Video  # torch is imported only when a video is made
+    geo = _geometry(None)
+    names = list(photos)
     out = []
-    for lo, hi, count in _MIXED_BANDS:
-        for _ in range(count):
-            photo = photos[int(rng.integers(len(photos)))]
-            area = float(rng.uniform(lo, hi))
-            aspect = photo.width / photo.height * float(rng.uniform(0.7, 1.3))
-            w = max(1, round(np.sqrt(area * aspect)))
-            h = max(1, round(area / w))
+    for i, it in enumerate(items):
+        h, w = it.height, it.width
+        if resized:
+            h, w = _target_size(it, geo)
+        if name == "photos" and n is None:
+            photo = photos[names[i]]
+        elif name == "photos":
+            photo = photos.get(SAMPLE_NAMES[it.entry])
+            if photo is None:  # that photo is missing from the installed packages
+                photo = photos[names[i % len(names)]]
+        else:
+            photo = photos[names[i % len(names)]]
+        if it.kind == "video":
+            frames = sample_video(it.frames, size=(h, w), name=names[i % len(names)], step=8)
+            out.append(Video(frames))
+        elif photo.size == (w, h):
+            out.append(photo.copy())
+        else:
             out.append(photo.resize((w, h), Image.Resampling.BICUBIC))
     return out

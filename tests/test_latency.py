@@ -1,0 +1,206 @@
+"""The encoder latency study on the CPU (tiny presets, fp32, emulated graphs) and the graph runner's
+phase timing it reads. Timings are never asserted: only that they exist, and how they relate."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import workbench as wb
+from workbench.runner import PHASES, EncoderGraphRunner
+from workbench.studies import STUDIES, ParamError, check_table, load_table, wide
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
+
+
+# =========================================================================== runner phases
+
+@pytest.mark.parametrize("preset", TINY)
+def test_runner_phases_are_timed_and_change_nothing(preset, seed):
+    from workbench.studies.encoder_latency import latency_batch
+    cfg = wb.VisionConfig.preset(preset)
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    # at most 2 items per replay: packs of 4 + 8 and 8 + 8 tokens (budget 16 each), one miss (64 > 32)
+    batch = wb.PatchBatch.cat([latency_batch(cfg, t, 1, gen) for t in (8, 8, 8, 4, 64)])
+    runner = EncoderGraphRunner(enc, budgets=[16, 32], buffer_dtype=torch.uint8, max_items=2)
+    plain = runner.encode(batch)
+    phases: dict = {}
+    timed = runner.encode(batch, phases=phases)
+    assert torch.equal(plain, timed)
+    assert set(PHASES) <= set(phases) and "miss" in phases
+    assert all(isinstance(v, float) and v > 0 for v in phases.values())
+    # the dict accumulates: a second call adds to every phase
+    before = dict(phases)
+    again = runner.encode(batch, phases=phases)
+    assert torch.equal(plain, again)
+    assert all(phases[k] > before[k] for k in PHASES)
+    st = runner.stats_frame()
+    assert len(st) == 3 * 3 and st.miss.sum() == 3
+
+
+def test_runner_without_misses_has_no_miss_phase_and_refuses_a_non_dict():
+    from workbench.studies.encoder_latency import latency_batch
+    cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=0)
+    batch = latency_batch(cfg, 16, 2, torch.Generator().manual_seed(0))
+    runner = EncoderGraphRunner(enc, budgets=[16], max_items=2)
+    phases: dict = {}
+    runner.encode(batch, phases=phases)
+    assert set(phases) == set(PHASES)
+    with pytest.raises(TypeError, match="phases must be a dict"):
+        runner.encode(batch, phases=[])
+
+
+# =========================================================================== the study
+
+@pytest.fixture(scope="module")
+def latency_table():
+    from workbench.studies import encoder_latency
+    return encoder_latency.run(device="cpu", progress=False, tokens=[16, 32], images=[1, 4], reps=2, warmup=0)
+
+
+def test_latency_table_holds_to_the_schema_and_has_the_metrics(latency_table):
+    from workbench.studies import encoder_latency as s
+    t = check_table(latency_table)
+    assert {"p50_ms", "p90_ms", "speedup", "x_floor", "floor_ms", "speedup_vs_transformers", "cos_min", "rel_err",
+            "ok", "bit_equal", "phases_ms", *s.PHASE_METRICS} <= set(t.metric)
+    assert set(t.metric) <= set(s.METRICS)
+    assert t.device.str.startswith("cpu").all()
+    w = wide(t)
+    assert set(w.preset) == set(TINY) and set(w.tokens) == {16, 32} and set(w.images) == {1, 4}
+    assert set(w.path) == set(s.LATENCY_PATHS) and set(w.dtype) == {"float32"}
+    assert len(w) == 2 * 2 * 2 * 3
+    assert (w.p50_ms > 0).all() and (w.p90_ms >= w.p50_ms).all()
+
+
+def test_graph_equals_eager_and_ours_agrees_with_transformers(latency_table):
+    w = wide(latency_table)
+    g = w[w.path == "graph"]
+    assert g.ok.all() and g.bit_equal.all() and (g.rel_err == 0).all()
+    tr = w[w.path == "transformers"]
+    assert tr.ok.all() and (tr.cos_min > 0.99999).all() and (tr.rel_err < 1e-5).all()
+    assert w[w.path == "eager"].ok.all()
+
+
+def test_speedup_floor_and_phases_are_consistent(latency_table):
+    w = wide(latency_table)
+    cell = ["preset", "tokens", "images"]
+    p50 = w.pivot_table(index=cell, columns="path", values="p50_ms")
+    g = w[w.path == "graph"].set_index(cell)
+    assert np.allclose(g.speedup, (p50.eager / p50.graph).loc[g.index])
+    assert np.allclose(g.speedup_vs_transformers, (p50.transformers / p50.graph).loc[g.index])
+    assert np.allclose(w.x_floor, w.p50_ms / w.floor_ms)
+    assert np.allclose(w.floor_ms, (w.flops_matmul + w.flops_attention_full + w.flops_attention_window)
+                       / (w.matmul_tflops * 1e9))
+    assert np.allclose(w[w.path == "eager"].speedup, 1.0)
+    # qwen2-vl has full attention only; qwen2.5-vl counts its window blocks separately
+    assert (w[w.family == "qwen2-vl"].flops_attention_window == 0).all()
+    assert (w[w.family == "qwen2.5-vl"].flops_attention_window > 0).all()
+    phases = g[["plan_ms", "metadata_ms", "staging_ms", "replay_ms", "copy_out_ms"]]
+    assert (phases > 0).all().all()
+    assert (phases.sum(axis=1) <= g.phases_ms * 1.5).all()
+    assert w[w.path != "graph"].replay_ms.isna().all()
+
+
+def test_presentation_and_summary(latency_table, tmp_path):
+    from workbench.studies import encoder_latency as s
+    tab = s.latency_table(latency_table)
+    assert len(tab) == 24 and list(tab.path[:3]) == ["eager", "graph", "transformers"]
+    (dev, key), = s.key_numbers(latency_table).items()
+    assert dev.startswith("cpu") and len(key) == 8
+    assert np.allclose(key["graph speedup over eager (x)"], key["eager ms"] / key["graph ms"])
+    text = s.findings(latency_table)
+    assert text.startswith("On cpu") and "graph output equals eager in 8/8 cells" in text
+    assert "agrees with transformers in 8/8" in text and "emulated" in text
+    # as the report calls it: all runs concatenated, with run and reference columns
+    both = [latency_table.assign(run="a", reference=False), latency_table.assign(run="b", reference=True)]
+    import pandas as pd
+    summary = s.summarize(pd.concat(both, ignore_index=True), tmp_path)
+    assert len(summary.figures) == 4 and all((tmp_path / Path(f).name).exists() for f in summary.figures)
+    assert len(summary.tables) == 2 and "reference" in summary.text
+
+
+def test_a_wrong_graph_output_is_never_timed(monkeypatch):
+    from workbench.studies import encoder_latency as s
+
+    class Broken(EncoderGraphRunner):
+        def encode(self, batch, pad_value=0.0, phases=None):
+            return super().encode(batch, pad_value, phases) + 1.0
+
+    monkeypatch.setattr(s, "EncoderGraphRunner", Broken)
+    t = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0)
+    w = wide(t)
+    g = w[w.path == "graph"].iloc[0]
+    assert not g.ok and g.rel_err > 0.01 and np.isnan(g.p50_ms) and np.isnan(g.get("replay_ms", np.nan))
+    assert w[w.path == "eager"].p50_ms.notna().all()
+    assert "equals eager in 0/1 cells" in s.findings(t)
+
+
+def test_a_disagreement_with_transformers_times_nothing_and_reference_can_be_skipped(monkeypatch):
+    from workbench.studies import encoder_latency as s
+    monkeypatch.setitem(s.COS_MIN, torch.float32, 1.5)     # no cosine reaches it
+    w = wide(s.run(device="cpu", progress=False, presets=["tiny-qwen2.5-vl"], tokens=[16], images=[2], reps=1,
+                   warmup=0))
+    assert not w.ok.any() and "p50_ms" not in w
+    monkeypatch.undo()
+    w = wide(s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1,
+                   warmup=0, reference=False))
+    assert set(w.path) == {"eager", "graph"} and w.p50_ms.notna().all()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(presets=["bogus"]), "presets='bogus' is not a valid choice; valid: qwen2-vl-2b"),
+    (dict(norm="identity"), "norm='identity' is not a valid choice; valid: eager, triton_channel"),
+    (dict(dtype="float16"), "dtype='float16' is not a valid choice; valid: float32, bfloat16"),
+    (dict(tokens=[64, 16]), "strictly ascending"),
+    (dict(tokens=[64, 100], images=[1, 3]), "not divisible: [(64, 3), (100, 3)]"),
+    (dict(nope=1), "valid: presets, depth, tokens, images, dtype, norm, reference, reps, warmup, seed"),
+], ids=lambda v: str(v)[:30])
+def test_a_bad_param_is_refused_naming_valid_choices(overrides, message):
+    from workbench.studies import encoder_latency as s
+    with pytest.raises(ParamError) as e:
+        s.run(device="cpu", progress=False, **overrides)
+    assert message in str(e.value) and "study 'encoder_latency'" in str(e.value)
+
+
+def test_the_study_is_registered_with_cpu_and_gpu_profiles():
+    from workbench.studies import encoder_latency as s
+    study = STUDIES["encoder_latency"]
+    assert study is s.STUDY and study.notebook == "notebooks/encoder_latency.ipynb"
+    cpu, gpu = study.resolve("cpu"), study.resolve("gpu")
+    assert cpu["presets"] == list(s.TINY_PRESETS) and cpu["dtype"] == "float32" and cpu["norm"] == "eager"
+    assert gpu["presets"] == [p for p in wb.PRESET_NAMES if not p.startswith("tiny-")]
+    assert gpu["dtype"] == "bfloat16" and gpu["tokens"] == [64, 256, 1024, 4096]
+    assert s.grid_for(64, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 16, 16]
+    assert s.grid_for(32, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 8, 16]
+
+
+def test_the_notebook_parameters_cell_is_generated_from_the_declaration():
+    from workbench.studies import encoder_latency as s
+    doc = json.loads((ROOT / "notebooks" / "encoder_latency.ipynb").read_text())
+    (cell,) = [c for c in doc["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert "".join(cell["source"]) == s.PARAMS.parameters_cell()
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_with_its_defaults(tmp_path):
+    papermill = pytest.importorskip("papermill")
+    run_dir = tmp_path / "run"
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(str(ROOT / "notebooks" / "encoder_latency.ipynb"), str(out),
+                               parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
+                               kernel_name="python3")
+    table = load_table(run_dir / "encoder_latency.parquet")
+    assert {"p50_ms", "p90_ms", "speedup", "x_floor", "floor_ms", "replay_ms", "ok"} <= set(table.metric)
+    assert table.device.str.startswith("cpu").all()
+    w = wide(table)
+    assert set(w.preset) == set(TINY) and w.ok.all()
+    doc = json.loads(out.read_text())
+    images = sum("image/png" in o.get("data", {}) for c in doc["cells"] for o in c.get("outputs", []))
+    assert images >= 2
+    assert (run_dir / "meta.json").exists()

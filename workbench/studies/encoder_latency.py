@@ -1,0 +1,506 @@
+"""Encoder latency: eager vs CUDA-graph encode per model and token count, beside transformers' own
+vision model with the same weights, and the FLOP floor.
+
+Per (preset, merged tokens, images per call) cell, one batch of random uint8 pixels (``images``
+images of ``tokens / images`` merged tokens each, grids [1, 2h, 2w] patches) is encoded three ways,
+every call starting from pixels on the host, as a serving engine hands them over:
+
+- ``eager``        ``enc.encode(batch, path="eager")``: the outer model calls the tower (placement
+                   ``tower``: the norm is the tower's first op);
+- ``graph``        ``runner.encode(batch)`` with a runner whose only budget is exactly ``tokens``
+                   (``max_items = images``, a uint8 input buffer as engines use today), so every
+                   call is one full replay without padding; the
+                   runner is captured once per cell, outside the timing. Its phases (plan,
+                   metadata, staging, replay, copy_out; `workbench.runner.PHASES`) are timed in
+                   separate calls with ``phases={}`` (the device synchronized around each phase),
+                   so the p50/p90 of the graph path carry no phase synchronization;
+- ``transformers`` transformers' own vision model (SDPA attention) with the same weights, same
+                   dtype and device, fed the CPU-normalized float32 rows its processor produces.
+
+Each time is the wall time of one call with the device synchronized before and after it
+(`workbench.measure.cpu_time_us`), p50 and p90 over ``reps`` after ``warmup`` calls. Beside them:
+the floor, the tower's FLOPs (matmul + full-attention + window-attention blocks, counted by
+`workbench.measure.tower_flops`) at the matmul rate measured in the same run
+(`workbench.measure.matmul_tflops`: bf16 on CUDA, fp32 on a CPU), and each time as a multiple of it.
+
+Every cell is checked once before it is timed: the graph output against the eager output (bit-equal
+or within the dtype's tolerance) and ours against transformers (row-wise cosine). A path whose
+check fails is not timed: a latency is never reported for a wrong result (the failed check stays in
+the table as ``ok`` = False).
+"""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import PRESET_NAMES, VisionConfig
+from ..dtypes import dtype_name
+from ..encoder import build_encoder, resolve_device, resolve_dtype
+from ..measure import cpu_time_us, device_label, flop_floor_us, fmt_us, matmul_tflops, tower_flops
+from ..norms import NORMS
+from ..preprocess import PatchBatch, normalize_rows
+from ..reference import cos_min, hf_embeddings, hf_vision_model, rel_err
+from ..runner import PHASES, EncoderGraphRunner
+from . import Study, Summary, profile_of, register
+from .params import Param, ParamSpec, ascending_unique
+from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
+from .plotting import progress as show_progress
+from .tables import tidy, wide
+
+REAL_PRESETS = tuple(n for n in PRESET_NAMES if not n.startswith("tiny-"))
+TINY_PRESETS = tuple(n for n in PRESET_NAMES if n.startswith("tiny-"))
+REAL_NORMS = tuple(n for n in NORMS if n != "identity")   # identity is a forgotten norm, not a design
+LATENCY_PATHS = ("eager", "graph", "transformers")
+# graph vs eager: the same weights and kernels; only the attention kernel's fixed max_seqlen and
+# the packing differ, so fp32 agrees to rounding and bf16 within its unit roundoff accumulated over
+# the blocks (tests/test_cuda.py bounds graph vs eager at 2e-2 in bf16 on an H200)
+GRAPH_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+# ours vs transformers, smallest row-wise cosine: fp32 agrees to ~1e-6 relative (cosine ~1 - 1e-12);
+# in bf16 both sit ~1e-2 relative from the exact result, a cosine above 0.99 (a wrong normalization
+# or weight gives far below 0.9)
+COS_MIN = {torch.float32: 0.9999, torch.bfloat16: 0.99}
+
+
+def _divisible(p: dict) -> None:
+    bad = [(t, i) for t in p["tokens"] for i in p["images"] if t % i]
+    if bad:
+        raise ValueError(f"every tokens value must split evenly over every images value (each image holds "
+                         f"tokens / images merged tokens); not divisible: {bad}")
+
+
+# GPU profile, estimated for an H200 from FACTS.md's per-call times of the full towers at 64..4096
+# tokens (it has not run there yet): per cell, eager and transformers run 1 (check) + warmup 2 +
+# reps 10 = 13 calls, the graph path 13 + 5 phase-timed calls + 3 at capture = 21 calls.
+# - qwen2-vl towers (2b, 7b): 4096 tokens x 1 image ~ 13 x 240 + 21 x 237 + 13 x 190 ms = 10.6 s;
+#   4 x 1024 tokens ~ 5.6 s; 1024 ~ 2.8 s; 256 and 64 ~ 1.1 s each: ~21 s per preset;
+# - qwen2.5-vl towers (3b, 7b, 72b): transformers is the slow path there (346 ms at 4096 tokens; its
+#   window attention loops over windows, as many for 4 x 1024 tokens as for 1 x 4096): ~30 s per preset;
+# so 2 x 21 + 3 x 30 = ~130 s of measuring. Building both towers of a preset on the device is kernel
+# launches (the host-side module construction takes ~0.03 s; the same build with host-side init took
+# 21 s on a 2-core CPU), say ~1-3 s per preset with the fp32 -> bf16 casts; plus the matmul ceiling
+# (~1 s), CUDA start and Triton compiles (~10 s): ~2.5-3 minutes in all. The table's build_s and
+# capture_s record what building and capturing actually took, to check this estimate.
+PARAMS = ParamSpec(
+    Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(REAL_PRESETS), choices=PRESET_NAMES,
+          help="towers to time"),
+    Param("depth", "int", cpu=None, optional=True, minimum=1, help="blocks per tower (None: the preset's depth)"),
+    Param("tokens", "list[int]", cpu=[64, 256], gpu=[64, 256, 1024, 4096], minimum=1, rule=ascending_unique,
+          help="merged tokens per call (4 pixel rows each); the graph budget is exactly this"),
+    Param("images", "list[int]", cpu=[1, 4], minimum=1, rule=ascending_unique,
+          help="images per call, tokens / images merged tokens each"),
+    Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("float32", "bfloat16"), help="tower dtype"),
+    Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
+          help="the tower's input norm (placement tower)"),
+    Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
+    Param("reps", "int", cpu=5, gpu=10, minimum=1, help="timed calls per path and cell"),
+    Param("warmup", "int", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
+    Param("seed", "int", cpu=0),
+    check=_divisible,
+)
+
+METRICS = {
+    "p50_ms": "ms", "p90_ms": "ms", "speedup": "x", "speedup_vs_transformers": "x", "x_floor": "x",
+    "floor_ms": "ms", "plan_ms": "ms", "metadata_ms": "ms", "staging_ms": "ms", "replay_ms": "ms",
+    "copy_out_ms": "ms", "phases_ms": "ms", "rel_err": "relative", "cos_min": "cosine", "bit_equal": "bool",
+    "ok": "bool", "flops_matmul": "FLOP", "flops_attention_full": "FLOP", "flops_attention_window": "FLOP",
+    "matmul_tflops": "TFLOP/s", "build_s": "s", "capture_s": "s",
+}
+PHASE_METRICS = tuple(f"{p}_ms" for p in PHASES)
+
+
+def grid_for(tokens: int, cfg: VisionConfig) -> list[int]:
+    """A [1, h, w] patch grid of ``tokens`` merged tokens, as square as the count allows."""
+    side = max(d for d in range(1, int(tokens ** 0.5) + 1) if tokens % d == 0)
+    return [1, cfg.merge_size * side, cfg.merge_size * (tokens // side)]
+
+
+def latency_batch(cfg: VisionConfig, tokens: int, images: int, gen: torch.Generator) -> PatchBatch:
+    """``images`` images of ``tokens / images`` merged tokens each, random uint8 pixels (host)."""
+    grid = torch.tensor([grid_for(tokens // images, cfg)] * images, dtype=torch.int64)
+    rows = int(grid.prod(dim=1).sum())
+    pixels = torch.randint(0, 256, (rows, cfg.patch_dim), dtype=torch.uint8, generator=gen)
+    return PatchBatch(pixels, grid)
+
+
+@torch.no_grad()
+def init_weights(module: torch.nn.Module, seed: int) -> None:
+    """Checkpoint-like random weights drawn where the parameters live (the scheme of
+    `VisionTower.init_random`: norm weights 1 + N(0, 0.1), everything else N(0, 0.02)). A real
+    tower has ~0.7e9 parameters: drawing them on the host takes seconds per preset, on a GPU
+    milliseconds."""
+    params = [(n, p) for n, p in module.named_parameters() if not n.startswith("input_norm.")]
+    gen = torch.Generator(device=params[0][1].device).manual_seed(seed)
+    for name, p in params:
+        if name.endswith(("norm1.weight", "norm2.weight", "ln_q.weight")):
+            p.normal_(1.0, 0.1, generator=gen)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
+
+
+def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.device, seed: int, reference: bool):
+    """Our encoder (placement tower) and, with ``reference``, transformers' vision model holding the
+    same weights; both created directly on ``dev`` (no host-side init of ~0.7e9 parameters)."""
+    with torch.device(dev):
+        enc = build_encoder(cfg, placement="tower", norm=norm, dtype=dtype, device=dev, seed=None)
+        hf = hf_vision_model(cfg, attn_implementation="sdpa", dtype=dtype) if reference else None
+    if hf is not None:
+        init_weights(hf, seed)
+        enc.visual.load_hf_state_dict(hf.state_dict())    # refuses a missing or mis-shaped key
+    else:
+        init_weights(enc.visual, seed)
+    return enc.eval(), hf
+
+
+def _release(dev: torch.device) -> None:
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+
+
+def _median_phases(samples: list[dict]) -> dict:
+    out = {f"{k}_ms": statistics.median(s.get(k, 0.0) for s in samples) * 1e3 for k in PHASES}
+    out["phases_ms"] = statistics.median(sum(s.values()) for s in samples) * 1e3
+    return out
+
+
+def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, images: int, reps: int,
+                 warmup: int) -> dict[str, dict]:
+    """Check, then time, the three paths on one batch; returns metrics per path (name -> dict)."""
+    dev, dt = enc.device, enc.dtype
+    t0 = time.perf_counter()
+    runner = EncoderGraphRunner(enc, budgets=[tokens], buffer_dtype=torch.uint8, max_items=images)
+    _release(dev)
+    capture_s = time.perf_counter() - t0
+    hf_pixels = normalize_rows(batch.pixels, cfg) if hf is not None else None   # what its processor gives
+    grid_dev = batch.grid_thw.to(dev)
+
+    def eager():
+        return enc.encode(batch, path="eager")
+
+    def graph(phases=None):
+        return runner.encode(batch, phases=phases)
+
+    def reference():
+        return hf_embeddings(hf, hf_pixels.to(dev, non_blocking=True), grid_dev)
+
+    # ---- the check, once per cell, before any timing
+    with torch.inference_mode():
+        ref_out = eager()
+        graph_out = graph()
+        hf_out = reference() if hf is not None else None
+    st = runner.stats_frame()
+    if not ((st.budget == tokens).all() and (st.padded_rows == 0).all() and not st.miss.any() and len(st) == 1):
+        raise RuntimeError(f"the runner did not make one full replay of budget {tokens}: {st.to_dict('list')}")
+    g_err = rel_err(graph_out, ref_out)
+    bit_equal = bool(torch.equal(graph_out, ref_out))
+    graph_ok = bool(bit_equal or g_err <= GRAPH_TOL.get(dt, 2e-2))
+    out = {"eager": {}, "graph": dict(rel_err=g_err, cos_min=cos_min(graph_out, ref_out), bit_equal=bit_equal,
+                                      capture_s=capture_s)}
+    eager_ok = True
+    if hf_out is not None:
+        c = cos_min(ref_out, hf_out)
+        eager_ok = bool(np.isfinite(c) and c >= COS_MIN.get(dt, 0.99))
+        out["transformers"] = dict(rel_err=rel_err(ref_out, hf_out), cos_min=c, ok=eager_ok)
+        out["eager"]["ok"] = eager_ok
+    graph_ok = graph_ok and eager_ok
+    out["graph"]["ok"] = graph_ok
+    del ref_out, graph_out, hf_out
+
+    # ---- the timings, only of checked paths
+    with torch.inference_mode():
+        if eager_ok:
+            t = cpu_time_us(eager, reps=reps, warmup=warmup)
+            out["eager"].update(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3)
+            if hf is not None:
+                t = cpu_time_us(reference, reps=reps, warmup=warmup)
+                out["transformers"].update(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3)
+        if graph_ok:
+            t = cpu_time_us(graph, reps=reps, warmup=warmup)
+            out["graph"].update(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3)
+            samples = []
+            for _ in range(min(reps, max(3, reps // 2))):
+                phases: dict = {}
+                graph(phases)
+                samples.append(phases)
+            out["graph"].update(_median_phases(samples))
+    del runner
+    _release(dev)
+    return out
+
+
+def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
+    """Time every (preset, tokens, images) cell on the three paths; returns the tidy long table.
+
+    params: see PARAMS (defaults: the device's profile)."""
+    dev = resolve_device(device)
+    p = PARAMS.resolve(params, profile_of(dev), study="encoder_latency")
+    dt = resolve_dtype(p["dtype"])
+    label = device_label(dev)
+    tflops = matmul_tflops(dev)
+    gen = torch.Generator().manual_seed(p["seed"])
+    rows: list[dict] = []
+    cells = [(t, i) for t in p["tokens"] for i in p["images"]]
+    bar = show_progress(total=len(p["presets"]) * (len(cells) + 1), desc="encoder_latency", enabled=progress)
+    for preset in p["presets"]:
+        base = VisionConfig.preset(preset)
+        cfg = base.reduced(p["depth"]) if p["depth"] else base
+        torch.manual_seed(p["seed"])
+        t0 = time.perf_counter()
+        enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"])
+        _release(dev)
+        build_s = time.perf_counter() - t0
+        bar.update()
+        for tokens, images in cells:
+            batch = latency_batch(cfg, tokens, images, gen)
+            per = tokens // images
+            flops = tower_flops(cfg, [per * cfg.merge_unit] * images)
+            floor_ms = flop_floor_us(flops["total"], tflops) / 1e3
+            res = measure_cell(enc, hf, cfg, batch, tokens, images, p["reps"], p["warmup"])
+            eager_p50 = res["eager"].get("p50_ms", float("nan"))
+            hf_p50 = res.get("transformers", {}).get("p50_ms", float("nan"))
+            common = dict(study="encoder_latency", preset=preset, family=cfg.family, depth=cfg.depth,
+                          dtype=dtype_name(dt), norm=p["norm"], device=label, tokens=tokens, images=images,
+                          tokens_per_image=per, grid="x".join(map(str, grid_for(per, cfg))))
+            for path in LATENCY_PATHS:
+                if path not in res:
+                    continue
+                m = dict(res[path])
+                p50 = m.get("p50_ms", float("nan"))
+                m.update(floor_ms=floor_ms, x_floor=p50 / floor_ms, speedup=eager_p50 / p50,
+                         speedup_vs_transformers=hf_p50 / p50, flops_matmul=flops["matmul"],
+                         flops_attention_full=flops["attention_full"],
+                         flops_attention_window=flops["attention_window"], matmul_tflops=tflops)
+                if path == "eager":
+                    m["build_s"] = build_s
+                rows.append({**common, "path": path, **m})
+            bar.update()
+        del enc, hf
+        _release(dev)
+    bar.close()
+    return tidy(pd.DataFrame(rows), METRICS)
+
+
+# ---- presentation ---------------------------------------------------------------------------
+
+PATH_STYLE = {"eager": ("C0", "o", "eager (ours)"), "graph": ("C3", "s", "CUDA graph (ours)"),
+              "transformers": ("C2", "^", "transformers (SDPA)")}
+PHASE_COLORS = {"plan": "#b0bec5", "metadata": "#ffb74d", "staging": "#4fc3f7", "replay": "#1565c0",
+                "copy_out": "#81c784"}
+
+
+def latency_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (device, preset, tokens, images, path): the closing table of the study."""
+    w = wide(table)
+    cols = ["run", "reference", "device", "preset", "tokens", "images", "path", "p50_ms", "p90_ms", "floor_ms",
+            "x_floor", "speedup", "speedup_vs_transformers", *PHASE_METRICS, "rel_err", "cos_min", "bit_equal", "ok"]
+    cols = [c for c in cols if c in w]
+    order = {p: i for i, p in enumerate(LATENCY_PATHS)}
+    w = w.assign(_o=w.path.map(order))
+    keys = [c for c in ("run", "device", "preset", "tokens", "images", "_o") if c in w]
+    return w.sort_values(keys)[cols].reset_index(drop=True)
+
+
+def _panels(n: int, width: float = 5.2, height: float = 4.0):
+    import matplotlib.pyplot as plt
+
+    ncols = min(3, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def plot_latency(g: pd.DataFrame):
+    """Per preset, p50 ms per encode call vs merged tokens (log-log): eager, graph, transformers and
+    the FLOP floor; solid lines one image per call, dashed the packed batch of several images."""
+    w = wide(g)
+    presets = list(dict.fromkeys(w.preset))
+    fig, axes = _panels(len(presets))
+    imgs = sorted(w.images.unique())
+    styles = ["-", "--", ":", "-."]
+    for ax, preset in zip(axes.flat, presets):
+        d = w[w.preset == preset]
+        for k, n_img in enumerate(imgs):
+            ls = styles[k % len(styles)]
+            di = d[d.images == n_img]
+            for path, (color, marker, name) in PATH_STYLE.items():
+                c = di[di.path == path].sort_values("tokens")
+                if "p50_ms" not in c or c.p50_ms.isna().all():
+                    continue
+                ax.plot(c.tokens, c.p50_ms, ls=ls, marker=marker, color=color, ms=4,
+                        label=f"{name}, {_images(n_img)}")
+            fl = di.drop_duplicates("tokens").sort_values("tokens")
+            ax.plot(fl.tokens, fl.floor_ms, ls=ls, color="k", lw=1, alpha=0.6,
+                    label=f"FLOP floor, {_images(n_img)}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        plain_log_ticks(ax.xaxis)
+        plain_log_ticks(ax.yaxis)
+        ticks = sorted(int(t) for t in d.tokens.unique())
+        ax.set_xticks(ticks, [str(t) for t in ticks])      # the measured token counts, plainly
+        ax.set_xlabel("merged tokens per call (log)")
+        ax.set_ylabel("p50 per encode call (ms, log)")
+        ax.set_title(preset, fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.suptitle(f"Encoder latency: eager vs CUDA graph vs transformers, and the FLOP floor ({run_label(g)})",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0.1 if len(presets) > 1 else 0.16, 1, 1))
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(4, len(labels)), frameon=False)
+    return fig
+
+
+def plot_phases(g: pd.DataFrame):
+    """The graph path split into its phases (median per phase, calls with the device synchronized
+    around each phase): each bar is one (preset, tokens) cell, stacked as shares of the phases'
+    sum, labelled with that sum and the unsynchronized p50; one panel per images value."""
+    w = wide(g)
+    w = w[(w.path == "graph")]
+    if "replay_ms" in w:
+        w = w[w.replay_ms.notna()]
+    imgs = sorted(w.images.unique())
+    n_bars = max((len(w[w.images == i]) for i in imgs), default=1)
+    fig, axes = _panels(max(1, len(imgs)), width=7.0, height=1.2 + 0.32 * n_bars)
+    for ax, n_img in zip(axes.flat, imgs):
+        d = w[w.images == n_img].sort_values(["preset", "tokens"])
+        y = np.arange(len(d))
+        total = d[list(PHASE_METRICS)].sum(axis=1).to_numpy()
+        left = np.zeros(len(d))
+        for phase, col in zip(PHASES, PHASE_METRICS):
+            share = d[col].to_numpy() / total
+            ax.barh(y, share, left=left, color=PHASE_COLORS[phase], label=phase)
+            left += share
+        for yi, (s, p50) in enumerate(zip(d.phases_ms, d.p50_ms)):
+            ax.text(1.01, yi, f"{fmt_us(s * 1e3)} (p50 {fmt_us(p50 * 1e3)})", va="center", fontsize=7)
+        ax.set_yticks(y, [f"{a}, {t} tok" for a, t in zip(d.preset, d.tokens)], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1.35)
+        ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", "25%", "50%", "75%", "100%"])
+        ax.set_xlabel("share of the graph path (phases timed with a sync around each)")
+        ax.set_title(f"{_images(n_img)} per call", fontsize=9)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.suptitle(f"Where the graph path's time goes ({run_label(g)})", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles, labels, fontsize=7, ncol=len(PHASES), loc="lower center", frameon=False)
+    return fig
+
+
+def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per device: preset x tokens x images, the p50 of each path and the floor in ms, the graph
+    path's speedup over eager and over transformers, and each path as a multiple of the floor."""
+    out = {}
+    for run, g in groups_by_run(table):
+        dev = source_label(g, run)
+        w = wide(g)
+        idx = ["preset", "tokens", "images"]
+        p50 = w.pivot_table(index=idx, columns="path", values="p50_ms", aggfunc="first")
+        t = pd.DataFrame(index=p50.index)
+        for path, name in (("eager", "eager ms"), ("graph", "graph ms"), ("transformers", "transformers ms")):
+            t[name] = p50[path] if path in p50 else np.nan
+        t["floor ms"] = w.groupby(idx).floor_ms.first()
+        t["graph speedup over eager (x)"] = t["eager ms"] / t["graph ms"]
+        t["graph speedup over transformers (x)"] = t["transformers ms"] / t["graph ms"]
+        t["graph x floor"] = t["graph ms"] / t["floor ms"]
+        t["eager x floor"] = t["eager ms"] / t["floor ms"]
+        out[dev] = t.reset_index()
+    return out
+
+
+def _images(n) -> str:
+    n = int(n)
+    return f"{n} image" + ("s" if n > 1 else "")
+
+
+def _cell(r) -> str:
+    return f"{r.preset} at {int(r.tokens)} tokens x {_images(r.images)}"
+
+
+def findings(table: pd.DataFrame) -> str:
+    """The finding per device: checks, where graphs win and by how much, where they lose, how the
+    graph path compares with transformers and with the floor, and where its time goes."""
+    parts = []
+    for run, g in groups_by_run(table):
+        dev = source_label(g, run)
+        w = wide(g)
+        gr = w[w.path == "graph"]
+        tr = w[w.path == "transformers"]
+        n_cells = len(gr)
+        ok_graph = int(gr.ok.fillna(False).astype(bool).sum()) if "ok" in gr else 0
+        bit = int(gr.bit_equal.fillna(False).astype(bool).sum()) if "bit_equal" in gr else 0
+        text = (f"On {dev} ({', '.join(sorted(map(str, w.dtype.unique())))}; matmul rate "
+                f"{w.matmul_tflops.iloc[0]:.3g} TFLOP/s measured in the run): the graph output equals eager in "
+                f"{ok_graph}/{n_cells} cells ({bit} bit-equal, worst rel_err {gr.rel_err.max():.1e})")
+        if len(tr):
+            agree = int(tr.ok.fillna(False).astype(bool).sum())
+            text += (f"; ours agrees with transformers in {agree}/{len(tr)} cells (smallest row cosine "
+                     f"{tr.cos_min.min():.6f})")
+        text += ". Only checked paths are timed."
+        timed = gr[gr.p50_ms.notna()] if "p50_ms" in gr else gr.iloc[0:0]
+        if len(timed):
+            win = timed[timed.speedup > 1].sort_values("speedup", ascending=False)
+            lose = timed[timed.speedup <= 1].sort_values("speedup")
+            if len(win):
+                best = win.iloc[0]
+                text += (f" CUDA graphs win in {len(win)}/{len(timed)} cells, most at {_cell(best)}: "
+                         f"{best.speedup:.2f}x over eager ({fmt_us(best.p50_ms * 1e3)} vs "
+                         f"{fmt_us(best.p50_ms * best.speedup * 1e3)}); median gain {win.speedup.median():.2f}x.")
+            if len(lose):
+                text += (f" They lose or tie in {len(lose)} cell(s): " + "; ".join(
+                    f"{_cell(r)} ({r.speedup:.2f}x)" for r in lose.head(4).itertuples()) + ".")
+            else:
+                text += " They lose in no cell."
+            by_tok = timed.groupby("tokens").speedup.median()
+            text += " Median graph speedup by tokens: " + ", ".join(
+                f"{int(t)}: {s:.2f}x" for t, s in by_tok.items()) + "."
+            vs = (timed.speedup_vs_transformers.dropna() if "speedup_vs_transformers" in timed
+                  else pd.Series(dtype=float))
+            if len(vs):
+                text += (f" Against transformers' own tower the graph path is {vs.min():.2f}-{vs.max():.2f}x "
+                         f"(faster in {int((vs > 1).sum())}/{len(vs)} cells).")
+            big = timed[timed.tokens == timed.tokens.max()]
+            small = timed[timed.tokens == timed.tokens.min()]
+            text += (f" The graph path runs at {big.x_floor.min():.1f}-{big.x_floor.max():.1f}x the FLOP floor at "
+                     f"{int(big.tokens.iloc[0])} tokens and {small.x_floor.min():.0f}-{small.x_floor.max():.0f}x at "
+                     f"{int(small.tokens.iloc[0])}, where launches and host work, not FLOPs, set the time.")
+            if "replay_ms" in timed and timed.replay_ms.notna().any():
+                ph = timed[timed.replay_ms.notna()]
+                host = ph[["plan_ms", "metadata_ms", "staging_ms", "copy_out_ms"]].sum(axis=1) / ph.phases_ms
+                r = ph.loc[host.idxmax()]
+                text += (f" Outside the replay (plan, metadata, staging, copy-out) the graph path spends "
+                         f"{host.min():.0%}-{host.max():.0%} of its phase-timed calls, most at {_cell(r)} "
+                         f"(metadata {fmt_us(r.metadata_ms * 1e3)}, staging {fmt_us(r.staging_ms * 1e3)}).")
+        if str(dev).startswith("cpu"):
+            text += (" On a CPU the graph backend is emulated (the same static buffers and call path, replayed "
+                     "eagerly): the differences are the runner's host overhead, not CUDA-graph gains.")
+        parts.append(text)
+    return "\n\n".join(parts)
+
+
+def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
+    figs = []
+    for run, g in groups_by_run(table):
+        figs += save_figure(plot_latency(g), out_dir, f"encoder_latency_{run}")[:1]
+        if (g.metric == "replay_ms").any():
+            figs += save_figure(plot_phases(g), out_dir, f"encoder_latency_phases_{run}")[:1]
+    tables = [(f"Encoder latency on {dev}: p50 per encode call (ms) of each path, the FLOP floor, the graph "
+               f"path's speedup, and times as multiples of the floor", t) for dev, t in key_numbers(table).items()]
+    return Summary(text=findings(table), figures=figs, tables=tables)
+
+
+STUDY = register(Study(
+    name="encoder_latency",
+    notebook="notebooks/encoder_latency.ipynb",
+    run=run,
+    summarize=summarize,
+    params=PARAMS,
+    question="eager vs graph latency per model and token count, beside transformers' own vision model "
+             "with the same weights, and the FLOP floor",
+))

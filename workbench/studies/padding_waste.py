@@ -1,0 +1,516 @@
+"""Padding waste: what fixed CUDA-graph budgets spend on padding rows, and a planner that spends less.
+
+A graph runner replays the smallest captured budget that fits each pack of items; the rows between
+the pack and the budget are padding. The engines capture powers of two from 64 and never measure
+what that costs. For each image mix (data/image_mixes.toml) and budget set, this study measures:
+
+- **padding**: padded fraction of rows, exactly from the mix's distribution for single items, and
+  through the real runner (`EncoderGraphRunner`: CUDA graphs on a GPU, emulated on a CPU) on items
+  drawn from the mix, single (``max_items=1``) and packed; replays per image and graph misses;
+- **norm time on padding**: the tower placement normalizes every row of the budget; an
+  ``n_valid``-aware norm (Triton norms skip padding tiles; the eager norm over the valid rows
+  only, as placement ``runner`` does) does not. Both are measured per budget at 0, 50 and 100 %
+  valid rows (graph replays on CUDA, host time on the CPU) and read per replay by linear
+  interpolation in the valid fraction;
+- **tower FLOPs on padding**, counted from the config (`workbench.measure.tower_flops`): the
+  matmuls run over every row; attention costs nothing on padding rows with the kernels that
+  leave rows past ``cu_seqlens[-1]`` out (``varlen``, ``loop``), and the whole square with the
+  dense ``masked`` backend;
+- **time**: the replay of each budget, full and partly filled (an item one token larger than
+  the next smaller power of two), against the full smaller budget and against eager for that
+  item; the expected replay time of each set (single items, from the replay table) and the
+  measured `runner.encode` time per image on the drawn items;
+- **pool**: the graph pool each set needs, modelled (`workbench.planner.graph_pool_bytes`) and,
+  on CUDA, measured from the allocator's segments of the runner's pool.
+
+Budget sets: ``pow2`` (the engines' powers of two from 64 up to the largest item), ``geometric``
+(a denser ladder, ratio sqrt 2), ``planner`` (`wb.plan_budgets`: the fewest expected padded tokens
+with as many graphs as pow2) and ``planner_time`` (the same, minimizing expected replay time from
+the replay table measured in this run).
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import PRESET_NAMES, VisionConfig
+from ..dtypes import dtype_name
+from ..encoder import build_encoder, resolve_device, resolve_dtype
+from ..measure import device_label, fmt_bytes, fmt_us, time_us, tower_flops
+from ..norms import NORMS, make_norm
+from ..preprocess import PatchBatch, preprocess
+from ..runner import EncoderGraphRunner, default_budgets
+from ..samples import MIX_NAMES, image_mix, mix_distribution
+from . import Study, Summary, profile_of, register
+from .params import Param, ParamSpec
+from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
+from .plotting import progress as show_progress
+from .tables import tidy, wide
+
+BUDGET_SETS = ("pow2", "geometric", "planner", "planner_time")
+REAL_NORMS = tuple(n for n in NORMS if n != "identity")
+NORM_FILLS = (0.0, 0.5, 1.0)       # valid fractions at which the norm is timed per budget
+
+
+def _positive_unique(values) -> None:
+    if len(set(values)) != len(values):
+        raise ValueError("must not repeat")
+
+
+PARAMS = ParamSpec(
+    Param("preset", "str", cpu="tiny-qwen2.5-vl", gpu="qwen2.5-vl-7b", choices=PRESET_NAMES,
+          help="tower the runner replays"),
+    Param("depth", "int", cpu=None, optional=True, minimum=1, help="blocks of that tower (None: the preset's depth)"),
+    Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("bfloat16", "float32"), help="tower dtype"),
+    Param("mixes", "list[str]", cpu=["photos"], gpu=list(MIX_NAMES), choices=MIX_NAMES,
+          help="image mixes (data/image_mixes.toml and the shipped photos)"),
+    Param("budget_sets", "list[str]", cpu=list(BUDGET_SETS), choices=BUDGET_SETS, help="budget sets compared"),
+    Param("max_items", "list[int]", cpu=[1, 4], gpu=[1, 16], minimum=1, rule=_positive_unique,
+          help="sequences (images or frames) per replay: 1 = single items, more = packed batches"),
+    Param("n_items", "int", cpu=5, gpu=16, minimum=1, help="items drawn from each mix for the runner"),
+    Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
+          help="norm whose time on padding is measured (tower placement)"),
+    Param("reps", "int", cpu=2, gpu=5, minimum=1, help="timed repetitions per measurement"),
+    Param("seed", "int", cpu=0),
+)
+
+METRICS = {
+    # exact, from the mix's distribution (single items)
+    "padded_frac_expected": "fraction", "padded_tokens_expected": "tokens", "miss_frac_expected": "fraction",
+    "expected_replay_ms": "ms", "graphs": "count", "largest_budget": "tokens", "pool_model_bytes": "bytes",
+    # through the real runner on drawn items
+    "padded_frac": "fraction", "padded_frac_replay_mean": "fraction", "padded_frac_replay_max": "fraction",
+    "replays_per_image": "count", "misses": "count", "items": "count", "encode_ms_per_image": "ms",
+    "norm_us_all": "us", "norm_us_valid": "us", "norm_us_padding": "us",
+    "matmul_flops_padding": "FLOP", "attention_flops_padding": "FLOP", "flops_padding_frac": "fraction",
+    "pool_bytes": "bytes", "rel_err_vs_eager": "ratio",
+    # per budget
+    "replay_ms": "ms", "replay_p90_ms": "ms",
+    "edge_replay_ms": "ms", "prev_full_replay_ms": "ms", "eager_ms": "ms",
+}
+
+
+# ---- budget sets -------------------------------------------------------------------------------
+
+def budget_sets(dist: dict[int, float], names, latency: dict[int, float] | None = None) -> dict[str, list[int]]:
+    """{set name: ascending budgets} for a mix's token distribution (tokens -> probability)."""
+    from ..planner import geometric_budgets, plan_budgets
+
+    largest = max(dist)
+    pow2 = default_budgets(largest)
+    out = {}
+    for name in names:
+        if name == "pow2":
+            out[name] = pow2
+        elif name == "geometric":
+            out[name] = geometric_budgets(largest)
+        elif name == "planner":
+            out[name] = plan_budgets(dist, max_graphs=len(pow2))
+        elif name == "planner_time":
+            if latency is None:
+                raise ValueError("budget set 'planner_time' needs the replay-time table")
+            out[name] = plan_budgets(dist, max_graphs=len(pow2), latency=latency)
+        else:
+            raise ValueError(f"unknown budget set {name!r}; valid: {BUDGET_SETS}")
+    return out
+
+
+def for_runner(budgets, max_items: int) -> list[int]:
+    """A runner's budgets must hold ``max_items`` sequences of at least one token each: budgets
+    below it are raised to it (then deduplicated)."""
+    return sorted({max(int(b), max_items) for b in budgets})
+
+
+def interp_ms(table: dict[int, float], tokens) -> np.ndarray:
+    """Replay time at ``tokens`` by linear interpolation in the measured (budget -> ms) table."""
+    xs = np.array(sorted(table), dtype=float)
+    ys = np.array([table[int(x)] for x in xs])
+    return np.interp(np.asarray(tokens, dtype=float), xs, ys)
+
+
+def smallest_fitting(budgets, tokens) -> np.ndarray:
+    b = np.asarray(sorted(budgets))
+    idx = np.searchsorted(b, np.asarray(tokens), side="left")
+    return np.where(idx < len(b), b[np.minimum(idx, len(b) - 1)], 0)
+
+
+# ---- measurements ------------------------------------------------------------------------------
+
+def _sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _wall_ms(fn, dev, reps: int, warmup: int = 1) -> dict:
+    for _ in range(warmup):
+        fn()
+    _sync(dev)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        out.append((time.perf_counter() - t0) * 1e3)
+    out.sort()
+    return dict(p50=float(np.median(out)), p90=float(np.quantile(out, 0.9)))
+
+
+def _item_batch(cfg, tokens: int, gen: torch.Generator) -> PatchBatch:
+    """One image of exactly ``tokens`` merged tokens (grid 1 x 2 x 2*tokens patches), random pixels."""
+    m = cfg.merge_size
+    grid = torch.tensor([[1, m, m * tokens]])
+    rows = cfg.merge_unit * tokens
+    return PatchBatch(torch.randint(0, 256, (rows, cfg.patch_dim), dtype=torch.uint8, generator=gen), grid)
+
+
+def _stage(runner, budget: int, item: PatchBatch) -> None:
+    """Load ``item`` into budget ``budget``'s static buffers, as `runner.encode` does before a replay."""
+    cap = runner.graphs[budget]
+    cap.meta.copy_(runner._prepare(item.grid_thw, budget, "cpu"))
+    runner.stage(cap, item.pixels.to(runner.device))
+
+
+def _replay_ms(runner, budget: int, reps: int) -> dict:
+    cap = runner.graphs[budget]
+    dev = runner.device
+    if dev.type == "cuda":
+        runner.replay(cap)
+        torch.cuda.synchronize(dev)
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            runner.replay(cap)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        times.sort()
+        return dict(p50=float(np.median(times)), p90=float(np.quantile(times, 0.9)))
+    return _wall_ms(lambda: runner.replay(cap), dev, reps, warmup=1)
+
+
+class NormTimes:
+    """The norm's time over a budget's rows, all rows (tower placement) vs n_valid-aware, measured
+    at NORM_FILLS and interpolated linearly in the valid fraction."""
+
+    def __init__(self, name: str, cfg, dt, dev, reps: int):
+        self.mod = make_norm(name, cfg, check_values=False).to(dev)
+        self.name, self.cfg, self.dt, self.dev, self.reps = name, cfg, dt, dev, reps
+        self.cache: dict[int, tuple[float, np.ndarray]] = {}
+
+    def _measure(self, budget: int):
+        rows = budget * self.cfg.merge_unit
+        x = torch.randint(0, 256, (rows, self.cfg.patch_dim), dtype=torch.uint8, device=self.dev)
+        y = torch.empty(rows, self.cfg.patch_dim, dtype=self.dt, device=self.dev)
+        with torch.inference_mode():
+            t_all = time_us(lambda: self.mod(x, self.dt, out=y), self.dev, reps=self.reps)["p50_us"]
+            valid = []
+            for f in NORM_FILLS:
+                n = int(round(f * rows))
+                if self.name.startswith("triton"):      # reads n_valid on the device, skips padding tiles
+                    nv = torch.tensor(n, dtype=torch.int32, device=self.dev)
+                    t = time_us(lambda nv=nv: self.mod(x, self.dt, out=y, n_valid=nv), self.dev, reps=self.reps)
+                elif n == 0:
+                    valid.append(0.0)
+                    continue
+                else:                                   # the eager norm over the valid rows only
+                    t = time_us(lambda n=n: self.mod(x[:n], self.dt, out=y[:n]), self.dev, reps=self.reps)
+                valid.append(t["p50_us"])
+        return t_all, np.array(valid)
+
+    def __call__(self, budget: int, valid_rows: int) -> tuple[float, float]:
+        if budget not in self.cache:
+            self.cache[budget] = self._measure(budget)
+        t_all, valid = self.cache[budget]
+        frac = valid_rows / (budget * self.cfg.merge_unit)
+        return t_all, float(np.interp(frac, NORM_FILLS, valid))
+
+
+def attention_padding_flops(cfg, backend: str, budget_rows: int, seqs: list[int]) -> int:
+    """Attention FLOPs a replay spends on padding: none for kernels that skip rows past
+    cu_seqlens[-1] (varlen, loop); the dense square minus the valid blocks for 'masked'."""
+    if backend != "masked":
+        return 0
+    full = tower_flops(cfg, [budget_rows])
+    valid = tower_flops(cfg, seqs) if seqs else dict(attention_full=0, attention_window=0)
+    return int(full["attention_full"] + full["attention_window"] - valid["attention_full"] - valid["attention_window"])
+
+
+def _pool_bytes(runner) -> float:
+    if runner.backend != "cuda" or runner.pool is None:
+        return float("nan")
+    from ..measure import _pool_segment_bytes
+    torch.cuda.synchronize(runner.device)
+    got = _pool_segment_bytes(runner.pool)
+    return float("nan") if got is None else float(got)
+
+
+def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
+    """Measure every (mix, budget set, max_items) cell; returns the tidy long table.
+
+    params: see PARAMS (defaults: the device's profile)."""
+    from ..planner import expected_padding, graph_pool_bytes
+    from ..reference import rel_err
+
+    dev = resolve_device(device)
+    p = PARAMS.resolve(params, profile_of(dev), study="padding_waste")
+    dt = resolve_dtype(p["dtype"])
+    base = VisionConfig.preset(p["preset"])
+    cfg = base.reduced(p["depth"]) if p["depth"] else base
+    label = device_label(dev)
+    common = dict(study="padding_waste", preset=p["preset"], family=cfg.family, depth=cfg.depth,
+                  dtype=dtype_name(dt), device=label)
+    enc = build_encoder(cfg, placement="tower", norm=p["norm"], dtype=dt, device=dev, seed=p["seed"],
+                        check_inputs=False)
+    backend = enc.visual.backend_for(torch.empty(0, dtype=dt, device=dev))
+    gen = torch.Generator().manual_seed(p["seed"])
+    dists = {mix: dict(mix_distribution(mix, cfg)) for mix in p["mixes"]}
+    largest = max(max(d) for d in dists.values())
+    from ..planner import geometric_budgets
+    table_budgets = sorted(set(default_budgets(largest)) | set(geometric_budgets(largest)))
+    n_cells = len(p["mixes"]) * len(p["budget_sets"]) * len(p["max_items"])
+    bar = show_progress(total=len(table_budgets) + n_cells, desc="padding_waste", enabled=progress)
+    rows: list[dict] = []
+
+    # 1. the replay table: every budget of the pow2 and geometric ladders, full; and the edge cases
+    lat: dict[int, float] = {}
+    with torch.inference_mode():
+        ladder = EncoderGraphRunner(enc, table_budgets, buffer_dtype=torch.uint8, max_items=1)
+        for b in table_budgets:
+            _stage(ladder, b, _item_batch(cfg, b, gen))
+            t = _replay_ms(ladder, b, p["reps"])
+            lat[b] = t["p50"]
+            rows.append(dict(common, case="replay", budget=b, replay_ms=t["p50"], replay_p90_ms=t["p90"]))
+            bar.update()
+        pow2 = default_budgets(largest)
+        for prev, b in zip(pow2, pow2[1:]):
+            item = _item_batch(cfg, prev + 1, gen)
+            _stage(ladder, b, item)
+            edge = _replay_ms(ladder, b, p["reps"])
+            item = item.to(dev)
+            eager = _wall_ms(lambda item=item: enc.encode_eager(item), dev, p["reps"])
+            rows.append(dict(common, case="edge", budget=b, prev_budget=prev, valid_tokens=prev + 1,
+                             edge_replay_ms=edge["p50"], prev_full_replay_ms=lat[prev], eager_ms=eager["p50"]))
+        del ladder
+    norm_times = NormTimes(p["norm"], cfg, dt, dev, p["reps"])
+
+    # 2. per mix: the exact expectation per set, then the real runner on drawn items
+    for mix in p["mixes"]:
+        dist = dists[mix]
+        sets = budget_sets(dist, p["budget_sets"], latency=lat)
+        items = image_mix(mix, p["n_items"], seed=p["seed"], resized=True)
+        batch = preprocess(items, cfg)
+        with torch.inference_mode():
+            ref = enc.encode_eager(batch.to(dev)).float()
+        for set_name, budgets in sets.items():
+            e = expected_padding(dist, budgets)
+            tokens = np.array(sorted(dist))
+            probs = np.array([dist[t] for t in tokens])
+            fit = smallest_fitting(budgets, tokens)
+            exp_ms = float((probs * interp_ms(lat, np.where(fit > 0, fit, tokens))).sum())
+            key = dict(common, mix=mix, budget_set=set_name, budgets=",".join(map(str, budgets)))
+            rows.append(dict(key, case="expected", padded_frac_expected=e["padded_frac"],
+                             padded_tokens_expected=e["padded_tokens"], miss_frac_expected=e["miss_frac"],
+                             expected_replay_ms=exp_ms, graphs=len(budgets), largest_budget=budgets[-1],
+                             pool_model_bytes=graph_pool_bytes(cfg, budgets, dtype=dt, max_items=1)))
+            for m in p["max_items"]:
+                rb = for_runner(budgets, m)
+                with torch.inference_mode():
+                    runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m)
+                    pool = _pool_bytes(runner)
+                    out = runner.encode(batch)
+                    stats = runner.stats_frame()
+                    timing = _wall_ms(lambda: runner.encode(batch), dev, max(1, p["reps"] // 3), warmup=0)
+                replays = stats[~stats.miss]
+                budget_rows = (replays.valid_rows + replays.padded_rows)
+                padded_frac = float(replays.padded_rows.sum() / budget_rows.sum()) if len(replays) else float("nan")
+                per = (replays.padded_rows / budget_rows) if len(replays) else pd.Series([np.nan])
+                norm_all = norm_valid = mm_pad = att_pad = total = 0.0
+                for r in replays.itertuples():
+                    a, v = norm_times(int(r.budget), int(r.valid_rows))
+                    norm_all, norm_valid = norm_all + a, norm_valid + v
+                    brows = int(r.budget) * cfg.merge_unit
+                    mm_pad += tower_flops(cfg, [brows])["matmul"] - tower_flops(cfg, [int(r.valid_rows)])["matmul"]
+                    att_pad += attention_padding_flops(cfg, backend, brows, [int(r.valid_rows)])
+                    total += tower_flops(cfg, [brows])["total"]
+                rows.append(dict(key, case="runner", max_items=m, budgets=",".join(map(str, rb)),
+                                 padded_frac=padded_frac, padded_frac_replay_mean=float(per.mean()),
+                                 padded_frac_replay_max=float(per.max()), replays_per_image=len(replays) / batch.n_items,
+                                 misses=int(stats.miss.sum()), items=batch.n_items,
+                                 encode_ms_per_image=timing["p50"] / batch.n_items,
+                                 norm_us_all=norm_all, norm_us_valid=norm_valid, norm_us_padding=norm_all - norm_valid,
+                                 matmul_flops_padding=mm_pad, attention_flops_padding=att_pad,
+                                 flops_padding_frac=(mm_pad + att_pad) / total if total else float("nan"),
+                                 pool_bytes=pool, pool_model_bytes=graph_pool_bytes(cfg, rb, dtype=dt, max_items=m),
+                                 rel_err_vs_eager=rel_err(out.float(), ref)))
+                del runner, out
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                bar.update()
+        del batch, ref
+    bar.close()
+    return tidy(pd.DataFrame(rows), METRICS)
+
+
+# ---- presentation ---------------------------------------------------------------------------
+
+SET_COLORS = {"pow2": "#9e9e9e", "geometric": "#90caf9", "planner": "#1565c0", "planner_time": "#2e7d32"}
+
+
+def padding_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, device, mix, budget set): graphs, expected padded fraction (single items),
+    expected replay time, and the runner's measured padded fraction and time per image per max_items."""
+    w = wide(table)
+    exp = w[w.case == "expected"]
+    run_rows = w[w.case == "runner"]
+    keys = [c for c in ("run", "reference", "device", "mix", "budget_set") if c in w]
+    out = exp[keys + ["graphs", "budgets", "padded_frac_expected", "expected_replay_ms"]].copy()
+    for m, g in run_rows.groupby("max_items"):
+        g = g.set_index(keys)
+        out = out.join(g[["padded_frac", "encode_ms_per_image"]].rename(columns={
+            "padded_frac": f"padded_frac (runner, max_items={int(m)})",
+            "encode_ms_per_image": f"ms/image (runner, max_items={int(m)})"}), on=keys)
+    order = {s: i for i, s in enumerate(BUDGET_SETS)}
+    return out.sort_values(keys[:-1] + ["budget_set"], key=lambda s: s.map(order) if s.name == "budget_set" else s
+                           ).reset_index(drop=True)
+
+
+def plot_padding(g: pd.DataFrame):
+    """Per mix, each budget set's padded fraction: bars for single items (exact, from the mix's
+    distribution), markers for the real runner on drawn items (single and packed)."""
+    import matplotlib.pyplot as plt
+
+    w = wide(g)
+    exp = w[w.case == "expected"]
+    runs = w[w.case == "runner"]
+    mixes = list(dict.fromkeys(exp.mix))
+    sets = [s for s in BUDGET_SETS if s in set(exp.budget_set)]
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(mixes) * len(sets) / 2), 4.6))
+    width = 0.8 / max(1, len(sets))
+    markers = ["o", "^", "s", "D"]
+    for j, s in enumerate(sets):
+        xs = np.arange(len(mixes)) + (j - (len(sets) - 1) / 2) * width
+        vals = [exp[(exp.mix == m) & (exp.budget_set == s)].padded_frac_expected.mean() * 100 for m in mixes]
+        graphs = [exp[(exp.mix == m) & (exp.budget_set == s)].graphs.mean() for m in mixes]
+        ax.bar(xs, vals, width * 0.95, color=SET_COLORS.get(s), label=f"{s} (single items, exact)")
+        for x, v, n in zip(xs, vals, graphs):
+            ax.text(x, v + 0.5, f"{v:.0f}%\n{int(n)}g", ha="center", va="bottom", fontsize=6)
+        for k, (m_items, rg) in enumerate(runs[runs.budget_set == s].groupby("max_items")):
+            ys = [rg[rg.mix == m].padded_frac.mean() * 100 for m in mixes]
+            ax.scatter(xs, ys, marker=markers[k % len(markers)], color="k", s=14, zorder=3,
+                       label=f"runner, max_items={int(m_items)}" if j == 0 else None)
+    ax.set_xticks(np.arange(len(mixes)), mixes, fontsize=8)
+    ax.set_ylabel("padded rows (% of replayed rows)")
+    ax.set_title(f"Padding per budget set and image mix (g = graphs) ({run_label(g)})", fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.set_ylim(0, max(10.0, ax.get_ylim()[1] * 1.15))
+    return fig
+
+
+def plot_replay(g: pd.DataFrame):
+    """Replay time per budget (full), and for each power-of-two step an item one token larger than
+    the smaller budget: its replay in the larger budget vs the smaller budget full vs eager."""
+    import matplotlib.pyplot as plt
+
+    w = wide(g)
+    rep = w[w.case == "replay"].sort_values("budget")
+    edge = w[w.case == "edge"].sort_values("budget")
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.plot(rep.budget, rep.replay_ms, "-o", color="#1565c0", ms=3, label="graph replay, budget full")
+    if not edge.empty:
+        ax.scatter(edge.valid_tokens, edge.edge_replay_ms, marker="^", color="#c62828", zorder=3,
+                   label="item of (smaller power of two + 1) tokens, replayed in the next budget")
+        ax.scatter(edge.valid_tokens, edge.eager_ms, marker="x", color="k", zorder=3, label="the same item, eager")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
+    ax.set_xlabel("merged tokens (budget, or item size)")
+    ax.set_ylabel("ms (p50, log)")
+    ax.set_title(f"What padding to the next budget costs ({run_label(g)})", fontsize=10)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def findings(table: pd.DataFrame) -> str:
+    w = wide(table)
+    parts = []
+    for run, g in groups_by_run(w):
+        dev = source_label(g, run)
+        exp = g[g.case == "expected"]
+        text = f"On {dev}: "
+        cmp = []
+        for mix, e in exp.groupby("mix", sort=False):
+            s = e.set_index("budget_set")
+            if "pow2" in s.index and "planner" in s.index:
+                a, b = s.loc["pow2"], s.loc["planner"]
+                cmp.append(f"{mix} {a.padded_frac_expected:.0%} -> {b.padded_frac_expected:.0%}")
+        if cmp:
+            text += ("padded fraction of single-item replays, powers of two -> the planner with the same number "
+                     "of graphs: " + "; ".join(cmp) + ".")
+        runs = g[g.case == "runner"]
+        if not runs.empty:
+            worst = runs.sort_values("padded_frac", ascending=False).iloc[0]
+            text += (f" Through the runner on drawn items the worst cell is {worst.mix} / {worst.budget_set} at "
+                     f"max_items={int(worst.max_items)}: {worst.padded_frac:.0%} of replayed rows are padding, "
+                     f"{fmt_us(worst.norm_us_padding)} of norm time and {worst.flops_padding_frac:.0%} of the tower's "
+                     "FLOPs spent on them.")
+            miss = runs[runs.misses > 0]
+            if not miss.empty:
+                r = miss.sort_values("misses", ascending=False).iloc[0]
+                text += (f" {int(r.misses)} of {int(r['items'])} items of {r.mix} ran eagerly (graph misses) at "
+                         f"max_items={int(r.max_items)}: a video's frames each count as one sequence.")
+            bad = runs[runs.rel_err_vs_eager > 0.05]
+            text += (f" Runner output vs eager: max rel_err {runs.rel_err_vs_eager.max():.2g}"
+                     + (f" ({len(bad)} cells above 0.05!)." if len(bad) else "."))
+        edge = g[g.case == "edge"]
+        if not edge.empty:
+            slow = edge[edge.edge_replay_ms > edge.eager_ms]
+            r = edge.assign(x=edge.edge_replay_ms / edge.prev_full_replay_ms).sort_values("x").iloc[-1]
+            text += (f" An item one token over a power of two replays in the next budget at up to "
+                     f"{r.x:.2f}x the smaller full budget ({int(r.valid_tokens)} tokens: {r.edge_replay_ms:.3g} ms vs "
+                     f"{r.prev_full_replay_ms:.3g} ms)")
+            text += (f"; at {len(slow)} of {len(edge)} steps that padded replay is slower than eager."
+                     if len(slow) else "; eager is slower at every step.")
+        if str(dev).startswith("cpu"):
+            text += (" CPU: the runner is emulated (replays run eagerly), so times are host times of a tiny tower; "
+                     "padding fractions and FLOPs are exact.")
+        parts.append(text)
+    return "\n\n".join(parts)
+
+
+def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    out = {}
+    t = padding_table(table)
+    for run, g in groups_by_run(t):
+        dev = source_label(g, run)
+        g = g.drop(columns=[c for c in ("run", "reference", "device", "budgets") if c in g])
+        for c in g.columns:
+            if c.startswith("padded_frac"):
+                g[c] = (g[c] * 100).round(1)
+        out[dev] = g.rename(columns=lambda c: c.replace("padded_frac", "padded %"))
+    return out
+
+
+def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
+    figs = []
+    for run, g in groups_by_run(table):
+        figs += save_figure(plot_padding(g), out_dir, f"padding_waste_{run}")[:1]
+        figs += save_figure(plot_replay(g), out_dir, f"padding_waste_replay_{run}")[:1]
+    tables = [(f"Padding per mix and budget set on {dev} (single items: exact from the mix's distribution; "
+               f"runner: measured on drawn items)", t) for dev, t in key_numbers(table).items()]
+    return Summary(text=findings(table), figures=figs, tables=tables)
+
+
+STUDY = register(Study(
+    name="padding_waste",
+    notebook="notebooks/padding_waste.ipynb",
+    run=run,
+    summarize=summarize,
+    params=PARAMS,
+    question="for a budget set and an image mix, padded rows, norm and tower work spent on them",
+))
