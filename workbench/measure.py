@@ -478,7 +478,7 @@ def norm_alloc_trace(name: str, n_rows: int, patch_dim: int, in_dtype: torch.dty
 
 class _Counter(torch.utils._python_dispatch.TorchDispatchMode):
     """Records every fresh tensor an op returns (aliases and in-place results skipped) and the
-    moment it is freed (a weakref callback on the tensor)."""
+    moment its memory is freed (a weakref callback on its storage)."""
 
     def __init__(self):
         super().__init__()
@@ -496,7 +496,10 @@ class _Counter(torch.utils._python_dispatch.TorchDispatchMode):
             k = self._next
             self._next += 1
             self.events.append(("alloc", k, nbytes))
-            weakref.finalize(t, self.events.append, ("free", k, nbytes))
+            # the storage, not the tensor: a view (q, k, v of one qkv output) keeps the memory
+            # alive after the tensor that owned it dies; torch keeps one Python storage object
+            # per storage, which dies with the last tensor or view on it
+            weakref.finalize(t.untyped_storage(), self.events.append, ("free", k, nbytes))
         return out
 
 

@@ -79,6 +79,19 @@ def _check_budgets(budgets, max_items) -> list[int]:
     return budgets
 
 
+_CAPTURE_STREAMS: dict = {}
+
+
+def capture_stream(device) -> "torch.cuda.Stream":
+    """The one side stream per device on which every runner warms up and captures its graphs, so
+    per-stream one-time allocations (the cuBLAS workspace) happen once, outside every graph pool."""
+    dev = torch.device(device)
+    key = dev.index if dev.index is not None else torch.cuda.current_device()
+    if key not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[key] = torch.cuda.Stream(device=torch.device("cuda", key))
+    return _CAPTURE_STREAMS[key]
+
+
 def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
     """Powers of two from `smallest` up to the first one >= max_tokens (the engines' scheme)."""
     out = [smallest]
@@ -199,14 +212,17 @@ class EncoderGraphRunner:
             cap.out = run()
             cap.graph = run
             return cap
-        stream = torch.cuda.Stream(device=self.device)
+        stream = capture_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(self.warmup):  # compile Triton kernels, create cuBLAS handles outside the capture
                 run()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # captured on the stream that was warmed: cuBLAS keeps one workspace per (handle, stream),
+        # allocated on first use; warmed on another stream, it would be allocated inside this
+        # graph's pool during the capture (32 MiB on an H200) and pin that pool's segment
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
             cap.out = run()
         if self.pool is None:
             self.pool = graph.pool()

@@ -71,7 +71,7 @@ PARAMS = ParamSpec(
           help="image mixes (data/image_mixes.toml and the shipped photos)"),
     Param("budget_sets", "list[str]", cpu=list(BUDGET_SETS), choices=BUDGET_SETS, help="budget sets compared"),
     Param("max_items", "list[int]", cpu=[1, 4], gpu=[1, 16], minimum=1, rule=_positive_unique,
-          help="sequences (images or frames) per replay: 1 = single items, more = packed batches"),
+          help="sequences (images or frames) per replay (1: single items; more: packed batches)"),
     Param("n_items", "int", cpu=5, gpu=16, minimum=1, help="items drawn from each mix for the runner"),
     Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
           help="norm whose time on padding is measured (tower placement)"),
@@ -114,9 +114,20 @@ def budget_sets(dist: dict[int, float], names, latency: dict[int, float] | None 
         elif name == "planner_time":
             if latency is None:
                 raise ValueError("budget set 'planner_time' needs the replay-time table")
-            out[name] = plan_budgets(dist, max_graphs=len(pow2), latency=latency)
+            out[name] = plan_budgets(dist, max_graphs=len(pow2), latency=monotone(latency))
         else:
             raise ValueError(f"unknown budget set {name!r}; valid: {BUDGET_SETS}")
+    return out
+
+
+def monotone(table: dict[int, float]) -> dict[int, float]:
+    """The running maximum of a measured (budget -> time) table: the planner needs replay time
+    non-decreasing in the budget, and timing noise can put a larger budget a hair below a smaller
+    one (on a loaded CPU by far more)."""
+    out, top = {}, -math.inf
+    for b in sorted(table):
+        top = max(top, table[b])
+        out[b] = top
     return out
 
 
@@ -303,6 +314,11 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     for mix in p["mixes"]:
         dist = dists[mix]
         sets = budget_sets(dist, p["budget_sets"], latency=lat)
+        from ..planner import plan_budgets
+        for k in range(1, len(default_budgets(max(dist))) + 1):    # the planner's padding per graph count
+            e = expected_padding(dist, plan_budgets(dist, max_graphs=k))
+            rows.append(dict(common, case="curve", mix=mix, budget_set="planner", max_graphs=k,
+                             padded_frac_expected=e["padded_frac"], padded_tokens_expected=e["padded_tokens"]))
         items = image_mix(mix, p["n_items"], seed=p["seed"], resized=True)
         batch = preprocess(items, cfg)
         with torch.inference_mode():
@@ -317,7 +333,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             rows.append(dict(key, case="expected", padded_frac_expected=e["padded_frac"],
                              padded_tokens_expected=e["padded_tokens"], miss_frac_expected=e["miss_frac"],
                              expected_replay_ms=exp_ms, graphs=len(budgets), largest_budget=budgets[-1],
-                             pool_model_bytes=graph_pool_bytes(cfg, budgets, dtype=dt, max_items=1)))
+                             pool_model_bytes=graph_pool_bytes(cfg, budgets, dtype=dt, max_items=1, norm=p["norm"],
+                                                               buffer_dtype=torch.uint8)))
             for m in p["max_items"]:
                 rb = for_runner(budgets, m)
                 with torch.inference_mode():
@@ -346,7 +363,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                                  norm_us_all=norm_all, norm_us_valid=norm_valid, norm_us_padding=norm_all - norm_valid,
                                  matmul_flops_padding=mm_pad, attention_flops_padding=att_pad,
                                  flops_padding_frac=(mm_pad + att_pad) / total if total else float("nan"),
-                                 pool_bytes=pool, pool_model_bytes=graph_pool_bytes(cfg, rb, dtype=dt, max_items=m),
+                                 pool_bytes=pool, pool_model_bytes=graph_pool_bytes(cfg, rb, dtype=dt, max_items=m, norm=p["norm"],
+                                                                                    buffer_dtype=torch.uint8),
                                  rel_err_vs_eager=rel_err(out.float(), ref)))
                 del runner, out
                 if dev.type == "cuda":
@@ -436,6 +454,34 @@ def plot_replay(g: pd.DataFrame):
     return fig
 
 
+def plot_curve(g: pd.DataFrame):
+    """Per mix: the planner's expected padded fraction (single items) against the number of graphs
+    it may use, with the powers of two and the geometric ladder at their own graph counts."""
+    import matplotlib.pyplot as plt
+
+    w = wide(g)
+    curve = w[w.case == "curve"]
+    exp = w[w.case == "expected"]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for i, (mix, c) in enumerate(curve.groupby("mix", sort=True)):
+        c = c.sort_values("max_graphs")
+        color = f"C{i}"
+        ax.plot(c.max_graphs, c.padded_frac_expected * 100, "-o", ms=3, color=color, label=f"{mix}: planner")
+        for set_name, marker in (("pow2", "s"), ("geometric", "^")):
+            e = exp[(exp.mix == mix) & (exp.budget_set == set_name)]
+            if not e.empty:
+                ax.scatter(e.graphs, e.padded_frac_expected * 100, marker=marker, color=color, s=40,
+                           edgecolor="k", zorder=3)
+    ax.scatter([], [], marker="s", color="w", edgecolor="k", label="powers of two from 64")
+    ax.scatter([], [], marker="^", color="w", edgecolor="k", label="geometric ladder (sqrt 2)")
+    ax.set_xlabel("CUDA graphs captured (budgets)")
+    ax.set_ylabel("padded rows, single items (% of replayed rows)")
+    ax.set_title(f"Padding vs number of graphs ({run_label(g)})", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    return fig
+
+
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
     parts = []
@@ -501,6 +547,8 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
     for run, g in groups_by_run(table):
         figs += save_figure(plot_padding(g), out_dir, f"padding_waste_{run}")[:1]
         figs += save_figure(plot_replay(g), out_dir, f"padding_waste_replay_{run}")[:1]
+        if "curve" in set(g["case"]) if "case" in g else False:
+            figs += save_figure(plot_curve(g), out_dir, f"padding_waste_curve_{run}")[:1]
     tables = [(f"Padding per mix and budget set on {dev} (single items: exact from the mix's distribution; "
                f"runner: measured on drawn items)", t) for dev, t in key_numbers(table).items()]
     return Summary(text=findings(table), figures=figs, tables=tables)

@@ -96,6 +96,10 @@ class Param:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"parameter {self.name!r}: unknown kind {self.kind!r}; valid: {KINDS}")
+        if "=" in self.help:      # the help becomes a comment on the parameters-cell line, which
+            # papermill then cannot parse ("Unable to parse line"; its value is still injected)
+            raise ValueError(f"parameter {self.name!r}: its help must not contain '=' (papermill reads "
+                             f"the parameters cell line by line): {self.help!r}")
         for profile in PROFILES:      # a declaration whose own defaults are invalid is a bug
             self.check(self.default(profile))
 
