@@ -198,11 +198,17 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     buffer dtype other than the tower dtype adds the cast). max_items sizes only metadata
     (cu_seqlens), which the runner allocates outside the pool, so it changes nothing here.
 
-    Limits: the smaller captures' outputs are counted on top of the largest capture's pool, though
-    the allocator may place some of them in space that capture freed (so the model tends to
-    over-estimate, by at most those outputs); cuBLAS/flash workspaces, Triton compilation and the
-    graph's RNG state are outside the pool (the runner warms up before capturing); fragmentation
-    across captures is not modelled.
+    Limits, measured on an H200 (qwen2.5-vl-7b, 56 runners of the padding_waste reference run,
+    results/reference/20261130T100530Z-9fe94e9-h200): the measured pool is 1.03-1.16x the model
+    (median 1.09x), i.e. the model is low. The traces themselves are exact (the CUDA tower's
+    dispatch trace equals the meta one, allocation for allocation, and for qwen2-vl-7b its peak
+    equals the measured peak allocation); what the trace cannot see is memory a kernel allocates
+    inside one op (Qwen2.5-VL's windowed flash-attention blocks allocate ~7 KB per row that no op
+    returns), and the allocator's segment placement across several captures differs from the
+    model by up to one 20 MiB segment. The smaller captures' outputs are counted on top of the
+    largest capture's pool. cuBLAS workspaces, Triton compilation and the graph's RNG state are
+    outside the pool (the runner warms up on the stream it captures on). Give max_pool_bytes some
+    headroom accordingly.
     """
     import torch
     cfg = _resolve_cfg(cfg)

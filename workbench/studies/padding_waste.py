@@ -530,15 +530,18 @@ def findings(table: pd.DataFrame) -> str:
 
 
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per run: padding_table with fractions in percent, one table per device."""
     out = {}
-    t = padding_table(table)
-    for run, g in groups_by_run(t):
+    for run, g in groups_by_run(table):
         dev = source_label(g, run)
-        g = g.drop(columns=[c for c in ("run", "reference", "device", "budgets") if c in g])
-        for c in g.columns:
+        t = padding_table(g).dropna(axis=1, how="all")
+        t = t.drop(columns=[c for c in ("run", "reference", "device", "budgets") if c in t])
+        for c in t.columns:
             if c.startswith("padded_frac"):
-                g[c] = (g[c] * 100).round(1)
-        out[dev] = g.rename(columns=lambda c: c.replace("padded_frac", "padded %"))
+                t[c] = (t[c] * 100).round(1)
+        names = {"padded_frac_expected": "padded % (single items, exact)",
+                 "expected_replay_ms": "ms/image (single items, from the replay table)"}
+        out[dev] = t.rename(columns=lambda c: names.get(c, c.replace("padded_frac", "padded %")))
     return out
 
 
