@@ -3,6 +3,8 @@
 #   bash tools/gpu_reference.sh checks OUT   # CUDA tests + norm bandwidth benchmark
 #   bash tools/gpu_reference.sh study OUT    # the studies (GPU profile) through papermill; STUDIES=a,b
 #                                            # picks some (default: correctness,cast_cost,fp32_memory)
+#   bash tools/gpu_reference.sh gpus OUT     # one sweep on one GPU, then with --gpus over all of them
+#                                            # (STUDIES, SET1, SET2 choose the work; see the defaults)
 # Needs the offline wheels from `make wheels` in .whl/ for papermill (the GPU image lacks it).
 set -uo pipefail
 what=${1:?checks|study}; out=${2:-results/gpu}
@@ -21,5 +23,15 @@ case "$what" in
     python3 -m workbench sweep --profile gpu --studies "${STUDIES:-correctness,cast_cost,fp32_memory}" \
       --results "$out" --name h200 2>&1 \
       | tee "$out/study.log" ;;
-  *) echo "unknown step $what (checks|study)"; exit 2 ;;
+  gpus)
+    # the same sweep on one GPU, then spread over every GPU of the host (--gpus), for the wall times
+    set_args=(--set "${SET1:-encoder_latency.presets=[\"qwen2-vl-7b\",\"qwen2.5-vl-7b\"]}"
+              --set "${SET2:-padding_waste.mixes=[\"photos\",\"thumbnails\",\"charts\"]}")
+    studies=${STUDIES:-encoder_latency,padding_waste}
+    all=$(python3 -c "import torch; print(','.join(map(str, range(torch.cuda.device_count()))))")
+    python3 -m workbench sweep --profile gpu --studies "$studies" "${set_args[@]}" --results "$out/one" \
+      --name one-gpu 2>&1 | tee "$out/one.log"
+    python3 -m workbench sweep --profile gpu --studies "$studies" "${set_args[@]}" --results "$out/all" \
+      --name gpus --gpus "$all" 2>&1 | tee "$out/all.log" ;;
+  *) echo "unknown step $what (checks|study|gpus)"; exit 2 ;;
 esac

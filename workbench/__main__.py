@@ -61,6 +61,51 @@ def _select(studies: dict, names: str | None) -> list:
     return [studies[n] for n in wanted]
 
 
+def parse_gpus(text: str | None) -> list[int] | None:
+    """``--gpus 0,1`` -> [0, 1]; SystemExit naming the bad value otherwise."""
+    if text is None:
+        return None
+    try:
+        ids = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise SystemExit(f"--gpus {text!r}: give distinct GPU indices separated by commas, e.g. --gpus 0,1")
+    return ids
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``--shard 1/4`` -> (1, 4); SystemExit naming the bad value otherwise."""
+    if text is None:
+        return None
+    i, sep, n = str(text).partition("/")
+    try:
+        i, n = int(i), int(n)
+    except ValueError:
+        sep = ""
+    if not sep or n < 1 or not 0 <= i < n:
+        raise SystemExit(f"--shard {text!r}: give I/N with 0 <= I < N (shard I of N), e.g. --shard 0/2")
+    return i, n
+
+
+def shard_studies(selected: list, index: int, count: int) -> list:
+    """Shard ``index`` of ``count``: study k of the selection in name order goes to shard k % count,
+    so every shard of a job array computes the same partition without talking to the others."""
+    ordered = sorted(selected, key=lambda s: s.name)
+    return [s for k, s in enumerate(ordered) if k % count == index]
+
+
+def _check_gpus(gpus: list[int] | None, profile: str) -> None:
+    if not gpus or profile != "gpu":
+        return
+    import torch
+
+    n = torch.cuda.device_count()
+    bad = [g for g in gpus if g >= n]
+    if bad:
+        raise SystemExit(f"--gpus: {bad} not on this host; it has {n} GPU(s): {list(range(n))}")
+
+
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
                   profile: str) -> dict[str, dict[str, Any]]:
     """Every selected study's parameters for ``profile`` with the ``--set`` overrides applied and
@@ -110,19 +155,40 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
     selected = _select(studies, args.studies)
     profile = default_profile() if args.profile == "auto" else args.profile
     device = DEVICE_OF_PROFILE[profile]
+    gpus = parse_gpus(getattr(args, "gpus", None))
+    shard = parse_shard(getattr(args, "shard", None))
     sets = _parse_sets(args.set or [])
     plan = _resolve_plan(sets, studies, selected, profile)
-    run_dir = new_run_dir(args.results, name=args.name or profile)
+    _check_gpus(gpus, profile)
+    name = args.name or profile
+    extra: dict[str, Any] = {}
+    if shard is not None:
+        mine = shard_studies(selected, *shard)
+        if not mine:
+            print(f"sweep: shard {shard[0]}/{shard[1]} has no study ({len(selected)} selected over "
+                  f"{shard[1]} shards); nothing to run")
+            return None, []
+        plan = {s.name: plan[s.name] for s in mine}
+        selected = mine
+        extra["shard"] = {"index": shard[0], "count": shard[1], "group": shard_group(args, name)}
+        name = f"{name}-shard{shard[0]}of{shard[1]}"
+    if gpus:
+        extra["gpus"] = gpus
+    run_dir = new_run_dir(args.results, name=name)
     lock = RunLock(run_dir)
     lock.acquire()                 # a folder this process just made: nobody else can hold it
     failures: list[str] = []
     try:
         meta = collect_meta({"profile": profile, "device": device,
-                             "mode": "direct" if args.direct else "papermill", "studies": plan})
+                             "mode": "direct" if args.direct else "papermill", "studies": plan, **extra})
         write_meta(run_dir, meta)
         print(f"sweep: profile {profile}, {len(selected)} stud{'y' if len(selected) == 1 else 'ies'} "
-              f"-> {run_dir}")
-        failures, warnings = _execute(selected, plan, device, run_dir, args.direct, args.kernel)
+              + (f"(shard {shard[0]}/{shard[1]}) " if shard else "")
+              + (f"on GPUs {gpus} " if gpus else "") + f"-> {run_dir}")
+        failures, warnings = _execute(selected, plan, device, run_dir, args.direct, args.kernel, gpus=gpus)
+        if gpus:   # which GPU ran each study, as the workers recorded it
+            from .provenance import read_meta
+            meta["placement"] = read_meta(run_dir).get("placement") or {}
         meta["failures"] = failures
         meta["warnings"] = warnings
         write_meta(run_dir, finish_meta(meta))
@@ -133,10 +199,107 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
     return run_dir, failures
 
 
+def shard_group(args: argparse.Namespace, name: str) -> str:
+    """The name the shards of one run share (--group, $WORKBENCH_RUN_GROUP, $SLURM_ARRAY_JOB_ID, or
+    <UTC date>-<git sha>-<name>: shards started the same day from the same code under one name)."""
+    from .provenance import git_info, utc_now
+
+    for value in (getattr(args, "group", None), os.environ.get("WORKBENCH_RUN_GROUP"),
+                  os.environ.get("SLURM_ARRAY_JOB_ID")):
+        if value:
+            return str(value)
+    return f"{utc_now().strftime('%Y%m%d')}-{git_info().get('short') or 'nogit'}-{name}"
+
+
+CLAIMS_DIR = ".claims"
+
+
+def _claim(run_dir: Path, study: str) -> bool:
+    """Take ``study`` for this worker: exactly one process can create its claim file."""
+    try:
+        fd = os.open(run_dir / CLAIMS_DIR / f"{study}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, f"{os.getpid()} gpu {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n".encode())
+    os.close(fd)
+    return True
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """One GPU's worker of ``sweep --gpus``: take the next unclaimed study of the run, run it
+    (serially, in this process, on the GPU its CUDA_VISIBLE_DEVICES names), record the outcome in
+    ``.claims/<study>.json``, repeat until every study is taken."""
+    import time
+
+    from .provenance import atomic_write_text, read_meta
+    from .studies import discover
+
+    run_dir = Path(args.run_dir)
+    params = read_meta(run_dir).get("params") or {}
+    plan, device = params.get("studies") or {}, params.get("device") or "cpu"
+    studies = discover()
+    for name in [n for n in args.studies.split(",") if n]:
+        if not _claim(run_dir, name):
+            continue
+        t0 = time.perf_counter()
+        failures, warnings = _execute([studies[name]], {name: plan[name]}, device, run_dir, args.direct,
+                                      args.kernel)
+        record = {"study": name, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid(),
+                  "seconds": round(time.perf_counter() - t0, 1), "failures": failures, "warnings": warnings}
+        atomic_write_text(run_dir / CLAIMS_DIR / f"{name}.json", json.dumps(record))
+    return 0
+
+
+def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
+                     gpus: list[int]) -> tuple[list[str], list[str], dict]:
+    """``sweep --gpus``: one worker process per GPU, each pinned to it with CUDA_VISIBLE_DEVICES,
+    each taking studies in order from the shared list (a claim file per study decides who runs
+    it). Returns (failures, warnings, {study: {gpu, seconds}})."""
+    import shutil
+    import subprocess
+
+    claims = run_dir / CLAIMS_DIR
+    shutil.rmtree(claims, ignore_errors=True)       # a killed sweep's claims mean nothing now
+    claims.mkdir()
+    order = ",".join(s.name for s in selected)
+    procs = []
+    for g in gpus:
+        cmd = [sys.executable, "-m", "workbench", "worker", str(run_dir), "--studies", order, "--kernel", kernel]
+        if direct:
+            cmd.append("--direct")
+        procs.append((g, subprocess.Popen(cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": str(g)},
+                                          cwd=str(REPO_ROOT))))
+    codes = {g: p.wait() for g, p in procs}
+    failures: list[str] = []
+    warnings: list[str] = []
+    placed: dict[str, dict] = {}
+    for s in selected:
+        rec_path = claims / f"{s.name}.json"
+        if rec_path.is_file():
+            rec = json.loads(rec_path.read_text())
+            failures += rec["failures"]
+            warnings += rec["warnings"]
+            placed[s.name] = {"gpu": rec["gpu"], "seconds": rec["seconds"]}
+        elif (claims / f"{s.name}.claim").is_file():
+            who = (claims / f"{s.name}.claim").read_text().strip()
+            failures.append(f"{s.name}: its worker ({who}) died before finishing it "
+                            f"(exit codes {codes}); resume the run to re-run it")
+        else:
+            failures.append(f"{s.name}: no worker took it (exit codes {codes}); resume the run to run it")
+    shutil.rmtree(claims, ignore_errors=True)
+    return failures, warnings, placed
+
+
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool,
-             kernel: str) -> tuple[list[str], list[str]]:
-    """Run each study of ``selected`` into ``run_dir``; returns (failures, warnings)."""
+             kernel: str, gpus: list[int] | None = None) -> tuple[list[str], list[str]]:
+    """Run each study of ``selected`` into ``run_dir``; returns (failures, warnings). With
+    ``gpus``, one worker process per GPU runs them in parallel (`_execute_on_gpus`)."""
     from tqdm.auto import tqdm
+
+    if gpus:
+        failures, warnings, placed = _execute_on_gpus(selected, run_dir, direct, kernel, gpus)
+        _record_placement(run_dir, placed)
+        return failures, warnings
 
     failures: list[str] = []
     warnings: list[str] = []
@@ -176,6 +339,15 @@ def _export_html(notebook: Path) -> str | None:
     except Exception as e:  # noqa: BLE001 - the measurement is done; only its readable copy is missing
         return f"{notebook.stem}: no HTML export ({type(e).__name__}: {e})"
     return None
+
+
+def _record_placement(run_dir: Path, placed: dict) -> None:
+    """Note in meta.json which GPU ran each study, and for how long."""
+    from .provenance import read_meta
+
+    meta = read_meta(run_dir)
+    meta.setdefault("placement", {}).update(placed)
+    write_meta(run_dir, meta, overwrite=True)
 
 
 def _find_run(results: Path, name: str) -> Path:
@@ -224,7 +396,11 @@ def resume_sweep(args: argparse.Namespace, studies: dict) -> tuple[Path | None, 
               f"{', '.join(n for n in plan if n not in missing) or 'none'})")
         direct = params.get("mode") == "direct"
         # a killed notebook run can leave a partial executed notebook: it is rewritten
-        failures, warnings = _execute([studies[n] for n in missing], plan, device, run_dir, direct, args.kernel)
+        gpus = parse_gpus(getattr(args, "gpus", None))
+        failures, warnings = _execute([studies[n] for n in missing], plan, device, run_dir, direct, args.kernel,
+                                      gpus=gpus)
+        if gpus:
+            meta["placement"] = {**(meta.get("placement") or {}), **(read_meta(run_dir).get("placement") or {})}
         meta.setdefault("resumed", []).append(entry)
         meta["failures"] = failures
         meta["warnings"] = (meta.get("warnings") or []) + warnings
@@ -387,6 +563,19 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", metavar="RUN",
                    help="finish an interrupted run folder (a path, or a folder name under --results): only "
                         "the studies without a table run, with the parameters its meta.json recorded")
+    g.add_argument("--gpus", metavar="0,1,...",
+                   help="spread the studies over these GPUs of this host: one worker process per GPU "
+                        "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device), each "
+                        "taking the next study nobody has taken")
+    g.add_argument("--shard", metavar="I/N",
+                   help="run only shard I of N (0 <= I < N) of the selected studies (study k, in name "
+                        "order, belongs to shard k %% N), for a scheduler's job array: SLURM "
+                        "(--shard $SLURM_ARRAY_TASK_ID/N), Kubernetes indexed jobs "
+                        "($JOB_COMPLETION_INDEX), torchrun ($RANK/$WORLD_SIZE); the report merges the "
+                        "shards of one run")
+    g.add_argument("--group", metavar="NAME",
+                   help="with --shard: the name the shards of one run share (default: $WORKBENCH_RUN_GROUP, "
+                        "else $SLURM_ARRAY_JOB_ID, else <UTC date>-<git sha>-<name>)")
 
 
 def _params_epilog() -> str:
@@ -466,6 +655,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only report notebooks that are out of step "
                                                         "(exit 1 if any)")
     p.set_defaults(func=cmd_notebooks)
+    # internal: one GPU's worker of `sweep --gpus` (not listed in the help)
+    p = sub.add_parser("worker", description="internal: one worker of sweep --gpus")
+    p.add_argument("run_dir")
+    p.add_argument("--studies", required=True)
+    p.add_argument("--kernel", default="python3")
+    p.add_argument("--direct", action="store_true")
+    p.set_defaults(func=cmd_worker)
     parser.subcommands = sub.choices
     return parser
 

@@ -58,6 +58,19 @@ class Run:
         return self.path.name
 
     @property
+    def shard(self) -> dict | None:
+        """{index, count, group} for a shard of a sharded sweep (meta.json), else None."""
+        sh = ((self.meta or {}).get("params") or {}).get("shard")
+        return sh if isinstance(sh, dict) and sh.get("group") else None
+
+    @property
+    def logical_name(self) -> str:
+        """What the studies call this run: the shard group for the shards of one sharded sweep
+        (their tables are summarized as one run), else the folder name."""
+        sh = self.shard
+        return f"{sh['group']} ({sh['count']} shards)" if sh else self.name
+
+    @property
     def device(self) -> str:
         """The device its tables were measured on (one name everywhere: the tables' own), or,
         before they are read, the host meta.json names ('2x NVIDIA H200' on a 2-GPU host)."""
@@ -226,7 +239,7 @@ def run_table(run: Run, study_name: str):
     from .studies.tables import VALUE_COLUMNS, load_table
 
     df = load_table(run.tables[study_name])
-    added = {"run": run.name, "reference": bool(run.reference), "run_date": _run_date(run)}
+    added = {"run": run.logical_name, "reference": bool(run.reference), "run_date": _run_date(run)}
     if "device" not in df.columns:
         added["device"] = run.device
     at = min((df.columns.get_loc(c) for c in VALUE_COLUMNS if c in df.columns), default=len(df.columns))
@@ -245,9 +258,16 @@ def load_tables(runs: list[Run], study_names) -> tuple[dict[tuple[str, str], Any
     loaded: dict[tuple[str, str], Any] = {}
     problems: list[TableProblem] = []
     names = set(study_names)
+    seen: dict[tuple[str, str], str] = {}      # (logical run, study) -> the folder it came from
     for run in runs:
         for study, path in run.tables.items():
             if study not in names:
+                continue
+            first = seen.setdefault((run.logical_name, study), run.name)
+            if first != run.name:     # two shards of one run measured the same study
+                problems.append(TableProblem(run=run.name, study=study, reason=(
+                    f"{run.logical_name} already has a {study} table from shard folder {first}; "
+                    "a shard group holds each study once")))
                 continue
             try:
                 loaded[(run.name, study)] = run_table(run, study)
@@ -268,8 +288,9 @@ def study_table(study_name: str, runs: list[Run], problems: list[TableProblem] |
         path = run.tables.get(study_name)
         if path is None:
             continue
-        if loaded is not None and (run.name, study_name) in loaded:
-            frames.append(loaded[(run.name, study_name)])
+        if loaded is not None:      # what load_tables could not use is among its problems
+            if (run.name, study_name) in loaded:
+                frames.append(loaded[(run.name, study_name)])
             continue
         try:
             frames.append(run_table(run, study_name))
@@ -339,7 +360,7 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
                devices: set[str] | None = None) -> StudySection:
     from .studies import Summary
 
-    holders = [r.name for r in runs if study.name in r.tables]
+    holders = list(dict.fromkeys(r.logical_name for r in runs if study.name in r.tables))
     section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[])
     devices = set(devices or ())
     if not holders:
@@ -676,6 +697,12 @@ def _runs_table(runs: list[Run], out_dir: Path,
             status = f"<span class='problem'>{_e(r.error)}</span>"
         else:
             status = "finished" if r.finished else _unfinished(r)
+            if r.shard:
+                status += f", shard {r.shard['index']}/{r.shard['count']} of {_e(r.shard['group'])}"
+            placement = (r.meta or {}).get("placement") or {}
+            if placement:
+                status += ", " + _e("; ".join(f"{k} on GPU {v.get('gpu')} ({v.get('seconds')} s)"
+                                              for k, v in placement.items()))
             resumed = (r.meta or {}).get("resumed") or []
             if resumed:
                 parts = "; ".join(f"{', '.join(x.get('studies', []))} at {x.get('at', '?')}" for x in resumed)

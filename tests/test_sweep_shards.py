@@ -1,0 +1,125 @@
+"""Sweeps beyond one process: --shard I/N (job arrays; the report merges the shards of one run)
+and --gpus (one worker process per GPU, each pinned with CUDA_VISIBLE_DEVICES)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.__main__ import parse_gpus, parse_shard, shard_studies
+from workbench.report import find_runs, load_tables
+from workbench.studies import discover, wide
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--direct", "--studies", "fp32_memory,padding_waste", "--set", "fp32_memory.budgets=[1024]",
+        "--set", "padding_waste.max_items=[1]", "--set", "padding_waste.n_items=2",
+        "--set", 'padding_waste.budget_sets=["pow2","planner"]']
+
+
+def _sweep(results: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "workbench", "sweep", "--results", str(results), *FAST, *extra],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+@pytest.mark.parametrize("text, message", [("1/1", "0 <= I < N"), ("a/2", "I/N"), ("2", "I/N"), ("-1/2", "0 <= I")])
+def test_a_bad_shard_is_refused_naming_it(text, message):
+    with pytest.raises(SystemExit, match=message):
+        parse_shard(text)
+
+
+@pytest.mark.parametrize("text", ["", "a,b", "0,0", "-1"])
+def test_bad_gpu_lists_are_refused(text):
+    with pytest.raises(SystemExit, match="--gpus"):
+        parse_gpus(text)
+
+
+def test_shards_partition_the_studies_whatever_the_order_given():
+    studies = list(discover().values())
+    for n in (1, 2, 3, 7):
+        parts = [shard_studies(studies[::-1], i, n) for i in range(n)]
+        names = [s.name for p in parts for s in p]
+        assert sorted(names) == sorted(s.name for s in studies) and len(set(names)) == len(names)
+
+
+def _deterministic(table, study):
+    """The metrics of a study that do not depend on timing: model bytes, padded fractions, FLOPs."""
+    w = wide(table.drop(columns=["run", "reference", "run_date", "device"], errors="ignore"))
+    keep = {"fp32_memory": ["model_bytes", "trace_matches"],
+            "padding_waste": ["padded_frac_expected", "padded_frac", "matmul_flops_padding", "graphs"]}[study]
+    params = [c for c in w.columns if c in ("norm", "budget", "buffer", "scope", "mix", "budget_set", "case",
+                                            "max_items", "max_graphs", "in_dtype", "buffer_dtype")]
+    cols = [c for c in keep if c in w.columns]
+    return w[params + cols].dropna(subset=cols, how="all").sort_values(params).reset_index(drop=True)
+
+
+@pytest.mark.slow
+def test_a_sweep_sharded_two_ways_and_merged_equals_the_unsharded_one(tmp_path):
+    whole, sharded = tmp_path / "whole", tmp_path / "sharded"
+    _sweep(whole)
+    for i in (0, 1):    # as two tasks of a job array would, with the array's id as the group
+        _sweep(sharded, "--shard", f"{i}/2", env={"SLURM_ARRAY_JOB_ID": "4242"})
+    runs = find_runs(sharded)
+    assert len(runs) == 2 and {r.logical_name for r in runs} == {"4242 (2 shards)"}
+    assert sorted(r.shard["index"] for r in runs) == [0, 1]
+    assert sorted(s for r in runs for s in r.tables) == ["fp32_memory", "padding_waste"]   # disjoint
+    loaded, problems = load_tables(runs, ["fp32_memory", "padding_waste"])
+    assert not problems
+    (ref_run,) = find_runs(whole)
+    ref, _ = load_tables([ref_run], ["fp32_memory", "padding_waste"])
+    for study in ("fp32_memory", "padding_waste"):
+        merged = [df for (run, s), df in loaded.items() if s == study]
+        assert len(merged) == 1 and set(merged[0]["run"]) == {"4242 (2 shards)"}
+        a, b = _deterministic(merged[0], study), _deterministic(ref[(ref_run.name, study)], study)
+        assert len(a) > 0
+        assert a.equals(b), (a, b)
+    # the report summarizes the shards as one run
+    subprocess.run([sys.executable, "-m", "workbench", "report", "--no-sweep", "--results", str(sharded)], cwd=ROOT,
+                   check=True, capture_output=True, timeout=600)
+    page = (sharded / "report" / "index.html").read_text()
+    assert "4242 (2 shards)" in page and "shard 0/2 of 4242" in page and "shard 1/2 of 4242" in page
+
+
+@pytest.mark.slow
+def test_a_second_copy_of_a_study_in_one_shard_group_is_listed_not_merged(tmp_path):
+    for _ in range(2):   # shard 0/1 twice under one group: the same study twice in one logical run
+        _sweep(tmp_path, "--shard", "0/1", "--group", "g1")
+    runs = find_runs(tmp_path)
+    loaded, problems = load_tables(runs, ["fp32_memory"])
+    assert len(loaded) == 1 and len(problems) == 1 and "already has a fp32_memory table" in problems[0].reason
+
+
+@pytest.mark.slow
+def test_gpus_run_one_worker_per_gpu_each_pinned_and_record_the_placement(tmp_path):
+    p = _sweep(tmp_path, "--gpus", "0,1", "--profile", "cpu")
+    assert "on GPUs [0, 1]" in p.stdout
+    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["params"]["gpus"] == [0, 1] and meta["finished_at"] and not meta["failures"]
+    placement = meta["placement"]
+    assert set(placement) == {"fp32_memory", "padding_waste"}
+    assert {v["gpu"] for v in placement.values()} <= {"0", "1"}      # CUDA_VISIBLE_DEVICES of its worker
+    assert (run / "fp32_memory.parquet").is_file() and (run / "padding_waste.parquet").is_file()
+    assert not (run / ".claims").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_shard_resumes_only_what_is_missing(tmp_path):
+    _sweep(tmp_path, "--shard", "0/1", "--group", "g2")
+    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    kept = run / "fp32_memory.parquet"
+    before = kept.stat().st_mtime_ns
+    (run / "padding_waste.parquet").unlink()        # as if the shard was killed during that study
+    meta = json.loads((run / "meta.json").read_text())
+    meta.pop("finished_at")
+    (run / "meta.json").write_text(json.dumps(meta))
+    p = subprocess.run([sys.executable, "-m", "workbench", "sweep", "--results", str(tmp_path), "--resume", run.name],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "resuming" in p.stdout and "padding_waste" in p.stdout
+    assert kept.stat().st_mtime_ns == before and (run / "padding_waste.parquet").is_file()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["params"]["shard"]["group"] == "g2" and meta["finished_at"]
