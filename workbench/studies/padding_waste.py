@@ -550,7 +550,7 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
     for run, g in groups_by_run(table):
         figs += save_figure(plot_padding(g), out_dir, f"padding_waste_{run}")[:1]
         figs += save_figure(plot_replay(g), out_dir, f"padding_waste_replay_{run}")[:1]
-        if "curve" in set(g["case"]) if "case" in g else False:
+        if "case" in g and (g["case"] == "curve").any():     # runs before the curve existed lack it
             figs += save_figure(plot_curve(g), out_dir, f"padding_waste_curve_{run}")[:1]
     tables = [(f"Padding per mix and budget set on {dev} (single items: exact from the mix's distribution; "
                f"runner: measured on drawn items)", t) for dev, t in key_numbers(table).items()]
