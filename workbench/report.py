@@ -252,6 +252,11 @@ def run_table(run: Run, study_name: str):
     return df
 
 
+def _duplicate(run: Run, study: str, first: str) -> str:
+    return (f"{run.logical_name} already has a {study} table from shard folder {first}; a shard group holds "
+            "each study once")
+
+
 def load_tables(runs: list[Run], study_names) -> tuple[dict[tuple[str, str], Any], list[TableProblem]]:
     """Every run's table of each study in ``study_names``: {(run name, study): DataFrame}, and
     the tables that could not be read (any exception: a truncated parquet, a broken schema)."""
@@ -265,9 +270,7 @@ def load_tables(runs: list[Run], study_names) -> tuple[dict[tuple[str, str], Any
                 continue
             first = seen.setdefault((run.logical_name, study), run.name)
             if first != run.name:     # two shards of one run measured the same study
-                problems.append(TableProblem(run=run.name, study=study, reason=(
-                    f"{run.logical_name} already has a {study} table from shard folder {first}; "
-                    "a shard group holds each study once")))
+                problems.append(TableProblem(run=run.name, study=study, reason=_duplicate(run, study, first)))
                 continue
             try:
                 loaded[(run.name, study)] = run_table(run, study)
@@ -284,13 +287,18 @@ def study_table(study_name: str, runs: list[Run], problems: list[TableProblem] |
     import pandas as pd
 
     frames = []
+    seen: dict[str, str] = {}
     for run in runs:
         path = run.tables.get(study_name)
         if path is None:
             continue
-        if loaded is not None:      # what load_tables could not use is among its problems
-            if (run.name, study_name) in loaded:
-                frames.append(loaded[(run.name, study_name)])
+        first = seen.setdefault(run.logical_name, run.name)
+        if first != run.name:           # two shards of one run measured this study: keep the first
+            if problems is not None:
+                problems.append(TableProblem(run=run.name, study=study_name, reason=_duplicate(run, study_name, first)))
+            continue
+        if loaded is not None and (run.name, study_name) in loaded:
+            frames.append(loaded[(run.name, study_name)])
             continue
         try:
             frames.append(run_table(run, study_name))
