@@ -111,7 +111,7 @@ wheels: ## download the offline bundle $(WHEELS_DIR)/ (Python 3.12, manylinux x8
 	  -d "$(WHEELS_DIR)" -r "$(WHEEL_LIST)"
 	echo "wheels: $$(ls "$(WHEELS_DIR)"/*.whl | wc -l) wheels, $$(du -sh "$(WHEELS_DIR)" | cut -f1) in $(WHEELS_DIR)/ (from $(WHEEL_LIST))"
 	echo "wheels: on the GPU host, run:"
-	echo "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(WHEELS_DIR)/*.whl && export PYTHONPATH=/tmp/site"
+	echo "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(WHEELS_DIR)/*.whl && export PYTHONPATH=/tmp/site JUPYTER_PATH=/tmp/site/share/jupyter"
 
 clean: ## remove caches, build artefacts and results/report/ (never deletes finished run folders under results/)
 	find . -path "./$(VENV)" -prune -o -path ./.git -prune -o \
