@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.__main__ import parse_gpus, parse_shard, shard_studies
+from workbench.__main__ import longest_first, parse_gpus, parse_shard, shard_studies
 from workbench.report import find_runs, load_tables
 from workbench.studies import discover, wide
 
@@ -43,6 +43,27 @@ def test_shards_partition_the_studies_whatever_the_order_given():
         parts = [shard_studies(studies[::-1], i, n) for i in range(n)]
         names = [s.name for p in parts for s in p]
         assert sorted(names) == sorted(s.name for s in studies) and len(set(names)) == len(names)
+
+
+def test_gpu_workers_take_the_longest_studies_first_by_earlier_runs(tmp_path):
+    studies = {s.name: s for s in discover().values()}
+    chosen = [studies[n] for n in ("cast_cost", "correctness", "fp32_memory", "padding_waste")]
+
+    def run(name, profile, seconds):
+        d = tmp_path / name
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"params": {"profile": profile}, "study_seconds": seconds}))
+        return d
+
+    run("20260101T000000Z-aaaaaaa-gpu", "gpu", {"cast_cost": 500, "fp32_memory": 70, "correctness": 1})
+    run("20260102T000000Z-aaaaaaa-gpu", "gpu", {"correctness": 300})          # newer: wins for correctness
+    run("20260103T000000Z-aaaaaaa-cpu", "cpu", {"fp32_memory": 9999})         # another profile: ignored
+    run("reference/20250101T000000Z-bbbbbbb-h200", "gpu", {"padding_waste": 230, "cast_cost": 1})
+    now = run("20260104T000000Z-aaaaaaa-gpu", "gpu", {"fp32_memory": 1e6})     # the run itself: ignored
+    order = [s.name for s in longest_first(chosen, now, "gpu")]
+    assert order == ["cast_cost", "correctness", "padding_waste", "fp32_memory"]
+    fresh = [s.name for s in longest_first(chosen + [studies["encoder_latency"]], now, "gpu")]
+    assert fresh[0] == "encoder_latency"                                      # never timed: first
 
 
 def _deterministic(table, study):
@@ -104,6 +125,7 @@ def test_gpus_run_one_worker_per_gpu_each_pinned_and_record_the_placement(tmp_pa
     assert {v["gpu"] for v in placement.values()} <= {"0", "1"}      # CUDA_VISIBLE_DEVICES of its worker
     assert (run / "fp32_memory.parquet").is_file() and (run / "padding_waste.parquet").is_file()
     assert not (run / ".claims").exists()
+    assert set(meta["study_seconds"]) == {"fp32_memory", "padding_waste"}    # for the next --gpus order
 
 
 @pytest.mark.slow

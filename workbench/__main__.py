@@ -185,7 +185,10 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
         print(f"sweep: profile {profile}, {len(selected)} stud{'y' if len(selected) == 1 else 'ies'} "
               + (f"(shard {shard[0]}/{shard[1]}) " if shard else "")
               + (f"on GPUs {gpus} " if gpus else "") + f"-> {run_dir}")
-        failures, warnings = _execute(selected, plan, device, run_dir, args.direct, args.kernel, gpus=gpus)
+        seconds: dict[str, float] = {}
+        failures, warnings = _execute(selected, plan, device, run_dir, args.direct, args.kernel, gpus=gpus,
+                                      seconds=seconds)
+        meta["study_seconds"] = seconds          # what a later --gpus sweep orders its studies by
         if gpus:   # which GPU ran each study, as the workers recorded it
             from .provenance import read_meta
             meta["placement"] = read_meta(run_dir).get("placement") or {}
@@ -290,15 +293,49 @@ def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
     return failures, warnings, placed
 
 
+def longest_first(selected: list, run_dir: Path, profile: str) -> list:
+    """``selected`` ordered longest first by the time each study took in the newest other run of
+    the same profile that timed it (meta.json ``study_seconds``, under the results folder and its
+    reference/ runs); studies never timed go first, in their given order. Workers that take
+    studies in this order finish close together (longest-processing-time-first scheduling)."""
+    root = run_dir.parent
+    metas = sorted([*root.glob("*/meta.json"), *(root / "reference").glob("*/meta.json")],
+                   key=lambda m: m.parent.name, reverse=True)        # folder names start with the UTC time
+    known: dict[str, float] = {}
+    for m in metas:
+        if m.parent == run_dir:
+            continue
+        try:
+            meta = json.loads(m.read_text())
+        except (OSError, ValueError):
+            continue
+        if (meta.get("params") or {}).get("profile") != profile:
+            continue
+        for name, sec in (meta.get("study_seconds") or {}).items():
+            if isinstance(sec, (int, float)):
+                known.setdefault(name, float(sec))
+    return sorted(selected, key=lambda s: (s.name in known, -known.get(s.name, 0.0)))
+
+
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool,
-             kernel: str, gpus: list[int] | None = None) -> tuple[list[str], list[str]]:
-    """Run each study of ``selected`` into ``run_dir``; returns (failures, warnings). With
-    ``gpus``, one worker process per GPU runs them in parallel (`_execute_on_gpus`)."""
+             kernel: str, gpus: list[int] | None = None,
+             seconds: dict | None = None) -> tuple[list[str], list[str]]:
+    """Run each study of ``selected`` into ``run_dir``; returns (failures, warnings), and adds
+    each finished study's wall time to ``seconds``. With ``gpus``, one worker process per GPU
+    runs them in parallel (`_execute_on_gpus`), longest first by earlier runs' times."""
+    import time
+
     from tqdm.auto import tqdm
 
     if gpus:
-        failures, warnings, placed = _execute_on_gpus(selected, run_dir, direct, kernel, gpus)
+        from .provenance import read_meta
+        profile = (read_meta(run_dir).get("params") or {}).get("profile", "cpu")
+        ordered = longest_first(selected, run_dir, profile)
+        failures, warnings, placed = _execute_on_gpus(ordered, run_dir, direct, kernel, gpus)
         _record_placement(run_dir, placed)
+        if seconds is not None:
+            seconds.update({k: v["seconds"] for k, v in placed.items()
+                            if not any(f.startswith(f"{k}:") for f in failures)})
         return failures, warnings
 
     failures: list[str] = []
@@ -306,6 +343,7 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
     for study in tqdm(selected, desc="studies", unit="study", disable=len(selected) < 2):
         params = plan[study.name]
         table = run_dir / f"{study.name}.parquet"
+        t0 = time.perf_counter()
         try:
             if direct:
                 from .studies.tables import write_study_table
@@ -318,6 +356,8 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
             failures.append(f"{study.name}: {type(e).__name__}: {e}")
             print(f"sweep: {study.name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             continue
+        if seconds is not None:
+            seconds[study.name] = round(time.perf_counter() - t0, 1)
         for warning in (_save_run_figures(study, table, run_dir),
                         None if direct else _export_html(run_dir / f"{study.name}.ipynb")):
             if warning:
@@ -397,8 +437,10 @@ def resume_sweep(args: argparse.Namespace, studies: dict) -> tuple[Path | None, 
         direct = params.get("mode") == "direct"
         # a killed notebook run can leave a partial executed notebook: it is rewritten
         gpus = parse_gpus(getattr(args, "gpus", None))
+        seconds: dict[str, float] = {}
         failures, warnings = _execute([studies[n] for n in missing], plan, device, run_dir, direct, args.kernel,
-                                      gpus=gpus)
+                                      gpus=gpus, seconds=seconds)
+        meta["study_seconds"] = {**(meta.get("study_seconds") or {}), **seconds}
         if gpus:
             meta["placement"] = {**(meta.get("placement") or {}), **(read_meta(run_dir).get("placement") or {})}
         meta.setdefault("resumed", []).append(entry)
