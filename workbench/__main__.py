@@ -186,12 +186,12 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
               + (f"(shard {shard[0]}/{shard[1]}) " if shard else "")
               + (f"on GPUs {gpus} " if gpus else "") + f"-> {run_dir}")
         seconds: dict[str, float] = {}
+        placement: dict[str, dict] = {}
         failures, warnings = _execute(selected, plan, device, run_dir, args.direct, args.kernel, gpus=gpus,
-                                      seconds=seconds)
+                                      seconds=seconds, placement=placement)
         meta["study_seconds"] = seconds          # what a later --gpus sweep orders its studies by
-        if gpus:   # which GPU ran each study, as the workers recorded it
-            from .provenance import read_meta
-            meta["placement"] = read_meta(run_dir).get("placement") or {}
+        if placement:                            # which GPU ran each study, as its worker recorded it
+            meta["placement"] = placement
         meta["failures"] = failures
         meta["warnings"] = warnings
         write_meta(run_dir, finish_meta(meta))
@@ -257,7 +257,8 @@ def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
                      gpus: list[int]) -> tuple[list[str], list[str], dict]:
     """``sweep --gpus``: one worker process per GPU, each pinned to it with CUDA_VISIBLE_DEVICES,
     each taking studies in order from the shared list (a claim file per study decides who runs
-    it). Returns (failures, warnings, {study: {gpu, seconds}})."""
+    it). Returns (failures, warnings, {study: {gpu, seconds}}, {study: seconds} of the studies
+    that finished without a failure)."""
     import shutil
     import subprocess
 
@@ -276,6 +277,7 @@ def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
     failures: list[str] = []
     warnings: list[str] = []
     placed: dict[str, dict] = {}
+    seconds: dict[str, float] = {}
     for s in selected:
         rec_path = claims / f"{s.name}.json"
         if rec_path.is_file():
@@ -283,6 +285,8 @@ def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
             failures += rec["failures"]
             warnings += rec["warnings"]
             placed[s.name] = {"gpu": rec["gpu"], "seconds": rec["seconds"]}
+            if not rec["failures"]:
+                seconds[s.name] = rec["seconds"]
         elif (claims / f"{s.name}.claim").is_file():
             who = (claims / f"{s.name}.claim").read_text().strip()
             failures.append(f"{s.name}: its worker ({who}) died before finishing it "
@@ -290,7 +294,7 @@ def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
         else:
             failures.append(f"{s.name}: no worker took it (exit codes {codes}); resume the run to run it")
     shutil.rmtree(claims, ignore_errors=True)
-    return failures, warnings, placed
+    return failures, warnings, placed, seconds
 
 
 def longest_first(selected: list, run_dir: Path, profile: str) -> list:
@@ -318,11 +322,12 @@ def longest_first(selected: list, run_dir: Path, profile: str) -> list:
 
 
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool,
-             kernel: str, gpus: list[int] | None = None,
-             seconds: dict | None = None) -> tuple[list[str], list[str]]:
+             kernel: str, gpus: list[int] | None = None, seconds: dict | None = None,
+             placement: dict | None = None) -> tuple[list[str], list[str]]:
     """Run each study of ``selected`` into ``run_dir``; returns (failures, warnings), and adds
     each finished study's wall time to ``seconds``. With ``gpus``, one worker process per GPU
-    runs them in parallel (`_execute_on_gpus`), longest first by earlier runs' times."""
+    runs them in parallel (`_execute_on_gpus`), longest first by earlier runs' times, and
+    ``placement`` gets which GPU ran each study and for how long."""
     import time
 
     from tqdm.auto import tqdm
@@ -331,11 +336,11 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
         from .provenance import read_meta
         profile = (read_meta(run_dir).get("params") or {}).get("profile", "cpu")
         ordered = longest_first(selected, run_dir, profile)
-        failures, warnings, placed = _execute_on_gpus(ordered, run_dir, direct, kernel, gpus)
-        _record_placement(run_dir, placed)
+        failures, warnings, placed, finished = _execute_on_gpus(ordered, run_dir, direct, kernel, gpus)
+        if placement is not None:
+            placement.update(placed)
         if seconds is not None:
-            seconds.update({k: v["seconds"] for k, v in placed.items()
-                            if not any(f.startswith(f"{k}:") for f in failures)})
+            seconds.update(finished)
         return failures, warnings
 
     failures: list[str] = []
@@ -379,15 +384,6 @@ def _export_html(notebook: Path) -> str | None:
     except Exception as e:  # noqa: BLE001 - the measurement is done; only its readable copy is missing
         return f"{notebook.stem}: no HTML export ({type(e).__name__}: {e})"
     return None
-
-
-def _record_placement(run_dir: Path, placed: dict) -> None:
-    """Note in meta.json which GPU ran each study, and for how long."""
-    from .provenance import read_meta
-
-    meta = read_meta(run_dir)
-    meta.setdefault("placement", {}).update(placed)
-    write_meta(run_dir, meta, overwrite=True)
 
 
 def _find_run(results: Path, name: str) -> Path:
@@ -438,11 +434,12 @@ def resume_sweep(args: argparse.Namespace, studies: dict) -> tuple[Path | None, 
         # a killed notebook run can leave a partial executed notebook: it is rewritten
         gpus = parse_gpus(getattr(args, "gpus", None))
         seconds: dict[str, float] = {}
+        placement: dict[str, dict] = {}
         failures, warnings = _execute([studies[n] for n in missing], plan, device, run_dir, direct, args.kernel,
-                                      gpus=gpus, seconds=seconds)
+                                      gpus=gpus, seconds=seconds, placement=placement)
         meta["study_seconds"] = {**(meta.get("study_seconds") or {}), **seconds}
-        if gpus:
-            meta["placement"] = {**(meta.get("placement") or {}), **(read_meta(run_dir).get("placement") or {})}
+        if placement:
+            meta["placement"] = {**(meta.get("placement") or {}), **placement}
         meta.setdefault("resumed", []).append(entry)
         meta["failures"] = failures
         meta["warnings"] = (meta.get("warnings") or []) + warnings

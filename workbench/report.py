@@ -252,7 +252,12 @@ def run_table(run: Run, study_name: str):
     return df
 
 
-def _duplicate(run: Run, study: str, first: str) -> str:
+def _second_in_group(seen: dict[tuple[str, str], str], run: Run, study: str) -> str | None:
+    """None for the first table of ``study`` in ``run``'s logical run (noted in ``seen``); for a
+    later shard of the same group that holds it again, why that table is not used."""
+    first = seen.setdefault((run.logical_name, study), run.name)
+    if first == run.name:
+        return None
     return (f"{run.logical_name} already has a {study} table from shard folder {first}; a shard group holds "
             "each study once")
 
@@ -268,9 +273,9 @@ def load_tables(runs: list[Run], study_names) -> tuple[dict[tuple[str, str], Any
         for study, path in run.tables.items():
             if study not in names:
                 continue
-            first = seen.setdefault((run.logical_name, study), run.name)
-            if first != run.name:     # two shards of one run measured the same study
-                problems.append(TableProblem(run=run.name, study=study, reason=_duplicate(run, study, first)))
+            again = _second_in_group(seen, run, study)
+            if again:
+                problems.append(TableProblem(run=run.name, study=study, reason=again))
                 continue
             try:
                 loaded[(run.name, study)] = run_table(run, study)
@@ -287,15 +292,15 @@ def study_table(study_name: str, runs: list[Run], problems: list[TableProblem] |
     import pandas as pd
 
     frames = []
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, str], str] = {}
     for run in runs:
         path = run.tables.get(study_name)
         if path is None:
             continue
-        first = seen.setdefault(run.logical_name, run.name)
-        if first != run.name:           # two shards of one run measured this study: keep the first
+        again = _second_in_group(seen, run, study_name)
+        if again:                       # two shards of one run measured this study: keep the first
             if problems is not None:
-                problems.append(TableProblem(run=run.name, study=study_name, reason=_duplicate(run, study_name, first)))
+                problems.append(TableProblem(run=run.name, study=study_name, reason=again))
             continue
         if loaded is not None and (run.name, study_name) in loaded:
             frames.append(loaded[(run.name, study_name)])

@@ -31,7 +31,6 @@ the replay table measured in this run).
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +40,9 @@ import torch
 from ..config import PRESET_NAMES, VisionConfig
 from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device, resolve_dtype
-from ..measure import device_label, fmt_bytes, fmt_us, time_us, tower_flops
+from ..measure import cpu_time_us, device_label, fmt_us, time_us, tower_flops
 from ..norms import NORMS, make_norm
+from ..planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets
 from ..preprocess import PatchBatch, preprocess
 from ..runner import EncoderGraphRunner, default_budgets
 from ..samples import MIX_NAMES, image_mix, mix_distribution
@@ -99,8 +99,6 @@ METRICS = {
 
 def budget_sets(dist: dict[int, float], names, latency: dict[int, float] | None = None) -> dict[str, list[int]]:
     """{set name: ascending budgets} for a mix's token distribution (tokens -> probability)."""
-    from ..planner import geometric_budgets, plan_budgets
-
     largest = max(dist)
     pow2 = default_budgets(largest)
     out = {}
@@ -137,38 +135,12 @@ def for_runner(budgets, max_items: int) -> list[int]:
     return sorted({max(int(b), max_items) for b in budgets})
 
 
-def interp_ms(table: dict[int, float], tokens) -> np.ndarray:
-    """Replay time at ``tokens`` by linear interpolation in the measured (budget -> ms) table."""
-    xs = np.array(sorted(table), dtype=float)
-    ys = np.array([table[int(x)] for x in xs])
-    return np.interp(np.asarray(tokens, dtype=float), xs, ys)
-
-
-def smallest_fitting(budgets, tokens) -> np.ndarray:
-    b = np.asarray(sorted(budgets))
-    idx = np.searchsorted(b, np.asarray(tokens), side="left")
-    return np.where(idx < len(b), b[np.minimum(idx, len(b) - 1)], 0)
-
-
 # ---- measurements ------------------------------------------------------------------------------
 
-def _sync(dev) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _wall_ms(fn, dev, reps: int, warmup: int = 1) -> dict:
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        out.append((time.perf_counter() - t0) * 1e3)
-    out.sort()
-    return dict(p50=float(np.median(out)), p90=float(np.quantile(out, 0.9)))
+def _wall_ms(fn, reps: int, warmup: int = 1) -> dict:
+    """`measure.cpu_time_us` (host wall time, the device synchronized around each call) in ms."""
+    t = cpu_time_us(fn, reps=reps, warmup=warmup)
+    return dict(p50=t["p50_us"] / 1e3, p90=t["p90_us"] / 1e3)
 
 
 def _item_batch(cfg, tokens: int, gen: torch.Generator) -> PatchBatch:
@@ -202,7 +174,7 @@ def _replay_ms(runner, budget: int, reps: int) -> dict:
             times.append(a.elapsed_time(b))
         times.sort()
         return dict(p50=float(np.median(times)), p90=float(np.quantile(times, 0.9)))
-    return _wall_ms(lambda: runner.replay(cap), dev, reps, warmup=1)
+    return _wall_ms(lambda: runner.replay(cap), reps, warmup=1)
 
 
 class NormTimes:
@@ -265,7 +237,6 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Measure every (mix, budget set, max_items) cell; returns the tidy long table.
 
     params: see PARAMS (defaults: the device's profile)."""
-    from ..planner import expected_padding, graph_pool_bytes
     from ..reference import rel_err
 
     dev = resolve_device(device)
@@ -282,7 +253,6 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     gen = torch.Generator().manual_seed(p["seed"])
     dists = {mix: dict(mix_distribution(mix, cfg)) for mix in p["mixes"]}
     largest = max(max(d) for d in dists.values())
-    from ..planner import geometric_budgets
     table_budgets = sorted(set(default_budgets(largest)) | set(geometric_budgets(largest)))
     n_cells = len(p["mixes"]) * len(p["budget_sets"]) * len(p["max_items"])
     bar = show_progress(total=len(table_budgets) + n_cells, desc="padding_waste", enabled=progress)
@@ -304,7 +274,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             _stage(ladder, b, item)
             edge = _replay_ms(ladder, b, p["reps"])
             item = item.to(dev)
-            eager = _wall_ms(lambda item=item: enc.encode_eager(item), dev, p["reps"])
+            eager = _wall_ms(lambda item=item: enc.encode_eager(item), p["reps"])
             rows.append(dict(common, case="edge", budget=b, prev_budget=prev, valid_tokens=prev + 1,
                              edge_replay_ms=edge["p50"], prev_full_replay_ms=lat[prev], eager_ms=eager["p50"]))
         del ladder
@@ -314,7 +284,6 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     for mix in p["mixes"]:
         dist = dists[mix]
         sets = budget_sets(dist, p["budget_sets"], latency=lat)
-        from ..planner import plan_budgets
         for k in range(1, len(default_budgets(max(dist))) + 1):    # the planner's padding per graph count
             e = expected_padding(dist, plan_budgets(dist, max_graphs=k))
             rows.append(dict(common, case="curve", mix=mix, budget_set="planner", max_graphs=k,
@@ -324,15 +293,13 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         with torch.inference_mode():
             ref = enc.encode_eager(batch.to(dev)).float()
         for set_name, budgets in sets.items():
-            e = expected_padding(dist, budgets)
-            tokens = np.array(sorted(dist))
-            probs = np.array([dist[t] for t in tokens])
-            fit = smallest_fitting(budgets, tokens)
-            exp_ms = float((probs * interp_ms(lat, np.where(fit > 0, fit, tokens))).sum())
+            # expected replay time: the replay table (its running maximum, as the planner reads it)
+            # interpolated at each item's budget
+            e = expected_padding(dist, budgets, latency=monotone(lat))
             key = dict(common, mix=mix, budget_set=set_name, budgets=",".join(map(str, budgets)))
             rows.append(dict(key, case="expected", padded_frac_expected=e["padded_frac"],
                              padded_tokens_expected=e["padded_tokens"], miss_frac_expected=e["miss_frac"],
-                             expected_replay_ms=exp_ms, graphs=len(budgets), largest_budget=budgets[-1],
+                             expected_replay_ms=e["expected_time"], graphs=len(budgets), largest_budget=budgets[-1],
                              pool_model_bytes=graph_pool_bytes(cfg, budgets, dtype=dt, max_items=1, norm=p["norm"],
                                                                buffer_dtype=torch.uint8)))
             for m in p["max_items"]:
@@ -342,7 +309,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     pool = _pool_bytes(runner)
                     out = runner.encode(batch)
                     stats = runner.stats_frame()
-                    timing = _wall_ms(lambda: runner.encode(batch), dev, max(1, p["reps"] // 3), warmup=0)
+                    timing = _wall_ms(lambda r=runner, b=batch: r.encode(b), max(1, p["reps"] // 3), warmup=0)
                 replays = stats[~stats.miss]
                 budget_rows = (replays.valid_rows + replays.padded_rows)
                 padded_frac = float(replays.padded_rows.sum() / budget_rows.sum()) if len(replays) else float("nan")
@@ -352,9 +319,10 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     a, v = norm_times(int(r.budget), int(r.valid_rows))
                     norm_all, norm_valid = norm_all + a, norm_valid + v
                     brows = int(r.budget) * cfg.merge_unit
-                    mm_pad += tower_flops(cfg, [brows])["matmul"] - tower_flops(cfg, [int(r.valid_rows)])["matmul"]
+                    full = tower_flops(cfg, [brows])
+                    mm_pad += full["matmul"] - tower_flops(cfg, [int(r.valid_rows)])["matmul"]
                     att_pad += attention_padding_flops(cfg, backend, brows, [int(r.valid_rows)])
-                    total += tower_flops(cfg, [brows])["total"]
+                    total += full["total"]
                 rows.append(dict(key, case="runner", max_items=m, budgets=",".join(map(str, rb)),
                                  padded_frac=padded_frac, padded_frac_replay_mean=float(per.mean()),
                                  padded_frac_replay_max=float(per.max()), replays_per_image=len(replays) / batch.n_items,
