@@ -27,6 +27,7 @@ from .dtypes import resolve_dtype as _resolve_dtype
 from .norms import _interpreting, check_norm_name, make_norm
 from .preprocess import PatchBatch
 from .towers import build_tower
+from .towers.common import check_fused
 
 @dataclass(frozen=True)
 class Placement:
@@ -117,7 +118,7 @@ class VisionEncoder(nn.Module):
     """Outer model: `.visual` (the tower), the placement's norm module, and `encode`."""
 
     def __init__(self, cfg: VisionConfig, placement: str, norm: str, dtype: torch.dtype, device: torch.device,
-                 attn_backend: str = "auto", check_inputs: bool = True):
+                 attn_backend: str = "auto", check_inputs: bool = True, fused="auto"):
         super().__init__()
         self.spec = check_placement(placement)
         check_norm_name(norm)
@@ -126,7 +127,7 @@ class VisionEncoder(nn.Module):
         device_norm = self.spec.norm_in == "tower"
         norm_module = make_norm(norm, cfg, check_values=check_inputs)
         self.visual = build_tower(cfg, input_norm=norm_module if device_norm else None, device_norm=device_norm,
-                                  attn_backend=attn_backend)
+                                  attn_backend=attn_backend, fused=fused)
         # the outer model's own norm (placement `outer`) and the model runner's (placement `runner`)
         self.outer_norm = norm_module if self.spec.norm_in == "outer" else None
         self.runner_norm = norm_module if self.spec.norm_in == "runner" else None
@@ -203,11 +204,12 @@ class VisionEncoder(nn.Module):
 
 def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str = "triton_rows",
                   dtype=torch.bfloat16, device="auto", attn_backend: str = "auto", seed: int | None = 0,
-                  check_inputs: bool = True) -> VisionEncoder:
+                  check_inputs: bool = True, fused="auto") -> VisionEncoder:
     """Outer model with `.visual` for `cfg` (a VisionConfig or a preset name).
 
     placement: one of PLACEMENTS (or 'double'); norm: one of NORMS; dtype: tower dtype; device:
-    'auto' | 'cpu' | 'cuda'. Weights are random (seeded, checkpoint-like scales) unless seed is
+    'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
+    CUDA for bf16/fp16 towers), True or False. Weights are random (seeded, checkpoint-like scales) unless seed is
     None; load real ones with `enc.visual.load_hf_state_dict(sd)`.
     """
     if isinstance(cfg, str):
@@ -219,12 +221,14 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     # must name itself and the choices, not surface as an AttributeError from deep inside
     check_placement(placement)
     check_norm_name(norm)
+    check_fused(fused)
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype)
     if norm.startswith("triton") and dev.type == "cpu" and not _interpreting():
         raise ValueError(f"norm {norm!r} is a Triton kernel; on CPU it runs only under TRITON_INTERPRET=1 "
                          f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
-    enc = VisionEncoder(cfg, placement, norm, dtype, dev, attn_backend=attn_backend, check_inputs=check_inputs)
+    enc = VisionEncoder(cfg, placement, norm, dtype, dev, attn_backend=attn_backend, check_inputs=check_inputs,
+                        fused=fused)
     if seed is not None:
         # init_random draws in fp32 and copy_ rounds into the tower dtype: the same weights a
         # fp32 init followed by a cast would give, without two extra casts of every parameter

@@ -692,3 +692,115 @@ def eager_peak_bytes(fn, device) -> dict:
                    end_bytes=torch.cuda.memory_allocated() - allocated0)
         del result
     return out
+
+
+# ---- attention rates and kernel breakdown (the encoder latency study's practical floor) ---------
+
+def attention_candidates(device, dtype) -> tuple[str, ...]:
+    """Attention kernels `attention_tflops` tries on ``device``/``dtype``: on CUDA in fp16/bf16
+    torch's flash varlen and, for equal sequences, SDPA's cuDNN, flash and memory-efficient
+    backends; elsewhere one SDPA call per sequence (what the towers run on a CPU)."""
+    if torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        return ("flash_varlen", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
+    return ("sdpa_loop",)
+
+
+_ATTN_RATES: dict = {}
+
+
+def attention_tflops(seq_rows: int, n_seqs: int, heads: int, head_dim: int, device, dtype,
+                     reps: int = 10) -> tuple[float, str, dict]:
+    """The fastest attention rate (TFLOP/s, 4 x s^2 x heads x head_dim per sequence) over
+    ``n_seqs`` sequences of ``seq_rows`` rows among `attention_candidates`, measured now on random
+    inputs (graph replays on CUDA, host time elsewhere): (rate, kernel name, {kernel: rate}).
+    Kernels that refuse the shape are left out. Remembered per shape for the process."""
+    from .attention import dense_attention, flash_varlen, varlen_attention
+
+    dev = torch.device(device)
+    key = (seq_rows, n_seqs, heads, head_dim, str(dev), dtype)
+    if key in _ATTN_RATES:
+        return _ATTN_RATES[key]
+    n = seq_rows * n_seqs
+    gen = torch.Generator(device=dev).manual_seed(seq_rows * 7919 + n_seqs)
+    qkv = torch.randn(n, 3, heads, head_dim, device=dev, dtype=dtype, generator=gen)
+    q, k, v = qkv.unbind(1)
+    cu = torch.arange(0, n + 1, seq_rows, device=dev, dtype=torch.int32)
+    flops = 4.0 * seq_rows * seq_rows * heads * head_dim * n_seqs
+
+    def sdpa(backend):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        q4, k4, v4 = (t.view(n_seqs, seq_rows, heads, head_dim).transpose(1, 2) for t in (q, k, v))
+
+        def fn():
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                return torch.nn.functional.scaled_dot_product_attention(q4, k4, v4)
+        return fn
+
+    fns = {"flash_varlen": lambda: flash_varlen(q, k, v, cu, seq_rows),
+           "sdpa_cudnn": (lambda: dense_attention(q, k, v, seq_rows)),
+           "sdpa_flash": sdpa("FLASH_ATTENTION"), "sdpa_efficient": sdpa("EFFICIENT_ATTENTION"),
+           "sdpa_loop": lambda: varlen_attention(q, k, v, cu, seq_rows, "loop")}
+    rates = {}
+    for name in attention_candidates(dev, dtype):
+        try:
+            with torch.inference_mode():
+                t = time_us(fns[name], dev, reps=reps, warmup=2)
+        except RuntimeError:     # a backend that does not take this shape ("No available kernel")
+            continue
+        rates[name] = flops / (t["p50_us"] * 1e6)
+    if not rates:
+        raise RuntimeError(f"no attention kernel ran {n_seqs} x {seq_rows} rows on {dev} ({dtype})")
+    best = max(rates, key=rates.get)
+    _ATTN_RATES[key] = (rates[best], best, rates)
+    return _ATTN_RATES[key]
+
+
+# kernel (CUDA) or op (CPU) name patterns -> category, first match wins
+KERNEL_CATEGORIES = (
+    ("attention", r"flash|fmha|cudnn|attention|sdpa"),
+    ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|aten::(addmm|mm|bmm|matmul|linear)\b"),
+    ("input_norm", r"_rows_kernel|_channel_kernel|_flat_kernel"),
+    ("norm", r"layer_norm|add_norm|rms|aten::(native_layer_norm|layer_norm|rsqrt|mean|pow)\b|reduce_kernel"),
+    ("rotary", r"rotary|CatArrayBatchedCopy|neg_kernel|aten::(cat|neg)\b"),
+    ("activation", r"gelu|silu|sigmoid"),
+    ("copy", r"copy|index|gather|scatter|aten::(index|to|_to_copy|copy_|clone|contiguous)\b"),
+)
+
+
+def kernel_category(name: str) -> str:
+    """The category of a CUDA kernel or CPU op name (`KERNEL_CATEGORIES`; 'elementwise' otherwise)."""
+    import re
+    for cat, pat in KERNEL_CATEGORIES:
+        if re.search(pat, name, flags=re.IGNORECASE):
+            return cat
+    return "elementwise"
+
+
+def kernel_breakdown(fn, device) -> dict:
+    """Device time of one call of ``fn`` by kernel category (torch.profiler): on CUDA the kernels'
+    device time, on a CPU the ops' self time. Returns {category: ms, ..., 'kernels': count}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    fn()                                    # warm: compiles and first-call work stay out
+    if cuda:
+        torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize(dev)
+    out: dict = {"kernels": 0}
+    for e in prof.key_averages():
+        if cuda:
+            us = e.device_time_total
+        else:
+            if not e.key.startswith("aten::") or e.self_cpu_time_total <= 0:
+                continue
+            us = e.self_cpu_time_total
+        if us <= 0:
+            continue
+        cat = kernel_category(e.key)
+        out[cat] = out.get(cat, 0.0) + us / 1e3
+        out["kernels"] += e.count
+    return out

@@ -126,9 +126,11 @@ def _resolve_cfg(cfg):
 def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: int) -> tuple[int, int]:
     import torch
 
+    from .fused import FUSED_DTYPES as fused_dtypes
     from .measure import count_allocations, pool_model
     from .norms import make_norm
     from .towers import build_tower
+    from .towers.common import max_windows
 
     rows = budget * cfg.merge_unit
     input_norm = make_norm(norm, cfg, check_values=False) if norm is not None else None
@@ -139,10 +141,14 @@ def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: 
     # flash varlen for fp16/bf16, dense masked SDPA otherwise; both have meta kernels
     backend = "varlen" if dtype in (torch.float16, torch.bfloat16) else "masked"
     tower.backend_for = lambda x: backend
+    # and the block kernels it runs: fused for fp16/bf16 ('auto' on CUDA), plain torch otherwise
+    fused_on = dtype in fused_dtypes
+    tower.fused_for = lambda x: fused_on
     dummy = torch.tensor([[1, cfg.merge_size, rows // cfg.merge_size]])   # as the runner captures
     window_rows = min(rows, cfg.window_merged ** 2 * cfg.merge_unit)
-    meta = tower.prepare(dummy, n_rows=rows, n_segments=max_items, max_seqlen=rows, n_window_segments=budget,
-                         max_window_seqlen=window_rows, device="meta")
+    meta = tower.prepare(dummy, n_rows=rows, n_segments=max_items, max_seqlen=rows,
+                         n_window_segments=max_windows(cfg, budget, max_items), max_window_seqlen=window_rows,
+                         device="meta")
     pixels = torch.empty(rows, cfg.patch_dim, dtype=buffer_dtype, device="meta")
     with torch.inference_mode():
         trace, out = count_allocations(lambda: tower.forward_prepared(pixels, meta))
@@ -198,9 +204,11 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     buffer dtype other than the tower dtype adds the cast). max_items sizes only metadata
     (cu_seqlens), which the runner allocates outside the pool, so it changes nothing here.
 
-    Limits, measured on an H200 (qwen2.5-vl-7b, 56 runners of the padding_waste reference run,
-    results/reference/20261130T100530Z-9fe94e9-h200): the measured pool is 1.03-1.16x the model
-    (median 1.09x), i.e. the model is low. The traces themselves are exact (the CUDA tower's
+    Limits, measured on an H200 (qwen2.5-vl-7b, 56 runners of a padding_waste reference run):
+    with the plain block kernels the measured pool was 1.03-1.16x the model (median 1.09x, run
+    20261130T100530Z-9fe94e9-h200); with the fused kernels and exact-fit graphs of the current
+    runner it is 0.93-1.16x (median 0.97x, the run of 2026-11-30 12:03 under results/reference/), so
+    leave headroom either way. The traces themselves are exact (the CUDA tower's
     dispatch trace equals the meta one, allocation for allocation, and for qwen2-vl-7b its peak
     equals the measured peak allocation); what the trace cannot see is memory a kernel allocates
     inside one op (Qwen2.5-VL's windowed flash-attention blocks allocate ~7 KB per row that no op

@@ -115,9 +115,11 @@ class PatchBatch:
         """Both tensors on `device` (a no-op copy-free view when already there)."""
         return PatchBatch(self.pixels.to(device), self.grid_thw.to(device))
 
-    def select(self, indices: Sequence[int]) -> "PatchBatch":
+    def select(self, indices: Sequence[int], copy: bool = True) -> "PatchBatch":
         """A new batch of the items `indices` (repeats allowed, negative indices count from the
-        end), in that order; rows are copied."""
+        end), in that order; rows are copied. With ``copy=False``, a run of consecutive items in
+        ascending order is a view of this batch's rows instead (no host copy: a 4096-token image
+        is 19 MB), which keeps pinned memory pinned; other selections are still copied."""
         idx = [int(i) for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices)]
         if not idx:
             raise ValueError("select() needs at least one index (a PatchBatch holds at least one item)")
@@ -127,6 +129,8 @@ class PatchBatch:
             raise ValueError(f"item indices {bad} are out of range for a batch of {k} items")
         idx = [i % k for i in idx]
         slices = self.item_slices
+        if not copy and idx == list(range(idx[0], idx[0] + len(idx))):
+            return PatchBatch(self.pixels[slices[idx[0]].start:slices[idx[-1]].stop], self.grid_thw[idx])
         pixels = torch.cat([self.pixels[slices[i]] for i in idx], dim=0)  # always a fresh tensor
         return PatchBatch(pixels, self.grid_thw[idx].clone())
 

@@ -3,7 +3,8 @@ vision model with the same weights, and the FLOP floor.
 
 Per (preset, merged tokens, images per call) cell, one batch of random uint8 pixels (``images``
 images of ``tokens / images`` merged tokens each, grids [1, 2h, 2w] patches) is encoded three ways,
-every call starting from pixels on the host, as a serving engine hands them over:
+every call starting from pixels on the host, as a serving engine hands them over (in pinned memory
+on CUDA, where engines batch multimodal inputs into pinned buffers; each path gets its input so):
 
 - ``eager``        ``enc.encode(batch, path="eager")``: the outer model calls the tower (placement
                    ``tower``: the norm is the tower's first op);
@@ -42,7 +43,8 @@ import torch
 from ..config import PRESET_NAMES, VisionConfig
 from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device, resolve_dtype
-from ..measure import cpu_time_us, device_label, flop_floor_us, fmt_us, matmul_tflops, tower_flops
+from ..measure import (attention_tflops, cpu_time_us, device_label, flop_floor_us, fmt_us, kernel_breakdown,
+                       matmul_tflops, tower_flops)
 from ..norms import NORMS
 from ..preprocess import PatchBatch, normalize_rows
 from ..reference import cos_min, hf_embeddings, hf_vision_model, rel_err
@@ -97,6 +99,9 @@ PARAMS = ParamSpec(
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("float32", "bfloat16"), help="tower dtype"),
     Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
           help="the tower's input norm (placement tower)"),
+    Param("fused", "str", cpu="auto", choices=("auto", "off"),
+          help="the towers' fused Triton block kernels: auto (on CUDA for bf16/fp16) or off (plain torch ops)"),
+    Param("breakdown", "bool", cpu=False, gpu=True, help="profile one tower forward per cell: device time by kernel category"),
     Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
     Param("reps", "int", cpu=5, gpu=10, minimum=1, help="timed calls per path and cell"),
     Param("warmup", "int", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
@@ -110,7 +115,12 @@ METRICS = {
     "copy_out_ms": "ms", "phases_ms": "ms", "rel_err": "relative", "cos_min": "cosine", "bit_equal": "bool",
     "ok": "bool", "flops_matmul": "FLOP", "flops_attention_full": "FLOP", "flops_attention_window": "FLOP",
     "matmul_tflops": "TFLOP/s", "build_s": "s", "capture_s": "s",
+    "practical_floor_ms": "ms", "x_practical_floor": "x", "attn_tflops_full": "TFLOP/s",
+    "attn_tflops_window": "TFLOP/s", "kernels_per_call": "count", "fused": "bool", "exact_fit": "bool",
+    **{f"kernel_{c}_ms": "ms" for c in ("matmul", "attention", "input_norm", "norm", "rotary", "activation", "copy",
+                                         "elementwise")},
 }
+KERNEL_CATS = ("matmul", "attention", "norm", "rotary", "activation", "input_norm", "copy", "elementwise")
 PHASE_METRICS = tuple(f"{p}_ms" for p in PHASES)
 
 
@@ -143,11 +153,12 @@ def init_weights(module: torch.nn.Module, seed: int) -> None:
             p.normal_(0.0, 0.02, generator=gen)
 
 
-def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.device, seed: int, reference: bool):
+def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.device, seed: int, reference: bool,
+                 fused="auto"):
     """Our encoder (placement tower) and, with ``reference``, transformers' vision model holding the
     same weights; both created directly on ``dev`` (no host-side init of ~0.7e9 parameters)."""
     with torch.device(dev):
-        enc = build_encoder(cfg, placement="tower", norm=norm, dtype=dtype, device=dev, seed=None)
+        enc = build_encoder(cfg, placement="tower", norm=norm, dtype=dtype, device=dev, seed=None, fused=fused)
         hf = hf_vision_model(cfg, attn_implementation="sdpa", dtype=dtype) if reference else None
     if hf is not None:
         init_weights(hf, seed)
@@ -155,6 +166,20 @@ def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.de
     else:
         init_weights(enc.visual, seed)
     return enc.eval(), hf
+
+
+def practical_rates(cfg: VisionConfig, seq_rows: int, n_seqs: int, dev: torch.device,
+                    dtype: torch.dtype) -> tuple[float, float | None]:
+    """(full, window) attention TFLOP/s of the fastest kernel for the cell's shapes, measured now
+    (`workbench.measure.attention_tflops`): ``n_seqs`` sequences of ``seq_rows`` rows, and for
+    Qwen2.5-VL the same rows as whole windows of (window_merged x merge_size)^2 rows, as
+    `tower_flops` counts them (None for Qwen2-VL)."""
+    full = attention_tflops(seq_rows, n_seqs, cfg.heads, cfg.head_dim, dev, dtype)[0]
+    if cfg.family != "qwen2.5-vl":
+        return full, None
+    win = cfg.window_merged ** 2 * cfg.merge_unit
+    n_win = -(-seq_rows // win) * n_seqs
+    return full, attention_tflops(win, n_win, cfg.heads, cfg.head_dim, dev, dtype)[0]
 
 
 def _release(dev: torch.device) -> None:
@@ -171,7 +196,7 @@ def _median_phases(samples: list[dict]) -> dict:
 
 
 def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, images: int, reps: int,
-                 warmup: int) -> dict[str, dict]:
+                 warmup: int, breakdown: bool = False) -> dict[str, dict]:
     """Check, then time, the three paths on one batch; returns metrics per path (name -> dict)."""
     dev, dt = enc.device, enc.dtype
     t0 = time.perf_counter()
@@ -179,6 +204,8 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
     _release(dev)
     capture_s = time.perf_counter() - t0
     hf_pixels = normalize_rows(batch.pixels, cfg) if hf is not None else None   # what its processor gives
+    if hf_pixels is not None and dev.type == "cuda":
+        hf_pixels = hf_pixels.pin_memory()     # handed over pinned, as our paths' uint8 rows are
     grid_dev = batch.grid_thw.to(dev)
 
     def eager():
@@ -198,11 +225,12 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
     st = runner.stats_frame()
     if not ((st.budget == tokens).all() and (st.padded_rows == 0).all() and not st.miss.any() and len(st) == 1):
         raise RuntimeError(f"the runner did not make one full replay of budget {tokens}: {st.to_dict('list')}")
+    exact_fit = bool(st.exact.all())
     g_err = rel_err(graph_out, ref_out)
     bit_equal = bool(torch.equal(graph_out, ref_out))
     graph_ok = bool(bit_equal or g_err <= GRAPH_TOL.get(dt, 2e-2))
     out = {"eager": {}, "graph": dict(rel_err=g_err, cos_min=cos_min(graph_out, ref_out), bit_equal=bit_equal,
-                                      capture_s=capture_s)}
+                                      capture_s=capture_s, exact_fit=exact_fit)}
     eager_ok = True
     if hf_out is not None:
         c = cos_min(ref_out, hf_out)
@@ -230,6 +258,14 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
                 graph(phases)
                 samples.append(phases)
             out["graph"].update(_median_phases(samples))
+    if breakdown and graph_ok:
+        meta = enc.visual.prepare(batch.grid_thw)
+        pixels = batch.pixels.to(dev)
+        with torch.inference_mode():
+            k = kernel_breakdown(lambda: enc.visual.forward_prepared(pixels, meta), dev)
+        out["graph"]["kernels_per_call"] = k.pop("kernels")
+        out["graph"].update({f"kernel_{c}_ms": k.get(c, 0.0) for c in KERNEL_CATS})
+        del meta, pixels
     del runner
     _release(dev)
     return out
@@ -253,16 +289,24 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         cfg = base.reduced(p["depth"]) if p["depth"] else base
         torch.manual_seed(p["seed"])
         t0 = time.perf_counter()
-        enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"])
+        enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"],
+                               fused=False if p["fused"] == "off" else "auto")
+        probe = torch.empty(0, dtype=dt, device=dev)
+        fused_on = bool(enc.visual.fused_for(probe))
         _release(dev)
         build_s = time.perf_counter() - t0
         bar.update()
         for tokens, images in cells:
             batch = latency_batch(cfg, tokens, images, gen)
+            if dev.type == "cuda":   # engines batch multimodal inputs into pinned host memory
+                batch = PatchBatch(batch.pixels.pin_memory(), batch.grid_thw)
             per = tokens // images
             flops = tower_flops(cfg, [per * cfg.merge_unit] * images)
             floor_ms = flop_floor_us(flops["total"], tflops) / 1e3
-            res = measure_cell(enc, hf, cfg, batch, tokens, images, p["reps"], p["warmup"])
+            rates = practical_rates(cfg, per * cfg.merge_unit, images, dev, dt)
+            practical_ms = (flop_floor_us(flops["matmul"], tflops) + flop_floor_us(flops["attention_full"], rates[0])
+                            + (flop_floor_us(flops["attention_window"], rates[1]) if rates[1] else 0.0)) / 1e3
+            res = measure_cell(enc, hf, cfg, batch, tokens, images, p["reps"], p["warmup"], p["breakdown"])
             eager_p50 = res["eager"].get("p50_ms", float("nan"))
             hf_p50 = res.get("transformers", {}).get("p50_ms", float("nan"))
             common = dict(study="encoder_latency", preset=preset, family=cfg.family, depth=cfg.depth,
@@ -273,6 +317,10 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     continue
                 m = dict(res[path])
                 p50 = m.get("p50_ms", float("nan"))
+                m.update(practical_floor_ms=practical_ms, x_practical_floor=p50 / practical_ms,
+                         attn_tflops_full=rates[0], **({"attn_tflops_window": rates[1]} if rates[1] else {}))
+                if path != "transformers":
+                    m["fused"] = fused_on
                 m.update(floor_ms=floor_ms, x_floor=p50 / floor_ms, speedup=eager_p50 / p50,
                          speedup_vs_transformers=hf_p50 / p50, flops_matmul=flops["matmul"],
                          flops_attention_full=flops["attention_full"],
@@ -340,6 +388,9 @@ def plot_latency(g: pd.DataFrame):
             fl = di.drop_duplicates("tokens").sort_values("tokens")
             ax.plot(fl.tokens, fl.floor_ms, ls=ls, color="k", lw=1, alpha=0.6,
                     label=f"FLOP floor, {_images(n_img)}")
+            if "practical_floor_ms" in fl and fl.practical_floor_ms.notna().any():
+                ax.plot(fl.tokens, fl.practical_floor_ms, ls=ls, color="0.45", lw=2, alpha=0.5,
+                        label=f"practical floor, {_images(n_img)}")
         ax.set_xscale("log")
         ax.set_yscale("log")
         plain_log_ticks(ax.xaxis)
@@ -351,10 +402,42 @@ def plot_latency(g: pd.DataFrame):
         ax.set_title(preset, fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.suptitle(f"Encoder latency: eager vs CUDA graph vs transformers, and the FLOP floor ({run_label(g)})",
+    fig.suptitle(f"Encoder latency: eager vs CUDA graph vs transformers, and the FLOP and practical floors "
+                 f"({run_label(g)})",
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.1 if len(presets) > 1 else 0.16, 1, 1))
     fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(4, len(labels)), frameon=False)
+    return fig
+
+
+def _share_bars(w: pd.DataFrame, parts: dict, colors: dict, note, xlabel: str, title: str):
+    """Stacked horizontal bars, one per (preset, tokens) cell of ``w``, as shares of the parts'
+    sum: ``parts`` maps a legend label to its column, ``note(row, total)`` writes the text right of
+    each bar; one panel per images value."""
+    imgs = sorted(w.images.unique())
+    n_bars = max((len(w[w.images == i]) for i in imgs), default=1)
+    fig, axes = _panels(max(1, len(imgs)), width=7.0, height=1.2 + 0.32 * n_bars)
+    for ax, n_img in zip(axes.flat, imgs):
+        d = w[w.images == n_img].sort_values(["preset", "tokens"])
+        y = np.arange(len(d))
+        total = d[list(parts.values())].sum(axis=1).to_numpy()
+        left = np.zeros(len(d))
+        for label, col in parts.items():
+            share = d[col].to_numpy() / total
+            ax.barh(y, share, left=left, color=colors[label], label=label)
+            left += share
+        for yi, (row, tot) in enumerate(zip(d.itertuples(), total)):
+            ax.text(1.01, yi, note(row, tot), va="center", fontsize=7)
+        ax.set_yticks(y, [f"{a}, {t} tok" for a, t in zip(d.preset, d.tokens)], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1.4)
+        ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", "25%", "50%", "75%", "100%"])
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"{_images(n_img)} per call", fontsize=9)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles, labels, fontsize=7, ncol=min(8, len(labels)), loc="lower center", frameon=False)
     return fig
 
 
@@ -366,31 +449,28 @@ def plot_phases(g: pd.DataFrame):
     w = w[(w.path == "graph")]
     if "replay_ms" in w:
         w = w[w.replay_ms.notna()]
-    imgs = sorted(w.images.unique())
-    n_bars = max((len(w[w.images == i]) for i in imgs), default=1)
-    fig, axes = _panels(max(1, len(imgs)), width=7.0, height=1.2 + 0.32 * n_bars)
-    for ax, n_img in zip(axes.flat, imgs):
-        d = w[w.images == n_img].sort_values(["preset", "tokens"])
-        y = np.arange(len(d))
-        total = d[list(PHASE_METRICS)].sum(axis=1).to_numpy()
-        left = np.zeros(len(d))
-        for phase, col in zip(PHASES, PHASE_METRICS):
-            share = d[col].to_numpy() / total
-            ax.barh(y, share, left=left, color=PHASE_COLORS[phase], label=phase)
-            left += share
-        for yi, (s, p50) in enumerate(zip(d.phases_ms, d.p50_ms)):
-            ax.text(1.01, yi, f"{fmt_us(s * 1e3)} (p50 {fmt_us(p50 * 1e3)})", va="center", fontsize=7)
-        ax.set_yticks(y, [f"{a}, {t} tok" for a, t in zip(d.preset, d.tokens)], fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlim(0, 1.35)
-        ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", "25%", "50%", "75%", "100%"])
-        ax.set_xlabel("share of the graph path (phases timed with a sync around each)")
-        ax.set_title(f"{_images(n_img)} per call", fontsize=9)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.suptitle(f"Where the graph path's time goes ({run_label(g)})", fontsize=11)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.legend(handles, labels, fontsize=7, ncol=len(PHASES), loc="lower center", frameon=False)
-    return fig
+    return _share_bars(w, dict(zip(PHASES, PHASE_METRICS)), PHASE_COLORS,
+                       lambda r, tot: f"{fmt_us(tot * 1e3)} (p50 {fmt_us(r.p50_ms * 1e3)})",
+                       "share of the graph path (phases timed with a sync around each)",
+                       f"Where the graph path's time goes ({run_label(g)})")
+
+
+KERNEL_COLORS = {"matmul": "#1565c0", "attention": "#c62828", "norm": "#f9a825", "rotary": "#6a1b9a",
+                 "activation": "#2e7d32", "input_norm": "#00838f", "copy": "#8d6e63", "elementwise": "#9e9e9e"}
+
+
+def plot_kernels(g: pd.DataFrame):
+    """Device time of one tower forward by kernel category (profiled: the kernels a graph replay
+    runs), one bar per (preset, tokens) cell, as shares, labelled with the total and the kernel
+    count; one panel per images value."""
+    w = wide(g)
+    w = w[(w.path == "graph")]
+    parts = {c: f"kernel_{c}_ms" for c in KERNEL_CATS if f"kernel_{c}_ms" in w}
+    w = w[w[list(parts.values())].notna().all(axis=1)] if parts else w.iloc[0:0]
+    return _share_bars(w, parts, KERNEL_COLORS,
+                       lambda r, tot: f"{fmt_us(tot * 1e3)}, {int(r.kernels_per_call)} kernels",
+                       "share of the tower's device time (one forward, profiled)",
+                       f"Where the tower's device time goes, by kernel ({run_label(g)})")
 
 
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -406,10 +486,16 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
         for path, name in (("eager", "eager ms"), ("graph", "graph ms"), ("transformers", "transformers ms")):
             t[name] = p50[path] if path in p50 else np.nan
         t["floor ms"] = w.groupby(idx).floor_ms.first()
+        if "practical_floor_ms" in w:
+            t["practical floor ms"] = w.groupby(idx).practical_floor_ms.first()
         t["graph speedup over eager (x)"] = t["eager ms"] / t["graph ms"]
         t["graph speedup over transformers (x)"] = t["transformers ms"] / t["graph ms"]
         t["graph x floor"] = t["graph ms"] / t["floor ms"]
         t["eager x floor"] = t["eager ms"] / t["floor ms"]
+        if "practical floor ms" in t:
+            t["graph x practical floor"] = t["graph ms"] / t["practical floor ms"]
+        if "replay_ms" in w:
+            t["graph replay ms"] = w[w.path == "graph"].set_index(idx).replay_ms
         out[dev] = t.reset_index()
     return out
 
@@ -470,6 +556,22 @@ def findings(table: pd.DataFrame) -> str:
             text += (f" The graph path runs at {big.x_floor.min():.1f}-{big.x_floor.max():.1f}x the FLOP floor at "
                      f"{int(big.tokens.iloc[0])} tokens and {small.x_floor.min():.0f}-{small.x_floor.max():.0f}x at "
                      f"{int(small.tokens.iloc[0])}, where launches and host work, not FLOPs, set the time.")
+            if "x_practical_floor" in timed and timed.x_practical_floor.notna().any():
+                pf = timed[timed.tokens >= 1024] if (timed.tokens >= 1024).any() else big
+                within = int((pf.x_practical_floor <= 1.25).sum())
+                text += (f" Against the practical floor (matmul FLOPs at the matmul rate plus attention FLOPs at the "
+                         f"fastest attention kernel's rate for the cell's shapes, both measured in the run) the graph "
+                         f"path runs at {pf.x_practical_floor.min():.2f}-{pf.x_practical_floor.max():.2f}x from "
+                         f"{int(pf.tokens.min())} tokens ({within}/{len(pf)} cells within 1.25x).")
+            kcols = [f"kernel_{c}_ms" for c in KERNEL_CATS]
+            if all(c in timed for c in kcols) and timed[kcols].notna().all(axis=1).any():
+                kb = timed[timed[kcols].notna().all(axis=1)]
+                for label, cell in (("smallest", kb[kb.tokens == kb.tokens.min()]),
+                                    ("largest", kb[kb.tokens == kb.tokens.max()])):
+                    sh = (cell[kcols].sum() / cell[kcols].sum().sum()).sort_values(ascending=False)
+                    text += (f" At the {label} token count ({int(cell.tokens.iloc[0])}) the tower's device time is "
+                             + ", ".join(f"{v:.0%} {k[len('kernel_'):-len('_ms')]}" for k, v in sh.head(3).items())
+                             + f" ({int(cell.kernels_per_call.median())} kernels per forward).")
             if "replay_ms" in timed and timed.replay_ms.notna().any():
                 ph = timed[timed.replay_ms.notna()]
                 host = ph[["plan_ms", "metadata_ms", "staging_ms", "copy_out_ms"]].sum(axis=1) / ph.phases_ms
@@ -490,8 +592,10 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
         figs += save_figure(plot_latency(g), out_dir, f"encoder_latency_{run}")[:1]
         if (g.metric == "replay_ms").any():
             figs += save_figure(plot_phases(g), out_dir, f"encoder_latency_phases_{run}")[:1]
-    tables = [(f"Encoder latency on {dev}: p50 per encode call (ms) of each path, the FLOP floor, the graph "
-               f"path's speedup, and times as multiples of the floor", t) for dev, t in key_numbers(table).items()]
+        if (g.metric == "kernel_matmul_ms").any():
+            figs += save_figure(plot_kernels(g), out_dir, f"encoder_latency_kernels_{run}")[:1]
+    tables = [(f"Encoder latency on {dev}: p50 per encode call (ms) of each path, the FLOP floor and the practical "
+               f"floor, the graph path's speedup, and times as multiples of the floors", t) for dev, t in key_numbers(table).items()]
     return Summary(text=findings(table), figures=figs, tables=tables)
 
 

@@ -14,11 +14,14 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .. import fused as fk
+from ..fused import apply_rotary
 from ..attention import check_backend, resolve_backend, varlen_attention
 from ..config import VisionConfig
+
+FUSED_CHOICES = ("auto", True, False)
 
 
 @dataclass
@@ -40,6 +43,10 @@ class TowerMetadata:
     max_window_seqlen: int | None = None
     window_index: torch.Tensor | None = None        # int64 [n_rows/4]: merge units in window order
     reverse_index: torch.Tensor | None = None       # int64 [n_rows/4]: inverse permutation
+    # rows per sequence when every full-attention sequence has that many rows and no row is padding
+    # (one image, or frames of one size): full attention may then run as one dense batched kernel
+    # (see attention.DENSE_MIN_ROWS); None: sequences of several lengths, or padding rows
+    dense_seqlen: int | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -61,6 +68,14 @@ class TowerMetadata:
             dst.copy_(s, non_blocking=True)
         self.n_valid_rows = src.n_valid_rows
         return self
+
+
+def check_fused(fused):
+    """``fused`` if it is one of FUSED_CHOICES ('auto', True, False), else ValueError naming it."""
+    if not any(fused is c or (isinstance(fused, str) and fused == c) for c in FUSED_CHOICES):
+        raise ValueError(f"fused must be one of {FUSED_CHOICES} ('auto': the fused Triton kernels on CUDA "
+                         f"for bf16/fp16 towers, plain torch ops elsewhere), got {fused!r}")
+    return fused
 
 
 def check_grid(grid_thw: torch.Tensor, cfg: VisionConfig) -> list[tuple[int, int, int]]:
@@ -108,6 +123,17 @@ def rotary_cos_sin(pos: torch.Tensor, cfg: VisionConfig, dtype: torch.dtype) -> 
     return ang.cos(), ang.sin()
 
 
+def max_windows(cfg: VisionConfig, tokens: int, sequences: int) -> int:
+    """The most attention windows ``sequences`` frames of ``tokens`` merged tokens in all can have
+    (Qwen2.5-VL windows of k x k merged tokens, k = window_merged): a frame of h x w tokens has
+    ceil(h/k) ceil(w/k) <= (h+k-1)(w+k-1)/k^2 <= hw/k + (k-1)/k windows (h + w <= hw + 1), so all of
+    them at most tokens/k + sequences (k-1)/k. A graph runner sizes its window slots with it: every
+    slot is a block of the attention kernel's grid, empty ones included (a slot per token cost a
+    4096-token budget ~5% of its replay on an H200)."""
+    k = cfg.window_merged
+    return max(1, min(tokens, (tokens + sequences * (k - 1)) // k))
+
+
 def pad_offsets(offsets: list[int], n_segments: int | None) -> torch.Tensor:
     """int32 cumulative offsets, padded to n_segments+1 entries by repeating the last offset."""
     if n_segments is not None:
@@ -115,17 +141,6 @@ def pad_offsets(offsets: list[int], n_segments: int | None) -> torch.Tensor:
             raise ValueError(f"{len(offsets) - 1} sequences do not fit the {n_segments} segment slots")
         offsets = offsets + [offsets[-1]] * (n_segments + 1 - len(offsets))
     return torch.tensor(offsets, dtype=torch.int32)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, H, D]; cos/sin: [N, D] (fp32, or fp64 for an fp64 tower). Math in cos's dtype."""
-    xf = x.to(cos.dtype)
-    return (xf * cos[:, None] + rotate_half(xf) * sin[:, None]).to(x.dtype)
 
 
 class PatchEmbed(nn.Module):
@@ -151,11 +166,15 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=True)
         self.proj = nn.Linear(cfg.width, cfg.width, bias=True)
 
-    def forward(self, x, cu_seqlens, max_seqlen, cos, sin, backend):  # x: [N, width]
-        n = x.shape[0]
-        q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend)
+    def forward(self, x, cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen=None, fused=False):
+        n = x.shape[0]                                                    # x: [N, width]
+        qkv = self.qkv(x).view(n, 3, self.heads, self.head_dim)
+        if fused:  # q and k rotated in place, one kernel
+            q, k, v = fk.rotary_(qkv, cos, sin).unbind(1)
+        else:
+            q, k, v = qkv.unbind(1)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend, dense_seqlen=dense_seqlen)
         return self.proj(o.reshape(n, -1))
 
 
@@ -186,6 +205,20 @@ class PatchMerger(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, width] -> [N/4, out_hidden]
         return self.mlp(self.ln_q(x).view(-1, self.merged))
 
+    def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """The last block's residual sum and ln_q in one kernel, then the MLP."""
+        _, y = add_norm(x, delta, self.ln_q)
+        return self.mlp(y.view(-1, self.merged))
+
+
+def add_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, norm(x + delta)) in one fused kernel, for a LayerNorm or an RMSNorm module."""
+    if isinstance(norm, nn.LayerNorm):
+        return fk.add_norm(x, delta, norm.weight, norm.bias, norm.eps, "layer")
+    if isinstance(norm, RMSNorm):
+        return fk.add_norm(x, delta, norm.weight, None, norm.eps, "rms")
+    raise TypeError(f"no fused kernel for {type(norm).__name__}")
+
 
 class VisionTower(nn.Module):
     """Base class of both families: input embedding, metadata preparation, weight loading.
@@ -198,7 +231,7 @@ class VisionTower(nn.Module):
     family: str = ""
 
     def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
-                 attn_backend: str = "auto"):
+                 attn_backend: str = "auto", fused="auto"):
         super().__init__()
         if cfg.family != self.family:
             raise ValueError(f"{type(self).__name__} builds family {self.family!r}, config {cfg.name!r} "
@@ -211,6 +244,7 @@ class VisionTower(nn.Module):
         self.device_norm = device_norm
         self.input_norm = input_norm
         self.attn_backend = check_backend(attn_backend)
+        self.fused = check_fused(fused)
         self.patch_embed = PatchEmbed(cfg)
 
     # ---- properties ------------------------------------------------------------------------
@@ -247,15 +281,40 @@ class VisionTower(nn.Module):
         offsets = [0]
         for r in frame_rows:
             offsets.append(offsets[-1] + r)
+        uniform = (n_rows == n_valid and len(set(frame_rows)) == 1
+                   and (n_segments is None or n_segments == len(frame_rows)))
         meta = TowerMetadata(cos=cos, sin=sin, cu_seqlens=pad_offsets(offsets, n_segments),
                              max_seqlen=max(frame_rows) if max_seqlen is None else int(max_seqlen),
                              n_rows=n_rows, n_valid_rows=n_valid,
-                             n_valid=torch.tensor(n_valid, dtype=torch.int32))
+                             n_valid=torch.tensor(n_valid, dtype=torch.int32),
+                             dense_seqlen=frame_rows[0] if uniform else None)
         meta = self._prepare_family(meta, grid, n_window_segments, max_window_seqlen)
         return meta.to(self.device if device is None else device)
 
     def _prepare_family(self, meta, grid, n_window_segments, max_window_seqlen) -> TowerMetadata:
         return meta
+
+    # metadata of the most recent grids `prepare_cached` keeps, per tower (device tensors: a
+    # 4096-token image's rotary tables are 10 MiB)
+    META_CACHE_SIZE = 16
+
+    def prepare_cached(self, grid_thw: torch.Tensor, **kw) -> TowerMetadata:
+        """`prepare` remembered per (grid, padding arguments, device): a repeated image shape costs
+        no host work. The result is shared between calls: read it, never write into it."""
+        grid = tuple(check_grid(grid_thw, self.cfg))
+        key = (grid, tuple(sorted(kw.items(), key=lambda kv: kv[0])), str(kw.get("device", self.device)), self.dtype)
+        cache = self.__dict__.setdefault("_meta_cache", {})
+        meta = cache.pop(key, None)
+        if meta is None:
+            meta = self.prepare(grid_thw, **kw)
+            while len(cache) >= self.META_CACHE_SIZE:
+                cache.pop(next(iter(cache)))
+        cache[key] = meta        # most recent last
+        return meta
+
+    def _apply(self, fn, recurse=True):
+        self.__dict__.pop("_meta_cache", None)   # device or dtype changes: drop cached tables
+        return super()._apply(fn, recurse)
 
     # ---- device side -----------------------------------------------------------------------
     def embed_input(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
@@ -269,11 +328,38 @@ class VisionTower(nn.Module):
     def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
         raise NotImplementedError
 
+    def block_attention(self, i: int, meta: TowerMetadata) -> tuple[torch.Tensor, int, int | None]:
+        """(cu_seqlens, max_seqlen, dense_seqlen) block i attends with: full attention by default."""
+        return meta.cu_seqlens, meta.max_seqlen, meta.dense_seqlen
+
+    def run_blocks(self, x: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
+        """Every block, then the merger: [N, width] -> [N/4, out_hidden] in the rows' order.
+
+        Fused (`fused_for`): each block's residual sums ride in the next norm's kernel (the last one
+        in the merger's), and the rotary and MLP activations are one kernel each."""
+        backend = self.backend_for(x)
+        if not self.fused_for(x):
+            for i, blk in enumerate(self.blocks):
+                x = blk(x, *self.block_attention(i, meta), meta.cos, meta.sin, backend)
+            return self.merger(x)
+        delta = None
+        for i, blk in enumerate(self.blocks):
+            x, delta = blk.forward_fused(x, delta, *self.block_attention(i, meta), meta.cos, meta.sin, backend)
+        return self.merger.forward_fused(x, delta)
+
+    def fused_for(self, x: torch.Tensor) -> bool:
+        """Whether the blocks run the fused kernels for activations like ``x`` (see `fused`)."""
+        if self.fused == "auto":
+            return x.device.type == "cuda" and x.dtype in fk.FUSED_DTYPES and fk.available(x.device)
+        if self.fused and x.dtype == torch.float64:
+            raise ValueError("the fused kernels compute in float32; a float64 tower needs fused=False (or 'auto')")
+        return bool(self.fused)
+
     def forward(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """pixels [N, 1176] (uint8 for a device-normalizing tower, else float) -> merged [N/4, out_hidden]."""
         if pixels.dim() != 2 or pixels.shape[1] != self.cfg.patch_dim:
             raise ValueError(f"pixels must be [N, {self.cfg.patch_dim}], got {tuple(pixels.shape)}")
-        meta = self.prepare(grid_thw)
+        meta = self.prepare_cached(grid_thw)
         if pixels.shape[0] != meta.n_rows:
             raise ValueError(f"pixels have {pixels.shape[0]} rows but grid_thw adds up to {meta.n_rows}")
         return self.forward_prepared(pixels.to(self.device), meta)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import fused as fk
 from ..config import VisionConfig
-from .common import PatchMerger, TowerMetadata, VisionAttention, VisionTower
+from .common import PatchMerger, TowerMetadata, VisionAttention, VisionTower, add_norm
 
 
 class QuickGELU(nn.Module):
@@ -24,9 +25,16 @@ class Qwen2VLBlock(nn.Module):
         self.mlp.act = QuickGELU()
         self.mlp.fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
 
-    def forward(self, x, cu_seqlens, max_seqlen, cos, sin, backend):
-        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, cos, sin, backend)
+    def forward(self, x, cu_seqlens, max_seqlen, dense_seqlen, cos, sin, backend):
+        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen)
         return x + self.mlp.fc2(self.mlp.act(self.mlp.fc1(self.norm2(x))))
+
+    def forward_fused(self, x, delta, cu_seqlens, max_seqlen, dense_seqlen, cos, sin, backend):
+        """(x + delta + attention, MLP output): the caller adds the MLP output in its next norm."""
+        x, h = add_norm(x, delta, self.norm1)
+        a = self.attn(h, cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen, fused=True)
+        x, h = add_norm(x, a, self.norm2)
+        return x, self.mlp.fc2(fk.quick_gelu(self.mlp.fc1(h)))
 
 
 class Qwen2VisionTower(VisionTower):
@@ -39,8 +47,4 @@ class Qwen2VisionTower(VisionTower):
 
     def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
         """pixels [n_rows, 1176] -> merged embeddings [n_rows/4, out_hidden], fixed shapes only."""
-        x = self.patch_embed(self.embed_input(pixels, meta))              # [N, width]
-        backend = self.backend_for(x)
-        for blk in self.blocks:
-            x = blk(x, meta.cu_seqlens, meta.max_seqlen, meta.cos, meta.sin, backend)
-        return self.merger(x)
+        return self.run_blocks(self.patch_embed(self.embed_input(pixels, meta)), meta)
