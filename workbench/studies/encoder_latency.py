@@ -606,5 +606,5 @@ STUDY = register(Study(
     summarize=summarize,
     params=PARAMS,
     question="eager vs graph latency per model and token count, beside transformers' own vision model "
-             "with the same weights, and the FLOP floor",
+             "with the same weights, against the FLOP and practical floors, and where the time goes by kernel",
 ))
