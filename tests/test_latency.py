@@ -61,7 +61,8 @@ def test_runner_without_misses_has_no_miss_phase_and_refuses_a_non_dict():
 @pytest.fixture(scope="module")
 def latency_table():
     from workbench.studies import encoder_latency
-    return encoder_latency.run(device="cpu", progress=False, tokens=[16, 32], images=[1, 4], reps=2, warmup=0)
+    return encoder_latency.run(device="cpu", progress=False, tokens=[16, 32], images=[1, 4], reps=2, warmup=0,
+                               breakdown=True)
 
 
 def test_latency_table_holds_to_the_schema_and_has_the_metrics(latency_table):
@@ -107,6 +108,36 @@ def test_speedup_floor_and_phases_are_consistent(latency_table):
     assert w[w.path != "graph"].replay_ms.isna().all()
 
 
+def test_practical_floor_and_kernel_breakdown(latency_table):
+    """The practical floor is the matmul FLOPs at the matmul rate plus each attention kind's FLOPs at
+    the rate measured for the cell's shapes; the breakdown profiles the graph path's kernels."""
+    w = wide(latency_table)
+    window = (w.flops_attention_window / (w.attn_tflops_window * 1e9)).fillna(0.0)
+    want = w.flops_matmul / (w.matmul_tflops * 1e9) + w.flops_attention_full / (w.attn_tflops_full * 1e9) + window
+    assert np.allclose(w.practical_floor_ms, want) and np.allclose(w.x_practical_floor, w.p50_ms / want)
+    assert w[w.family == "qwen2-vl"].attn_tflops_window.isna().all()
+    assert (w[w.family == "qwen2.5-vl"].attn_tflops_window > 0).all() and (w.attn_tflops_full > 0).all()
+    g = w[w.path == "graph"]
+    cats = [c for c in w if c.startswith("kernel_") and c.endswith("_ms")]
+    assert len(cats) == 8 and (g[cats] >= 0).all().all() and (g.kernel_matmul_ms > 0).all()
+    assert (g.kernel_attention_ms > 0).all() and (g.kernels_per_call > 0).all()
+    assert w[w.path != "graph"][cats].isna().all().all()
+    assert (g.fused == False).all() and (g.exact_fit == False).all()   # noqa: E712  (plain on a CPU)
+
+
+def test_kernel_names_fall_into_categories():
+    from workbench.measure import kernel_category
+    names = {"nvjet_sm90_tst_56x64_64x14_4x2_h_bz_bias_TNN": "matmul",
+             "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x128_64x3_tn_align2>": "matmul",
+             "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<96, 128, 64, 4>>": "attention",
+             "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3": "attention",
+             "_add_norm_kernel": "norm", "void at::native::vectorized_layer_norm_kernel<c10::BFloat16>": "norm",
+             "_rotary_kernel": "rotary", "_quick_gelu_kernel": "activation", "_silu_mul_kernel": "activation",
+             "_rows_kernel": "input_norm", "Memcpy DtoD (Device -> Device)": "copy", "aten::addmm": "matmul",
+             "aten::index": "copy", "aten::mul": "elementwise"}
+    assert {n: kernel_category(n) for n in names} == names
+
+
 def test_presentation_and_summary(latency_table, tmp_path):
     from workbench.studies import encoder_latency as s
     tab = s.latency_table(latency_table)
@@ -121,7 +152,7 @@ def test_presentation_and_summary(latency_table, tmp_path):
     both = [latency_table.assign(run="a", reference=False), latency_table.assign(run="b", reference=True)]
     import pandas as pd
     summary = s.summarize(pd.concat(both, ignore_index=True), tmp_path)
-    assert len(summary.figures) == 4 and all((tmp_path / Path(f).name).exists() for f in summary.figures)
+    assert len(summary.figures) == 6 and all((tmp_path / Path(f).name).exists() for f in summary.figures)
     assert len(summary.tables) == 2 and "reference" in summary.text
 
 

@@ -763,7 +763,7 @@ KERNEL_CATEGORIES = (
     ("norm", r"layer_norm|add_norm|rms|aten::(native_layer_norm|layer_norm|rsqrt|mean|pow)\b|reduce_kernel"),
     ("rotary", r"rotary|CatArrayBatchedCopy|neg_kernel|aten::(cat|neg)\b"),
     ("activation", r"gelu|silu|sigmoid"),
-    ("copy", r"copy|index|gather|scatter|aten::(index|to|_to_copy|copy_|clone|contiguous)\b"),
+    ("copy", r"copy|memcpy|memset|index|gather|scatter|aten::(index|to|_to_copy|copy_|clone|contiguous)\b"),
 )
 
 
