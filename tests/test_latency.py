@@ -121,6 +121,7 @@ def test_practical_floor_and_kernel_breakdown(latency_table):
     cats = [c for c in w if c.startswith("kernel_") and c.endswith("_ms")]
     assert len(cats) == 8 and (g[cats] >= 0).all().all() and (g.kernel_matmul_ms > 0).all()
     assert (g.kernel_attention_ms > 0).all() and (g.kernels_per_call > 0).all()
+    assert (g.prepare_uncached_ms > 0).all() and w[w.path != "graph"].prepare_uncached_ms.isna().all()
     assert w[w.path != "graph"][cats].isna().all().all()
     assert (g.fused == False).all() and (g.exact_fit == False).all()   # noqa: E712  (plain on a CPU)
 
