@@ -271,7 +271,7 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
         out["graph"]["kernels_per_call"] = k.pop("kernels")
         out["graph"].update({f"kernel_{c}_ms": k.get(c, 0.0) for c in KERNEL_CATS})
         del meta, pixels
-    del runner
+    runner = None     # drop the graphs and their pool before the next cell (the closures above are done)
     _release(dev)
     return out
 
