@@ -25,11 +25,12 @@ def _close(got, want, dtype):
     got, want = got.float(), want.float()
     if dtype == torch.float32:
         return (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
-    spacing = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(2 ** -4))) - 7)
+    bits = 7 if dtype == torch.bfloat16 else 10           # explicit mantissa bits: bf16 7, fp16 10
+    spacing = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(2 ** -4))) - bits)
     return ((got - want).abs() / spacing).max().item() <= 4.0
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_each_fused_kernel_computes_its_torch_twin(dtype):
     g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 30, (1,))))   # fresh inputs each run
     n, h, d, w = 13, 3, 10, 40          # odd sizes: every mask matters
