@@ -21,7 +21,7 @@ def _close(got, want, dtype):
     """Equal to fp32 rounding; in half precision within four units of the output's last place: the
     interpreter truncates each rounding to bf16 where a GPU rounds to nearest, and RMSNorm rounds
     twice with a weight between (a truncation-emulating reference matches it exactly; the GPU,
-    tests/test_cuda.py, is held to one unit)."""
+    tests/test_cuda.py, is held to one unit, two for RMSNorm)."""
     got, want = got.float(), want.float()
     if dtype == torch.float32:
         return (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
