@@ -212,3 +212,22 @@ def test_errors_are_clear():
         wb.plan_budgets({5: 0}, 2)
     with pytest.raises(ValueError, match="non-decreasing in tokens"):
         wb.plan_budgets([10, 20], 2, latency=lambda t: -t)
+
+
+def test_the_pool_model_traces_the_general_graph_whatever_max_items(monkeypatch):
+    """max_items sizes only metadata: a budget's traced capture is the general graph (flash
+    attention, the one a runner must capture for padded packs), also when one item per replay
+    would make the budget-filling grid a single exact-fit sequence (dense attention from 1024 rows)."""
+    import workbench.attention as attention
+    from workbench import planner
+
+    def no_dense(*a, **k):
+        raise AssertionError("the pool model traced dense attention: not the runner's general graph")
+
+    monkeypatch.setattr(attention, "dense_attention", no_dense)
+    planner._capture_trace_pool.cache_clear()
+    for preset in ("qwen2-vl-7b", "qwen2.5-vl-7b"):
+        cfg = wb.VisionConfig.preset(preset).reduced(2)
+        one, many = (planner.graph_pool_bytes(cfg, [256, 1024], max_items=m) for m in (1, 8))
+        assert one == many, (preset, one, many)
+    planner._capture_trace_pool.cache_clear()

@@ -130,7 +130,6 @@ def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: 
     from .measure import count_allocations, pool_model
     from .norms import make_norm
     from .towers import build_tower
-    from .towers.common import max_windows
 
     rows = budget * cfg.merge_unit
     input_norm = make_norm(norm, cfg, check_values=False) if norm is not None else None
@@ -144,11 +143,7 @@ def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: 
     # and the block kernels it runs: fused for fp16/bf16 ('auto' on CUDA), plain torch otherwise
     fused_on = dtype in fused_dtypes
     tower.fused_for = lambda x: fused_on
-    dummy = torch.tensor([[1, cfg.merge_size, rows // cfg.merge_size]])   # as the runner captures
-    window_rows = min(rows, cfg.window_merged ** 2 * cfg.merge_unit)
-    meta = tower.prepare(dummy, n_rows=rows, n_segments=max_items, max_seqlen=rows,
-                         n_window_segments=max_windows(cfg, budget, max_items), max_window_seqlen=window_rows,
-                         device="meta")
+    meta = tower.prepare_capture(budget, max_items, device="meta")     # what the runner captures with
     pixels = torch.empty(rows, cfg.patch_dim, dtype=buffer_dtype, device="meta")
     with torch.inference_mode():
         trace, out = count_allocations(lambda: tower.forward_prepared(pixels, meta))

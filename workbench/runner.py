@@ -33,7 +33,7 @@ from .attention import use_dense
 from .encoder import register_path
 from .norms import replaying
 from .preprocess import PatchBatch
-from .towers.common import max_windows
+from .towers.common import budget_padding
 
 BUFFER_DTYPES = (torch.bfloat16, torch.uint8, torch.float32)
 BACKENDS = ("auto", "cuda", "emulated")
@@ -210,12 +210,7 @@ class EncoderGraphRunner:
         return cls(encoder, budgets=default_budgets(cls.default_max_tokens(encoder, batch)), **kw)
 
     def _prepare(self, grid_thw: torch.Tensor, budget: int, device):
-        cfg = self.encoder.cfg
-        rows = budget * cfg.merge_unit
-        window_rows = min(rows, cfg.window_merged ** 2 * cfg.merge_unit)
-        return self.tower.prepare(grid_thw, n_rows=rows, n_segments=self.max_items, max_seqlen=rows,
-                                  n_window_segments=max_windows(cfg, budget, self.max_items),
-                                  max_window_seqlen=window_rows, device=device)
+        return self.tower.prepare(grid_thw, **budget_padding(self.encoder.cfg, budget, self.max_items), device=device)
 
     # host metadata of the most recent (grid, budget) packs kept for the next replay of the same shape
     HOST_META_CACHE = 64
@@ -253,11 +248,7 @@ class EncoderGraphRunner:
     def _capture(self, budget: int, share: "_Captured | None" = None, dense_seqlen: int | None = None) -> _Captured:
         rows = budget * self.encoder.cfg.merge_unit
         if share is None:
-            # a dummy grid filling the budget gives the static metadata its shapes; the general graph
-            # must serve padded and packed replays, so it never takes the dense attention path
-            dummy = torch.tensor([[1, self.encoder.cfg.merge_size, rows // self.encoder.cfg.merge_size]])
-            meta = dataclasses.replace(self._prepare(dummy, budget, self.device), dense_seqlen=None)
-            cap = _Captured(budget, self.input_buffer[:rows], meta)
+            cap = _Captured(budget, self.input_buffer[:rows], self.tower.prepare_capture(budget, self.max_items))
         else:  # an exact-fit variant reads the same static buffers
             cap = _Captured(budget, share.pixels, dataclasses.replace(share.meta, dense_seqlen=dense_seqlen))
 

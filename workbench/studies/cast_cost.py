@@ -35,7 +35,7 @@ from ..encoder import build_encoder, resolve_device, resolve_dtype
 from ..measure import (bf16_ulps, copy_ceiling_gbs, device_label, floor_us, flop_floor_us, fmt_bytes, fmt_us,
                        matmul_tflops, norm_traffic, time_us, tower_flops)
 from ..norms import NORMS, make_norm, normalize_reference
-from ..towers.common import max_windows
+from ..towers.common import budget_padding, filling_grid
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique, fractions
 from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
@@ -157,10 +157,7 @@ def _tower_replay_us(cfg, dtype, dev, budget, reps, seed) -> float:
     """The tower's own time at ``budget`` (no input norm), as the runner replays it."""
     enc = build_encoder(cfg, placement="none", norm="eager", dtype=dtype, device=dev, seed=seed, check_inputs=False)
     rows = budget * cfg.merge_unit
-    grid = torch.tensor([[1, cfg.merge_size, rows // cfg.merge_size]])
-    window_rows = min(rows, cfg.window_merged ** 2 * cfg.merge_unit)
-    meta = enc.visual.prepare(grid, n_rows=rows, n_segments=1, max_seqlen=rows,
-                              n_window_segments=max_windows(cfg, budget, 1), max_window_seqlen=window_rows, device=dev)
+    meta = enc.visual.prepare(filling_grid(cfg, budget), **budget_padding(cfg, budget, 1), device=dev)
     x = torch.randint(0, 256, (rows, cfg.patch_dim), device=dev).to(dtype)
     with torch.inference_mode():
         t = time_us(lambda: enc.visual.forward_prepared(x, meta), dev, reps=max(3, reps // 3))

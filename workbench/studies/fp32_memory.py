@@ -35,7 +35,7 @@ from ..encoder import build_encoder, resolve_device
 from ..measure import (captured_memory, count_allocations, device_label, eager_peak_bytes, fmt_bytes,
                        norm_alloc_trace, pool_model, trace_peak_bytes)
 from ..norms import NORMS, make_norm
-from ..towers.common import max_windows
+from ..towers.common import budget_padding, filling_grid
 from . import Study, Summary, profile_of, register
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
@@ -119,13 +119,9 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         geo = dict(budget=budget, budget_rows=n_rows)
         baseline, meta = {}, None
         if cuda:
-            grid = torch.tensor([[1, cfg.merge_size, n_rows // cfg.merge_size]])
-            window_rows = min(n_rows, cfg.window_merged ** 2 * cfg.merge_unit)
             plain = build_encoder(cfg, placement="none", norm="eager", dtype=OUT_DTYPE, device=dev,
                                   seed=p["seed"], check_inputs=False)
-            meta = plain.visual.prepare(grid, n_rows=n_rows, n_segments=1, max_seqlen=n_rows,
-                                        n_window_segments=max_windows(cfg, budget, 1), max_window_seqlen=window_rows,
-                                        device=dev)
+            meta = plain.visual.prepare(filling_grid(cfg, budget), **budget_padding(cfg, budget, 1), device=dev)
             gen = torch.Generator(device=dev).manual_seed(p["seed"])
             pixels = torch.randint(0, 256, (n_rows, cfg.patch_dim), dtype=torch.uint8, device=dev, generator=gen)
             for buf_name in p["buffer_dtypes"]:

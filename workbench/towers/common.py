@@ -134,6 +134,22 @@ def max_windows(cfg: VisionConfig, tokens: int, sequences: int) -> int:
     return max(1, min(tokens, (tokens + sequences * (k - 1)) // k))
 
 
+def budget_padding(cfg: VisionConfig, budget: int, max_items: int) -> dict:
+    """`VisionTower.prepare`'s padding arguments for a graph runner's budget of ``budget`` merged
+    tokens holding up to ``max_items`` sequences: the fixed shapes every replay of it copies into."""
+    rows = budget * cfg.merge_unit
+    return dict(n_rows=rows, n_segments=max_items, max_seqlen=rows,
+                n_window_segments=max_windows(cfg, budget, max_items),
+                max_window_seqlen=min(rows, cfg.window_merged ** 2 * cfg.merge_unit))
+
+
+def filling_grid(cfg: VisionConfig, budget: int) -> torch.Tensor:
+    """A one-frame grid of exactly ``budget`` merged tokens (one merge block high): the shape a
+    runner captures a budget with."""
+    rows = budget * cfg.merge_unit
+    return torch.tensor([[1, cfg.merge_size, rows // cfg.merge_size]])
+
+
 def pad_offsets(offsets: list[int], n_segments: int | None) -> torch.Tensor:
     """int32 cumulative offsets, padded to n_segments+1 entries by repeating the last offset."""
     if n_segments is not None:
@@ -293,6 +309,13 @@ class VisionTower(nn.Module):
 
     def _prepare_family(self, meta, grid, n_window_segments, max_window_seqlen) -> TowerMetadata:
         return meta
+
+    def prepare_capture(self, budget: int, max_items: int, device=None) -> TowerMetadata:
+        """The static metadata a graph runner captures a budget's general graph with: a grid filling
+        the budget, its padding (`budget_padding`), and no dense attention, since that graph must
+        also serve padded and packed replays."""
+        meta = self.prepare(filling_grid(self.cfg, budget), **budget_padding(self.cfg, budget, max_items), device=device)
+        return dataclasses.replace(meta, dense_seqlen=None)
 
     # metadata of the most recent grids `prepare_cached` keeps, per tower (device tensors: a
     # 4096-token image's rotary tables are 10 MiB)
