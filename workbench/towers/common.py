@@ -227,6 +227,28 @@ class PatchMerger(nn.Module):
         return self.mlp(y.view(-1, self.merged))
 
 
+class VisionBlock(nn.Module):
+    """A pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)). A family gives norm1, norm2, attn
+    and its MLP twice: `mlp_out(h)` in plain torch ops, `mlp_fused(h)` with the fused kernels."""
+
+    def mlp_out(self, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mlp_fused(self, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x, cu_seqlens, max_seqlen, dense_seqlen, cos, sin, backend):
+        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen)
+        return x + self.mlp_out(self.norm2(x))
+
+    def forward_fused(self, x, delta, cu_seqlens, max_seqlen, dense_seqlen, cos, sin, backend):
+        """(x + delta + attention, MLP output): the caller adds the MLP output in its next norm."""
+        x, h = add_norm(x, delta, self.norm1)
+        a = self.attn(h, cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen, fused=True)
+        x, h = add_norm(x, a, self.norm2)
+        return x, self.mlp_fused(h)
+
+
 def add_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, norm(x + delta)) in one fused kernel, for a LayerNorm or an RMSNorm module."""
     if isinstance(norm, nn.LayerNorm):

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..config import VisionConfig
 from .. import fused as fk
-from .common import PatchMerger, RMSNorm, TowerMetadata, VisionAttention, VisionTower, add_norm, pad_offsets
+from .common import PatchMerger, RMSNorm, TowerMetadata, VisionAttention, VisionBlock, VisionTower, pad_offsets
 
 # the SwiGLU hidden width is padded to a multiple of this in the fused gate|up weight: 3420 (the
 # 7B/72B towers) is not a multiple of 8, and cuBLAS then falls back to slow 2-element-aligned
@@ -19,7 +19,7 @@ from .common import PatchMerger, RMSNorm, TowerMetadata, VisionAttention, Vision
 MLP_ALIGN = 64
 
 
-class Qwen25VLBlock(nn.Module):
+class Qwen25VLBlock(VisionBlock):
     def __init__(self, cfg: VisionConfig):
         super().__init__()
         self.norm1 = RMSNorm(cfg.width, cfg.eps)
@@ -60,18 +60,12 @@ class Qwen25VLBlock(nn.Module):
         self._pack_mlp()
         return out
 
-    def forward(self, x, cu_seqlens, max_seqlen, dense_seqlen, cos, sin, backend):
-        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen)
-        h = self.norm2(x)
-        return x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+    def mlp_out(self, h):
+        return self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
 
-    def forward_fused(self, x, delta, cu_seqlens, max_seqlen, dense_seqlen, cos, sin, backend):
-        """(x + delta + attention, MLP output): the caller adds the MLP output in its next norm."""
-        x, h = add_norm(x, delta, self.norm1)
-        a = self.attn(h, cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen, fused=True)
-        x, h = add_norm(x, a, self.norm2)
+    def mlp_fused(self, h):
         gu = F.linear(h, self.mlp.gate_up_weight, self.mlp.gate_up_bias)
-        return x, F.linear(fk.silu_mul(gu), self.mlp.down_weight, self.mlp.down_proj.bias)
+        return F.linear(fk.silu_mul(gu), self.mlp.down_weight, self.mlp.down_proj.bias)
 
 
 def window_order(grid: list[tuple[int, int, int]], window: int) -> tuple[torch.Tensor, list[int]]:

@@ -6,7 +6,7 @@ from torch import nn
 
 from .. import fused as fk
 from ..config import VisionConfig
-from .common import PatchMerger, TowerMetadata, VisionAttention, VisionTower, add_norm
+from .common import PatchMerger, TowerMetadata, VisionAttention, VisionBlock, VisionTower
 
 
 class QuickGELU(nn.Module):
@@ -14,7 +14,7 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
-class Qwen2VLBlock(nn.Module):
+class Qwen2VLBlock(VisionBlock):
     def __init__(self, cfg: VisionConfig):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.eps)
@@ -25,16 +25,11 @@ class Qwen2VLBlock(nn.Module):
         self.mlp.act = QuickGELU()
         self.mlp.fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
 
-    def forward(self, x, cu_seqlens, max_seqlen, dense_seqlen, cos, sin, backend):
-        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen)
-        return x + self.mlp.fc2(self.mlp.act(self.mlp.fc1(self.norm2(x))))
+    def mlp_out(self, h):
+        return self.mlp.fc2(self.mlp.act(self.mlp.fc1(h)))
 
-    def forward_fused(self, x, delta, cu_seqlens, max_seqlen, dense_seqlen, cos, sin, backend):
-        """(x + delta + attention, MLP output): the caller adds the MLP output in its next norm."""
-        x, h = add_norm(x, delta, self.norm1)
-        a = self.attn(h, cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen, fused=True)
-        x, h = add_norm(x, a, self.norm2)
-        return x, self.mlp.fc2(fk.quick_gelu(self.mlp.fc1(h)))
+    def mlp_fused(self, h):
+        return self.mlp.fc2(fk.quick_gelu(self.mlp.fc1(h)))
 
 
 class Qwen2VisionTower(VisionTower):
