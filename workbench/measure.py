@@ -792,12 +792,7 @@ def kernel_breakdown(fn, device) -> dict:
             torch.cuda.synchronize(dev)
     out: dict = {"kernels": 0}
     for e in prof.key_averages():
-        if cuda:
-            us = e.device_time_total
-        else:
-            if not e.key.startswith("aten::") or e.self_cpu_time_total <= 0:
-                continue
-            us = e.self_cpu_time_total
+        us = e.device_time_total if cuda else e.self_cpu_time_total if e.key.startswith("aten::") else 0
         if us <= 0:
             continue
         cat = kernel_category(e.key)

@@ -33,7 +33,7 @@ from .attention import use_dense
 from .encoder import register_path
 from .norms import replaying
 from .preprocess import PatchBatch
-from .towers.common import budget_padding
+from .towers.common import budget_padding, remember
 
 BUFFER_DTYPES = (torch.bfloat16, torch.uint8, torch.float32)
 BACKENDS = ("auto", "cuda", "emulated")
@@ -219,16 +219,13 @@ class EncoderGraphRunner:
         """The pack's metadata prepared on the host for `budget` (pinned when the runner is on CUDA,
         so the copy into the static buffers is asynchronous), remembered per (grid, budget): a
         repeated shape costs no host work beyond the copy."""
-        key = (tuple(map(tuple, grid_thw.tolist())), budget)
-        meta = self._host_meta.pop(key, None)
-        if meta is None:
+        def make():
             meta = self._prepare(grid_thw, budget, "cpu")
             if self.device.type == "cuda":
                 meta = dataclasses.replace(meta, **{k: v.pin_memory() for k, v in meta.tensors().items()})
-            while len(self._host_meta) >= self.HOST_META_CACHE:
-                self._host_meta.pop(next(iter(self._host_meta)))
-        self._host_meta[key] = meta
-        return meta
+            return meta
+
+        return remember(self._host_meta, (tuple(map(tuple, grid_thw.tolist())), budget), self.HOST_META_CACHE, make)
 
     def _exact_graph(self, cap: _Captured, n_seqs: int) -> "_Captured | None":
         """The exact-fit variant of `cap` for ``n_seqs`` equal sequences, captured on first use;
@@ -378,8 +375,8 @@ class EncoderGraphRunner:
             with phase("staging"):
                 self.stage(cap, sub.pixels.to(self.device, non_blocking=True), pad_value)
             # equal sequences filling the budget exactly: the exact-fit graph (same buffers, dense attention)
-            variant = self._exact_graph(cap, len(frames)) if self.exact_fit and sub.n_rows == budget * unit \
-                and len(set(frames)) == 1 else None
+            variant = self._exact_graph(cap, len(frames)) if sub.n_rows == budget * unit and len(set(frames)) == 1 \
+                else None
             exact = variant is not None
             with phase("replay"):
                 result = self.replay(variant if exact else cap)

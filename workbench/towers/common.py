@@ -72,7 +72,7 @@ class TowerMetadata:
 
 def check_fused(fused):
     """``fused`` if it is one of FUSED_CHOICES ('auto', True, False), else ValueError naming it."""
-    if not any(fused is c or (isinstance(fused, str) and fused == c) for c in FUSED_CHOICES):
+    if not (isinstance(fused, bool) or (isinstance(fused, str) and fused == "auto")):   # 1 is not True here
         raise ValueError(f"fused must be one of {FUSED_CHOICES} ('auto': the fused Triton kernels on CUDA "
                          f"for bf16/fp16 towers, plain torch ops elsewhere), got {fused!r}")
     return fused
@@ -132,6 +132,18 @@ def max_windows(cfg: VisionConfig, tokens: int, sequences: int) -> int:
     4096-token budget ~5% of its replay on an H200)."""
     k = cfg.window_merged
     return max(1, min(tokens, (tokens + sequences * (k - 1)) // k))
+
+
+def remember(cache: dict, key, size: int, make):
+    """``cache[key]``, made by ``make()`` when missing; the cache keeps the ``size`` most recently
+    used entries (dicts keep insertion order: a hit moves to the end, the front is evicted)."""
+    value = cache.pop(key, None)
+    if value is None:
+        value = make()
+        while len(cache) >= size:
+            cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
 
 
 def budget_padding(cfg: VisionConfig, budget: int, max_items: int) -> dict:
@@ -346,16 +358,10 @@ class VisionTower(nn.Module):
     def prepare_cached(self, grid_thw: torch.Tensor, **kw) -> TowerMetadata:
         """`prepare` remembered per (grid, padding arguments, device): a repeated image shape costs
         no host work. The result is shared between calls: read it, never write into it."""
-        grid = tuple(check_grid(grid_thw, self.cfg))
-        key = (grid, tuple(sorted(kw.items(), key=lambda kv: kv[0])), str(kw.get("device", self.device)), self.dtype)
-        cache = self.__dict__.setdefault("_meta_cache", {})
-        meta = cache.pop(key, None)
-        if meta is None:
-            meta = self.prepare(grid_thw, **kw)
-            while len(cache) >= self.META_CACHE_SIZE:
-                cache.pop(next(iter(cache)))
-        cache[key] = meta        # most recent last
-        return meta
+        # the tower's device and dtype need no place in the key: `_apply` empties the cache
+        key = (tuple(check_grid(grid_thw, self.cfg)), tuple(sorted(kw.items())))
+        return remember(self.__dict__.setdefault("_meta_cache", {}), key, self.META_CACHE_SIZE,
+                        lambda: self.prepare(grid_thw, **kw))
 
     def _apply(self, fn, recurse=True):
         self.__dict__.pop("_meta_cache", None)   # device or dtype changes: drop cached tables
