@@ -128,14 +128,11 @@ _JITTED: dict = {}
 
 
 def _kernel(name: str):
-    if triton is None:
-        raise RuntimeError("the fused tower kernels need the `triton` package; build the tower with fused=False")
-    if not _JITTED:
-        _JITTED["interpreted"] = _interpreting()
-        for k, fn in (("rotary", _rotary_kernel), ("add_norm", _add_norm_kernel),
-                      ("quick_gelu", _quick_gelu_kernel), ("silu_mul", _silu_mul_kernel)):
-            _JITTED[k] = triton.jit(fn)
-    return _JITTED[name]
+    """The jitted fused kernel `name` (see `workbench.norms.jitted`)."""
+    from .norms import jitted
+    return jitted(_JITTED, name, lambda: {"rotary": (_rotary_kernel, {}), "add_norm": (_add_norm_kernel, {}),
+                                          "quick_gelu": (_quick_gelu_kernel, {}), "silu_mul": (_silu_mul_kernel, {})},
+                  "the fused tower kernels need the `triton` package; build the tower with fused=False")
 
 
 def _interpreting() -> bool:

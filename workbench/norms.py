@@ -210,16 +210,25 @@ if tl is not None:
 _JITTED: dict = {}
 
 
-def _kernel(name: str):
-    """The jitted kernel `name`, wrapping it on first use so TRITON_INTERPRET is honoured then."""
+def jitted(table: dict, name: str, kernels, missing: str):
+    """Kernel ``name`` from ``table``, which the first call fills with every kernel of ``kernels()``
+    (name -> (plain function, triton.jit options)) wrapped by triton.jit, so TRITON_INTERPRET is
+    honoured then, and with ``interpreted``. ``missing``: the error without Triton."""
     if triton is None:
-        raise RuntimeError("the Triton norms need the `triton` package; eager and identity do not")
-    if not _JITTED:
-        _JITTED["interpreted"] = _interpreting()
-        _JITTED["channel"] = triton.jit(_channel_kernel, do_not_specialize=["n_rows"])
-        _JITTED["flat"] = triton.jit(_flat_kernel, do_not_specialize=["n_rows"])
-        _JITTED["rows"] = triton.jit(_rows_kernel, do_not_specialize=["n_rows"])
-    return _JITTED[name]
+        raise RuntimeError(missing)
+    if not table:
+        table["interpreted"] = _interpreting()
+        for key, (fn, options) in kernels().items():
+            table[key] = triton.jit(fn, **options)
+    return table[name]
+
+
+def _kernel(name: str):
+    """The jitted norm kernel `name` (see `jitted`)."""
+    fixed_rows = dict(do_not_specialize=["n_rows"])
+    return jitted(_JITTED, name, lambda: {"channel": (_channel_kernel, fixed_rows), "flat": (_flat_kernel, fixed_rows),
+                                          "rows": (_rows_kernel, fixed_rows)},
+                  "the Triton norms need the `triton` package; eager and identity do not")
 
 
 def _interpreting() -> bool:
