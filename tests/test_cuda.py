@@ -99,17 +99,9 @@ def test_cuda_staging_designs_match_float64_and_time_as_graph_replays():
 
 # ---- the fused block kernels and the attention choices (issue: the encoder at the floor) --------
 
-def _ulps_bf16(a, b):
-    """|a - b| in units of the bf16 spacing at |b| (bf16 has 8 significant bits), taken no finer
-    than at 1/16: a norm's output near zero is a difference of O(1) terms (x - mean, + bias), so its
-    rounding error is set by their size, not by the tiny result."""
-    a, b = a.float(), b.float()
-    spacing = torch.exp2(torch.floor(torch.log2(b.abs().clamp_min(2 ** -4))) - 7)
-    return ((a - b).abs() / spacing)
-
-
 def test_cuda_fused_kernels_match_their_torch_twins():
     from workbench import fused as fk
+    from workbench.measure import spacing_ulps
     g = torch.Generator(device="cuda").manual_seed(5)
     n, h, d, w = 4133, 16, 80, 1280
     qkv = torch.randn(n, 3, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -130,7 +122,7 @@ def test_cuda_fused_kernels_match_their_torch_twins():
     checks["silu_mul"] = (fk.silu_mul(gu), fk.reference_silu_mul(gu))
     for name, (got, want) in checks.items():
         same = (got == want).float().mean().item()
-        worst = _ulps_bf16(got, want).max().item()
+        worst = spacing_ulps(got, want, torch.bfloat16).max().item()
         print(f"{name}: {same:.5f} bit-equal, worst {worst:.2f} bf16 ulp")
         # RMSNorm rounds twice (x * rstd to bf16, then times the weight): one unit in the first can be two after
         assert same > 0.99 and worst <= (2.0 if name == "rms norm" else 1.0), name

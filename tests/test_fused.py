@@ -11,6 +11,7 @@ import torch  # noqa: E402
 
 import workbench as wb  # noqa: E402
 from workbench import fused as fk  # noqa: E402
+from workbench.measure import spacing_ulps  # noqa: E402
 from workbench.reference import hf_embeddings, hf_vision_model, rel_err  # noqa: E402
 from workbench.runner import EncoderGraphRunner  # noqa: E402
 
@@ -22,12 +23,10 @@ def _close(got, want, dtype):
     interpreter truncates each rounding to bf16 where a GPU rounds to nearest, and RMSNorm rounds
     twice with a weight between (a truncation-emulating reference matches it exactly; the GPU,
     tests/test_cuda.py, is held to one unit, two for RMSNorm)."""
-    got, want = got.float(), want.float()
     if dtype == torch.float32:
+        got, want = got.float(), want.float()
         return (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
-    bits = 7 if dtype == torch.bfloat16 else 10           # explicit mantissa bits: bf16 7, fp16 10
-    spacing = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(2 ** -4))) - bits)
-    return ((got - want).abs() / spacing).max().item() <= 4.0
+    return spacing_ulps(got, want, dtype).max().item() <= 4.0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

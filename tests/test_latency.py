@@ -236,3 +236,9 @@ def test_the_notebook_runs_with_its_defaults(tmp_path):
     images = sum("image/png" in o.get("data", {}) for c in doc["cells"] for o in c.get("outputs", []))
     assert images >= 2
     assert (run_dir / "meta.json").exists()
+
+
+def test_the_breakdown_categories_are_the_profilers():
+    from workbench.measure import KERNEL_CATEGORIES
+    from workbench.studies.encoder_latency import KERNEL_CATS
+    assert sorted(KERNEL_CATS) == sorted([c for c, _ in KERNEL_CATEGORIES] + ["elementwise"])

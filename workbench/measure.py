@@ -255,6 +255,16 @@ def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordered(a) - ordered(b)).abs()
 
 
+def spacing_ulps(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, floor: float = 2 ** -4) -> torch.Tensor:
+    """|got - want| in units of ``dtype``'s spacing at |want| (bf16 or fp16), the spacing taken no
+    finer than at ``floor``: a result near zero that is a difference of O(1) terms (a norm's
+    x - mean, plus a bias) carries the rounding error of those terms, not of the tiny result."""
+    bits = {torch.bfloat16: 7, torch.float16: 10}[dtype]        # explicit mantissa bits
+    got, want = got.float(), want.float()
+    spacing = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(floor))) - bits)
+    return (got - want).abs() / spacing
+
+
 def fmt_us(us: float) -> str:
     """A duration given in microseconds, in the most readable unit: '59.3 us', '1.24 ms'."""
     if us != us:

@@ -348,7 +348,8 @@ class VisionTower(nn.Module):
         """The static metadata a graph runner captures a budget's general graph with: a grid filling
         the budget, its padding (`budget_padding`), and no dense attention, since that graph must
         also serve padded and packed replays."""
-        meta = self.prepare(filling_grid(self.cfg, budget), **budget_padding(self.cfg, budget, max_items), device=device)
+        padding = budget_padding(self.cfg, budget, max_items)
+        meta = self.prepare(filling_grid(self.cfg, budget), **padding, device=device)
         return dataclasses.replace(meta, dense_seqlen=None)
 
     # metadata of the most recent grids `prepare_cached` keeps, per tower (device tensors: a
