@@ -123,6 +123,8 @@ def test_gpus_run_one_worker_per_gpu_each_pinned_and_record_the_placement(tmp_pa
     placement = meta["placement"]
     assert set(placement) == {"fp32_memory", "padding_waste"}
     assert {v["gpu"] for v in placement.values()} <= {"0", "1"}      # CUDA_VISIBLE_DEVICES of its worker
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))          # each worker's share of the cores
+    assert {v["threads"] for v in placement.values()} == {os.environ.get("OMP_NUM_THREADS", share)}
     assert (run / "fp32_memory.parquet").is_file() and (run / "padding_waste.parquet").is_file()
     assert not (run / ".claims").exists()
     assert set(meta["study_seconds"]) == {"fp32_memory", "padding_waste"}    # for the next --gpus order
