@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.__main__ import longest_first, parse_gpus, parse_shard, shard_studies
+from workbench.__main__ import longest_first, one_gpu_warnings, parse_gpus, parse_shard, shard_studies
 from workbench.report import find_runs, load_tables
 from workbench.studies import discover, wide
 
@@ -147,3 +147,27 @@ def test_a_killed_shard_resumes_only_what_is_missing(tmp_path):
     assert kept.stat().st_mtime_ns == before and (run / "padding_waste.parquet").is_file()
     meta = json.loads((run / "meta.json").read_text())
     assert meta["params"]["shard"]["group"] == "g2" and meta["finished_at"]
+
+
+def test_gpus_warns_about_a_study_that_wants_more_gpus_than_a_worker_has():
+    studies = discover()
+    corr = studies["correctness"]
+    gpu_params = corr.resolve("gpu")
+    assert "dp" in gpu_params["paths"] and gpu_params["dp_world_size"] == 2
+    plan = {"correctness": gpu_params, "fp32_memory": studies["fp32_memory"].resolve("gpu")}
+    (w,) = one_gpu_warnings([corr, studies["fp32_memory"]], plan, "cuda")
+    assert w.startswith("correctness: wants 2 GPUs") and "without --gpus" in w
+    assert one_gpu_warnings([corr], plan, "cpu") == []              # gloo processes on a CPU
+    no_dp = {"correctness": {**gpu_params, "paths": [p for p in gpu_params["paths"] if p != "dp"]}}
+    assert one_gpu_warnings([corr], no_dp, "cuda") == []
+
+
+def test_the_report_lists_the_warnings_a_run_recorded(tmp_path):
+    from workbench import provenance as prov
+    from workbench.report import build_report
+    run = tmp_path / "20261130T000000Z-abc1234-gpus"
+    run.mkdir()
+    prov.write_meta(run, prov.finish_meta(prov.collect_meta({"profile": "gpu", "device": "cuda", "studies": {}}))
+                    | {"warnings": ["correctness: wants 2 GPUs with these parameters, but each --gpus worker has one"]})
+    page = build_report(tmp_path, studies={}).index.read_text()
+    assert "Warnings a run recorded:" in page and "correctness: wants 2 GPUs" in page

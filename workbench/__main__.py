@@ -332,6 +332,18 @@ def longest_first(selected: list, run_dir: Path, profile: str) -> list:
     return sorted(selected, key=lambda s: (s.name in known, -known.get(s.name, 0.0)))
 
 
+def one_gpu_warnings(selected: list, plan: dict, device: str) -> list[str]:
+    """What ``sweep --gpus`` cannot give: each worker sees one GPU, so a study that wants more
+    (correctness's dp path on CUDA) skips those rows, as it would on a one-GPU host."""
+    out = []
+    for s in selected:
+        n = s.gpus_wanted(plan[s.name], device)
+        if n > 1:
+            out.append(f"{s.name}: wants {n} GPUs with these parameters, but each --gpus worker has one, "
+                       f"so its rows that need {n} are skipped; run it without --gpus for them")
+    return out
+
+
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool,
              kernel: str, gpus: list[int] | None = None, seconds: dict | None = None,
              placement: dict | None = None) -> tuple[list[str], list[str]]:
@@ -347,7 +359,11 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
         from .provenance import read_meta
         profile = (read_meta(run_dir).get("params") or {}).get("profile", "cpu")
         ordered = longest_first(selected, run_dir, profile)
+        wider = one_gpu_warnings(selected, plan, device)
+        for w in wider:
+            print(f"sweep: {w}", file=sys.stderr)
         failures, warnings, placed, finished = _execute_on_gpus(ordered, run_dir, direct, kernel, gpus)
+        warnings = wider + warnings
         if placement is not None:
             placement.update(placed)
         if seconds is not None:

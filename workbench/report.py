@@ -740,6 +740,9 @@ def _runs_table(runs: list[Run], out_dir: Path,
     failed = [f"<li>{_e(r.name)}: {_e(f)}</li>" for r in runs for f in ((r.meta or {}).get("failures") or [])]
     if failed:   # the reason on the page, not only in a tooltip
         listing += "<p class='problem'>Studies that failed in a run:</p><ul class='problem'>" + "".join(failed) + "</ul>"
+    warned = [f"<li>{_e(r.name)}: {_e(w)}</li>" for r in runs for w in ((r.meta or {}).get("warnings") or [])]
+    if warned:
+        listing += "<p>Warnings a run recorded:</p><ul>" + "".join(warned) + "</ul>"
     return ("<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
             "<th>duration</th><th>status</th><th>tables</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>" + listing)

@@ -59,6 +59,12 @@ class Study:
     summarize: Callable[[Any, Path], Summary | str]
     params: ParamSpec                           # the one declaration of its parameters
     question: str = ""
+    # GPUs one run of the study uses with these resolved params on this device ("cuda" / "cpu");
+    # None: one. `sweep --gpus` gives each study one GPU and warns about those that want more.
+    gpus: Callable[[Mapping[str, Any], str], int] | None = None
+
+    def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:
+        return 1 if self.gpus is None else int(self.gpus(params, device))
 
     def resolve(self, profile: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The profile's defaults with ``overrides`` applied, every value checked (ParamError)."""

@@ -418,4 +418,6 @@ STUDY = register(Study(
     params=PARAMS,
     question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
              "leak into real rows",
+    # the dp path's ranks each take a GPU on CUDA (gloo processes on a CPU)
+    gpus=lambda p, device: p["dp_world_size"] if device == "cuda" and "dp" in p["paths"] else 1,
 ))
