@@ -69,3 +69,13 @@ def default_triton_mode() -> None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def cpu_share(processes: int) -> int:
+    """CPU threads each of ``processes`` side-by-side processes gets: this process's usable cores
+    (its affinity mask where the OS has one) split evenly, at least one. Left alone, torch in every
+    process starts one thread per core and they oversubscribe the host."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, processes))

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import cpu_share
 from .provenance import REPO_ROOT, RunLock, collect_meta, finish_meta, new_run_dir, results_root, write_meta
 from .report import NO_STUDY_MESSAGE, build_report
 
@@ -254,15 +255,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def worker_threads(workers: int) -> int:
-    """CPU threads each of ``workers`` processes gets: this process's usable cores split evenly.
-    Left alone, torch in every worker (and in each notebook's kernel) starts one thread per core,
-    so side-by-side studies oversubscribe the host; on a 2x H200 host that made each study of the
-    GPU profile 15-25% slower than alone. An OMP_NUM_THREADS the user set wins."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, workers))
-
-
 def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
                      gpus: list[int]) -> tuple[list[str], list[str], dict]:
     """``sweep --gpus``: one worker process per GPU, each pinned to it with CUDA_VISIBLE_DEVICES,
@@ -282,7 +274,9 @@ def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
         if direct:
             cmd.append("--direct")
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(g)}
-        env.setdefault("OMP_NUM_THREADS", str(worker_threads(len(gpus))))
+        # side by side with torch's default thread count every study of the GPU profile ran 14-26%
+        # slower than alone on a 2x H200 host; an OMP_NUM_THREADS the user set wins
+        env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(gpus))))
         procs.append((g, subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT))))
     codes = {g: p.wait() for g, p in procs}
     failures: list[str] = []

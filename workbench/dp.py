@@ -37,6 +37,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from . import cpu_share
 from .encoder import register_path
 from .preprocess import PatchBatch
 
@@ -218,7 +219,7 @@ def _worker(rank, world_size, backend, port, fn, args, conn, err_conn=None, pare
         if backend == "nccl":
             torch.cuda.set_device(rank)
         else:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            torch.set_num_threads(cpu_share(world_size))
         # A collective whose peer is gone fails after this timeout instead of blocking for ever. The
         # launcher stops the group long before; this is the backstop when nothing watches.
         kw = {} if timeout_s is None else dict(timeout=datetime.timedelta(seconds=float(timeout_s)))
