@@ -107,7 +107,14 @@ def test_cuda_fused_kernels_match_their_torch_twins():
     qkv = torch.randn(n, 3, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     ang = torch.rand(n, d // 2, device="cuda", generator=g) * 40
     cos, sin = torch.cat([ang, ang], 1).cos(), torch.cat([ang, ang], 1).sin()
-    checks = {"rotary": (fk.rotary_(qkv.clone(), cos, sin), fk.reference_rotary(qkv, cos, sin))}
+    assert n >= fk.ROTARY_ROWS_MIN     # the row-tiled rotary kernel; the per-pair one must give the same bits
+    tiled = fk.rotary_(qkv.clone(), cos, sin)
+    saved, fk.ROTARY_ROWS_MIN = fk.ROTARY_ROWS_MIN, n + 1
+    try:
+        assert torch.equal(fk.rotary_(qkv.clone(), cos, sin), tiled)
+    finally:
+        fk.ROTARY_ROWS_MIN = saved
+    checks = {"rotary": (tiled, fk.reference_rotary(qkv, cos, sin))}
     x = torch.randn(n, w, device="cuda", dtype=torch.bfloat16, generator=g)
     dl = torch.randn(n, w, device="cuda", dtype=torch.bfloat16, generator=g)
     wt = (1 + 0.1 * torch.randn(w, device="cuda", generator=g)).bfloat16()

@@ -57,6 +57,23 @@ def test_each_fused_kernel_computes_its_torch_twin(dtype):
     assert y.shape == (n, 70) and _close(y, fk.reference_silu_mul(gu), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_rotary_kernels_give_the_same_bits(dtype, monkeypatch):
+    """rotary_ switches to the row-tiled kernel from ROTARY_ROWS_MIN rows; both round alike."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 30, (1,))))
+    n, h, d = 11, 3, 10                # heads and half-width below their power-of-two tiles, rows not a multiple of 4
+    qkv = torch.randn(n, 3, h, d, generator=g).to(dtype)
+    ang = torch.rand(n, d // 2, generator=g) * 30
+    cos, sin = torch.cat([ang, ang], 1).cos(), torch.cat([ang, ang], 1).sin()
+    monkeypatch.setattr(fk, "ROTARY_ROWS_MIN", n + 1)
+    pairs = fk.rotary_(qkv.clone(), cos, sin)
+    monkeypatch.setattr(fk, "ROTARY_ROWS_MIN", 1)
+    buf = qkv.clone()
+    tiled = fk.rotary_(buf, cos, sin)
+    assert tiled.data_ptr() == buf.data_ptr() and torch.equal(tiled[:, 2], qkv[:, 2])
+    assert torch.equal(tiled, pairs) and _close(tiled, fk.reference_rotary(qkv, cos, sin), dtype)
+
+
 def test_fused_kernels_refuse_bad_shapes_and_allocate_on_meta():
     with pytest.raises(ValueError, match="contiguous \\[N, 3, H, D\\]"):
         fk.rotary_(torch.zeros(4, 2, 3, 8), torch.zeros(4, 8), torch.zeros(4, 8))

@@ -133,7 +133,8 @@ def test_kernel_names_fall_into_categories():
              "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<96, 128, 64, 4>>": "attention",
              "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3": "attention",
              "_add_norm_kernel": "norm", "void at::native::vectorized_layer_norm_kernel<c10::BFloat16>": "norm",
-             "_rotary_kernel": "rotary", "_quick_gelu_kernel": "activation", "_silu_mul_kernel": "activation",
+             "_rotary_kernel": "rotary", "_rotary_tiled_kernel": "rotary",
+             "_quick_gelu_kernel": "activation", "_silu_mul_kernel": "activation",
              "_rows_kernel": "input_norm", "Memcpy DtoD (Device -> Device)": "copy", "aten::addmm": "matmul",
              "aten::index": "copy", "aten::mul": "elementwise"}
     assert {n: kernel_category(n) for n in names} == names
