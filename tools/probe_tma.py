@@ -11,27 +11,32 @@ so fusing the activation into it does not pay. This probe repeats the question w
 - MLP-in with its activation: F.linear + the fused QuickGELU / SiLU-mul kernel (what the tower runs)
   against one TMA GEMM with the activation in its epilogue (SiLU-mul reads the gate and up tiles of
   the packed gate|up weight and writes only the product);
-- rotary: `workbench.fused.rotary_` against a row-tiled variant that loads cos/sin once per row
-  for every head (bit-equal outputs required).
+- rotary: the two kernels of `workbench.fused.rotary_` (per (row, head) pair; row-tiled, cos/sin
+  loaded once per row for every head, bit-equal), from 256 to 16384 rows (writes probe_rotary.json).
 
 Every variant is checked against an fp32 reference (max relative error) and, for the epilogues,
-against the tower's unfused output (fraction of bit-equal elements: the GEMM's summation order
-differs from cuBLAS's, so a few bf16 ulps differ). Writes $OUT/probe_tma.json. Run on the device
+against the tower's unfused output (fraction of bit-equal elements; the GEMM's summation order
+need not be cuBLAS's). Writes $OUT/probe_tma.json. Run on the device
 from the repo root: ``PYTHONPATH=$PWD python3 tools/probe_tma.py``; with TRITON_INTERPRET=1 on a CPU
 it runs a tiny self-check (no timings). ``tools/probe_tma.py rotary`` times only the two rotary kernels
 of `workbench.fused` from 256 to 16384 rows (where `ROTARY_ROWS_MIN` should sit).
 
-Its run on the H200 (2026-11-30, results/reference/probe_tma-h200-20261130.json, Triton 3.6):
-- The best TMA tile per shape took 1.09-1.72x cuBLAS's time at 256 rows, 1.06-1.32x at 4096
-  rows and 0.996-1.08x at 16384 rows (it beat cuBLAS only for the two MLP-out shapes there, by
-  0.3-0.4%).
-- With the activation in its epilogue, MLP-in took 0.965-1.06x the time of F.linear plus the
-  separate activation pass: qwen2.5-vl-7b gate|up + SiLU-mul 522.1 vs 534.9 us at 16384 rows and
-  129.8 vs 134.5 at 4096; qwen2-vl-7b fc1 + QuickGELU 428.6 vs 419.5 and 104.2 vs 98.6. It gave
-  the same bits as the unfused path (its fp32 sums happened to round alike). The one
-  warp-specialized configuration with two accumulators returned NaN in some elements at 256 rows.
-- The row-tiled rotary kernel was bit-equal to the tower's and took 48.0 instead of 66.0 us at
-  16384 rows, 13.3 instead of 15.8 at 4096, but 3.5 instead of 2.9 us at 256 rows.
+Its runs on the H200 (2026-11-30, Triton 3.6; results/reference/probe_tma-h200-20261130.json and,
+with this version of the script, probe_tma-h200-20261130-run2.json):
+- The best TMA tile per shape took 1.09-1.72x / 1.06-1.74x cuBLAS's time at 256 rows (first /
+  second run), 1.06-1.32x / 1.11-1.31x at 4096 rows and 0.996-1.08x / 0.97-1.12x at 16384 rows. It
+  beat cuBLAS only on MLP-out at 16384 rows: by 0.3-0.4% in the first run, and for qwen2-vl-7b's
+  fc2 by 2.9% in the second.
+- With the activation in its epilogue, MLP-in took 0.965-1.06x / 0.985-1.09x the time of F.linear
+  plus the separate activation pass. In the first run: qwen2.5-vl-7b gate|up + SiLU-mul 522.1 vs
+  534.9 us at 16384 rows and 129.8 vs 134.5 at 4096; qwen2-vl-7b fc1 + QuickGELU 428.6 vs 419.5
+  and 104.2 vs 98.6. Every configuration gave the same bits as the unfused path (its fp32 sums
+  happened to round alike), except one: the warp-specialized configuration with two accumulators
+  returned NaN in some elements at 256 rows, in both runs.
+- The row-tiled rotary kernel (then written in this script, now `workbench.fused`) was bit-equal
+  to the tower's and took 48.0 instead of 66.0 us at 16384 rows, 13.3 instead of 15.8 at 4096,
+  but 3.5 instead of 2.9 us at 256 rows; `probe_rotary-h200-20261130.json` has both kernels of
+  `workbench.fused` from 256 rows (the row-tiled one is faster from 1024).
 
 So fusing the activation into a Triton GEMM does not remove the elementwise time that keeps the
 encoder above 1.25x of its practical floor; the rotary kernel went into workbench.fused."""
@@ -116,38 +121,6 @@ def cfg_name(cfg):
     return f"tma[{bm}x{bn}x{bk},w{warps},st{stages}{',p' if persistent else ''}{',ws' if ws else ''}]"
 
 
-@triton.jit
-def _rotary_rows(qkv_ptr, cos_ptr, sin_ptr, n_rows, H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                 BH: tl.constexpr, BJ: tl.constexpr, BR: tl.constexpr):
-    # BR rows per program, every head of q and k; cos/sin loaded once per row
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    h = tl.arange(0, BH)
-    j = tl.arange(0, BJ)
-    r64 = r.to(tl.int64)[:, None, None]
-    cm = (r < n_rows)[:, None, None] & (j < HALF)[None, None, :]
-    cb = r64 * D + j[None, None, :]
-    c1 = tl.load(cos_ptr + cb, mask=cm, other=0.0)
-    c2 = tl.load(cos_ptr + cb + HALF, mask=cm, other=0.0)
-    s1 = tl.load(sin_ptr + cb, mask=cm, other=0.0)
-    s2 = tl.load(sin_ptr + cb + HALF, mask=cm, other=0.0)
-    m = cm & (h < H)[None, :, None]
-    ty = qkv_ptr.dtype.element_ty
-    for which in tl.static_range(2):
-        p = qkv_ptr + r64 * (3 * H * D) + which * (H * D) + h[None, :, None] * D + j[None, None, :]
-        x1 = tl.load(p, mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(p + HALF, mask=m, other=0.0).to(tl.float32)
-        tl.store(p, (x1 * c1 + (-x2) * s1).to(ty), mask=m)
-        tl.store(p + HALF, (x2 * c2 + x1 * s2).to(ty), mask=m)
-
-
-def rotary_rows_(qkv, cos, sin, br=4, warps=4):
-    n, _, h, d = qkv.shape
-    _rotary_rows[(triton.cdiv(n, br),)](qkv, cos, sin, n, H=h, D=d, HALF=d // 2, BH=triton.next_power_of_2(h),
-                                        BJ=triton.next_power_of_2(d // 2), BR=br, num_warps=warps,
-                                        enable_fp_fusion=False)
-    return qkv
-
-
 SHAPES = {   # (K, N) of nn.Linear(K, N) per block; gate_up is the packed [gate; up] weight
     "qwen2-vl-7b": {"qkv": (1280, 3840), "proj": (1280, 1280), "fc1": (1280, 5120), "fc2": (5120, 1280)},
     "qwen2.5-vl-7b": {"qkv": (1280, 3840), "proj": (1280, 1280), "gate_up": (1280, 6912), "down": (3456, 1280)},
@@ -170,13 +143,30 @@ def selfcheck():
         err = ((got - ref).abs().max() / ref.abs().max()).item()
         print(f"selfcheck tma {M}x{N}x{K} act {act}: max rel err {err:.2e}")
         assert err < 1e-5, err
-    from workbench.fused import rotary_
+    from workbench import fused as fk
     qkv = torch.randn(7, 3, 3, 10).to(torch.bfloat16)
     cos, sin = torch.randn(7, 10), torch.randn(7, 10)
-    ref = rotary_(qkv.clone(), cos, sin)
-    got = rotary_rows_(qkv.clone(), cos, sin, br=2)
-    print("selfcheck rotary_rows equal:", bool(torch.equal(got, ref)))
+    fk.ROTARY_ROWS_MIN = 8
+    ref = fk.rotary_(qkv.clone(), cos, sin)
+    fk.ROTARY_ROWS_MIN = 1
+    got = fk.rotary_(qkv.clone(), cos, sin)
+    print("selfcheck: both rotary kernels give the same bits:", bool(torch.equal(got, ref)))
     assert torch.equal(got, ref)
+
+
+def layers_us(ws, bs, step):
+    """Per-layer device time of ``step(w, b)`` over the LAYERS weights, as one graph replay."""
+    from workbench.measure import graph_replay_us
+    return graph_replay_us(lambda: [step(w, b) for w, b in zip(ws, bs)], reps=15)["p50_us"] / LAYERS
+
+
+def layer_weights(N, K, dev, dt):
+    return ([torch.randn(N, K, device=dev, dtype=dt) * K ** -0.5 for _ in range(LAYERS)],
+            [torch.randn(N, device=dev, dtype=dt) * 0.1 for _ in range(LAYERS)])
+
+
+def rel(y, ref):
+    return float(((y.float() - ref).abs().max() / ref.abs().max()).item())
 
 
 def rotary_only():
@@ -201,15 +191,14 @@ def rotary_only():
 
 
 def main():
-    from workbench.fused import quick_gelu, rotary_, silu_mul
-    from workbench.measure import graph_replay_us
+    from workbench.fused import quick_gelu, silu_mul
 
     dev = torch.device("cuda")
     dt = torch.bfloat16
     triton.set_allocator(_alloc)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     res = {"env": {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name(),
-                   "sms": sms}, "layers_per_replay": LAYERS, "rows": {}, "epilogue": {}, "rotary": {}}
+                   "sms": sms}, "layers_per_replay": LAYERS, "rows": {}, "epilogue": {}}
     out_dir = os.environ.get("OUT", "/tmp")
 
     def save():
@@ -225,27 +214,17 @@ def main():
                     continue   # the same shapes as qwen2-vl-7b
                 key = f"{preset}/{lin}/{rows}"
                 x = torch.randn(rows, K, device=dev, dtype=dt)
-                ws = [torch.randn(N, K, device=dev, dtype=dt) * K ** -0.5 for _ in range(LAYERS)]
-                bs = [torch.randn(N, device=dev, dtype=dt) * 0.1 for _ in range(LAYERS)]
+                ws, bs = layer_weights(N, K, dev, dt)
                 ref = x.float() @ ws[0].float().T + bs[0].float()
                 out = torch.empty(rows, N, device=dev, dtype=dt)
-                row = {"flops": 2 * rows * K * N, "weight_bytes": 2 * K * N}
-
-                def err(y):
-                    return float(((y.float() - ref).abs().max() / ref.abs().max()).item())
-
-                def run_cublas():
-                    for w, b in zip(ws, bs):
-                        F.linear(x, w, b)
-                row["cublas"] = {"us": graph_replay_us(run_cublas, reps=15)["p50_us"] / LAYERS,
-                                 "err": err(F.linear(x, ws[0], bs[0]))}
+                row = {"flops": 2 * rows * K * N, "weight_bytes": 2 * K * N,
+                       "cublas": {"us": layers_us(ws, bs, lambda w, b: F.linear(x, w, b)),
+                                  "err": rel(F.linear(x, ws[0], bs[0]), ref)}}
                 for cfg in cfgs:
-                    def run_tma(cfg=cfg):
-                        for w, b in zip(ws, bs):
-                            tma_gemm(x, w, b, cfg, out=out, sms=sms)
                     try:
-                        e = err(tma_gemm(x, ws[0], bs[0], cfg, sms=sms))
-                        row[cfg_name(cfg)] = {"us": graph_replay_us(run_tma, reps=15)["p50_us"] / LAYERS, "err": e}
+                        e = rel(tma_gemm(x, ws[0], bs[0], cfg, sms=sms), ref)
+                        row[cfg_name(cfg)] = {"err": e, "us": layers_us(
+                            ws, bs, lambda w, b, cfg=cfg: tma_gemm(x, w, b, cfg, out=out, sms=sms))}
                     except Exception as ex:  # noqa: BLE001 - a config that does not compile or fit: record why
                         row[cfg_name(cfg)] = {"error": f"{type(ex).__name__}: {str(ex)[:300]}"}
                 best = min((v["us"], k) for k, v in row.items() if isinstance(v, dict) and "us" in v)
@@ -259,30 +238,20 @@ def main():
         for preset, (K, N), act in (("qwen2-vl-7b", (1280, 5120), 1), ("qwen2.5-vl-7b", (1280, 6912), 2)):
             key = f"{preset}/mlp_in+act/{rows}"
             x = torch.randn(rows, K, device=dev, dtype=dt)
-            ws = [torch.randn(N, K, device=dev, dtype=dt) * K ** -0.5 for _ in range(LAYERS)]
-            bs = [torch.randn(N, device=dev, dtype=dt) * 0.1 for _ in range(LAYERS)]
+            ws, bs = layer_weights(N, K, dev, dt)
             actf = quick_gelu if act == 1 else silu_mul
             unfused = actf(F.linear(x, ws[0], bs[0]))
             lin = x.float() @ ws[0].float().T + bs[0].float()
             ref = lin * torch.sigmoid(1.702 * lin) if act == 1 else F.silu(lin[:, :N // 2]) * lin[:, N // 2:]
-            row = {}
-
-            def run_unfused():
-                for w, b in zip(ws, bs):
-                    actf(F.linear(x, w, b))
-            row["cublas+act"] = {"us": graph_replay_us(run_unfused, reps=15)["p50_us"] / LAYERS,
-                                 "err": float(((unfused.float() - ref).abs().max() / ref.abs().max()).item())}
+            row = {"cublas+act": {"us": layers_us(ws, bs, lambda w, b: actf(F.linear(x, w, b))),
+                                  "err": rel(unfused, ref)}}
             out = torch.empty_like(unfused)
             for cfg in (SMALL if rows == 256 else LARGE):
-                def run_fused(cfg=cfg):
-                    for w, b in zip(ws, bs):
-                        tma_gemm(x, w, b, cfg, act=act, out=out, sms=sms)
                 try:
                     y = tma_gemm(x, ws[0], bs[0], cfg, act=act, sms=sms)
                     row[cfg_name(cfg) + "+act"] = {
-                        "us": graph_replay_us(run_fused, reps=15)["p50_us"] / LAYERS,
-                        "err": float(((y.float() - ref).abs().max() / ref.abs().max()).item()),
-                        "bit_equal_to_unfused": float((y == unfused).float().mean().item())}
+                        "us": layers_us(ws, bs, lambda w, b, cfg=cfg: tma_gemm(x, w, b, cfg, act=act, out=out, sms=sms)),
+                        "err": rel(y, ref), "bit_equal_to_unfused": float((y == unfused).float().mean().item())}
                 except Exception as ex:  # noqa: BLE001
                     row[cfg_name(cfg) + "+act"] = {"error": f"{type(ex).__name__}: {str(ex)[:300]}"}
             best = min((v["us"], k) for k, v in row.items() if "us" in v)
@@ -291,25 +260,7 @@ def main():
                   f"{best[0]:.1f} us", flush=True)
             res["epilogue"][key] = row
             save()
-    # rotary: the tower's kernel vs the row-tiled one, 16 heads x 80
-    for rows in (256, 4096, 16384):
-        qkv = torch.randn(rows, 3, 16, 80, device=dev, dtype=dt)
-        ang = torch.rand(rows, 40, device=dev) * 6.28
-        cos, sin = torch.cat([ang.cos()] * 2, -1).contiguous(), torch.cat([ang.sin()] * 2, -1).contiguous()
-        a = rotary_(qkv.clone(), cos, sin)
-        entry = {"bytes": 2 * rows * 2 * 16 * 80 * 2 + 2 * rows * 80 * 4}
-        bufs = [qkv.clone() for _ in range(LAYERS)]
-        entry["fused.rotary_us"] = graph_replay_us(lambda: [rotary_(q, cos, sin) for q in bufs], reps=15)["p50_us"] / LAYERS
-        for br, warps in ((2, 4), (4, 4), (8, 8)):
-            b = rotary_rows_(qkv.clone(), cos, sin, br=br, warps=warps)
-            entry[f"rows[{br},w{warps}]_us"] = graph_replay_us(
-                lambda br=br, warps=warps: [rotary_rows_(q, cos, sin, br=br, warps=warps) for q in bufs],
-                reps=15)["p50_us"] / LAYERS
-            entry[f"rows[{br},w{warps}]_bit_equal"] = bool(torch.equal(a, b))
-        print(f"[{time.time() - t0:.0f}s] rotary {rows}: {entry}", flush=True)
-        res["rotary"][str(rows)] = entry
-        save()
-
+    rotary_only()
 
 if __name__ == "__main__":
     if not torch.cuda.is_available():
