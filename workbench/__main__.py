@@ -256,10 +256,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
-                     gpus: list[int]) -> tuple[list[str], list[str], dict]:
+                     gpus: list[int]) -> tuple[list[str], list[str], dict, dict]:
     """``sweep --gpus``: one worker process per GPU, each pinned to it with CUDA_VISIBLE_DEVICES,
     each taking studies in order from the shared list (a claim file per study decides who runs
-    it). Returns (failures, warnings, {study: {gpu, seconds}}, {study: seconds} of the studies
+    it). Returns (failures, warnings, {study: {gpu, seconds, threads}}, {study: seconds} of the studies
     that finished without a failure)."""
     import shutil
     import subprocess
