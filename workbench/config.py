@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 FAMILIES = ("qwen2-vl", "qwen2.5-vl")
 
