@@ -11,9 +11,11 @@ a notebook or a test uses; under torchrun, call `encode_dp` directly.
 Failures under `launch`: the launcher watches every rank at once (its result pipe, its stderr and
 its process), so the first rank that raises or dies ends the whole group within about a second,
 and `launch` raises `RankError` with that rank's own traceback, or, for a rank that died without
-one, its exit code or signal and the last lines it wrote to stderr. `timeout_s` bounds the whole
-call; a TimeoutError names the ranks that had not finished and shows where each one was. Ranks
-never outlive their launcher, even when it is killed with SIGKILL.
+one, its exit code or signal and the last lines it wrote to stderr. `timeout_s` bounds the work,
+counted from the moment every rank has started (spawned and imported); `start_timeout_s` bounds the
+start, which on a loaded machine can take far longer than the work. A TimeoutError names the ranks
+that had not finished (or not started) and shows where each one was. Ranks never outlive their
+launcher, even when it is killed with SIGKILL.
 """
 from __future__ import annotations
 
@@ -327,22 +329,26 @@ def _death(rank: int, code: int | None) -> str:
     return f"rank {rank} exited with code {code} (no traceback: the process died)"
 
 
-def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = (), timeout_s: float = 600):
+def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = (), timeout_s: float = 600,
+           start_timeout_s: float = 600):
     """Run `fn(*args)` on `world_size` local ranks; returns the list of per-rank results.
 
     fn must be importable (a module-level function): ranks are spawned processes. backend:
     'gloo' (CPU) or 'nccl' (one GPU per rank); default nccl when enough GPUs are visible.
     Raises RankError (a RuntimeError) as soon as a rank fails or dies, after stopping every rank,
-    and TimeoutError when the ranks have not all returned within timeout_s (which bounds the
-    whole call, give or take a few seconds to stop the ranks).
+    and TimeoutError when the ranks have not all started within start_timeout_s, or not all
+    returned within timeout_s of the moment the last one started (give or take a few seconds to
+    stop the ranks). The two are apart because starting (a process, torch's import) is the
+    machine's business, and a loaded machine can take minutes for it, while timeout_s is about fn.
     """
     import multiprocessing as mp
 
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     world_size = int(world_size)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
-        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+    for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
     if backend not in ("gloo", "nccl"):
@@ -352,25 +358,29 @@ def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = ()
                          f"{torch.cuda.device_count()} visible")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     ctx = mp.get_context("spawn")
-    deadline = time.monotonic() + timeout_s
     port = _free_port()
     ranks = [_Rank(r) for r in range(world_size)]
     try:
         for rk in ranks:
             rk.start(ctx, world_size, backend, port, fn, args, timeout_s)
-        return _watch(ranks, deadline, timeout_s)
+        return _watch(ranks, timeout_s, start_timeout_s)
     finally:
         _stop(ranks)
 
 
-def _watch(ranks: list[_Rank], deadline: float, timeout_s: float) -> list:
-    """Wait for every rank's result; raise on the first failure or at the deadline."""
+def _watch(ranks: list[_Rank], timeout_s: float, start_timeout_s: float) -> list:
+    """Wait for every rank's result; raise on the first failure or at the deadline (start_timeout_s
+    while some rank has not started, then timeout_s from the moment the last one did)."""
     from multiprocessing.connection import wait
 
     failures: list[_Failure] = []
     settle_until = all_returned_at = None
+    deadline = time.monotonic() + start_timeout_s
+    starting = True
     while True:
         now = time.monotonic()
+        if starting and all(r.started for r in ranks):
+            starting, deadline = False, now + timeout_s
         if failures:
             # real causes (own tracebacks, deaths) in the order seen, then peer-lost errors
             first = min(failures, key=lambda f: f.consequence)
@@ -385,7 +395,7 @@ def _watch(ranks: list[_Rank], deadline: float, timeout_s: float) -> list:
                                   f"{_EXIT_GRACE_S:g} s later; stopping them", RuntimeWarning, stacklevel=3)
                 return [r.result for r in ranks]
         elif now >= deadline:
-            raise _timeout_error(ranks, timeout_s)
+            raise _timeout_error(ranks, start_timeout_s if starting else timeout_s, starting)
 
         until = settle_until if failures else (min(deadline, all_returned_at + _EXIT_GRACE_S)
                                                if all_returned_at else deadline)
@@ -464,7 +474,7 @@ def _rank_error(first: _Failure, failures: list[_Failure], ranks: list[_Rank]) -
     return RankError("\n".join(parts), first.rank, first.exitcode, first.traceback)
 
 
-def _timeout_error(ranks: list[_Rank], timeout_s: float) -> TimeoutError:
+def _timeout_error(ranks: list[_Rank], timeout_s: float, starting: bool = False) -> TimeoutError:
     """Ask every unfinished rank where it is (faulthandler on SIGUSR1), then describe them."""
     from multiprocessing.connection import wait
 
@@ -486,6 +496,11 @@ def _timeout_error(ranks: list[_Rank], timeout_s: float) -> TimeoutError:
         for r in asked:
             r.read_stderr()
     done = [r.rank for r in ranks if r.returned]
+    if starting:
+        late = [r.rank for r in ranks if not r.started]
+        return TimeoutError(f"dp launch: ranks {late} had not started {timeout_s:g} s after they were spawned "
+                            "(a process start and torch's import); the machine may be overloaded: raise "
+                            "start_timeout_s; the launcher stopped every rank")
     parts = [f"dp launch timed out after {timeout_s:g} s: "
              + ", ".join(f"rank {r.rank}" + ("" if r.started else " (still starting)") for r in stuck)
              + " had not finished" + (f" (ranks {done} had returned their results)" if done else "")
