@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.__main__ import longest_first, one_gpu_warnings, parse_gpus, parse_shard, shard_studies
+from workbench.__main__ import EMULATE_GPUS_ENV, longest_first, one_gpu_warnings, parse_gpus, parse_shard, shard_studies
 from workbench.report import find_runs, load_tables
 from workbench.studies import discover, wide
 
@@ -115,11 +115,13 @@ def test_a_second_copy_of_a_study_in_one_shard_group_is_listed_not_merged(tmp_pa
 
 @pytest.mark.slow
 def test_gpus_run_one_worker_per_gpu_each_pinned_and_record_the_placement(tmp_path):
-    p = _sweep(tmp_path, "--gpus", "0,1", "--profile", "cpu")
+    # the worker plumbing on a CPU host: two pretend GPUs, each worker on the CPU
+    p = _sweep(tmp_path, "--gpus", "0,1", "--profile", "cpu", env={EMULATE_GPUS_ENV: "2"})
     assert "on GPUs [0, 1]" in p.stdout
     (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     meta = json.loads((run / "meta.json").read_text())
     assert meta["params"]["gpus"] == [0, 1] and meta["finished_at"] and not meta["failures"]
+    assert meta["params"]["gpus_emulated"] is True
     placement = meta["placement"]
     assert set(placement) == {"fp32_memory", "padding_waste"}
     assert {v["gpu"] for v in placement.values()} <= {"0", "1"}      # CUDA_VISIBLE_DEVICES of its worker

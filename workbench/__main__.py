@@ -16,6 +16,7 @@ resolved values are what meta.json records and what the notebooks receive.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -89,6 +90,24 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return i, n
 
 
+NAME_MAX = 80      # characters of a run name: the folder adds a 25-character time and commit prefix
+
+
+def parse_name(text: str | None) -> str | None:
+    """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX
+    characters; SystemExit naming the bad value otherwise."""
+    import re
+
+    if text is None:
+        return None
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.")
+    if not slug:
+        raise SystemExit(f"--name {text!r} has no letter or digit; give a short name such as --name smoke")
+    if len(slug) > NAME_MAX:
+        raise SystemExit(f"--name is {len(slug)} characters long; give at most {NAME_MAX}")
+    return slug
+
+
 def shard_studies(selected: list, index: int, count: int) -> list:
     """Shard ``index`` of ``count``: study k of the selection in name order goes to shard k % count,
     so every shard of a job array computes the same partition without talking to the others."""
@@ -96,12 +115,26 @@ def shard_studies(selected: list, index: int, count: int) -> list:
     return [s for k, s in enumerate(ordered) if k % count == index]
 
 
-def _check_gpus(gpus: list[int] | None, profile: str) -> None:
-    if not gpus or profile != "gpu":
-        return
-    import torch
+# `sweep --gpus` on a host without them, for tests of the worker plumbing: N pretend GPUs (each
+# worker still runs on the CPU; meta.json records gpus_emulated)
+EMULATE_GPUS_ENV = "WORKBENCH_EMULATE_GPUS"
 
-    n = torch.cuda.device_count()
+
+def _check_gpus(gpus: list[int] | None, profile: str) -> None:
+    if not gpus:
+        return
+    emulated = os.environ.get(EMULATE_GPUS_ENV)
+    if emulated:
+        if not emulated.isdigit():
+            raise SystemExit(f"{EMULATE_GPUS_ENV}={emulated!r}: give a number of GPUs to pretend, e.g. 2")
+        n = int(emulated)
+    else:
+        if profile != "gpu":
+            raise SystemExit(f"--gpus {','.join(map(str, gpus))}: the {profile} profile runs on the CPU; --gpus "
+                             f"needs the gpu profile on a CUDA host (--profile gpu)")
+        import torch
+
+        n = torch.cuda.device_count()
     bad = [g for g in gpus if g >= n]
     if bad:
         raise SystemExit(f"--gpus: {bad} not on this host; it has {n} GPU(s): {list(range(n))}")
@@ -131,6 +164,7 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
         overrides.update(sets.get(study.name, {}))
         try:
             plan[study.name] = study.resolve(profile, overrides)
+            study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
         except ParamError as e:
             errors.append(f"--set: {e}")
     nowhere = sorted(k for k in shared if not any(k in s.params.names for s in selected))
@@ -161,7 +195,7 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
     sets = _parse_sets(args.set or [])
     plan = _resolve_plan(sets, studies, selected, profile)
     _check_gpus(gpus, profile)
-    name = args.name or profile
+    name = parse_name(args.name) or profile
     extra: dict[str, Any] = {}
     if shard is not None:
         mine = shard_studies(selected, *shard)
@@ -175,6 +209,8 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
         name = f"{name}-shard{shard[0]}of{shard[1]}"
     if gpus:
         extra["gpus"] = gpus
+        if os.environ.get(EMULATE_GPUS_ENV):
+            extra["gpus_emulated"] = True
     run_dir = new_run_dir(args.results, name=name)
     lock = RunLock(run_dir)
     lock.acquire()                 # a folder this process just made: nobody else can hold it
@@ -367,29 +403,52 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
     failures: list[str] = []
     warnings: list[str] = []
     for study in tqdm(selected, desc="studies", unit="study", disable=len(selected) < 2):
-        params = plan[study.name]
-        table = run_dir / f"{study.name}.parquet"
         t0 = time.perf_counter()
-        try:
+        failed, warned = finish_study(study, plan[study.name], device, run_dir, direct, kernel)
+        failures += failed
+        warnings += warned
+        if seconds is not None and not failed:
+            seconds[study.name] = round(time.perf_counter() - t0, 1)
+    return failures, warnings
+
+
+def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: bool,
+                 kernel: str) -> tuple[list[str], list[str]]:
+    """Take one study of ``run_dir`` through the stages it has not reached (workbench.runstate):
+    measure and save its table (or, papermill mode, execute its notebook, which loads a table the
+    run already holds instead of measuring again), export the notebook's HTML, draw the figures.
+    Returns (failures, warnings); a stage that fails is recorded, never raised, and the stages
+    after it wait for a resume."""
+    from .runstate import study_state
+
+    state = study_state(run_dir, study.name, direct)
+    table = run_dir / f"{study.name}.parquet"
+    measure = not state.done["table"] or not state.done.get("notebook", True)
+    if measure and not direct:
+        state.done["html"] = False        # the notebook runs again: so does its readable copy
+    try:
+        if measure:
             if direct:
                 from .studies.tables import write_study_table
                 write_study_table(study.run(device=device, progress=False, **params), table)
             else:
                 _run_notebook(study, params, device, run_dir, kernel)
-            if not table.is_file():
-                raise RuntimeError(f"the study wrote no {table.name}")
-        except Exception as e:  # noqa: BLE001 - record it, go on with the other studies
-            failures.append(f"{study.name}: {type(e).__name__}: {e}")
-            print(f"sweep: {study.name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
-            continue
-        if seconds is not None:
-            seconds[study.name] = round(time.perf_counter() - t0, 1)
-        for warning in (_save_run_figures(study, table, run_dir),
-                        None if direct else _export_html(run_dir / f"{study.name}.ipynb")):
+        if not table.is_file():
+            raise RuntimeError(f"the study wrote no {table.name}")
+    except Exception as e:  # noqa: BLE001 - record it, go on with the other studies
+        saved = " after saving its table" if table.is_file() else ""
+        message = f"{study.name}: {type(e).__name__}{saved}: {e}"
+        print(f"sweep: {study.name} FAILED{saved}: {type(e).__name__}: {e}", file=sys.stderr)
+        return [message], []
+    warnings = []
+    for stage, do in (("html", lambda: _export_html(run_dir / f"{study.name}.ipynb")),
+                      ("figures", lambda: _save_run_figures(study, table, run_dir))):
+        if stage in state.done and not state.done[stage]:
+            warning = do()
             if warning:
                 warnings.append(warning)
                 print(f"sweep: {warning}", file=sys.stderr)
-    return failures, warnings
+    return [], warnings
 
 
 def _export_html(notebook: Path) -> str | None:
@@ -415,59 +474,98 @@ def _find_run(results: Path, name: str) -> Path:
     raise SystemExit(f"--resume {name!r}: no run folder with a meta.json there or under {results}/")
 
 
+def _load_run_meta(run_dir: Path, what: str) -> dict:
+    """The run's meta.json, checked; SystemExit naming the file and what is wrong with it."""
+    from .provenance import MetaError, load_meta
+
+    try:
+        return load_meta(run_dir)
+    except (MetaError, OSError) as e:
+        raise SystemExit(f"{what}: {e}") from None
+
+
 def resume_sweep(args: argparse.Namespace, studies: dict) -> tuple[Path | None, list[str]]:
-    """Finish the run folder ``args.resume``: run only the studies its meta.json planned that have
-    no table yet, with the parameters it recorded; finished tables are never touched. The run's
-    meta.json then lists what was resumed, when, and with which code."""
-    from .provenance import git_info, read_meta, utc_now
+    """Finish the run folder ``args.resume``: take every study its meta.json planned through the
+    stages it has not reached (table, executed notebook, HTML, figures: workbench.runstate),
+    with the parameters it recorded; a finished table is never touched.
+
+    A run killed before its end gets its end recorded here. A finished run is a record: one that
+    finished without failures is refused unless ``--resume-finished`` asks for it, and one that
+    finished with failures (what resume is for) keeps everything it recorded: the resume is
+    appended to ``resumed`` with its own studies, failures and end time."""
+    from .provenance import git_info, utc_now
+    from .runstate import open_failures, run_state
     from .studies import ParamError
 
     run_dir = _find_run(args.results, args.resume)
+    # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
+    meta = _load_run_meta(run_dir, "--resume")
+    state = run_state(run_dir, meta)
+    if state.finished and not open_failures(meta):
+        if not state.left:
+            print(f"sweep: {run_dir} is finished and holds every stage of every planned study; nothing to resume")
+            return run_dir, []
+        if not getattr(args, "resume_finished", False):
+            raise SystemExit(f"--resume: {run_dir.name} finished at {meta.get('finished_at')} without failures; a "
+                             f"finished run is a record and is not resumed by default. Left: {state.describe_left()}. "
+                             f"Pass --resume-finished to finish that (what the run recorded stays as it is; the "
+                             f"resume is added to its meta.json under 'resumed').")
+    had_lock = (run_dir / RunLock.NAME).exists()
     lock = RunLock(run_dir)
-    if not lock.acquire():
-        raise SystemExit(f"--resume: {run_dir} is in use by another process ({lock.holder()}); wait for it")
-    meta: dict = {}
-    failures: list[str] = []
     try:
-        meta = read_meta(run_dir)
+        got = lock.acquire()
+    except OSError as e:
+        raise SystemExit(f"--resume: cannot take the lock of {run_dir} ({e.strerror or e}); is the folder "
+                         f"read-only?") from None
+    if not got:
+        raise SystemExit(f"--resume: {run_dir} is in use by another process ({lock.holder()}); wait for it")
+    failures: list[str] = []
+    left: dict[str, list[str]] = {}
+    try:
+        meta = _load_run_meta(run_dir, "--resume")      # again, under the lock
+        state = run_state(run_dir, meta)
         params = meta.get("params") or {}
         plan, device = params.get("studies") or {}, params.get("device") or "cpu"
         unknown = sorted(set(plan) - set(studies))
         if unknown:
             raise SystemExit(f"--resume: {run_dir.name} planned studies {unknown} that are not registered now")
-        missing = [n for n in plan if not (run_dir / f"{n}.parquet").is_file()]
-        if not missing:
-            print(f"sweep: {run_dir} has every planned table; nothing to resume")
-            return run_dir, failures
-        try:   # the recorded values must still be valid for today's declarations
-            plan = {n: studies[n].resolve(params.get("profile", "cpu"), plan[n]) for n in plan}
-        except ParamError as e:
-            raise SystemExit(f"--resume: {e}") from None
+        left = state.left
+        if left:
+            try:   # the recorded values must still be valid for today's declarations
+                plan = {n: studies[n].resolve(params.get("profile", "cpu"), plan[n]) for n in left}
+            except ParamError as e:
+                raise SystemExit(f"--resume: {e}") from None
         now = git_info()
-        entry = {"at": utc_now().isoformat(timespec="seconds").replace("+00:00", "Z"), "studies": missing,
-                 "git": now.get("short"), "dirty": now.get("dirty")}
+        entry: dict[str, Any] = {"at": utc_now().isoformat(timespec="seconds").replace("+00:00", "Z"),
+                                 "studies": list(left), "stages": left, "git": now.get("short"),
+                                 "dirty": now.get("dirty")}
         if now.get("sha") != (meta.get("git") or {}).get("sha"):
             entry["note"] = f"resumed with other code than the run started with ({(meta.get('git') or {}).get('short')})"
             print(f"sweep: warning: {entry['note']}", file=sys.stderr)
-        print(f"sweep: resuming {run_dir}: {', '.join(missing)} (finished: "
-              f"{', '.join(n for n in plan if n not in missing) or 'none'})")
-        direct = params.get("mode") == "direct"
-        # a killed notebook run can leave a partial executed notebook: it is rewritten
-        gpus = parse_gpus(getattr(args, "gpus", None))
+        print(f"sweep: resuming {run_dir}: {state.describe_left()}")
         seconds: dict[str, float] = {}
         placement: dict[str, dict] = {}
-        failures, warnings = _execute([studies[n] for n in missing], plan, device, run_dir, direct, args.kernel,
-                                      gpus=gpus, seconds=seconds, placement=placement)
-        meta["study_seconds"] = {**(meta.get("study_seconds") or {}), **seconds}
-        if placement:
-            meta["placement"] = {**(meta.get("placement") or {}), **placement}
-        meta.setdefault("resumed", []).append(entry)
-        meta["failures"] = failures
-        meta["warnings"] = (meta.get("warnings") or []) + warnings
-        write_meta(run_dir, finish_meta(meta), overwrite=True)
+        failures, warnings = _execute([studies[n] for n in left], plan, device, run_dir, state.direct,
+                                      args.kernel, gpus=parse_gpus(getattr(args, "gpus", None)),
+                                      seconds=seconds, placement=placement)
+        if state.finished:
+            # what the run recorded stays; the resume is one more entry
+            entry.update(failures=failures, warnings=warnings, study_seconds=seconds, placement=placement)
+            entry["finished_at"] = utc_now().isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            meta.setdefault("resumed", []).append(entry)
+            write_meta(run_dir, meta, overwrite=True)
+        else:
+            meta["study_seconds"] = {**(meta.get("study_seconds") or {}), **seconds}
+            if placement:
+                meta["placement"] = {**(meta.get("placement") or {}), **placement}
+            if left:
+                meta.setdefault("resumed", []).append(entry)
+            meta["failures"] = failures
+            meta["warnings"] = (meta.get("warnings") or []) + warnings
+            write_meta(run_dir, finish_meta(meta))
     finally:
-        lock.release(remove=not failures and bool(meta.get("finished_at")))
-    print(f"sweep: resumed {len(missing)} stud{'y' if len(missing) == 1 else 'ies'}, {len(failures)} "
+        lock.release(remove=not failures or not had_lock)
+    print(f"sweep: resumed {len(left)} stud{'y' if len(left) == 1 else 'ies'}, {len(failures)} "
           f"failure(s): {run_dir}")
     return run_dir, failures
 
@@ -502,9 +600,16 @@ def _save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
     from .provenance import read_meta
     from .report import Run, run_table
 
+    from .provenance import atomic_write_text
+    from .runstate import figures_marker
+
+    folder = run_dir / "figures"
     try:   # the same columns the report adds (run, reference, run_date), from the same code
         run = Run(path=run_dir, meta=read_meta(run_dir), tables={study.name: table})
-        study.summarize(run_table(run, study.name), run_dir / "figures")
+        summary = study.summarize(run_table(run, study.name), folder)
+        pngs = [folder / Path(f).name for f in getattr(summary, "figures", None) or []]
+        drawn = [p.name for png in pngs for p in (png, png.with_suffix(".svg")) if p.is_file()]
+        atomic_write_text(figures_marker(run_dir, study.name), json.dumps(drawn) + "\n")
     except Exception as e:  # noqa: BLE001
         return f"{study.name}: figures not saved ({type(e).__name__}: {e})"
     return None
@@ -571,7 +676,16 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    params = json.loads(args.params) if args.params else None
+    params = None
+    if args.params:
+        try:
+            params = json.loads(args.params)
+        except ValueError as e:
+            raise SystemExit(f"info --params {args.params!r} is not JSON ({e}); give an object, e.g. "
+                             """--params '{"budgets": [64]}'""") from None
+        if not isinstance(params, dict):
+            raise SystemExit(f"info --params {args.params!r} is a JSON {type(params).__name__}; give an object, "
+                             """e.g. --params '{"budgets": [64]}'""")
     print(json.dumps(collect_meta(params), indent=2, default=str))
     return 0
 
@@ -589,7 +703,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             from .studies import default_profile
             profile = default_profile()
         if not args.resume and not args.studies and not args.set:
-            interrupted = interrupted_run(args.results, args.name or profile)
+            interrupted = interrupted_run(args.results, parse_name(args.name) or profile)
             if interrupted is not None:
                 print(f"report: resuming the interrupted run {interrupted.name}")
                 args.resume = str(interrupted)
@@ -623,6 +737,9 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", metavar="RUN",
                    help="finish an interrupted run folder (a path, or a folder name under --results): only "
                         "the studies without a table run, with the parameters its meta.json recorded")
+    g.add_argument("--resume-finished", action="store_true",
+                   help="with --resume: also finish a run that finished without failures but lacks a stage "
+                        "(what it recorded stays; the resume is added to its meta.json)")
     g.add_argument("--gpus", metavar="0,1,...",
                    help="spread the studies over these GPUs of this host: one worker process per GPU "
                         "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device, and "
@@ -734,7 +851,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "results", "unset") is None:
         args.results = results_root()
-    return args.func(args)
+    results = getattr(args, "results", None)
+    if results is not None and Path(results).exists() and not Path(results).is_dir():
+        raise SystemExit(f"--results {results} is a file, not a folder; give the folder that holds the run folders")
+    try:
+        return args.func(args)
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        # a read-only or full disk, a missing permission: what and where, not a traceback; what a
+        # finished run wrote is never touched by a failed write (files are replaced atomically)
+        raise SystemExit(f"{args.command}: {e.strerror or e}: {e.filename or ''}".rstrip(": ")
+                         + " (nothing finished was changed; free space or pick a writable --results)") from None
+
+
+_DISK_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EDQUOT,
+                errno.ENOTDIR}
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ A study answers one question (see the table in the design brief) and has four pa
   ``run`` (folder name) and ``reference`` (True for runs committed under results/reference/)
   added by the report. It never runs a model.
 - a **notebook** ``notebooks/<name>.ipynb``: thin; its parameters cell is generated from the
-  declaration (``python -m workbench notebooks``), it calls `notebook_params`, the run function,
-  `save_table`, and the summarize module's plot functions.
+  declaration (``python -m workbench notebooks``), it calls `notebook_params`, `run_and_save`
+  (the run function, then `save_table`), and the summarize module's plot functions.
 
 Each study lives in its own module in this package and registers itself at import time;
 ``discover()`` imports every module, so a new study is picked up by the sweep, the report and the
@@ -35,7 +35,7 @@ from .params import PROFILES, Param, ParamError, ParamSpec
 from .tables import TableError, check_table, load_table, tidy, wide, write_study_table
 
 __all__ = ["PROFILES", "Param", "ParamError", "ParamSpec", "Study", "Summary", "STUDIES", "register",
-           "discover", "default_profile", "profile_of", "notebook_params", "save_table", "TableError",
+           "discover", "default_profile", "profile_of", "notebook_params", "run_and_save", "save_table", "TableError",
            "check_table", "load_table", "tidy", "wide", "write_study_table"]
 
 
@@ -62,9 +62,18 @@ class Study:
     # GPUs one run of the study uses with these resolved params on this device ("cuda" / "cpu");
     # None: one. `sweep --gpus` gives each study one GPU and warns about those that want more.
     gpus: Callable[[Mapping[str, Any], str], int] | None = None
+    # estimated peak memory of its largest cell with these resolved params on "cuda" / "cpu"
+    # (workbench.studies.footprint); the sweep refuses a plan whose cell cannot fit the device
+    footprint: Callable[[Mapping[str, Any], str], Any] | None = None
 
     def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:
         return 1 if self.gpus is None else int(self.gpus(params, device))
+
+    def check_fits(self, params: Mapping[str, Any], device: str) -> None:
+        """ParamError when the largest cell of ``params`` cannot fit ``device``'s memory."""
+        if self.footprint is not None:
+            from .footprint import check_fits
+            check_fits(self.name, self.footprint(params, device), device)
 
     def resolve(self, profile: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The profile's defaults with ``overrides`` applied, every value checked (ParamError)."""
@@ -166,3 +175,24 @@ def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
             meta["params"].setdefault("studies", {}).update(recorded)
             write_meta(run_dir, finish_meta(meta), overwrite=True)
     return path
+
+
+def run_and_save(study_name: str, params: Mapping[str, Any], device: Any = "auto",
+                 run_dir: str | Path | None = None) -> tuple[Any, Path]:
+    """A notebook's measurement: ``study.run(device, **params)``, then `save_table`; returns
+    (table, path).
+
+    In a run folder that already holds this study's table (a resumed run whose notebook stopped
+    after saving it: killed, or a later cell raised) the recorded table is loaded instead of
+    measured again, and the notebook finishes on the numbers the run recorded: a finished table
+    is never replaced, and a resume must not measure twice.
+    """
+    if run_dir is not None:
+        path = Path(run_dir) / f"{study_name}.parquet"
+        if path.is_file():
+            print(f"{path}: this run recorded the table already; it is loaded, not measured again")
+            return load_table(path), path
+    study = discover()[study_name]
+    study.check_fits(params, "cuda" if profile_of(device) == "gpu" else "cpu")
+    table = study.run(device=device, **params)
+    return table, save_table(study_name, table, run_dir, params={**params, "device": device})

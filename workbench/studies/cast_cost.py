@@ -37,6 +37,7 @@ from ..measure import (bf16_ulps, copy_ceiling_gbs, device_label, floor_us, flop
 from ..norms import NORMS, make_norm, normalize_reference
 from ..towers.common import budget_padding, filling_grid
 from . import Study, Summary, profile_of, register
+from .footprint import Footprint, rows_bytes, tower_bytes
 from .params import Param, ParamSpec, ascending_unique, fractions
 from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
 from .plotting import progress as show_progress
@@ -49,18 +50,18 @@ LEGACY_NORM = "(cpu)"       # fp32_buffer: normalized on the CPU; its norm colum
 PARAMS = ParamSpec(
     Param("preset", "str", cpu="tiny-qwen2.5-vl", gpu="qwen2.5-vl-7b", choices=PRESET_NAMES,
           help="tower whose replay the staging is compared with"),
-    Param("depth", "int", cpu=None, optional=True, minimum=1,
+    Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1,
           help="blocks of that tower (None: the preset's depth)"),
     Param("dtype", "str", cpu="bfloat16", choices=("bfloat16",), help="tower dtype (bf16, as served)"),
-    Param("budgets", "list[int]", cpu=[16, 64], gpu=[256, 1024, 4096, 16384], minimum=1, rule=ascending_unique,
+    Param("budgets", "list[int]", cap="budget_tokens", cpu=[16, 64], gpu=[256, 1024, 4096, 16384], minimum=1, rule=ascending_unique,
           help="graph budgets in merged tokens (4 pixel rows each)"),
     Param("fills", "list[float]", cpu=[0.25, 0.5, 0.75, 1.0], rule=fractions,
           help="valid rows / budget rows"),
     Param("designs", "list[str]", cpu=list(DESIGNS), choices=DESIGNS, help="staging designs"),
     Param("norms", "list[str]", cpu=["eager"], gpu=list(REAL_NORMS), choices=REAL_NORMS,
           help="norm implementations"),
-    Param("reps", "int", cpu=5, gpu=30, minimum=1, help="timed repetitions per measurement"),
-    Param("seed", "int", cpu=0),
+    Param("reps", "int", cap="reps", cpu=5, gpu=30, minimum=1, help="timed repetitions per measurement"),
+    Param("seed", "int", minimum=0, cap="seed", cpu=0),
 )
 
 METRICS = {
@@ -389,12 +390,23 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
     return Summary(text=findings(table), figures=figs, tables=tables)
 
 
+def footprint(p, device: str) -> Footprint:
+    """The largest budget: its source rows, their float64 reference, the eager norm's fp32
+    temporaries, a bf16 buffer and output; and the tower replayed over the full budget."""
+    base = VisionConfig.preset(p["preset"])
+    cfg = base.reduced(p["depth"]) if p["depth"] else base
+    budget = max(p["budgets"])
+    rows = budget * cfg.merge_unit
+    need = rows_bytes(cfg, rows, 1 + 8 + 8 + 2 + 2) + tower_bytes(cfg, rows, rows, 2, device)
+    return Footprint(need, f"budget {budget} tokens, {p['preset']}")
+
 STUDY = register(Study(
     name="cast_cost",
     notebook="notebooks/cast_cost.ipynb",
     run=run,
     summarize=summarize,
     params=PARAMS,
+    footprint=footprint,
     question="per-replay input staging cost for each graph buffer dtype vs the byte floor and vs the tower's "
              "own time",
 ))

@@ -24,8 +24,9 @@ from ..norms import NORMS, normalize_reference
 from ..preprocess import Video, preprocess
 from ..reference import cos_min, rel_err
 from ..runner import EncoderGraphRunner
-from ..samples import sample_images, sample_video
+from ..samples import SAMPLE_NAMES, sample_images, sample_video
 from . import Study, Summary, profile_of, register
+from .footprint import Footprint, rows_bytes, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import progress as show_progress
 from .plotting import save_figure
@@ -93,7 +94,7 @@ def _encode_dp_cells(spec: dict) -> dict:
 PARAMS = ParamSpec(
     Param("families", "list[str]", cpu=["tiny-qwen2-vl", "tiny-qwen2.5-vl"], gpu=["qwen2-vl-7b", "qwen2.5-vl-7b"],
           choices=PRESET_NAMES, help="presets (one tower each)"),
-    Param("depth", "int", cpu=None, gpu=4, optional=True, minimum=1,
+    Param("depth", "int", cap="depth", cpu=None, gpu=4, optional=True, minimum=1,
           help="blocks per tower, real width kept (None: the preset's depth)"),
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("float32", "bfloat16", "float16"),
           help="tower dtype"),
@@ -103,13 +104,13 @@ PARAMS = ParamSpec(
     Param("paths", "list[str]", cpu=list(PATHS), choices=PATHS, help="execution paths"),
     Param("buffer_dtypes", "list[str]", cpu=["bfloat16", "uint8", "float32"],
           choices=("bfloat16", "uint8", "float32"), help="graph input buffer dtypes (cudagraph path)"),
-    Param("max_pixels", "int", cpu=112 * 112, gpu=448 * 448, minimum=56 * 56, help="processor cap on image size"),
-    Param("budgets", "list[int]", cpu=[16, 32, 64, 128], gpu=[64, 128, 256, 512, 1024], minimum=1,
+    Param("max_pixels", "int", cap="frame_pixels", cpu=112 * 112, gpu=448 * 448, minimum=56 * 56, help="processor cap on image size"),
+    Param("budgets", "list[int]", cap="budget_tokens", cpu=[16, 32, 64, 128], gpu=[64, 128, 256, 512, 1024], minimum=1,
           rule=ascending_unique, help="graph budgets in merged tokens"),
-    Param("max_items", "int", cpu=8, minimum=1, help="most sequences one replay holds"),
-    Param("dp_world_size", "int", cpu=2, minimum=1, help="ranks of the dp path"),
+    Param("max_items", "int", cap="items", cpu=8, minimum=1, help="most sequences one replay holds"),
+    Param("dp_world_size", "int", cap="world_size", cpu=2, minimum=1, help="ranks of the dp path"),
     Param("hazard", "bool", cpu=True, help="also poison pool and padding with NaN"),
-    Param("seed", "int", cpu=0),
+    Param("seed", "int", minimum=0, cap="seed", cpu=0),
     check=lambda p: _check_budgets_cover(p),
 )
 
@@ -410,12 +411,30 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
     return Summary(text=findings(cells), figures=figs)
 
 
+def footprint(p, device: str) -> Footprint:
+    """Every family's tower over the study's items (the photos and the video, each capped at
+    max_pixels), twice for the float64 reference, and once per dp rank on a CPU."""
+    items = len(SAMPLE_NAMES) + 1                        # the photos and a short video
+    itemsize = 4 if p["dtype"] == "float32" else 2
+    need, cell = 0, ""
+    for name in p["families"]:
+        base = VisionConfig.preset(name)
+        cfg = base.reduced(p["depth"]) if p["depth"] else base
+        per_item = p["max_pixels"] // cfg.patch_size ** 2 * 2    # patch rows of one capped item, two frame pairs
+        rows = max(per_item * items, max(p["budgets"]) * cfg.merge_unit)
+        one = tower_bytes(cfg, rows, per_item, itemsize, device) + tower_bytes(cfg, rows, per_item, 8, device)
+        ranks = p["dp_world_size"] if device == "cpu" and "dp" in p["paths"] else 1
+        if one * ranks > need:
+            need, cell = one * ranks, f"{name}, {items} items of up to {p['max_pixels']:,} pixels"
+    return Footprint(need, cell)
+
 STUDY = register(Study(
     name="correctness",
     notebook="notebooks/correctness.ipynb",
     run=run,
     summarize=summarize,
     params=PARAMS,
+    footprint=footprint,
     question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
              "leak into real rows",
     # the dp path's ranks each take a GPU on CUDA (gloo processes on a CPU)

@@ -50,6 +50,7 @@ from ..preprocess import PatchBatch, normalize_rows
 from ..reference import cos_min, hf_embeddings, hf_vision_model, rel_err
 from ..runner import PHASES, EncoderGraphRunner
 from . import Study, Summary, profile_of, register
+from .footprint import Footprint, rows_bytes, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
 from .plotting import progress as show_progress
@@ -91,10 +92,10 @@ def _divisible(p: dict) -> None:
 PARAMS = ParamSpec(
     Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(REAL_PRESETS), choices=PRESET_NAMES,
           help="towers to time"),
-    Param("depth", "int", cpu=None, optional=True, minimum=1, help="blocks per tower (None: the preset's depth)"),
-    Param("tokens", "list[int]", cpu=[64, 256], gpu=[64, 256, 1024, 4096], minimum=1, rule=ascending_unique,
+    Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1, help="blocks per tower (None: the preset's depth)"),
+    Param("tokens", "list[int]", cap="budget_tokens", cpu=[64, 256], gpu=[64, 256, 1024, 4096], minimum=1, rule=ascending_unique,
           help="merged tokens per call (4 pixel rows each); the graph budget is exactly this"),
-    Param("images", "list[int]", cpu=[1, 4], minimum=1, rule=ascending_unique,
+    Param("images", "list[int]", cap="items", cpu=[1, 4], minimum=1, rule=ascending_unique,
           help="images per call, tokens / images merged tokens each"),
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("float32", "bfloat16"), help="tower dtype"),
     Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
@@ -103,9 +104,9 @@ PARAMS = ParamSpec(
           help="the towers' fused Triton block kernels: auto (on CUDA for bf16/fp16) or off (plain torch ops)"),
     Param("breakdown", "bool", cpu=False, gpu=True, help="profile one tower forward per cell: device time by kernel category"),
     Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
-    Param("reps", "int", cpu=5, gpu=10, minimum=1, help="timed calls per path and cell"),
-    Param("warmup", "int", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
-    Param("seed", "int", cpu=0),
+    Param("reps", "int", cap="reps", cpu=5, gpu=10, minimum=1, help="timed calls per path and cell"),
+    Param("warmup", "int", cap="reps", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
+    Param("seed", "int", minimum=0, cap="seed", cpu=0),
     check=_divisible,
 )
 
@@ -609,12 +610,29 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
     return Summary(text=findings(table), figures=figs, tables=tables)
 
 
+def footprint(p, device: str) -> Footprint:
+    """The largest cell of the largest preset: its rows through our tower, and through
+    transformers' with the same weights when the reference is timed."""
+    itemsize = 4 if p["dtype"] == "float32" else 2
+    need, cell = 0, ""
+    tokens = max(p["tokens"])
+    for name in p["presets"]:
+        base = VisionConfig.preset(name)
+        cfg = base.reduced(p["depth"]) if p["depth"] else base
+        rows = tokens * cfg.merge_unit
+        longest = rows // min(p["images"])
+        one = tower_bytes(cfg, rows, longest, itemsize, device) * (2 if p["reference"] else 1)
+        if one > need:
+            need, cell = one, f"{name}, {tokens} tokens"
+    return Footprint(need, cell)
+
 STUDY = register(Study(
     name="encoder_latency",
     notebook="notebooks/encoder_latency.ipynb",
     run=run,
     summarize=summarize,
     params=PARAMS,
+    footprint=footprint,
     question="eager vs graph latency per model and token count, beside transformers' own vision model "
              "with the same weights, against the FLOP and practical floors, and where the time goes by kernel",
 ))

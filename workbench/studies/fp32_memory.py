@@ -37,6 +37,7 @@ from ..measure import (captured_memory, count_allocations, device_label, eager_p
 from ..norms import NORMS, make_norm
 from ..towers.common import budget_padding, filling_grid
 from . import Study, Summary, profile_of, register
+from .footprint import Footprint, rows_bytes, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
 from .plotting import progress as show_progress
@@ -48,12 +49,12 @@ OUT_DTYPE = torch.bfloat16
 PARAMS = ParamSpec(
     Param("preset", "str", cpu="tiny-qwen2.5-vl", gpu="qwen2.5-vl-7b", choices=PRESET_NAMES,
           help="tower for the tower-scope cells (CUDA only)"),
-    Param("depth", "int", cpu=2, minimum=1, help="blocks of the captured tower"),
+    Param("depth", "int", cap="depth", cpu=2, minimum=1, help="blocks of the captured tower"),
     Param("norms", "list[str]", cpu=list(NORMS), choices=NORMS, help="norm implementations"),
-    Param("budgets", "list[int]", cpu=[1024, 4096, 16384], minimum=1, rule=ascending_unique,
+    Param("budgets", "list[int]", cap="budget_tokens", cpu=[1024, 4096, 16384], minimum=1, rule=ascending_unique,
           help="graph budgets in merged tokens (4 pixel rows each; modelled on meta, any size)"),
     Param("buffer_dtypes", "list[str]", cpu=list(BUFFERS), choices=tuple(BUFFERS), help="graph buffer dtypes"),
-    Param("seed", "int", cpu=0),
+    Param("seed", "int", minimum=0, cap="seed", cpu=0),
 )
 
 METRICS = {"model_bytes": "bytes", "model_peak_bytes": "bytes", "temp_bytes": "bytes",
@@ -339,11 +340,23 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
     return Summary(text=findings(table), figures=figs, tables=tables)
 
 
+def footprint(p, device: str) -> Footprint:
+    """The norm scope is modelled on the meta device (no memory); on CUDA the tower scope captures
+    the tower over the largest budget, with the eager norm's fp32 temporaries."""
+    if device != "cuda":
+        return Footprint(0, "norm scope on the meta device")
+    cfg = VisionConfig.preset(p["preset"]).reduced(p["depth"])
+    budget = max(p["budgets"])
+    rows = budget * cfg.merge_unit
+    need = rows_bytes(cfg, rows, 1 + 4 + 8 + 2) + tower_bytes(cfg, rows, rows, 2, device)
+    return Footprint(need, f"budget {budget} tokens, {p['preset']}")
+
 STUDY = register(Study(
     name="fp32_memory",
     notebook="notebooks/fp32_memory.ipynb",
     run=run,
     summarize=summarize,
     params=PARAMS,
+    footprint=footprint,
     question="graph-pool / peak bytes attributable to normalization, measured and modelled",
 ))

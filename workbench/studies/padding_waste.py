@@ -47,6 +47,7 @@ from ..preprocess import PatchBatch, preprocess
 from ..runner import EncoderGraphRunner, default_budgets
 from ..samples import MIX_NAMES, image_mix, mix_distribution
 from . import Study, Summary, profile_of, register
+from .footprint import Footprint, rows_bytes, tower_bytes
 from .params import Param, ParamSpec
 from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
 from .plotting import progress as show_progress
@@ -65,18 +66,18 @@ def _positive_unique(values) -> None:
 PARAMS = ParamSpec(
     Param("preset", "str", cpu="tiny-qwen2.5-vl", gpu="qwen2.5-vl-7b", choices=PRESET_NAMES,
           help="tower the runner replays"),
-    Param("depth", "int", cpu=None, optional=True, minimum=1, help="blocks of that tower (None: the preset's depth)"),
+    Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1, help="blocks of that tower (None: the preset's depth)"),
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("bfloat16", "float32"), help="tower dtype"),
     Param("mixes", "list[str]", cpu=["photos"], gpu=list(MIX_NAMES), choices=MIX_NAMES,
           help="image mixes (data/image_mixes.toml and the shipped photos)"),
     Param("budget_sets", "list[str]", cpu=list(BUDGET_SETS), choices=BUDGET_SETS, help="budget sets compared"),
-    Param("max_items", "list[int]", cpu=[1, 4], gpu=[1, 16], minimum=1, rule=_positive_unique,
+    Param("max_items", "list[int]", cap="items", cpu=[1, 4], gpu=[1, 16], minimum=1, rule=_positive_unique,
           help="sequences (images or frames) per replay (1: single items; more: packed batches)"),
-    Param("n_items", "int", cpu=5, gpu=16, minimum=1, help="items drawn from each mix for the runner"),
+    Param("n_items", "int", cap="items", cpu=5, gpu=16, minimum=1, help="items drawn from each mix for the runner"),
     Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
           help="norm whose time on padding is measured (tower placement)"),
-    Param("reps", "int", cpu=2, gpu=5, minimum=1, help="timed repetitions per measurement"),
-    Param("seed", "int", cpu=0),
+    Param("reps", "int", cap="reps", cpu=2, gpu=5, minimum=1, help="timed repetitions per measurement"),
+    Param("seed", "int", minimum=0, cap="seed", cpu=0),
 )
 
 METRICS = {
@@ -525,11 +526,24 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
     return Summary(text=findings(table), figures=figs, tables=tables)
 
 
+def footprint(p, device: str) -> Footprint:
+    """The largest budget of the replay ladder (a power of two at or above the mixes' largest item)
+    through the tower, and a batch of n_items of the largest items."""
+    base = VisionConfig.preset(p["preset"])
+    cfg = base.reduced(p["depth"]) if p["depth"] else base
+    largest = max(max(t for t, _ in mix_distribution(m, cfg)) for m in p["mixes"])
+    budget = 1 << math.ceil(math.log2(max(largest, 1)))
+    rows = max(budget, largest * p["n_items"]) * cfg.merge_unit
+    itemsize = 4 if p["dtype"] == "float32" else 2
+    return Footprint(tower_bytes(cfg, rows, largest * cfg.merge_unit, itemsize, device),
+                     f"{p['preset']}, budget {budget} tokens, {p['n_items']} items")
+
 STUDY = register(Study(
     name="padding_waste",
     notebook="notebooks/padding_waste.ipynb",
     run=run,
     summarize=summarize,
     params=PARAMS,
+    footprint=footprint,
     question="for a budget set and an image mix, padded rows, norm and tower work spent on them",
 ))

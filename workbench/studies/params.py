@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from .. import limits
+
 PROFILES = ("cpu", "gpu")
 KINDS = ("int", "float", "str", "bool", "list[int]", "list[float]", "list[str]")
 _SAME = object()      # gpu default: the same as the cpu default
@@ -80,7 +82,10 @@ class Param:
     kind: one of KINDS; cpu / gpu: the defaults of the two profiles (gpu defaults to cpu's);
     choices: the allowed values (of each element, for a list); optional: None is allowed (and
     means "the study's own choice", e.g. the preset's depth); minimum: the smallest allowed number;
+    cap: the name of the `workbench.limits` cap on each number (a size knob without one could ask
+    for more memory than any machine has; the cap can be raised on purpose, see limits);
     rule: an extra check ``rule(value) -> None`` that raises ValueError with a clear message.
+    A list holds at most ``limits.list_items`` values.
     """
 
     name: str
@@ -90,6 +95,7 @@ class Param:
     choices: tuple | None = None
     optional: bool = False
     minimum: float | None = None
+    cap: str | None = None
     help: str = ""
     rule: Callable[[Any], None] | None = field(default=None, compare=False)
 
@@ -100,6 +106,8 @@ class Param:
             # papermill then cannot parse ("Unable to parse line"; its value is still injected)
             raise ValueError(f"parameter {self.name!r}: its help must not contain '=' (papermill reads "
                              f"the parameters cell line by line): {self.help!r}")
+        if self.cap is not None and self.cap not in limits.Limits.names():
+            raise ValueError(f"parameter {self.name!r}: no limit named {self.cap!r}; valid: {limits.Limits.names()}")
         for profile in PROFILES:      # a declaration whose own defaults are invalid is a bug
             self.check(self.default(profile))
 
@@ -117,8 +125,13 @@ class Param:
         what = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
                 "list[int]": "a list of integers", "list[float]": "a list of numbers",
                 "list[str]": "a list of strings"}[self.kind]
+        bounds = []
         if self.minimum is not None:
-            what += f" >= {self.minimum:g}" if not self.is_list else f" (each >= {self.minimum:g})"
+            bounds.append(f">= {self.minimum:g}")
+        if self.cap is not None:
+            bounds.append(f"<= {getattr(limits.current(), self.cap):,} (limit {self.cap!r})")
+        if bounds:
+            what += f" {' and '.join(bounds)}" if not self.is_list else f" (each {' and '.join(bounds)})"
         return what + (" or null" if self.optional else "")
 
     def _element(self, kind: str, value: Any) -> Any:
@@ -130,6 +143,11 @@ class Param:
             raise ParamError(f"{self.name}={value!r} is not a valid choice; valid: {self._valid()}")
         if self.minimum is not None and out < self.minimum:
             raise ParamError(f"{self.name}={value!r} is below the minimum {self.minimum:g}")
+        if self.cap is not None:
+            try:
+                limits.check(self.cap, out, self.name)
+            except limits.LimitError as e:
+                raise ParamError(str(e)) from None
         return out
 
     def check(self, value: Any) -> Any:
@@ -152,9 +170,13 @@ class Param:
                     value = [v.strip() for v in text.split(",") if v.strip()]
             elif not isinstance(value, (list, tuple)):
                 value = [value]
-            out = [self._element(elem, v) for v in value]
-            if not out:
+            if not value:
                 raise ParamError(f"{self.name}: the list is empty; valid: {self._valid()}")
+            try:    # before looking at the values: a list of a million is refused at once
+                limits.check("list_items", len(value), f"{self.name}: a list of {len(value)} values")
+            except limits.LimitError as e:
+                raise ParamError(str(e)) from None
+            out = [self._element(elem, v) for v in value]
         else:
             out = self._element(self.kind, value)
         if self.rule is not None:

@@ -1,0 +1,146 @@
+"""A run's state is read back from its folder, and `sweep --resume` finishes whatever is left, down
+to the executed notebook, its HTML and the figures; a finished run is a record that a resume never
+rewrites. Every case here was a way to lose or freeze a run."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from workbench import __main__ as cli
+from workbench import provenance as prov
+from workbench.runstate import STAGES, notebook_done, open_failures, run_state
+from workbench.studies.plotting import PROGRESS_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO / "results" / "reference"
+SMALL = ["--studies", "fp32_memory", "--set", "budgets=[1024]", "--set", 'norms=["eager"]']
+
+
+def _sweep(results: Path, *extra: str) -> Path:
+    assert cli.main(["sweep", "--results", str(results), *SMALL, *extra]) == 0
+    (run,) = [d for d in results.iterdir() if d.is_dir()]
+    return run
+
+
+def _unfinish(run: Path) -> None:
+    """What a SIGKILL between the last table and the sweep's end leaves: meta.json unfinished."""
+    meta = json.loads((run / "meta.json").read_text())
+    meta["finished_at"] = meta["duration_s"] = None
+    for key in ("failures", "warnings", "study_seconds"):
+        meta.pop(key, None)
+    (run / "meta.json").write_text(json.dumps(meta))
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_a_run_killed_after_its_last_table_is_finished_by_resume(tmp_path, capsys):
+    run = _sweep(tmp_path, "--direct")
+    table = (run / "fp32_memory.parquet").read_bytes()
+    shutil.rmtree(run / "figures")
+    _unfinish(run)
+    state = run_state(run, prov.read_meta(run))
+    assert not state.finished and state.left == {"fp32_memory": ["figures"]}
+    assert cli.interrupted_run(tmp_path, "cpu") in (run, None)   # None where the tree is dirty
+    assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
+    assert "fp32_memory (figures)" in capsys.readouterr().out
+    meta = prov.read_meta(run)
+    assert meta["finished_at"] and meta["failures"] == [] and meta["resumed"][-1]["stages"] == {"fp32_memory": ["figures"]}
+    assert run_state(run, meta).left == {}
+    assert (run / "fp32_memory.parquet").read_bytes() == table           # the table was not measured again
+    assert sorted(json.loads((run / "figures" / ".fp32_memory.drawn").read_text())) == sorted(
+        p.name for p in (run / "figures").iterdir() if not p.name.startswith("."))
+    assert cli.interrupted_run(tmp_path, "cpu") is None                   # make report sweeps again, not resumes
+    assert not (run / ".lock").exists()
+
+
+def test_an_unfinished_run_with_nothing_left_is_recorded_as_finished(tmp_path):
+    run = _sweep(tmp_path, "--direct")
+    _unfinish(run)
+    assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
+    meta = prov.read_meta(run)
+    assert meta["finished_at"] and "resumed" not in meta
+
+
+@pytest.mark.slow
+def test_a_notebook_that_raised_after_saving_its_table_is_executed_again_on_the_recorded_table(tmp_path, monkeypatch):
+    monkeypatch.setenv(PROGRESS_ENV, "1")          # the sweep sets it for its kernels; keep ours as it was
+    run = _sweep(tmp_path)
+    nb = run / "fp32_memory.ipynb"
+    assert notebook_done(nb)
+    table = (run / "fp32_memory.parquet").stat()
+    doc = json.loads(nb.read_text())
+    doc["metadata"]["papermill"]["exception"] = True      # as papermill records a cell that raised
+    nb.write_text(json.dumps(doc))
+    (run / "fp32_memory.html").unlink()
+    shutil.rmtree(run / "figures")
+    _unfinish(run)
+    assert run_state(run, prov.read_meta(run)).left == {"fp32_memory": ["notebook", "html", "figures"]}
+    assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
+    assert notebook_done(nb) and "loaded, not measured again" in nb.read_text()
+    after = (run / "fp32_memory.parquet").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (table.st_ino, table.st_mtime_ns)
+    assert (run / "fp32_memory.html").is_file() and (run / "figures" / ".fp32_memory.drawn").is_file()
+    assert run_state(run, prov.read_meta(run)).left == {}
+
+
+def test_a_finished_reference_run_is_refused_and_left_untouched(tmp_path):
+    ref = REFERENCE / "20261130T094859Z-0f3eede-h200"   # finished; its plan names padding_waste, which has no table
+    run = tmp_path / ref.name
+    shutil.copytree(ref, run)
+    before = _files(run)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name])
+    msg = str(e.value)
+    assert "finished at 2026-11-30T09:56:03.616Z" in msg and "padding_waste (table" in msg and "--resume-finished" in msg
+    assert _files(run) == before and not (run / ".lock").exists()
+
+
+def test_resume_finished_keeps_every_recorded_field_and_appends_itself(tmp_path):
+    run = _sweep(tmp_path, "--direct")
+    (run / "fp32_memory.parquet").unlink()
+    before = prov.read_meta(run)
+    with pytest.raises(SystemExit, match="--resume-finished"):
+        cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name])
+    assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name, "--resume-finished"]) == 0
+    after = prov.read_meta(run)
+    assert {k: v for k, v in after.items() if k != "resumed"} == before
+    (entry,) = after["resumed"]
+    assert entry["studies"] == ["fp32_memory"] and entry["failures"] == [] and entry["finished_at"]
+    assert (run / "fp32_memory.parquet").is_file() and not (run / ".lock").exists()
+
+
+def test_a_run_that_finished_with_failures_resumes_and_keeps_its_record(tmp_path):
+    run = _sweep(tmp_path, "--direct")
+    (run / "fp32_memory.parquet").unlink()
+    meta = prov.read_meta(run)
+    meta["failures"] = ["fp32_memory: RuntimeError: out of memory (simulated)"]
+    prov.write_meta(run, meta, overwrite=True)
+    assert open_failures(meta) == meta["failures"]
+    assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
+    after = prov.read_meta(run)
+    assert after["failures"] == meta["failures"] and after["finished_at"] == meta["finished_at"]
+    assert open_failures(after) == []                      # the resume mended it, and says so in its entry
+
+
+def test_resume_of_a_garbage_meta_json_names_the_file(tmp_path):
+    run = tmp_path / "20261130T000000Z-abcdef0-cpu"
+    run.mkdir()
+    (run / "meta.json").write_text("{not json")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name])
+    assert "--resume" in str(e.value) and "meta.json" in str(e.value)
+    assert not (run / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_every_stage_has_a_file_that_says_it_is_done(tmp_path, monkeypatch):
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    run = _sweep(tmp_path)
+    state = run_state(run, prov.read_meta(run))
+    assert not state.direct and set(state.studies["fp32_memory"].done) == set(STAGES)
+    assert state.left == {}

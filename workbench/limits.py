@@ -1,0 +1,136 @@
+"""Caps on every size a user can ask for, checked before anything is allocated.
+
+A typo in a size (one zero too many in a budget, 10000 frames instead of 100) must end in an error
+that names the value and the cap, not in a machine that swaps for an hour or a process the kernel
+kills without a word. Each cap here is generous for real work (the largest published towers,
+videos at the engines' own frame cap) and small enough that one item or one cell fits a host or an
+accelerator. Raise one on purpose:
+
+    WORKBENCH_LIMITS="frames=2000,budget_tokens=131072" python -m workbench sweep ...
+
+or, in Python, for a block of code::
+
+    with wb.limits.raised(frames=2000):
+        batch = wb.preprocess(videos, cfg)
+
+`check(name, value, what)` raises `LimitError` (a ValueError) whose message names the value, the
+cap and both ways to raise it. `integer(value, what, minimum, cap)` checks a count or a size where
+it enters the public API (an integer, numpy's included, never a bool, at least `minimum`, within
+the cap) and `seed(value)` a random seed, so every entry point words these errors alike.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+LIMITS_ENV = "WORKBENCH_LIMITS"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The caps (each an inclusive maximum)."""
+
+    frames: int = 768                     # frames of one video (the engines' video sampling cap)
+    input_pixels: int = 1 << 27           # H*W of one decoded image or frame before resizing (~11585^2)
+    frame_pixels: int = 1 << 24           # the processor's min_pixels / max_pixels (H*W after resizing, ~4096^2)
+    item_rows: int = 1 << 18              # patch rows of one item after resizing (65536 merged tokens)
+    batch_rows: int = 1 << 20             # patch rows of one batch (1.2 GB of uint8 rows at patch 14)
+    budget_tokens: int = 1 << 16          # merged tokens of one graph budget (4 patch rows each)
+    budgets: int = 64                     # graph budgets of one runner or one sweep list
+    items: int = 4096                     # items of one batch, one mix draw, one sweep cell
+    reps: int = 100_000                   # timed repetitions or warm-up calls of one measurement
+    world_size: int = 64                  # ranks of the data-parallel path
+    depth: int = 256                      # blocks of one tower
+    seed: int = (1 << 32) - 1             # random seeds (numpy's range)
+    tower_params: int = 1 << 32           # parameters of one tower (checkpoint shapes; 17 GB in fp32)
+    patch_dim: int = 1 << 12              # columns of one patch row, C*T*P*P (what turns rows into bytes)
+    total_pixels: int = 1 << 31           # decoded pixels one sample_video / image_mix call makes (T*H*W summed)
+    draws: int = 1 << 22                  # sizes one mix_sizes / mix_tokens call draws (records, no pixels)
+    list_items: int = 64                  # values of one list parameter of a study (a sweep axis)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_env(cls, text: str | None = None) -> "Limits":
+        """The defaults with ``$WORKBENCH_LIMITS`` (``name=value,...``) applied."""
+        text = os.environ.get(LIMITS_ENV, "") if text is None else text
+        changes: dict[str, int] = {}
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            name, sep, value = part.partition("=")
+            name = name.strip()
+            if not sep or name not in cls.names():
+                raise ValueError(f"{LIMITS_ENV}={text!r}: {part!r} is not NAME=VALUE with NAME one of "
+                                 f"{', '.join(cls.names())}")
+            try:
+                number = int(value.strip().replace("_", ""))
+            except ValueError:
+                number = 0
+            if number < 1:
+                raise ValueError(f"{LIMITS_ENV}={text!r}: {name} must be a positive integer, got {value.strip()!r}")
+            changes[name] = number
+        return dataclasses.replace(cls(), **changes)
+
+
+class LimitError(ValueError):
+    """A size above its cap (see workbench.limits)."""
+
+
+_current: Limits | None = None
+
+
+def current() -> Limits:
+    """The caps in force: ``$WORKBENCH_LIMITS`` over the defaults, or what `raised` set."""
+    return _current if _current is not None else Limits.from_env()
+
+
+@contextlib.contextmanager
+def raised(**caps: int) -> Iterator[Limits]:
+    """Raise (or lower) some caps for the code inside the ``with`` block."""
+    global _current
+    unknown = sorted(set(caps) - set(Limits.names()))
+    if unknown:
+        raise ValueError(f"no limit named {unknown}; valid: {', '.join(Limits.names())}")
+    before = _current
+    _current = dataclasses.replace(current(), **{k: int(v) for k, v in caps.items()})
+    try:
+        yield _current
+    finally:
+        _current = before
+
+
+def check(name: str, value: int, what: str) -> int:
+    """``value`` when it is within the cap ``name``; LimitError otherwise, naming both and how to
+    raise the cap (``what`` says what the value is, e.g. "budget 1000000 merged tokens")."""
+    cap = getattr(current(), name)
+    if value > cap:
+        raise LimitError(f"{what}: {value:,} exceeds the cap of {cap:,} (limit {name!r}); raise it on purpose "
+                         f"with {LIMITS_ENV}={name}=N or `with workbench.limits.raised({name}=N):`")
+    return value
+
+
+def integer(value, what: str, minimum: int = 1, cap: str | None = None) -> int:
+    """``value`` as an int when it is an integer (numpy integers too; a bool is not a count) of at
+    least ``minimum`` and, with ``cap``, within that cap; ValueError (LimitError above the cap)
+    naming ``what`` and the value otherwise. NaN, inf and 2.0 are refused here, not later as a raw
+    TypeError from `range` or an allocation."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+        bound = f" (at most {getattr(current(), cap):,}, limit {cap!r})" if cap else ""
+        raise ValueError(f"{what}={value!r} must be {kind}{bound}")
+    value = int(value)
+    if cap is not None:
+        check(cap, value, f"{what}={value}")
+    return value
+
+
+def seed(value, what: str = "seed") -> int:
+    """A random seed: an integer 0..cap (numpy's generators take no negative seed)."""
+    return integer(value, what, minimum=0, cap="seed")
