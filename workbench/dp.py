@@ -241,6 +241,16 @@ def _worker(rank, world_size, backend, port, fn, args, conn, err_conn=None, pare
             conn.send(("error", traceback.format_exc(), _exception_line(e)))
         except (OSError, ValueError):
             pass  # the launcher is gone
+        return
+    # Result sent, group left: end now. The interpreter's own teardown (with torch loaded, seconds
+    # of module cleanup) would only delay the exit the launcher waits for, past its grace period on
+    # a loaded machine; nothing of this rank needs it.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 class _Rank:
