@@ -286,8 +286,13 @@ def finish_meta(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_meta(run_dir: Path | str) -> dict[str, Any]:
-    with open(Path(run_dir) / META_NAME, encoding="utf-8") as f:
-        return json.load(f)
+    """``run_dir/meta.json`` as parsed, without the schema check (`load_meta` adds it): what
+    ``write_meta`` uses to see whether a run finished, so a finished run whose meta.json breaks the
+    schema is still protected. OSError where the file cannot be read; MetaError (a ValueError)
+    where it is not JSON, is nested too deeply to parse, or does not hold an object."""
+    path = Path(run_dir) / META_NAME
+    with open(path, encoding="utf-8") as f:
+        return _parse_meta(path, f.read())
 
 
 def write_meta(run_dir: Path | str, meta: dict[str, Any], overwrite: bool = False) -> Path:
@@ -415,12 +420,31 @@ class RunLock:
 
 
 def run_in_use(run_dir: Path | str) -> bool:
-    """Whether another process holds the run folder's lock right now."""
-    lock = RunLock(run_dir)
-    if lock.acquire():
-        lock.release()
+    """Whether another process holds the run folder's lock right now.
+
+    Only reads: the lock file is opened read-only and never created, so this works on a
+    read-only results folder. No lock file means no holder (`RunLock` creates it when a sweep
+    takes the lock). A shared ``flock`` probe conflicts with the holder's exclusive one; it is
+    dropped at once. A lock file that cannot be opened or probed counts as not in use: this
+    only informs (the report's status, which run to resume), and `RunLock.acquire` is what
+    actually keeps two processes out of one folder."""
+    import errno
+    import fcntl
+
+    path = Path(run_dir) / RunLock.NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:                      # missing (nobody took it), unreadable, not a file
         return False
-    return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -463,3 +487,249 @@ def atomic_write_bytes(path: Path | str, data: bytes, exclusive: bool = False) -
 
 def atomic_write_text(path: Path | str, text: str, encoding: str = "utf-8") -> Path:
     return atomic_write_bytes(path, text.encode(encoding))
+
+
+# --------------------------------------------------------------------------- meta.json schema
+
+META_MAX_BYTES = 16 * 2**20      # a meta.json is a few kB; far more is not one
+META_MAX_DEPTH = 32              # collect_meta nests 4 levels deep
+
+
+class MetaError(ValueError):
+    """A meta.json that cannot be used: unreadable, not JSON, not an object, or a field of the
+    wrong type (`meta_problems`). ``str(e)`` starts with the file's path; ``e.reason`` is the why
+    alone, and ``e.line`` the one line the report shows beside the run."""
+
+    def __init__(self, path: Path | str, reason: str, kind: str = "invalid"):
+        self.path = Path(path)
+        self.reason = reason
+        self.kind = kind                 # "missing", "unreadable" (cannot parse it) or "invalid"
+        super().__init__(f"{self.path}: {reason}")
+
+    @property
+    def line(self) -> str:
+        return f"{self.kind} meta.json: {self.reason}"
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason, self.kind))
+
+
+def _parse_meta(path: Path, text: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(text)
+    except RecursionError:
+        raise MetaError(path, "nested too deeply to parse", "unreadable") from None
+    except ValueError as e:
+        raise MetaError(path, f"not valid JSON ({e})", "unreadable") from None
+    if not isinstance(meta, dict):
+        raise MetaError(path, f"it does not hold an object (a JSON {_kind(meta)})", "unreadable")
+    return meta
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _show(v: Any, limit: int = 40) -> str:
+    """A short description of a bad value: its JSON kind and, for a scalar, a clipped repr."""
+    kind = _kind(v)
+    article = "an" if kind[0] in "aeiou" else "a"
+    if isinstance(v, (dict, list)):
+        return f"{article} {kind}"
+    r = repr(v)
+    return f"{article} {kind} ({r if len(r) <= limit else r[:limit - 3] + '...'})"
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    import math
+
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+_OPT = {          # checker, what it expects (for the message); every field may also be null/absent
+    "str": (_is_str, "a string"),
+    "int": (_is_int, "an integer"),
+    "num": (_is_num, "a finite number"),
+    "bool": (_is_bool, "true or false"),
+    "id": (lambda v: _is_str(v) or _is_int(v), "a string or an integer"),
+}
+
+
+def _depth(v: Any, limit: int) -> int:
+    """How deeply ``v`` nests (iterative, stops counting past ``limit``)."""
+    deepest, stack = 0, [(v, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list)):
+            deepest = max(deepest, d)
+            if deepest > limit:
+                return deepest
+            stack.extend((y, d + 1) for y in (x.values() if isinstance(x, dict) else x))
+    return deepest
+
+
+def meta_problems(meta: Any) -> list[str]:
+    """What is wrong with a parsed meta.json, one line per problem; ``[]`` when it is usable.
+
+    Every field the report and the command line read is checked for its type (each may be
+    absent or null): ``started_at``, ``finished_at`` (strings), ``duration_s`` (a finite
+    number), ``device`` (a string), ``git`` {``sha``, ``short``: strings, ``dirty``: boolean},
+    ``params`` {``profile``, ``device``, ``mode``: strings, ``studies``: {name: object},
+    ``shard``: {``index``, ``count``: integers with 0 <= index < count, ``group``: string},
+    ``gpus``: [integer]}, ``failures`` and ``warnings`` ([string]), ``resumed`` ([{``at``:
+    string, ``studies``: [string], ``git``: string, ``dirty``: boolean, ``note``: string,
+    ``failures``/``warnings``: [string], ``finished_at``: string, ``study_seconds``,
+    ``placement``}]), ``placement`` ({study: {``gpu``, ``threads``: string or integer,
+    ``seconds``: number}}), ``study_seconds`` ({study: number}). Other fields are free, but
+    nothing may nest deeper than META_MAX_DEPTH levels."""
+    if not isinstance(meta, dict):
+        return [f"it does not hold an object (a JSON {_kind(meta)})"]
+    problems: list[str] = []
+
+    def scalar(obj: dict, key: str, kind: str, where: str) -> None:
+        v = obj.get(key)
+        check, expected = _OPT[kind]
+        if v is not None and not check(v):
+            problems.append(f"{where}{key} is {_show(v)}, not {expected}")
+
+    def obj_at(obj: dict, key: str, where: str) -> dict | None:
+        v = obj.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            problems.append(f"{where}{key} is {_show(v)}, not an object")
+            return None
+        return v
+
+    def list_at(obj: dict, key: str, where: str) -> list | None:
+        v = obj.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            problems.append(f"{where}{key} is {_show(v)}, not a list")
+            return None
+        return v
+
+    def strings(obj: dict, key: str, where: str) -> None:
+        items = list_at(obj, key, where)
+        for i, x in enumerate(items or []):
+            if not isinstance(x, str):
+                problems.append(f"{where}{key}[{i}] is {_show(x)}, not a string")
+                break
+
+    def seconds_map(obj: dict, key: str, where: str) -> None:
+        for name, v in (obj_at(obj, key, where) or {}).items():
+            if not _is_num(v):
+                problems.append(f"{where}{key}.{name} is {_show(v)}, not a finite number")
+                break
+
+    def placement(obj: dict, key: str, where: str) -> None:
+        for name, v in (obj_at(obj, key, where) or {}).items():
+            if not isinstance(v, dict):
+                problems.append(f"{where}{key}.{name} is {_show(v)}, not an object")
+                continue
+            scalar(v, "gpu", "id", f"{where}{key}.{name}.")
+            scalar(v, "threads", "id", f"{where}{key}.{name}.")
+            scalar(v, "seconds", "num", f"{where}{key}.{name}.")
+
+    depth = _depth(meta, META_MAX_DEPTH)
+    if depth > META_MAX_DEPTH:
+        return [f"it nests more than {META_MAX_DEPTH} levels deep"]
+
+    scalar(meta, "schema", "int", "")
+    for key in ("started_at", "finished_at", "device"):
+        scalar(meta, key, "str", "")
+    scalar(meta, "duration_s", "num", "")
+    git = obj_at(meta, "git", "")
+    if git is not None:
+        scalar(git, "sha", "str", "git.")
+        scalar(git, "short", "str", "git.")
+        scalar(git, "dirty", "bool", "git.")
+    params = obj_at(meta, "params", "")
+    if params is not None:
+        for key in ("profile", "device", "mode"):
+            scalar(params, key, "str", "params.")
+        for name, v in (obj_at(params, "studies", "params.") or {}).items():
+            if not isinstance(v, dict):
+                problems.append(f"params.studies.{name} is {_show(v)}, not an object")
+        shard = obj_at(params, "shard", "params.")
+        if shard is not None:
+            n = len(problems)
+            for key, kind in (("index", "int"), ("count", "int"), ("group", "str")):
+                if shard.get(key) is None:
+                    problems.append(f"params.shard.{key} is missing")
+                else:
+                    scalar(shard, key, kind, "params.shard.")
+            if len(problems) == n and not 0 <= shard["index"] < shard["count"]:
+                problems.append(f"params.shard is {shard['index']}/{shard['count']}, "
+                                "not I/N with 0 <= I < N")
+        for i, g in enumerate(list_at(params, "gpus", "params.") or []):
+            if not _is_int(g):
+                problems.append(f"params.gpus[{i}] is {_show(g)}, not an integer")
+                break
+    strings(meta, "failures", "")
+    strings(meta, "warnings", "")
+    for i, entry in enumerate(list_at(meta, "resumed", "") or []):
+        where = f"resumed[{i}]."
+        if not isinstance(entry, dict):
+            problems.append(f"resumed[{i}] is {_show(entry)}, not an object")
+            continue
+        for key in ("at", "git", "note", "finished_at"):
+            scalar(entry, key, "str", where)
+        scalar(entry, "dirty", "bool", where)
+        for key in ("studies", "failures", "warnings"):
+            strings(entry, key, where)
+        seconds_map(entry, "study_seconds", where)
+        placement(entry, "placement", where)
+    placement(meta, "placement", "")
+    seconds_map(meta, "study_seconds", "")
+    return problems
+
+
+def load_meta(run_dir: Path | str) -> dict[str, Any]:
+    """``run_dir/meta.json``, read and checked (`meta_problems`); MetaError otherwise, whose
+    message starts with the file's path and says what is wrong: missing, unreadable, larger than
+    a meta.json ever is, not JSON (a RecursionError from deep nesting included), not an object,
+    or fields of the wrong type (all of them, ``; `` between)."""
+    path = Path(run_dir) / META_NAME
+    try:
+        size = path.stat().st_size
+        if size > META_MAX_BYTES:
+            raise MetaError(path, f"it is {size} bytes; a meta.json is a few kB", "unreadable")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise MetaError(path, "no such file", "missing") from None
+    except UnicodeDecodeError as e:
+        raise MetaError(path, f"not UTF-8 text ({e})", "unreadable") from None
+    except OSError as e:
+        raise MetaError(path, f"cannot be read ({e.strerror or e})", "unreadable") from None
+    meta = _parse_meta(path, text)
+    problems = meta_problems(meta)
+    if problems:
+        raise MetaError(path, "; ".join(problems))
+    return meta

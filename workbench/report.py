@@ -16,8 +16,21 @@ The committed norm bandwidth benchmark (``results/reference/*.json`` with
 per implementation and row count, with a finding generated from the numbers. Nothing here runs a
 model.
 
-The report is built in a temporary folder next to the target and swapped in at the end, so a
-failed build leaves the previous report in place.
+Nothing is lost to a report. A run folder's meta.json is read with
+`workbench.provenance.load_meta`, which checks every field the report reads: a run whose
+meta.json is unreadable or breaks that schema is listed with the reason and its tables are left
+out, like an unreadable table; every other run still shows. Every value that comes from a file
+(meta.json fields, folder names, table values, findings, figure names) is HTML-escaped, and
+links are percent-encoded. Reading needs no write access to the results folder.
+
+The report only replaces a folder it wrote itself: every report it builds holds a marker file
+(``.workbench-report.json``) listing the files it wrote, and `check_report_dir` refuses any other
+non-empty folder (a report folder written before the marker existed is accepted when it holds
+only what the report writes: its index.html and figure files), the results folder, a run folder,
+a folder inside a run folder or holding run folders, and any folder that holds the results
+folder. The report is built in a temporary folder next to the target and swapped in at the end;
+a build that fails, a read-only folder and a full disk leave the previous report and every run
+folder as they were (`ReportError` says why and where).
 """
 from __future__ import annotations
 
@@ -27,12 +40,15 @@ import math
 import os
 import re
 import shutil
+import stat
 import traceback
+import urllib.parse
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .provenance import META_NAME, atomic_write_text, results_root, utc_now
+from .provenance import META_NAME, MetaError, atomic_write_text, load_meta, results_root, utc_now
 
 REPORT_DIRNAME = "report"
 REFERENCE_DIRNAME = "reference"
@@ -58,10 +74,19 @@ class Run:
         return self.path.name
 
     @property
+    def recorded(self) -> dict[str, Any]:
+        """meta.json as a dict ({} where there is none). A Run made by `find_runs` holds a
+        checked one (`load_meta`); the properties below also survive one that is not."""
+        return self.meta if isinstance(self.meta, dict) else {}
+
+    @property
     def shard(self) -> dict | None:
         """{index, count, group} for a shard of a sharded sweep (meta.json), else None."""
-        sh = ((self.meta or {}).get("params") or {}).get("shard")
-        return sh if isinstance(sh, dict) and sh.get("group") else None
+        params = self.recorded.get("params")
+        sh = params.get("shard") if isinstance(params, dict) else None
+        if not (isinstance(sh, dict) and isinstance(sh.get("group"), str) and sh["group"]):
+            return None
+        return sh if all(_is_int(sh.get(k)) for k in ("index", "count")) else None
 
     @property
     def logical_name(self) -> str:
@@ -76,28 +101,46 @@ class Run:
         before they are read, the host meta.json names ('2x NVIDIA H200' on a 2-GPU host)."""
         if self.table_devices:
             return ", ".join(self.table_devices)
-        return str((self.meta or {}).get("device") or "unknown device")
+        return str(self.recorded.get("device") or "unknown device")
 
     @property
     def git(self) -> str:
-        g = (self.meta or {}).get("git") or {}
-        short = g.get("short") or (g.get("sha") or "")[:7]
+        g = self.recorded.get("git")
+        g = g if isinstance(g, dict) else {}
+        short = g.get("short") if isinstance(g.get("short"), str) else ""
+        short = short or (g.get("sha") if isinstance(g.get("sha"), str) else "")[:7]
         if not short:
             return "no git"
-        return short + ("+dirty" if g.get("dirty") else "")
+        return short + ("+dirty" if g.get("dirty") is True else "")
 
     @property
     def started(self) -> str:
-        return str((self.meta or {}).get("started_at") or "")
+        return str(self.recorded.get("started_at") or "")
 
     @property
     def finished(self) -> bool:
-        return bool((self.meta or {}).get("finished_at"))
+        return bool(self.recorded.get("finished_at"))
 
     @property
     def duration_s(self) -> float | None:
-        d = (self.meta or {}).get("duration_s")
-        return float(d) if isinstance(d, (int, float)) else None
+        d = self.recorded.get("duration_s")
+        return float(d) if _is_num(d) else None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _listed(v: Any) -> list:
+    return v if isinstance(v, list) else []
+
+
+def _mapped(v: Any) -> dict:
+    return v if isinstance(v, dict) else {}
 
 
 NO_META = ("no meta.json: the report cannot say what ran there or on which device, so its tables are "
@@ -105,19 +148,21 @@ NO_META = ("no meta.json: the report cannot say what ran there or on which devic
 
 
 def _load_run(path: Path, reference: bool) -> Run:
-    meta: dict[str, Any] | None = None
-    error = None
+    """One run folder. Its meta.json is read and checked with `load_meta`; a run whose meta.json
+    is missing, unreadable or breaks the schema keeps ``meta`` None and says why in ``error``,
+    and its tables are left out (named in that reason): without a usable meta.json the report
+    cannot say what ran there or merge a shard."""
     if not (path / META_NAME).is_file():
         return Run(path=path, meta=None, tables={}, reference=reference, error=NO_META)
-    try:
-        with open(path / META_NAME, encoding="utf-8") as f:
-            meta = json.load(f)
-        if not isinstance(meta, dict):
-            meta, error = None, "unreadable meta.json: it does not hold an object"
-    except (OSError, ValueError) as e:
-        error = f"unreadable meta.json: {e}"
     tables = {p.stem: p for p in sorted(path.glob("*.parquet"))}
-    return Run(path=path, meta=meta, tables=tables, reference=reference, error=error)
+    try:
+        meta = load_meta(path)
+    except MetaError as e:
+        error = _one_line(e.line, 600)
+        if tables:
+            error += f"; its tables ({', '.join(tables)}) are left out until it is fixed"
+        return Run(path=path, meta=None, tables={}, reference=reference, error=error)
+    return Run(path=path, meta=meta, tables=tables, reference=reference)
 
 
 def find_runs(results_dir: Path | str | None = None) -> list[Run]:
@@ -129,7 +174,11 @@ def find_runs(results_dir: Path | str | None = None) -> list[Run]:
     for base, reference in ((results_dir, False), (results_dir / REFERENCE_DIRNAME, True)):
         if not base.is_dir():
             continue
-        for child in sorted(base.iterdir()):
+        try:
+            children = sorted(base.iterdir())
+        except OSError as e:
+            raise ReportError(f"cannot list the results folder {base}: {e.strerror or e}") from e
+        for child in children:
             if not child.is_dir() or child.name.startswith("."):
                 continue
             if not reference and child.name in (REPORT_DIRNAME, REFERENCE_DIRNAME):
@@ -212,7 +261,7 @@ _DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})")
 
 
 def _run_date(run: Run) -> str:
-    m = _DATE.match(str((run.meta or {}).get("started_at") or "").strip())
+    m = _DATE.match(run.started.strip())
     return m.group(1) if m else ""
 
 
@@ -328,8 +377,8 @@ def known_devices(runs: list[Run]) -> set[str]:
     for run in runs:
         if run.table_devices:
             devices.update(run.table_devices)
-        elif (run.meta or {}).get("device"):
-            devices.add(str(run.meta["device"]))
+        elif run.recorded.get("device"):
+            devices.add(str(run.recorded["device"]))
     return devices
 
 
@@ -596,48 +645,334 @@ def _study_rank(name: str) -> tuple[int, str]:
     return (STUDY_ORDER.index(name) if name in STUDY_ORDER else len(STUDY_ORDER), name)
 
 
+# --------------------------------------------------------------------------- the report folder
+
+REPORT_MARKER = ".workbench-report.json"      # in every report folder the report builds
+REPORT_TITLE = "Workbench report"             # the <title> of index.html, then and now
+FIGURE_SUFFIXES = (".png", ".svg")            # what a report folder holds besides index.html
+_LEFTOVER = r"\.{name}\.(?:building|old)-\d+-[0-9a-f]{{8}}"
+_SHOW_AT_MOST = 5
+
+
+class ReportError(RuntimeError):
+    """The report could not be built where asked. The message names the folder and says what to
+    do; the previous report there (if any) and every run folder are as they were."""
+
+
+class UnsafeOutDir(ReportError, ValueError):
+    """A folder the report will not write into: replacing it could lose something the report did
+    not write (see `check_report_dir`)."""
+
+
+def _token() -> str:
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _looks_like_run(d: Path) -> bool:
+    try:
+        return (d / META_NAME).is_file() or any(d.glob("*.parquet"))
+    except OSError:
+        return False
+
+
+def _some(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOW_AT_MOST])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > _SHOW_AT_MOST else "")
+
+
+def _walk_files(root: Path) -> tuple[dict[str, int], list[str]]:
+    """{relative path: size} of the regular files under ``root``, and what else is there (links,
+    special files, folders that cannot be read), relative to ``root``."""
+    files: dict[str, int] = {}
+    other: list[str] = []
+
+    def unreadable(e: OSError) -> None:
+        other.append(os.path.relpath(e.filename, root) if e.filename else str(e))
+
+    for here, dirs, names in os.walk(root, onerror=unreadable, followlinks=False):
+        rel_here = Path(os.path.relpath(here, root))
+        for d in list(dirs):
+            if os.path.islink(os.path.join(here, d)):
+                other.append((rel_here / d).as_posix())
+                dirs.remove(d)
+        for n in names:
+            full = os.path.join(here, n)
+            rel = (rel_here / n).as_posix()
+            try:
+                st = os.lstat(full)
+            except OSError:
+                other.append(rel)
+                continue
+            if stat.S_ISREG(st.st_mode):
+                files[rel] = st.st_size
+            else:
+                other.append(rel)
+    return files, other
+
+
+def _read_marker(folder: Path) -> dict | None:
+    try:
+        doc = json.loads((folder / REPORT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _legacy_index(folder: Path) -> bool:
+    """Whether ``folder/index.html`` is a page this report wrote (its title)."""
+    try:
+        with open(folder / "index.html", "rb") as f:
+            head = f.read(65536)
+    except OSError:
+        return False
+    return f"<title>{REPORT_TITLE}</title>".encode() in head
+
+
+def _foreign_in_report(folder: Path) -> list[str] | None:
+    """What in the report folder ``folder`` the report did not write: for a marked folder, every
+    file its marker does not list with that size (and anything that is not a plain file); for an
+    unmarked one written before the marker existed, anything but index.html and figure files.
+    None when ``folder`` is neither."""
+    files, other = _walk_files(folder)
+    if (folder / REPORT_MARKER).is_file():
+        marker = _read_marker(folder)
+        written = marker.get("files") if marker else None
+        if not isinstance(written, dict):
+            return [f"{REPORT_MARKER} (unreadable, or it lists no files)"]
+        files.pop(REPORT_MARKER, None)
+        return other + [rel for rel, size in files.items() if written.get(rel) != size]
+    if not _legacy_index(folder):
+        return None
+    return other + [rel for rel in files
+                    if rel != "index.html" and not rel.lower().endswith(FIGURE_SUFFIXES)]
+
+
+def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None) -> str:
+    """Whether the report may be written to ``out_dir`` (replacing it as a whole): returns
+    ``"new"`` (it does not exist), ``"empty"``, ``"report"`` (a report folder with the marker,
+    holding only the files it lists) or ``"legacy"`` (a report folder written before the
+    marker existed: index.html with the report's title and figure files only). Raises
+    UnsafeOutDir, naming the folder, saying why and what to do, for anything else: the results
+    folder itself, a folder that holds it, a run folder, a folder inside a run folder or
+    holding run folders, a file, or a non-empty folder with anything the report did not write.
+    """
+    out_dir = Path(out_dir)
+    results_dir = Path(results_dir) if results_dir is not None else results_root()
+    out, results = out_dir.resolve(), results_dir.resolve()
+    todo = ("Pass --out with a new or empty folder, or with a folder the report wrote "
+            f"(one with {REPORT_MARKER} in it).")
+
+    def refuse(why: str) -> UnsafeOutDir:
+        return UnsafeOutDir(f"refusing to write the report into {out_dir}: {why}. {todo}")
+
+    if out == results:
+        raise refuse("it is the results folder itself; the report replaces its whole folder, which "
+                     "would delete every run folder in it")
+    if out in results.parents:
+        raise refuse(f"it holds the results folder {results_dir}; the report replaces its whole "
+                     "folder, which would delete every run folder in it")
+    if out.is_dir() and _looks_like_run(out):
+        raise refuse("it is a run folder (it holds a meta.json or tables), not a report folder")
+    if results in out.parents:
+        for above in out.parents:
+            if above == results:
+                break
+            if _looks_like_run(above):
+                raise refuse(f"it is inside the run folder {above}; a run folder holds results only")
+    if not out.exists():
+        if out_dir.is_symlink():
+            raise refuse("it is a link to a folder that does not exist")
+        return "new"
+    if not out.is_dir():
+        raise refuse("it is a file, not a folder")
+    try:
+        entries = sorted(out.iterdir())
+    except OSError as e:
+        raise refuse(f"it cannot be listed ({e.strerror or e})") from e
+    if not entries:
+        return "empty"
+    runs = [c.name for c in entries if c.is_dir() and not c.is_symlink() and _looks_like_run(c)]
+    ref = out / REFERENCE_DIRNAME
+    if ref.is_dir() and not ref.is_symlink():
+        try:
+            runs += [f"{REFERENCE_DIRNAME}/{c.name}" for c in sorted(ref.iterdir())
+                     if c.is_dir() and _looks_like_run(c)]
+        except OSError:
+            pass
+    if runs:
+        raise refuse(f"it holds run folders ({_some(runs)}); the report replaces its whole folder, "
+                     "which would delete them")
+    foreign = _foreign_in_report(out)
+    if foreign is None:
+        raise refuse(f"it is not empty ({_some([e.name for e in entries])}) and holds no {REPORT_MARKER}, "
+                     "so it is not a folder the report wrote, and the report replaces its whole "
+                     "folder")
+    if foreign:
+        raise refuse(f"it is a report folder, but holds files the report did not write or that "
+                     f"changed since ({_some(foreign)}), which replacing it would delete; move them "
+                     "out first")
+    return "report" if (out / REPORT_MARKER).is_file() else "legacy"
+
+
+def _write_marker(folder: Path, results_dir: Path, files: dict[str, int] | None) -> None:
+    doc = {"written_by": "python -m workbench report (workbench.report.build_report)",
+           "built_at": utc_now().isoformat(timespec="seconds").replace("+00:00", "Z"),
+           "results": str(results_dir),
+           "note": ("The report replaces this whole folder each time it is built, after checking "
+                    "that it holds only the files listed here; keep nothing else in it."),
+           "files": files}
+    atomic_write_text(folder / REPORT_MARKER, json.dumps(doc, indent=1) + "\n")
+
+
+class _FolderLock:
+    """An exclusive flock on a folder (its own descriptor), held while the block runs; a folder
+    that cannot be opened is not locked (the lock only orders concurrent builds)."""
+
+    def __init__(self, folder: Path, wait: bool = True):
+        self.folder, self.wait, self.fd, self.held = folder, wait, None, False
+
+    def __enter__(self) -> "_FolderLock":
+        import fcntl
+
+        try:
+            self.fd = os.open(self.folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
+            self.held = True
+        except OSError:
+            pass
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.fd is not None:
+            os.close(self.fd)                # closing drops the flock
+            self.fd = None
+        return False
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Folders that builds into ``out`` killed mid-way left beside it (``.<name>.building-*``,
+    ``.<name>.old-*``, and an older version's ``.<name>.old``), where no build holds them and
+    they are the report's own (its marker; for the older version's, a report page and figures
+    only). Anything else is left alone."""
+    pattern = re.compile(_LEFTOVER.format(name=re.escape(out.name)))
+    try:
+        siblings = list(out.parent.iterdir())
+    except OSError:
+        return
+    for d in siblings:
+        legacy = d.name == f".{out.name}.old"
+        if not (legacy or pattern.fullmatch(d.name)) or d.is_symlink() or not d.is_dir():
+            continue
+        with _FolderLock(d, wait=False) as lock:
+            if not lock.held:
+                continue
+            # a build writes its marker only once it holds its folder's lock
+            ours = _foreign_in_report(d) == [] if legacy else (d / REPORT_MARKER).is_file()
+            if ours:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _swap_in(tmp: Path, out_dir: Path, results_dir: Path) -> None:
+    """Replace ``out_dir`` with the finished report in ``tmp``: checked again right before, the old
+    folder moved aside, the new one moved in, the old one removed. If moving the new one in fails,
+    the old one is moved back."""
+    out = out_dir.resolve()
+    with _FolderLock(out.parent):            # one build at a time swaps into this folder
+        check_report_dir(out_dir, results_dir)
+        backup = None
+        if out.exists():
+            backup = out.with_name(f".{out.name}.old-{_token()}")
+            os.rename(out, backup)
+        try:
+            os.rename(tmp, out)
+        except BaseException as e:
+            if backup is not None:
+                try:
+                    os.rename(backup, out)
+                except OSError as e2:
+                    raise ReportError(
+                        f"cannot write the report to {out_dir}: {e}; and the previous report could not "
+                        f"be moved back ({e2.strerror or e2}): it is at {backup}") from e
+            raise
+        if backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
+        _remove_leftovers(out)
+
+
+def _write_failure(out_dir: Path, e: OSError) -> str:
+    import errno
+
+    why = e.strerror or str(e) or type(e).__name__
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        hint = "free some disk space, or pass --out DIR on another disk"
+    elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = "the folder is not writable: pass --out DIR to write the report somewhere writable"
+    else:
+        hint = "pass --out DIR to write the report elsewhere"
+    return (f"cannot write the report to {out_dir}: {why}{where}; {hint}. The previous report there "
+            f"(if any) and every run folder are unchanged.")
+
+
+def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_dir: Path,
+                out_dir: Path) -> tuple[list[StudySection], BenchmarkSection, list[TableProblem]]:
+    """The whole report, written into the empty folder ``tmp`` (links computed for ``out_dir``),
+    its marker written last, listing every file."""
+    _write_marker(tmp, results_dir, files=None)     # ours from the start, for the cleanup
+    loaded, problems = load_tables(runs, studies)
+    note_table_devices(runs, loaded)
+    devices = known_devices(runs)
+    sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices)
+                for _, s in sorted(studies.items(), key=lambda kv: _study_rank(kv[0]))]
+    bandwidth = norm_bandwidth_section(results_dir, tmp)
+    by_run: dict[str, list[str]] = {}
+    for p in problems:
+        by_run.setdefault(p.run, []).append(f"{p.study}: {p.reason}")
+    page = render_html(runs, sections, no_study=not studies, results_dir=results_dir,
+                       out_dir=out_dir, bandwidth=bandwidth, table_problems=by_run)
+    atomic_write_text(tmp / "index.html", page)
+    files, _ = _walk_files(tmp)
+    files.pop(REPORT_MARKER, None)
+    _write_marker(tmp, results_dir, files=files)
+    return sections, bandwidth, problems
+
+
 def build_report(results_dir: Path | str | None = None, out_dir: Path | str | None = None,
                  studies: Mapping[str, Any] | None = None) -> ReportResult:
     """Write ``<out_dir>/index.html`` (default ``<results_dir>/report``) and return what it shows.
 
-    ``studies`` defaults to the registry (``workbench.studies.discover()``).
+    ``studies`` defaults to the registry (``workbench.studies.discover()``). ``out_dir`` is
+    replaced as a whole, so it must be new, empty, or a folder the report wrote
+    (`check_report_dir`; UnsafeOutDir otherwise, before anything is read or written). The
+    report is built in a temporary folder beside it and swapped in at the end: a failure at
+    any step (ReportError for a folder that cannot be written, a full disk) leaves the previous
+    report and every run folder as they were. Only reads the results folder.
     """
     results_dir = Path(results_dir) if results_dir is not None else results_root()
     out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIRNAME
-    if (out_dir / META_NAME).exists():
-        raise ValueError(f"{out_dir} holds a meta.json: it is a run folder, not a report folder")
+    check_report_dir(out_dir, results_dir)
     if studies is None:
         from .studies import discover
 
         studies = discover()
     runs = find_runs(results_dir)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.building")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out = out_dir.resolve()
+    tmp = out.with_name(f".{out.name}.building-{_token()}")
+    made = False
     try:
-        loaded, problems = load_tables(runs, studies)
-        note_table_devices(runs, loaded)
-        devices = known_devices(runs)
-        sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices)
-                    for _, s in sorted(studies.items(), key=lambda kv: _study_rank(kv[0]))]
-        bandwidth = norm_bandwidth_section(results_dir, tmp)
-        by_run: dict[str, list[str]] = {}
-        for p in problems:
-            by_run.setdefault(p.run, []).append(f"{p.study}: {p.reason}")
-        page = render_html(runs, sections, no_study=not studies, results_dir=results_dir,
-                           out_dir=out_dir, bandwidth=bandwidth, table_problems=by_run)
-        atomic_write_text(tmp / "index.html", page)
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out_dir.exists():
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        made = True
+        with _FolderLock(tmp, wait=False):        # another build's cleanup leaves it alone
+            sections, bandwidth, problems = _build_into(tmp, runs, studies, results_dir, out_dir)
+            _swap_in(tmp, out_dir, results_dir)
+        made = False
+    except OSError as e:
+        raise ReportError(_write_failure(out_dir, e)) from e
+    finally:
+        if made:
+            shutil.rmtree(tmp, ignore_errors=True)
     return ReportResult(index=out_dir / "index.html", runs=runs, sections=sections,
                         no_study=not studies, table_problems=[str(p) for p in problems],
                         bandwidth=bandwidth)
@@ -670,6 +1005,12 @@ def _e(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
+def _href(rel: str) -> str:
+    """A relative link for an attribute: percent-encoded (a folder name holding ``:``, ``#``,
+    ``?`` or markup stays a path, never a scheme or a fragment), then HTML-escaped."""
+    return _e(urllib.parse.quote(rel, safe="/"))
+
+
 def _rel_link(target: Path, out_dir: Path) -> str | None:
     try:
         return Path(os.path.relpath(target.resolve(), out_dir.resolve())).as_posix()
@@ -681,7 +1022,7 @@ def _table_link(r: Run, study: str, out_dir: Path) -> str:
     """The study's name, linked to the run's HTML export of its executed notebook when there is one."""
     page = r.path / f"{study}.html"
     link = _rel_link(page, out_dir) if page.is_file() else None
-    return f'<a href="{_e(link)}">{_e(study)}</a>' if link else _e(study)
+    return f'<a href="{_href(link)}">{_e(study)}</a>' if link else _e(study)
 
 
 def _unfinished(r: Run) -> str:
@@ -703,7 +1044,7 @@ def _runs_table(runs: list[Run], out_dir: Path,
         # the run's meta.json (provenance, parameters) opens readably in a browser; a folder would not
         meta = r.path / META_NAME
         link = _rel_link(meta if meta.is_file() else r.path, out_dir)
-        name = f'<a href="{_e(link)}">{_e(r.name)}</a>' if link else _e(r.name)
+        name = f'<a href="{_href(link)}">{_e(r.name)}</a>' if link else _e(r.name)
         if r.reference:
             name += ' <span class="ref">reference</span>'
         if r.error:
@@ -711,16 +1052,18 @@ def _runs_table(runs: list[Run], out_dir: Path,
         else:
             status = "finished" if r.finished else _unfinished(r)
             if r.shard:
-                status += f", shard {r.shard['index']}/{r.shard['count']} of {_e(r.shard['group'])}"
-            placement = (r.meta or {}).get("placement") or {}
+                status += (f", shard {_e(r.shard['index'])}/{_e(r.shard['count'])} "
+                           f"of {_e(r.shard['group'])}")
+            placement = _mapped(r.recorded.get("placement"))
             if placement:
-                status += ", " + _e("; ".join(f"{k} on GPU {v.get('gpu')} ({v.get('seconds')} s)"
+                status += ", " + _e("; ".join(f"{k} on GPU {_mapped(v).get('gpu')} ({_mapped(v).get('seconds')} s)"
                                               for k, v in placement.items()))
-            resumed = (r.meta or {}).get("resumed") or []
+            resumed = [_mapped(x) for x in _listed(r.recorded.get("resumed"))]
             if resumed:
-                parts = "; ".join(f"{', '.join(x.get('studies', []))} at {x.get('at', '?')}" for x in resumed)
+                parts = "; ".join(f"{', '.join(map(str, _listed(x.get('studies'))))} at {x.get('at') or '?'}"
+                                  for x in resumed)
                 status += f", resumed ({_e(parts)})"
-            failures = (r.meta or {}).get("failures") or []
+            failures = _listed(r.recorded.get("failures"))
             if failures:
                 status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
                           f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
@@ -737,10 +1080,10 @@ def _runs_table(runs: list[Run], out_dir: Path,
     problems += [f"<li>{_e(name)}: {_e(line)}</li>" for name, lines in table_problems.items() for line in lines]
     listing = ("<p class='problem'>Run folders and tables the report could not use:</p><ul class='problem'>"
                + "".join(problems) + "</ul>") if problems else ""
-    failed = [f"<li>{_e(r.name)}: {_e(f)}</li>" for r in runs for f in ((r.meta or {}).get("failures") or [])]
+    failed = [f"<li>{_e(r.name)}: {_e(f)}</li>" for r in runs for f in _listed(r.recorded.get("failures"))]
     if failed:   # the reason on the page, not only in a tooltip
         listing += "<p class='problem'>Studies that failed in a run:</p><ul class='problem'>" + "".join(failed) + "</ul>"
-    warned = [f"<li>{_e(r.name)}: {_e(w)}</li>" for r in runs for w in ((r.meta or {}).get("warnings") or [])]
+    warned = [f"<li>{_e(r.name)}: {_e(w)}</li>" for r in runs for w in _listed(r.recorded.get("warnings"))]
     if warned:
         listing += "<p>Warnings a run recorded:</p><ul>" + "".join(warned) + "</ul>"
     return ("<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
@@ -764,8 +1107,8 @@ def _table_html(df) -> str:
 
 
 def _figure_html(src: str, alt: str, svg: str | None = None) -> str:
-    cap = f'<figcaption><a href="{_e(svg)}">SVG</a></figcaption>' if svg else ""
-    return f'<figure><img src="{_e(src)}" alt="{_e(alt)}">{cap}</figure>'
+    cap = f'<figcaption><a href="{_href(svg)}">SVG</a></figcaption>' if svg else ""
+    return f'<figure><img src="{_href(src)}" alt="{_e(alt)}">{cap}</figure>'
 
 
 def _section_html(s: StudySection) -> str:
@@ -819,7 +1162,7 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
         body.append(f'<p class="notice"><strong>{_e(NO_STUDY_MESSAGE[0].upper() + NO_STUDY_MESSAGE[1:])}.</strong> '
                     "Study modules register themselves in <code>workbench/studies/</code>; "
                     "once one exists, <code>make report</code> runs it and summarizes it here.</p>")
-    toc = [f'<a href="#{_e(s.name)}">{_e(s.name)}</a>' for s in sections]
+    toc = [f'<a href="#{_href(s.name)}">{_e(s.name)}</a>' for s in sections]
     if bandwidth is not None:
         toc.append(f'<a href="#{_e(NORM_BW_DIRNAME)}">norm bandwidth</a>')
     toc.append('<a href="#runs">runs</a>')
@@ -831,5 +1174,5 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
     body.append('<h2 id="runs">Runs</h2>')
     body.append(_runs_table(runs, out_dir, table_problems))
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<title>Workbench report</title>"
+            f"<title>{REPORT_TITLE}</title>"
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
