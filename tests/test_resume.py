@@ -144,3 +144,31 @@ def test_every_stage_has_a_file_that_says_it_is_done(tmp_path, monkeypatch):
     state = run_state(run, prov.read_meta(run))
     assert not state.direct and set(state.studies["fp32_memory"].done) == set(STAGES)
     assert state.left == {}
+
+
+def test_the_report_shows_what_an_interrupted_run_lacks_and_no_mended_failure(tmp_path):
+    from workbench.report import build_report
+    run = _sweep(tmp_path, "--direct")
+    shutil.rmtree(run / "figures")
+    _unfinish(run)
+    page = build_report(tmp_path).index.read_text()
+    assert "interrupted (left: fp32_memory (figures))" in page
+    assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
+    meta = prov.read_meta(run)
+    meta["failures"] = ["fp32_memory: RuntimeError: simulated"]
+    prov.write_meta(run, meta, overwrite=True)
+    assert "1 failed" in build_report(tmp_path).index.read_text()
+    (run / "fp32_memory.parquet").unlink()
+    assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
+    page = build_report(tmp_path).index.read_text()
+    assert "1 failed" not in page and "simulated" not in page
+
+
+def test_report_refuses_a_user_folder_before_sweeping(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--results", str(tmp_path / "results"), "--out", str(mine), "--studies", "fp32_memory"])
+    assert "refusing to write the report into" in str(e.value) and "notes.txt" in str(e.value)
+    assert (mine / "notes.txt").read_text() == "keep me" and not (tmp_path / "results").exists()

@@ -125,3 +125,11 @@ def test_results_that_is_a_file_ends_in_a_message_without_traceback(tmp_path):
                        text=True, timeout=300)
     assert p.returncode != 0 and "Traceback" not in p.stderr and str(target) in p.stderr, p.stderr
     assert target.read_text() == "mine"
+
+
+@pytest.mark.parametrize("text, expect", [("frames", "is not NAME=VALUE"), ("bogus=3", "is not NAME=VALUE"),
+                                          ("frames=-2", "frames must be a positive integer")])
+def test_a_malformed_limits_variable_is_named_at_the_door(monkeypatch, tmp_path, text, expect):
+    monkeypatch.setenv(limits.LIMITS_ENV, text)
+    with pytest.raises(SystemExit, match=expect):
+        cli.main(["sweep", "--results", str(tmp_path), "--studies", "fp32_memory"])

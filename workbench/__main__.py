@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import cpu_share
-from .provenance import REPO_ROOT, RunLock, collect_meta, finish_meta, new_run_dir, results_root, write_meta
+from .provenance import (REPO_ROOT, MetaError, RunLock, collect_meta, finish_meta, load_meta, new_run_dir,
+                         results_root, write_meta)
 from .report import NO_STUDY_MESSAGE, build_report
 
 # Everything heavy (torch, pandas, the studies) is imported inside the commands, so that --help and
@@ -351,8 +352,8 @@ def longest_first(selected: list, run_dir: Path, profile: str) -> list:
         if m.parent == run_dir:
             continue
         try:
-            meta = json.loads(m.read_text())
-        except (OSError, ValueError):
+            meta = load_meta(m.parent)
+        except MetaError:          # a broken record of another run orders nothing
             continue
         if (meta.get("params") or {}).get("profile") != profile:
             continue
@@ -476,8 +477,6 @@ def _find_run(results: Path, name: str) -> Path:
 
 def _load_run_meta(run_dir: Path, what: str) -> dict:
     """The run's meta.json, checked; SystemExit naming the file and what is wrong with it."""
-    from .provenance import MetaError, load_meta
-
     try:
         return load_meta(run_dir)
     except (MetaError, OSError) as e:
@@ -574,7 +573,7 @@ def interrupted_run(results: Path, name: str) -> Path | None:
     """The newest run folder under ``results`` named ``*-<sha>-<name>`` for this code (same commit,
     clean tree) that never finished and that no process is working in: what ``make report``
     resumes instead of starting over."""
-    from .provenance import git_info, read_meta, run_in_use
+    from .provenance import git_info, run_in_use
 
     g = git_info()
     if not g.get("sha") or g.get("dirty"):
@@ -582,8 +581,8 @@ def interrupted_run(results: Path, name: str) -> Path | None:
     candidates = sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True)
     for run in candidates:
         try:
-            meta = read_meta(run)
-        except (OSError, ValueError):
+            meta = load_meta(run)
+        except MetaError:
             continue
         if not meta.get("finished_at") and (meta.get("git") or {}).get("sha") == g["sha"] and not run_in_use(run):
             return run
@@ -696,6 +695,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from .report import REPORT_DIRNAME, ReportError, check_report_dir
+
+    out = args.out if args.out is not None else Path(args.results) / REPORT_DIRNAME
+    try:        # before the sweep: a folder the report may not replace is refused at once
+        check_report_dir(out, args.results)
+    except ReportError as e:
+        raise SystemExit(f"report: {e}") from None
     failures: list[str] = []
     if not args.no_sweep:
         profile = args.profile
@@ -708,7 +714,10 @@ def cmd_report(args: argparse.Namespace) -> int:
                 print(f"report: resuming the interrupted run {interrupted.name}")
                 args.resume = str(interrupted)
         _, failures = run_sweep(args)
-    result = build_report(args.results, args.out)
+    try:
+        result = build_report(args.results, args.out)
+    except ReportError as e:
+        raise SystemExit(f"report: {e}") from None
     if result.no_study and args.no_sweep:
         print(NO_STUDY_MESSAGE)
     print(f"report: {len(result.runs)} run folder(s), {len(result.sections)} stud"
@@ -851,6 +860,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "results", "unset") is None:
         args.results = results_root()
+    try:        # a malformed $WORKBENCH_LIMITS is named here, not deep inside a study
+        from .limits import Limits
+        Limits.from_env()
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     results = getattr(args, "results", None)
     if results is not None and Path(results).exists() and not Path(results).is_dir():
         raise SystemExit(f"--results {results} is a file, not a folder; give the folder that holds the run folders")

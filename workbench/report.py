@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .provenance import META_NAME, MetaError, atomic_write_text, load_meta, results_root, utc_now
+from .runstate import open_failures, run_state
 
 REPORT_DIRNAME = "report"
 REFERENCE_DIRNAME = "reference"
@@ -1030,8 +1031,9 @@ def _unfinished(r: Run) -> str:
 
     if run_in_use(r.path):
         return "in progress"
-    return (f"interrupted: finish it with <code>python -m workbench sweep --resume {_e(r.name)}</code> "
-            "(make report resumes it when the code is the same)")
+    left = run_state(r.path, r.recorded).describe_left()
+    return (f"interrupted (left: {_e(left)}): finish it with <code>python -m workbench sweep --resume "
+            f"{_e(r.name)}</code> (make report resumes it when the code is the same)")
 
 
 def _runs_table(runs: list[Run], out_dir: Path,
@@ -1063,7 +1065,7 @@ def _runs_table(runs: list[Run], out_dir: Path,
                 parts = "; ".join(f"{', '.join(map(str, _listed(x.get('studies'))))} at {x.get('at') or '?'}"
                                   for x in resumed)
                 status += f", resumed ({_e(parts)})"
-            failures = _listed(r.recorded.get("failures"))
+            failures = open_failures(r.recorded)
             if failures:
                 status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
                           f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
@@ -1080,10 +1082,12 @@ def _runs_table(runs: list[Run], out_dir: Path,
     problems += [f"<li>{_e(name)}: {_e(line)}</li>" for name, lines in table_problems.items() for line in lines]
     listing = ("<p class='problem'>Run folders and tables the report could not use:</p><ul class='problem'>"
                + "".join(problems) + "</ul>") if problems else ""
-    failed = [f"<li>{_e(r.name)}: {_e(f)}</li>" for r in runs for f in _listed(r.recorded.get("failures"))]
+    failed = [f"<li>{_e(r.name)}: {_e(f)}</li>" for r in runs if not r.error for f in open_failures(r.recorded)]
     if failed:   # the reason on the page, not only in a tooltip
         listing += "<p class='problem'>Studies that failed in a run:</p><ul class='problem'>" + "".join(failed) + "</ul>"
-    warned = [f"<li>{_e(r.name)}: {_e(w)}</li>" for r in runs for w in _listed(r.recorded.get("warnings"))]
+    warned = [f"<li>{_e(r.name)}: {_e(w)}</li>" for r in runs
+              for w in [*_listed(r.recorded.get("warnings")),
+                        *(w for x in _listed(r.recorded.get("resumed")) for w in _listed(_mapped(x).get("warnings")))]]
     if warned:
         listing += "<p>Warnings a run recorded:</p><ul>" + "".join(warned) + "</ul>"
     return ("<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
