@@ -10,6 +10,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from . import limits
+
 FAMILIES = ("qwen2-vl", "qwen2.5-vl")
 
 # CLIP statistics used by the Qwen2-VL processor (rescale 1/255 first, then (x - mean) / std).
@@ -54,16 +56,38 @@ class VisionConfig:
     max_pixels: int = 28 * 28 * 1280
 
     def __post_init__(self) -> None:
-        problems = []
+        problems, caps = [], []
+
+        def cap(name: str, value: int, what: str) -> None:
+            try:
+                limits.check(name, value, what)
+            except limits.LimitError as e:
+                caps.append(str(e))
+
+        if not isinstance(self.name, str):
+            problems.append(f"name={self.name!r} must be a string")
         if self.family not in FAMILIES:
             problems.append(f"family={self.family!r} is not one of {FAMILIES}")
         for name in ("depth", "width", "heads", "mlp_hidden", "out_hidden", "patch_size",
-                     "temporal_patch_size", "merge_size", "in_channels", "min_pixels", "max_pixels"):
+                     "temporal_patch_size", "merge_size", "in_channels", "window_size", "min_pixels",
+                     "max_pixels"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
                 problems.append(f"{name}={value!r} must be a positive integer")
+            else:  # numpy integers are integers too; store plain ints (hashing, JSON, messages)
+                object.__setattr__(self, name, int(value))
+        # sequences may come as lists: stored as tuples, so that the config stays hashable
+        # (planner caches by config) and equal to the same config spelled with tuples
+        for name in ("fullatt_blocks", "image_mean", "image_std"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        blocks = self.fullatt_blocks
+        if not isinstance(blocks, tuple) or any(isinstance(b, bool) or not isinstance(b, numbers.Integral)
+                                                for b in blocks):
+            problems.append(f"fullatt_blocks={blocks!r} must be a tuple (or list) of block indices (integers)")
         if problems:
             raise ValueError(f"invalid VisionConfig {self.name!r}: " + "; ".join(problems))
+        object.__setattr__(self, "fullatt_blocks", tuple(int(b) for b in blocks))
         if self.width % self.heads:
             problems.append(f"width={self.width} is not divisible by heads={self.heads}")
         elif (self.width // self.heads) % 4:
@@ -79,7 +103,7 @@ class VisionConfig:
         stats_ok = True
         for name in ("image_mean", "image_std"):
             value = getattr(self, name)
-            if not isinstance(value, (tuple, list)):
+            if not isinstance(value, tuple):
                 problems.append(f"{name}={value!r} must be a tuple of {self.in_channels} numbers "
                                 f"(one per channel, in_channels={self.in_channels})")
                 stats_ok = False
@@ -93,19 +117,40 @@ class VisionConfig:
         if stats_ok and (len(self.image_mean) != self.in_channels or len(self.image_std) != self.in_channels):
             problems.append(f"image_mean/image_std need {self.in_channels} values (in_channels), "
                             f"got {len(self.image_mean)}/{len(self.image_std)}")
+        # The resize bounds. smart_resize never goes below one merge block, so a max_pixels under
+        # it would be exceeded without a word; above the cap, one frame alone is too large.
+        factor = self.patch_size * self.merge_size
+        if self.max_pixels < factor * factor:
+            problems.append(f"max_pixels={self.max_pixels} is below one merge block ({factor}x{factor} = "
+                            f"{factor * factor} pixels, patch_size*merge_size={factor}), the smallest size "
+                            f"the processor resizes to; use max_pixels >= {factor * factor}")
         if self.min_pixels > self.max_pixels:
             problems.append(f"min_pixels={self.min_pixels} exceeds max_pixels={self.max_pixels}")
+        cap("frame_pixels", self.min_pixels, f"min_pixels={self.min_pixels}")
+        cap("frame_pixels", self.max_pixels, f"max_pixels={self.max_pixels}")
+        # sizes that become allocations: the tower's weights, and the bytes of every patch row
+        cap("depth", self.depth, f"depth={self.depth}")
+        cap("patch_dim", self.patch_dim, f"patch_dim={self.patch_dim} (in_channels*temporal_patch_size*"
+                                         f"patch_size^2 = {self.in_channels}*{self.temporal_patch_size}*"
+                                         f"{self.patch_size}^2)")
+        cap("tower_params", self.n_params, f"{self.n_params} tower parameters (depth={self.depth}, "
+                                           f"width={self.width}, mlp_hidden={self.mlp_hidden}, "
+                                           f"out_hidden={self.out_hidden}, merge_size={self.merge_size})")
+        if len(set(blocks)) != len(blocks):
+            repeated = sorted({b for b in blocks if blocks.count(b) > 1})
+            problems.append(f"fullatt_blocks={tuple(blocks)} repeats block(s) {repeated}; give each block once")
         if self.family == "qwen2.5-vl":
             unit = self.patch_size * self.merge_size
             if self.window_size % unit:
                 problems.append(f"window_size={self.window_size} px is not a multiple of "
                                 f"patch_size*merge_size={unit} px")
-            bad = [b for b in self.fullatt_blocks if not 0 <= b < self.depth]
+            bad = [b for b in blocks if not 0 <= b < self.depth]
             if bad:
                 problems.append(f"fullatt_blocks {bad} are outside 0..{self.depth - 1} (depth={self.depth}); "
                                 f"use dataclasses.replace(cfg, depth=..., fullatt_blocks=...)")
-        if problems:
-            raise ValueError(f"invalid VisionConfig {self.name!r}: " + "; ".join(problems))
+        if problems or caps:
+            error = limits.LimitError if caps else ValueError
+            raise error(f"invalid VisionConfig {self.name!r}: " + "; ".join(problems + caps))
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -116,6 +161,17 @@ class VisionConfig:
     def patch_dim(self) -> int:
         """Columns of one pixel row: C * T * P * P (1176 for the real towers)."""
         return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the tower in checkpoint shapes (what `tower_params` caps): the patch
+        embedding, each block's norms, attention and MLP, and the merger."""
+        w, h, m = self.width, self.mlp_hidden, self.width * self.merge_unit
+        norm = 2 * w if self.family == "qwen2-vl" else w          # LayerNorm has a bias, RMSNorm not
+        mlp = 2 * w * h + h + w if self.family == "qwen2-vl" else 3 * w * h + 2 * h + w
+        block = 2 * norm + 4 * w * w + 4 * w + mlp
+        merger = norm + m * m + m + m * self.out_hidden + self.out_hidden
+        return w * self.patch_dim + self.depth * block + merger
 
     @property
     def merge_unit(self) -> int:

@@ -15,12 +15,14 @@ the way engines wire them, so that their failures come from the wiring alone:
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
+from . import limits
 from .config import PRESET_NAMES, VisionConfig
 from .dtypes import dtype_name
 from .dtypes import resolve_dtype as _resolve_dtype
@@ -178,6 +180,46 @@ class VisionEncoder(nn.Module):
             if not want_float and batch.pixels.dtype != torch.uint8:
                 raise ValueError(f"placement {self.placement!r} takes raw uint8 pixels (wb.preprocess(...)), "
                                  f"got {batch.pixels.dtype}")
+            if want_float:
+                self._check_normalized(batch.pixels)
+
+    # normalized values may sit this far outside their channel's range: a cast of the processor's
+    # float32 to bf16 or fp16 rounds them by less
+    NORMALIZED_TOLERANCE = 0.02
+
+    def _check_normalized(self, pixels: torch.Tensor) -> None:
+        """Normalized input must be finite and, per channel c, within (0 - mean_c) / std_c ..
+        (255 * rescale_factor - mean_c) / std_c: what the processor makes of levels 0..255. One
+        NaN pixel would turn every output row NaN (attention mixes it into all of them), and raw
+        0..255 floats (the normalization forgotten) give finite, wrong embeddings; both would pass
+        without a word. The uint8 placements' norms check their input alike (check_values)."""
+        cfg = self.cfg
+        mean = torch.tensor(cfg.image_mean, dtype=torch.float64)
+        std = torch.tensor(cfg.image_std, dtype=torch.float64)
+        channel = torch.arange(pixels.shape[1]) // (cfg.patch_dim // cfg.in_channels)
+        lo, hi = (-mean / std)[channel], ((255 * cfg.rescale_factor - mean) / std)[channel]
+        tol = self.NORMALIZED_TOLERANCE
+        lo_t, hi_t = ((v + d).float().to(pixels.device) for v, d in ((lo, -tol), (hi, tol)))
+        step = 1 << 16  # rows per pass: the comparison temporaries stay small for any batch
+        for start in range(0, pixels.shape[0], step):
+            x = pixels[start:start + step]
+            bad = ~((x >= lo_t) & (x <= hi_t))  # NaN fails both comparisons
+            if not bool(bad.any()):
+                continue
+            r, col = (int(v) for v in bad.nonzero()[0])
+            value = x[r, col].item()
+            finite = x[torch.isfinite(x)]
+            if not math.isfinite(value):
+                why = "not finite (one such pixel turns every output row NaN)"
+            elif finite.numel() and float(finite.max()) > 2 * float(hi.max()):
+                why = "raw 0..255 pixel values? the processor's normalization is missing"
+            else:
+                why = "outside what the processor makes of levels 0..255"
+            raise ValueError(
+                f"placement {self.placement!r} takes CPU-normalized pixels (wb.preprocess(..., normalize=True)); "
+                f"found {value!r} at row {start + r}, column {col} (channel {int(channel[col])}, expected "
+                f"{float(lo[col]):.4f}..{float(hi[col]):.4f}): {why} "
+                f"(build_encoder(..., check_inputs=False) skips this check)")
 
     def encode(self, batch: PatchBatch, path: str = "eager", runner=None, **kw) -> torch.Tensor:
         """Merged embeddings [N/4, out_hidden] in item order, on this encoder's device.
@@ -210,7 +252,9 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     placement: one of PLACEMENTS (or 'double'); norm: one of NORMS; dtype: tower dtype; device:
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
     CUDA for bf16/fp16 towers), True or False. Weights are random (seeded, checkpoint-like scales) unless seed is
-    None; load real ones with `enc.visual.load_hf_state_dict(sd)`.
+    None (seed: an integer 0..limits.seed); load real ones with `enc.visual.load_hf_state_dict(sd)`.
+    check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values
+    outside the normalized range or not finite); False is the engines' behaviour, for studies.
     """
     if isinstance(cfg, str):
         cfg = VisionConfig.preset(cfg)
@@ -222,6 +266,10 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     check_placement(placement)
     check_norm_name(norm)
     check_fused(fused)
+    if seed is not None:
+        seed = limits.seed(seed, "seed")
+    if not isinstance(check_inputs, bool):
+        raise ValueError(f"check_inputs must be True or False, got {check_inputs!r}")
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype)
     if norm.startswith("triton") and dev.type == "cpu" and not _interpreting():

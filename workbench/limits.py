@@ -99,7 +99,7 @@ def raised(**caps: int) -> Iterator[Limits]:
     if unknown:
         raise ValueError(f"no limit named {unknown}; valid: {', '.join(Limits.names())}")
     before = _current
-    _current = dataclasses.replace(current(), **{k: int(v) for k, v in caps.items()})
+    _current = dataclasses.replace(current(), **{k: integer(v, k) for k, v in caps.items()})
     try:
         yield _current
     finally:

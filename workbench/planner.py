@@ -27,7 +27,10 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-__all__ = ["plan_budgets", "expected_padding", "geometric_budgets", "graph_pool_bytes", "capture_pool_bytes"]
+from . import limits
+
+__all__ = ["plan_budgets", "expected_padding", "geometric_budgets", "graph_pool_bytes", "capture_pool_bytes",
+           "check_budgets"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -35,6 +38,27 @@ __all__ = ["plan_budgets", "expected_padding", "geometric_budgets", "graph_pool_
 # ---------------------------------------------------------------------------------------------
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_budgets(budgets, what: str = "budgets") -> list[int]:
+    """``budgets`` as a list of ints: a non-empty sequence of positive integers (merged tokens;
+    numpy integers too), each within the ``budget_tokens`` cap, at most ``budgets`` of them.
+    The one validator of every budget list (the runner, the planner's scores and pool model), so
+    they accept and refuse the same lists with the same words. Order and repeats are the
+    caller's business (the runner needs them ascending and distinct, the planner sorts)."""
+    if isinstance(budgets, (str, bytes, numbers.Number)) or not hasattr(budgets, "__iter__") \
+            or (isinstance(budgets, np.ndarray) and budgets.ndim != 1):
+        raise ValueError(f"{what} must be a list of positive integers (merged tokens), got {budgets!r}")
+    budgets = list(budgets)
+    if not budgets:
+        raise ValueError(f"{what} is empty; give at least one budget in merged tokens, e.g. [64, 128, 256]")
+    bad = [b for b in budgets if not _is_int(b) or b < 1]
+    if bad:
+        raise ValueError(f"{what} must be positive integers (merged tokens); bad values: {bad[:8]}")
+    limits.check("budgets", len(budgets), f"{what}: a list of {len(budgets)} budgets")
+    for i, b in enumerate(budgets):
+        limits.check("budget_tokens", int(b), f"{what}[{i}]={int(b)} merged tokens")
+    return [int(b) for b in budgets]
 
 
 def _distribution(mix, cfg=None) -> tuple[np.ndarray, np.ndarray]:
@@ -107,7 +131,7 @@ def _latency_fn(latency) -> Callable[[np.ndarray], np.ndarray]:
 def _check_max_graphs(max_graphs) -> int:
     if not _is_int(max_graphs) or max_graphs < 1:
         raise ValueError(f"max_graphs must be an integer >= 1 (the most budgets to capture), got {max_graphs!r}")
-    return int(max_graphs)
+    return limits.check("budgets", int(max_graphs), f"max_graphs={int(max_graphs)} budgets")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,9 +184,9 @@ def capture_pool_bytes(cfg, budget: int, dtype=None, norm: str | None = None, bu
     cfg = _resolve_cfg(cfg)
     dtype = torch.bfloat16 if dtype is None else dtype
     buffer_dtype = (torch.uint8 if norm is not None else dtype) if buffer_dtype is None else buffer_dtype
-    if not _is_int(budget) or budget < 1:
-        raise ValueError(f"budget must be a positive integer (merged tokens), got {budget!r}")
-    return _capture_trace_pool(cfg, int(budget), dtype, norm, buffer_dtype, int(max_items))[0]
+    budget = limits.integer(budget, "budget", cap="budget_tokens")
+    max_items = limits.integer(max_items, "max_items", cap="items")
+    return _capture_trace_pool(cfg, budget, dtype, norm, buffer_dtype, max_items)[0]
 
 
 def _output_bytes(cfg, budget: int, dtype) -> int:
@@ -216,15 +240,8 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     import torch
     cfg = _resolve_cfg(cfg)
     dtype = torch.bfloat16 if dtype is None else dtype
-    if isinstance(budgets, (int, str)) or not hasattr(budgets, "__iter__"):
-        raise ValueError(f"budgets must be a list of positive integers (merged tokens), got {budgets!r}")
-    budgets = list(budgets)
-    bad = [b for b in budgets if not _is_int(b) or b < 1]
-    if not budgets or bad:
-        raise ValueError(f"budgets must be a non-empty list of positive integers (merged tokens); bad: {bad}")
-    if not _is_int(max_items) or max_items < 1:
-        raise ValueError(f"max_items must be a positive integer, got {max_items!r}")
-    budgets = sorted(set(int(b) for b in budgets))
+    budgets = sorted(set(check_budgets(budgets)))
+    max_items = limits.integer(max_items, "max_items", cap="items")
     total = capture_pool_bytes(cfg, budgets[-1], dtype, norm, buffer_dtype, max_items)
     return total + sum(_output_bytes(cfg, b, dtype) for b in budgets[:-1])
 
@@ -340,11 +357,15 @@ def plan_budgets(mix, max_graphs: int, max_pool_bytes: int | None = None, cfg=No
         if cfg is None:
             raise ValueError("max_pool_bytes needs cfg (a wb.VisionConfig or preset name): the pool a budget "
                              "set needs depends on the tower")
-        if not isinstance(max_pool_bytes, numbers.Real) or isinstance(max_pool_bytes, bool) or max_pool_bytes <= 0:
-            raise ValueError(f"max_pool_bytes must be a positive number of bytes, got {max_pool_bytes!r}")
+        if not isinstance(max_pool_bytes, numbers.Real) or isinstance(max_pool_bytes, bool) \
+                or not math.isfinite(max_pool_bytes) or max_pool_bytes <= 0:
+            raise ValueError(f"max_pool_bytes must be a finite positive number of bytes, got {max_pool_bytes!r}")
     elif pool_kw:
         raise TypeError(f"{sorted(pool_kw)} only apply together with max_pool_bytes")
     sizes, probs = _distribution(mix, cfg)
+    # the plan's last budget is the largest item: one above the budget cap no runner could capture
+    limits.check("budget_tokens", int(sizes[-1]), f"the largest item of the mix, {int(sizes[-1])} merged "
+                                                  f"tokens (the plan's largest budget)")
     n = sizes.size
     G = min(G, n)
     P = np.concatenate(([0.0], np.cumsum(probs)))
@@ -399,13 +420,7 @@ def expected_padding(mix, budgets, cfg=None, latency=None) -> dict:
                    item, over the replayed items.
     """
     sizes, probs = _distribution(mix, cfg)
-    if isinstance(budgets, (int, str)) or not hasattr(budgets, "__iter__"):
-        raise ValueError(f"budgets must be a list of positive integers (merged tokens), got {budgets!r}")
-    b = sorted(set(budgets))
-    bad = [v for v in b if not _is_int(v) or v < 1]
-    if not b or bad:
-        raise ValueError(f"budgets must be a non-empty list of positive integers (merged tokens); bad: {bad}")
-    b = np.array(b, dtype=np.int64)
+    b = np.array(sorted(set(check_budgets(budgets))), dtype=np.int64)
     pos = np.searchsorted(b, sizes, side="left")
     hit = pos < b.size
     used = np.where(hit, b[np.minimum(pos, b.size - 1)], 0)
@@ -427,14 +442,15 @@ def geometric_budgets(max_tokens: int, ratio: float = 2 ** 0.5, smallest: int = 
     previous, so strictly ascending), up to the first value >= max_tokens. ratio=2 gives
     runner.default_budgets; the default sqrt(2) is twice as dense (about 15 % expected padding
     for sizes spread evenly in log scale instead of about 30 %)."""
-    if not _is_int(max_tokens) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    if not _is_int(smallest) or smallest < 1:
-        raise ValueError(f"smallest must be a positive integer, got {smallest!r}")
+    max_tokens = limits.integer(max_tokens, "max_tokens", cap="budget_tokens")
+    smallest = limits.integer(smallest, "smallest", cap="budget_tokens")
     if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not math.isfinite(ratio) or ratio <= 1:
         raise ValueError(f"ratio must be a finite number > 1, got {ratio!r}")
-    out, k = [int(smallest)], 1
+    out, k = [smallest], 1
     while out[-1] < max_tokens:
         out.append(max(out[-1] + 1, round(smallest * ratio ** k)))
         k += 1
+        # a ratio barely above 1 makes a ladder of one budget per token: refused as it grows
+        limits.check("budgets", len(out), f"geometric_budgets(max_tokens={max_tokens}, ratio={ratio}, "
+                                          f"smallest={smallest}): budgets in the ladder so far")
     return out

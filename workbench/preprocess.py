@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from . import limits
+
 __all__ = ["PatchBatch", "Video", "smart_resize", "preprocess", "ACCEPTED_INPUTS"]
 
 ACCEPTED_INPUTS = ("PIL.Image.Image", "numpy.ndarray uint8 [H, W, 3] (also [H, W], [H, W, 1], [H, W, 4])",
@@ -83,6 +85,7 @@ class PatchBatch:
 
     def n_merged_tokens(self, merge_unit: int = 4) -> int:
         """Tokens after the merger fuses `merge_unit` rows (merge_size**2) into one."""
+        merge_unit = limits.integer(merge_unit, "merge_unit")
         if self.n_rows % merge_unit:
             raise ValueError(f"{self.n_rows} rows are not a multiple of merge_unit={merge_unit}")
         return self.n_rows // merge_unit
@@ -224,75 +227,78 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
 
 
 # ---------------------------------------------------------------------------------------------
-# input conversion
+# input checks (from shapes and metadata only) and conversion (one frame at a time)
 # ---------------------------------------------------------------------------------------------
+# Every item is checked from its shape before any pixel is converted, so that an input too large
+# for its caps fails before it costs memory, and conversion then holds one full-size frame at a
+# time: each frame is made RGB and resized on its own, straight into the item's resized array.
 def _composite_on_white(arr: np.ndarray) -> np.ndarray:
     """HxWx4 uint8 -> HxWx3 uint8, alpha-blended onto white, rounded half to even (the float64
-    arithmetic transformers uses for arrays)."""
-    a = arr[..., 3:4] / 255.0
-    out = a * arr[..., :3] + (1.0 - a) * 255.0
-    return np.round(out).astype(np.uint8)
+    arithmetic transformers uses for arrays). Blended a band of rows at a time: the float64
+    temporaries of a whole large frame would be many times its size."""
+    out = np.empty((*arr.shape[:2], 3), np.uint8)
+    step = max(1, (1 << 20) // arr.shape[1])
+    for r in range(0, arr.shape[0], step):
+        band = arr[r:r + step]
+        a = band[..., 3:4] / 255.0
+        out[r:r + step] = np.round(a * band[..., :3] + (1.0 - a) * 255.0)
+    return out
 
 
-def _pil_to_rgb(img: Image.Image) -> np.ndarray:
+def _check_pil(img: Image.Image, what: str) -> tuple[int, int]:
+    """(H, W) of a PIL image whose mode preprocess takes (nothing is decoded)."""
     if img.mode not in _PIL_MODES:
         raise ValueError(f"PIL image mode {img.mode!r} is not supported (not 8 bits per sample); valid "
                          f"modes: {', '.join(_PIL_MODES)}. Convert it to 8-bit RGB yourself first "
                          f"(e.g. scale 16-bit/float data to 0..255 and use Image.fromarray(uint8_array))")
     w, h = img.size
-    if h == 0 or w == 0:
-        raise ValueError(f"image has zero size: {h}x{w} (HxW)")
+    return h, w
+
+
+def _pil_rgb(img: Image.Image) -> Image.Image:
+    """The RGB image transformers' convert_to_rgb makes (transparency composited on white)."""
     if "A" in img.getbands() or img.info.get("transparency") is not None:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        rgb = Image.alpha_composite(white, rgba).convert("RGB")
-    else:
-        rgb = img.convert("RGB")
-    return np.asarray(rgb)
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def _check_uint8(arr: np.ndarray, what: str) -> None:
-    if arr.dtype == np.uint8:
-        return
-    if arr.dtype == np.bool_:
-        raise ValueError(f"{what} has dtype bool; images must be uint8 0..255 "
-                         f"(for a mask use mask.astype(np.uint8) * 255)")
-    hint = (" (for floats in 0..1 use (x * 255).round().astype(np.uint8))"
-            if np.issubdtype(arr.dtype, np.floating) else "")
-    raise ValueError(f"{what} has dtype {arr.dtype}; pass uint8 0..255{hint}")
-
-
-def _as_numpy(x: Any, what: str) -> np.ndarray:
+def _check_uint8(x: Any, what: str) -> None:
+    """A numpy array or torch tensor must hold uint8 (checked from its dtype, nothing copied)."""
     if isinstance(x, torch.Tensor):
         if x.dtype == torch.bool:
-            _check_uint8(np.zeros(0, dtype=np.bool_), what)
+            raise ValueError(f"{what} has dtype bool (torch.bool); images must be uint8 0..255 "
+                             f"(for a mask use mask.to(torch.uint8) * 255)")
         if x.dtype != torch.uint8:
             raise ValueError(f"{what} is a torch tensor of dtype {x.dtype}; pass uint8 0..255"
                              + (" (for floats in 0..1 use (x * 255).round().to(torch.uint8))"
                                 if x.is_floating_point() else ""))
-        return x.detach().cpu().numpy()
+        return
+    if x.dtype == np.uint8:
+        return
+    if x.dtype == np.bool_:
+        raise ValueError(f"{what} has dtype bool; images must be uint8 0..255 "
+                         f"(for a mask use mask.astype(np.uint8) * 255)")
+    hint = (" (for floats in 0..1 use (x * 255).round().astype(np.uint8))"
+            if np.issubdtype(x.dtype, np.floating) else "")
+    raise ValueError(f"{what} has dtype {x.dtype}; pass uint8 0..255{hint}")
+
+
+def _check_array_image(x: Any, what: str) -> tuple[int, int]:
+    """(H, W) of an image array/tensor (HxW, HxWx1, HxWx3, HxWx4, uint8, channels last)."""
     _check_uint8(x, what)
-    return x
-
-
-def _array_to_rgb(arr: np.ndarray, what: str) -> np.ndarray:
-    """An image array (HxW, HxWx1, HxWx3, HxWx4, uint8, channels last) -> HxWx3 uint8."""
-    if arr.ndim == 2:
-        arr = arr[:, :, None]
-    if arr.ndim != 3:
-        raise ValueError(f"{what} has shape {tuple(arr.shape)}; an image is [H, W], [H, W, 1], "
+    shape = tuple(x.shape)
+    if len(shape) == 2:
+        shape = (*shape, 1)
+    if len(shape) != 3:
+        raise ValueError(f"{what} has shape {tuple(x.shape)}; an image is [H, W], [H, W, 1], "
                          f"[H, W, 3] or [H, W, 4] (channels last)")
-    h, w, c = arr.shape
+    h, w, c = shape
     if c not in _CHANNELS:
-        raise ValueError(f"{what} has shape {tuple(arr.shape)} with {c} channels; valid channel "
-                         f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA)" + _layout_hint(arr.shape))
-    if h == 0 or w == 0:
-        raise ValueError(f"{what} has zero size: {h}x{w} (HxW)")
-    if c == 1:
-        return np.repeat(arr, 3, axis=2)
-    if c == 4:
-        return _composite_on_white(arr)
-    return arr
+        raise ValueError(f"{what} has shape {shape} with {c} channels; valid channel "
+                         f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA)" + _layout_hint(shape))
+    return h, w
 
 
 def _layout_hint(shape: tuple[int, ...]) -> str:
@@ -311,41 +317,72 @@ def _layout_hint(shape: tuple[int, ...]) -> str:
     return " (if it is " + "; if it is ".join(parts) + ")"
 
 
-def _image_to_rgb(x: Any, what: str) -> np.ndarray:
+def _check_image(x: Any, what: str) -> tuple[int, int]:
+    """(H, W) of one image or frame, every check made from its type, dtype and shape."""
     if isinstance(x, Image.Image):
-        return _pil_to_rgb(x)
-    if isinstance(x, (np.ndarray, torch.Tensor)):
-        return _array_to_rgb(_as_numpy(x, what), what)
-    raise TypeError(f"{what} has unsupported type {type(x).__module__}.{type(x).__name__}; accepted: "
-                    + "; ".join(ACCEPTED_INPUTS))
+        h, w = _check_pil(x, what)
+    elif isinstance(x, (np.ndarray, torch.Tensor)):
+        h, w = _check_array_image(x, what)
+    else:
+        raise TypeError(f"{what} has unsupported type {type(x).__module__}.{type(x).__name__}; accepted: "
+                        + "; ".join(ACCEPTED_INPUTS))
+    if h == 0 or w == 0:
+        raise ValueError(f"{what} has zero size: {h}x{w} (HxW)")
+    limits.check("input_pixels", h * w, f"{what} of {h}x{w} (HxW) pixels")
+    return h, w
 
 
-def _frames_to_rgb(video: Any, what: str) -> np.ndarray:
-    """A video ([T, H, W, C] array/tensor or Video) -> [T, H, W, 3] uint8."""
+def _check_video(video: Any, what: str) -> tuple[Sequence, int, int]:
+    """(frames, H, W) of a video ([T, H, W, C] array/tensor or Video): frames is a sequence whose
+    entries are images (views of the array, or the Video's list), checked from shapes only."""
     frames = video.frames if isinstance(video, Video) else video
     if isinstance(frames, (np.ndarray, torch.Tensor)):
-        arr = _as_numpy(frames, what)
-        if arr.ndim == 3 and isinstance(video, Video):
-            # grey frames [T, H, W] (Video has already rejected a last axis of 1/3/4): give them a
-            # channel axis, and the grey-to-RGB repeat below treats them exactly like grey images
-            arr = arr[..., None]
-        if arr.ndim != 4:
-            raise ValueError(f"{what} has shape {tuple(arr.shape)}; a video array is [T, H, W, C]")
-        if arr.shape[0] == 0:
-            raise ValueError(f"{what} has no frames (shape {tuple(arr.shape)})")
-        if arr.shape[3] not in _CHANNELS and arr.shape[1] in _CHANNELS:
+        _check_uint8(frames, what)
+        shape = tuple(frames.shape)
+        # grey frames [T, H, W] in a Video (Video has already rejected a last axis of 1/3/4): each
+        # frame is then a 2-D grey image, converted exactly like one
+        if not (len(shape) == 4 or (len(shape) == 3 and isinstance(video, Video))):
+            raise ValueError(f"{what} has shape {shape}; a video array is [T, H, W, C]")
+        if shape[0] == 0:
+            raise ValueError(f"{what} has no frames (shape {shape})")
+        if len(shape) == 4 and shape[3] not in _CHANNELS and shape[1] in _CHANNELS:
             # the per-frame error would suggest a per-frame transpose; the whole array needs one
-            raise ValueError(f"{what} has shape {tuple(arr.shape)} with {arr.shape[3]} channels; valid channel "
+            raise ValueError(f"{what} has shape {shape} with {shape[3]} channels; valid channel "
                              f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA) (it looks channels-first "
                              f"[T, C, H, W]: use x.transpose(0, 2, 3, 1) / x.permute(0, 2, 3, 1))")
-        if arr.shape[3] == 3 and arr.shape[1] and arr.shape[2]:
-            return arr
-        frames = list(arr)
-    out = [_image_to_rgb(f, f"{what} frame {i}") for i, f in enumerate(frames)]
-    sizes = sorted({f.shape[:2] for f in out})
-    if len(sizes) > 1:
-        raise ValueError(f"{what} frames differ in size: {sizes} (HxW); all frames must match")
-    return np.stack(out)
+        limits.check("frames", shape[0], f"{what} of {shape[0]} frames (shape {shape})")
+        h, w = _check_image(frames[0], f"{what} frame 0")   # every frame has frame 0's shape
+        return frames, h, w
+    limits.check("frames", len(frames), f"{what} of {len(frames)} frames")
+    sizes = [_check_image(f, f"{what} frame {i}") for i, f in enumerate(frames)]
+    if len(set(sizes)) > 1:
+        raise ValueError(f"{what} frames differ in size: {sorted(set(sizes))} (HxW); all frames must match")
+    return frames, *sizes[0]
+
+
+def _rgb_resized(x: Any, size: tuple[int, int], index: int, where: str) -> np.ndarray:
+    """One checked image or frame -> HxWx3 uint8 at `size` (H, W), PIL bicubic."""
+    h, w = size
+    if isinstance(x, Image.Image):
+        try:
+            x.load()  # a truncated or corrupt file fails here, on first decode
+        except MemoryError:
+            raise
+        except Exception as e:
+            raise ValueError(f"item {index}: {where} could not be decoded ({type(e).__name__}: {e}); the "
+                             f"file is truncated or corrupt: re-encode it or leave the item out") from e
+        rgb = _pil_rgb(x)
+        return np.asarray(rgb if rgb.size == (w, h) else rgb.resize((w, h), Image.Resampling.BICUBIC))
+    arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.shape[2] == 1:
+        arr = np.repeat(arr, 3, axis=2)
+    elif arr.shape[2] == 4:
+        arr = _composite_on_white(arr)
+    if arr.shape[:2] == (h, w):
+        return arr
+    return np.asarray(Image.fromarray(np.ascontiguousarray(arr)).resize((w, h), Image.Resampling.BICUBIC))
 
 
 def _items(inputs: Any) -> list[tuple[str, Any]]:
@@ -360,6 +397,7 @@ def _items(inputs: Any) -> list[tuple[str, Any]]:
     if isinstance(inputs, (list, tuple)):
         if len(inputs) == 0:
             raise ValueError("preprocess got an empty list; pass at least one image or video")
+        limits.check("items", len(inputs), f"a list of {len(inputs)} items")
         for i, x in enumerate(inputs):
             if isinstance(x, (list, tuple)):
                 raise TypeError(f"item {i} is a nested {type(x).__name__}; wrap the frames of a video "
@@ -371,28 +409,19 @@ def _items(inputs: Any) -> list[tuple[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 # patchify / normalize
 # ---------------------------------------------------------------------------------------------
-def _resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    h, w = size
-    if rgb.shape[:2] == (h, w):
-        return np.ascontiguousarray(rgb)
-    return np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).resize((w, h), Image.Resampling.BICUBIC))
-
-
-def _patchify(frames: np.ndarray, p: int, m: int, tp: int) -> np.ndarray:
-    """[F, H, W, C] uint8 (F == tp, or 1 for a still image) -> [F/tp * gh * gw, C*tp*p*p] uint8."""
+def _patchify(frames: np.ndarray, p: int, m: int, tp: int, out: np.ndarray) -> None:
+    """[F, H, W, C] uint8 (F a multiple of tp, or 1 for a still image) -> its rows
+    out [F/tp * gh * gw, C*tp*p*p] (written in place: the batch's rows are allocated once)."""
     f, h, w, c = frames.shape
     gh, gw = h // p, w // p
-    if f == 1:
-        x = frames.reshape(1, gh // m, m, p, gw // m, m, p, c)
-        # (t, block_row, block_col, inner_row, inner_col, C, ph, pw) then a temporal copy axis
-        x = x.transpose(0, 1, 4, 2, 5, 7, 3, 6)[:, :, :, :, :, :, None]
-        x = np.broadcast_to(x, (*x.shape[:6], tp, p, p))
-        return x.reshape(gh * gw, c * tp * p * p)
-    gt = f // tp
-    x = frames.reshape(gt, tp, gh // m, m, p, gw // m, m, p, c)
-    # (t, block_row, block_col, inner_row, inner_col, C, T, ph, pw)
-    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
-    return x.reshape(gt * gh * gw, c * tp * p * p)
+    gt = max(1, f // tp)
+    # out viewed as (t, block_row, block_col, inner_row, inner_col, C, T, ph, pw)
+    dst = out.reshape(gt, gh // m, gw // m, m, m, c, tp, p, p)
+    if f == 1:  # a still image: both temporal copies are the frame itself
+        x = frames.reshape(1, gh // m, m, p, gw // m, m, p, c).transpose(0, 1, 4, 2, 5, 7, 3, 6)
+        dst[...] = x[:, :, :, :, :, :, None]
+    else:
+        dst[...] = frames.reshape(gt, tp, gh // m, m, p, gw // m, m, p, c).transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
 
 
 def _normalize_lut(cfg) -> np.ndarray:
@@ -446,6 +475,11 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatc
 
     Returns uint8 pixels, or with `normalize=True` float32 pixels equal to transformers' default
     (rescale + normalize) output. grid_thw is [1, gh, gw] per image and [T/2, gh, gw] per video.
+
+    Caps (workbench.limits), all checked from shapes before any pixel is converted: items per call
+    (`items`), frames per video (`frames`), pixels of each decoded image or frame (`input_pixels`),
+    patch rows of each item after resizing (`item_rows`) and of the batch (`batch_rows`). A PIL
+    image whose file is truncated or corrupt is a ValueError naming the item.
     """
     from .config import VisionConfig
     if isinstance(cfg, str):  # a preset name, as build_encoder takes (unknown names list the valid ones)
@@ -460,26 +494,34 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatc
         raise TypeError(f"normalize must be a bool, got {normalize!r}")
     p, m, tp = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
     factor = p * m
-    rows, grids = [], []
+    # every item checked and sized from its shape first: no pixel is converted before the whole
+    # batch is known to fit its caps
+    plans = []
     for i, (kind, x) in enumerate(_items(images_or_videos)):
         what = f"{kind} {i}"
         if kind == "image":
-            frames = _image_to_rgb(x, what)[None]
+            frames, (h, w) = [x], _check_image(x, what)
         else:
-            frames = _frames_to_rgb(x, what)
-            if frames.shape[0] % tp:
+            frames, h, w = _check_video(x, what)
+            if len(frames) % tp:
                 raise ValueError(
-                    f"{what} has {frames.shape[0]} frames, not a multiple of temporal_patch_size={tp} "
+                    f"{what} has {len(frames)} frames, not a multiple of temporal_patch_size={tp} "
                     f"(an odd frame count); drop the last frame or repeat it to make it even")
-        f, h, w, _ = frames.shape
-        if h == 0 or w == 0:
-            raise ValueError(f"{what} has zero size: {h}x{w} (HxW)")
         th, tw = smart_resize(h, w, factor, cfg.min_pixels, cfg.max_pixels)
-        resized = np.stack([_resize(fr, (th, tw)) for fr in frames])
-        rows.append(_patchify(resized, p, m, tp))
-        grids.append([1 if kind == "image" else f // tp, th // p, tw // p])
-    pixels = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
-    batch = PatchBatch(pixels, torch.tensor(grids, dtype=torch.int64))
+        grid = [1 if kind == "image" else len(frames) // tp, th // p, tw // p]
+        limits.check("item_rows", math.prod(grid), f"patch rows of {what} ({len(frames)} frame(s) of {h}x{w} "
+                                                   f"resized to {th}x{tw}, grid t x h x w = {grid})")
+        plans.append((i, kind, frames, (th, tw), grid))
+    total = limits.check("batch_rows", sum(math.prod(g) for *_, g in plans),
+                         f"patch rows of the batch ({len(plans)} items)")
+    pixels, start = np.empty((total, cfg.patch_dim), np.uint8), 0
+    for i, kind, frames, size, grid in plans:
+        resized = np.empty((len(frames), *size, 3), np.uint8)
+        for j, frame in enumerate(frames):
+            resized[j] = _rgb_resized(frame, size, i, "the image" if kind == "image" else f"frame {j} of the video")
+        _patchify(resized, p, m, tp, pixels[start:start + math.prod(grid)])
+        start += math.prod(grid)
+    batch = PatchBatch(torch.from_numpy(pixels), torch.tensor([g for *_, g in plans], dtype=torch.int64))
     if normalize:
         batch = PatchBatch(normalize_rows(batch.pixels, cfg), batch.grid_thw)
     return batch

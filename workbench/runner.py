@@ -28,10 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .dtypes import dtype_name, names
+from . import limits
 from .attention import use_dense
-from .encoder import register_path
+from .dtypes import dtype_name, names
+from .encoder import VisionEncoder, register_path
 from .norms import replaying
+from .planner import check_budgets
 from .preprocess import PatchBatch
 from .towers.common import budget_padding, remember
 
@@ -61,26 +63,20 @@ class _Captured:
     exact: dict = dataclasses.field(default_factory=dict)  # S -> exact-fit variant for S equal sequences
 
 
-def _check_budgets(budgets, max_items) -> list[int]:
-    if isinstance(budgets, (int, str)) or not hasattr(budgets, "__iter__"):
-        raise ValueError(f"budgets must be a list of positive integers (merged tokens), got {budgets!r}")
-    budgets = list(budgets)
-    if not budgets:
-        raise ValueError("budgets is empty; give at least one budget in merged tokens, e.g. [64, 128, 256]")
-    bad = [b for b in budgets if not isinstance(b, int) or isinstance(b, bool) or b <= 0]
-    if bad:
-        raise ValueError(f"budgets must be positive integers (merged tokens); bad values: {bad}")
+def _check_budgets(budgets, max_items) -> tuple[list[int], int]:
+    """(budgets, max_items) as ints: budgets as every budget list (planner.check_budgets), here
+    also ascending and distinct; max_items within the `items` cap, and no budget below it."""
+    budgets = check_budgets(budgets)
     if budgets != sorted(budgets):
         raise ValueError(f"budgets must be sorted ascending, got {budgets}")
     if len(set(budgets)) != len(budgets):
         raise ValueError(f"budgets must not repeat, got {budgets}")
-    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items <= 0:
-        raise ValueError(f"max_items must be a positive integer, got {max_items!r}")
+    max_items = limits.integer(max_items, "max_items", cap="items")
     small = [b for b in budgets if b < max_items]
     if small:
         raise ValueError(f"budgets {small} are smaller than max_items={max_items}: every item needs at least one "
                          f"merged token, so such a budget can never hold a full pack; raise them or lower max_items")
-    return budgets
+    return budgets, max_items
 
 
 _CAPTURE_STREAMS: dict = {}
@@ -98,7 +94,8 @@ def capture_stream(device) -> "torch.cuda.Stream":
 
 def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
     """Powers of two from `smallest` up to the first one >= max_tokens (the engines' scheme)."""
-    out = [smallest]
+    max_tokens = limits.integer(max_tokens, "max_tokens", cap="budget_tokens")
+    out = [limits.integer(smallest, "smallest", cap="budget_tokens")]
     while out[-1] < max_tokens:
         out.append(out[-1] * 2)
     return out
@@ -159,8 +156,11 @@ class EncoderGraphRunner:
 
     def __init__(self, encoder, budgets=(64, 128, 256, 512, 1024), buffer_dtype=torch.bfloat16,
                  max_items: int = 16, backend: str = "auto", warmup: int = 2, exact_fit: bool = True):
+        if not isinstance(encoder, VisionEncoder):
+            raise TypeError(f"encoder must be a wb.VisionEncoder (from wb.build_encoder), got {type(encoder).__name__}")
         self.encoder = encoder
-        self.budgets = _check_budgets(budgets, max_items)
+        self.budgets, max_items = _check_budgets(budgets, max_items)
+        warmup = limits.integer(warmup, "warmup", minimum=0, cap="reps")
         if buffer_dtype not in BUFFER_DTYPES:
             raise ValueError(f"buffer_dtype {buffer_dtype} is not supported; valid: {names(BUFFER_DTYPES)}")
         if backend not in BACKENDS:

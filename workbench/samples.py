@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from . import limits
+
 __all__ = ["SAMPLE_NAMES", "MIX_NAMES", "MIX_FILE", "sample_images", "sample_video", "random_images",
            "get_mix", "mix_distribution", "mix_sizes", "mix_tokens", "image_mix"]
 
@@ -98,21 +100,26 @@ def sample_video(n_frames: int = 4, size: tuple[int, int] = (224, 308), name: st
     """A pan over a real photo: uint8 [n_frames, H, W, 3] with (H, W) = size.
 
     Frame i is the HxW crop at row offset (centred) and column offset x0 + i*step of photo `name`;
-    the photo is first upscaled (PIL bicubic) if it is too small to hold the whole pan.
+    the photo is first upscaled (PIL bicubic) if it is too small to hold the whole pan. Capped
+    (workbench.limits): n_frames by `frames`, H*W and the upscaled photo by `input_pixels`, the
+    whole clip by `total_pixels`.
     """
-    if isinstance(n_frames, bool) or not isinstance(n_frames, int) or n_frames < 1:
-        raise ValueError(f"n_frames={n_frames!r} must be a positive integer")
-    h, w = (int(v) for v in size)
-    if h < 1 or w < 1:
+    n_frames = limits.integer(n_frames, "n_frames", cap="frames")
+    if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2:
         raise ValueError(f"size={size!r} must be two positive sides (H, W)")
-    if step < 0:
-        raise ValueError(f"step={step} must be >= 0")
+    h, w = (limits.integer(v, f"size[{i}]") for i, v in enumerate(size))
+    step = limits.integer(step, "step", minimum=0)
+    limits.check("input_pixels", h * w, f"sample_video frames of {h}x{w} (HxW) pixels")
+    limits.check("total_pixels", n_frames * h * w, f"sample_video of {n_frames} frames of {h}x{w} pixels")
     photo = sample_images([name])[name]
     span = w + step * (n_frames - 1)
     scale = max(1.0, h / photo.height, span / photo.width)
     if scale > 1.0:
-        photo = photo.resize((max(span, round(photo.width * scale)), max(h, round(photo.height * scale))),
-                             Image.Resampling.BICUBIC)
+        up_w, up_h = max(span, round(photo.width * scale)), max(h, round(photo.height * scale))
+        # a long pan (a large step) upscales the photo a lot: its size is checked first
+        limits.check("input_pixels", up_w * up_h, f"sample_video's pan over {name} (size={size}, step={step}, "
+                                                  f"{n_frames} frames): pixels of the upscaled photo")
+        photo = photo.resize((up_w, up_h), Image.Resampling.BICUBIC)
     arr = np.asarray(photo)
     y0 = (arr.shape[0] - h) // 2
     x0 = (arr.shape[1] - span) // 2
@@ -122,9 +129,15 @@ def sample_video(n_frames: int = 4, size: tuple[int, int] = (224, 308), name: st
 
 def random_images(n: int, seed: int = 0, min_side: int = 16, max_side: int = 640) -> list[np.ndarray]:
     """n uniform-noise uint8 images, each [H, W, 3] with H, W drawn uniformly in [min_side, max_side]."""
-    if n < 0 or min_side < 1 or max_side < min_side:
-        raise ValueError(f"need n >= 0 and 1 <= min_side <= max_side, got n={n}, "
-                         f"min_side={min_side}, max_side={max_side}")
+    n = limits.integer(n, "n", minimum=0, cap="items")
+    seed = limits.seed(seed)
+    min_side = limits.integer(min_side, "min_side")
+    max_side = limits.integer(max_side, "max_side")
+    if max_side < min_side:
+        raise ValueError(f"need min_side <= max_side, got min_side={min_side}, max_side={max_side}")
+    limits.check("input_pixels", max_side * max_side, f"random_images of up to {max_side}x{max_side} pixels")
+    limits.check("total_pixels", n * max_side * max_side, f"random_images: {n} images of up to "
+                                                          f"{max_side}x{max_side} pixels")
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
@@ -310,17 +323,14 @@ def mix_distribution(name: str, cfg=None) -> list[tuple[int, float]]:
     return sorted(acc.items())
 
 
-def _check_n(n, what="n") -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"{what}={n!r} must be a non-negative integer")
-    return int(n)
-
-
 def mix_sizes(name: str, n: int, seed: int = 0) -> list[MixItem]:
     """n items drawn from mix `name` by weight (numpy default_rng(seed), with replacement), as
-    MixItem(kind, frames, height, width, entry) records; deterministic given (name, n, seed)."""
+    MixItem(kind, frames, height, width, entry) records; deterministic given (name, n, seed).
+    n: at most the `draws` cap (records only: image_mix, which makes pixels, caps n by `items`);
+    seed: an integer 0..limits.seed."""
     mix = get_mix(name)
-    n = _check_n(n)
+    n = limits.integer(n, "n", minimum=0, cap="draws")
+    seed = limits.seed(seed)
     w = np.array([e.weight for e in mix.entries], dtype=np.float64)
     idx = np.random.default_rng(seed).choice(len(w), size=n, p=w / w.sum())
     return [MixItem(mix.entries[i].kind, mix.entries[i].frames, mix.entries[i].height, mix.entries[i].width,
@@ -357,6 +367,9 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
         raise ValueError(f"unknown image mix {name!r}; valid: {', '.join(MIX_NAMES)}")
     if not isinstance(resized, bool):
         raise TypeError(f"resized must be a bool, got {resized!r}")
+    if n is not None:  # checked before any photo is loaded
+        n = limits.integer(n, "n", minimum=0, cap="items")
+        seed = limits.seed(seed)
     photos = sample_images()
     if not photos:
         raise FileNotFoundError("no sample photos are available in the installed packages")
@@ -370,11 +383,15 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
     from .preprocess import Video  # torch is imported only when a video is made
     geo = _geometry(None)
     names = list(photos)
+    # every item is made at its drawn (or resized) size: the sizes are checked before any is made
+    sizes = [_target_size(it, geo) if resized else (it.height, it.width) for it in items]
+    for it, (h, w) in zip(items, sizes):
+        limits.check("input_pixels", h * w, f"image_mix({name!r}) item of {h}x{w} (HxW) pixels")
+        limits.check("frames", it.frames, f"image_mix({name!r}) video of {it.frames} frames")
+    limits.check("total_pixels", sum(it.frames * h * w for it, (h, w) in zip(items, sizes)),
+                 f"image_mix({name!r}, n={n}, resized={resized}): pixels of all {len(items)} items")
     out = []
-    for i, it in enumerate(items):
-        h, w = it.height, it.width
-        if resized:
-            h, w = _target_size(it, geo)
+    for i, (it, (h, w)) in enumerate(zip(items, sizes)):
         if name == "photos" and n is None:
             photo = photos[names[i]]
         elif name == "photos":
