@@ -25,7 +25,9 @@ _EXPORTS = {
     "plan_budgets": "planner", "expected_padding": "planner", "geometric_budgets": "planner",
 }
 
-__all__ = list(_EXPORTS)
+from . import limits  # noqa: E402  (light: the caps on every size, `wb.limits.raised(...)`)
+
+__all__ = [*_EXPORTS, "limits"]
 
 
 def __getattr__(name: str):

@@ -39,7 +39,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from . import cpu_share
+from . import cpu_share, limits
 from .encoder import register_path
 from .preprocess import PatchBatch
 
@@ -353,9 +353,7 @@ def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = ()
     """
     import multiprocessing as mp
 
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    world_size = int(world_size)
+    world_size = limits.integer(world_size, "world_size", cap="world_size")
     for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
             raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
