@@ -12,10 +12,9 @@ Backends (`ATTN_BACKENDS`):
   unwritten, exactly as the engines' kernels do (the NaN-leak hazard). When the caller knows that
   every sequence has the same length L >= `DENSE_MIN_ROWS` and no row is padding (``dense_seqlen``,
   fixed on the host like `max_seqlen`), the sequences run as one dense batch through cuDNN's
-  attention instead: measured on an H200 (16 heads x 80, bf16, one sequence), cuDNN 123 / 369 /
-  408 TFLOP/s at 1024 / 4096 / 16384 rows against flash's 100 / 229 / 270, and slower than flash
-  at 256 rows (8.8 vs 9.1). cuDNN's own varlen mode (ragged offsets) ran at 0.1-33 TFLOP/s there
-  and broke graph capture, so padded or mixed-length packs stay on flash.
+  attention instead, which is faster than flash from that length on and slower below it; cuDNN's
+  own varlen mode (ragged offsets) was far slower and broke graph capture, so padded or
+  mixed-length packs stay on flash (the rates: results/reference/README.md).
 - ``masked``: dense SDPA with a block-diagonal mask built on the device from `cu_seqlens`.
   Graph-safe in any dtype (fp32 on CUDA); memory grows as N^2, so it suits budgets up to a few
   thousand rows. Padding rows attend among themselves only, and their keys and values are zeroed

@@ -193,9 +193,8 @@ _NOFMA = dict(enable_fp_fusion=False)
 # ---- the fused operations -------------------------------------------------------------------
 
 # From this many rows on, rotary_ runs the row-tiled kernel (four rows, every head, per program;
-# cos/sin read once per row). On an H200, 16 heads x 80, per call: 48.3 instead of 66.0 us at
-# 16384 rows, 13.3 / 15.9 at 4096, 5.4 / 5.9 at 1024, but 4.1 / 3.7 at 512 and 3.6 / 2.9 at 256
-# (`python tools/probe_tma.py rotary`).
+# cos/sin read once per row): the row count from which it beat the per-pair kernel in
+# `python tools/probe_tma.py rotary` (results/reference/README.md).
 ROTARY_ROWS_MIN = 1024
 
 

@@ -66,12 +66,9 @@ TORCH_OUT_DTYPES = TRITON_OUT_DTYPES + (torch.float64,)
 # (~62 per SM, so the last wave costs < 2%), and padding is skipped at 8-row granularity.
 # The column-looped shapes (512 and 256 wide: 3 and 5 column tiles) waste fewer lanes, but the
 # compiler cannot prove `out` does not alias `pixels`, so each column tile's loads wait for the
-# previous tile's stores (checked in the PTX); the sweep decides between the two trade-offs.
-# Sweep on the H200 (2026-11-30, 65536 rows uint8 -> bf16, graph replays): 4x2048/w4 61.7 us
-# (88.5% of the SM-copy floor) was best overall; 8x2048/w8 62.9 us. Two other geometries measured
-# there and dropped: each tile walked as one contiguous span with col = offset % D (107 us: the
-# modulo and the table gather cost more than the masked lanes they save) and a 1024 + 256 column
-# split loaded before storing (61.7 us: no gain over one masked 2048-wide tile).
+# previous tile's stores (checked in the PTX); the sweep decides between the two trade-offs, and
+# the default is the configuration that won it (results/reference/README.md, "Numbers behind the
+# code's choices", with the geometries tried there and dropped).
 ROWS_CONFIGS = (
     dict(block_rows=4, block_cols=2048, num_warps=4),
     dict(block_rows=8, block_cols=2048, num_warps=8),

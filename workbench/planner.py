@@ -223,11 +223,9 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     buffer dtype other than the tower dtype adds the cast). max_items sizes only metadata
     (cu_seqlens), which the runner allocates outside the pool, so it changes nothing here.
 
-    Limits, measured on an H200 (qwen2.5-vl-7b, 56 runners of a padding_waste reference run):
-    with the plain block kernels the measured pool was 1.03-1.16x the model (median 1.09x, run
-    20261130T100530Z-9fe94e9-h200); with the fused kernels and exact-fit graphs of the current
-    runner it is 0.93-1.16x (median 0.97x, the run of 2026-11-30 12:03 under results/reference/), so
-    leave headroom either way. The traces themselves are exact (the CUDA tower's
+    Limits: the padding_waste reference runs compare the model with the measured pool of every
+    runner they build (results/reference/README.md gives the ratios); the model can be a little
+    above or below, so leave headroom either way. The traces themselves are exact (the CUDA tower's
     dispatch trace equals the meta one, allocation for allocation, and for qwen2-vl-7b its peak
     equals the measured peak allocation); what the trace cannot see is memory a kernel allocates
     inside one op (Qwen2.5-VL's windowed flash-attention blocks allocate ~7 KB per row that no op

@@ -148,7 +148,7 @@ class EncoderGraphRunner:
     exact_fit: a pack of S equal sequences (images, or video frames, of one size) that fills a
     budget exactly, with at least `attention.DENSE_MIN_ROWS` rows each, replays an exact-fit graph
     over the same buffers whose full attention runs as one dense cuDNN batch, which a padded or
-    mixed pack cannot use (1.5-1.6x faster than flash varlen from 4096 rows on an H200). The S = 1
+    mixed pack cannot use (faster than flash varlen at those sizes). The S = 1
     variant of every large enough budget is captured with the runner; other S on first use. They
     share the pool (replays never overlap). Budgets chosen by the planner are item sizes, so single
     items often fit exactly.
@@ -265,7 +265,7 @@ class EncoderGraphRunner:
         graph = torch.cuda.CUDAGraph()
         # captured on the stream that was warmed: cuBLAS keeps one workspace per (handle, stream),
         # allocated on first use; warmed on another stream, it would be allocated inside this
-        # graph's pool during the capture (32 MiB on an H200) and pin that pool's segment
+        # graph's pool during the capture and pin that pool's segment
         with torch.cuda.graph(graph, pool=self.pool, stream=stream):
             cap.out = run()
         if self.pool is None:

@@ -128,8 +128,8 @@ def max_windows(cfg: VisionConfig, tokens: int, sequences: int) -> int:
     (Qwen2.5-VL windows of k x k merged tokens, k = window_merged): a frame of h x w tokens has
     ceil(h/k) ceil(w/k) <= (h+k-1)(w+k-1)/k^2 <= hw/k + (k-1)/k windows (h + w <= hw + 1), so all of
     them at most tokens/k + sequences (k-1)/k. A graph runner sizes its window slots with it: every
-    slot is a block of the attention kernel's grid, empty ones included (a slot per token cost a
-    4096-token budget ~5% of its replay on an H200)."""
+    slot is a block of the attention kernel's grid, empty ones included, so a slot per token would
+    make every large budget's replay pay for blocks that do nothing."""
     k = cfg.window_merged
     return max(1, min(tokens, (tokens + sequences * (k - 1)) // k))
 

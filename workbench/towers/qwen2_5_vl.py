@@ -15,7 +15,7 @@ from .common import PatchMerger, RMSNorm, TowerMetadata, VisionAttention, Vision
 
 # the SwiGLU hidden width is padded to a multiple of this in the fused gate|up weight: 3420 (the
 # 7B/72B towers) is not a multiple of 8, and cuBLAS then falls back to slow 2-element-aligned
-# kernels (measured on an H200: the three MLP matmuls took 58 ms of a 142 ms forward at 4096 tokens)
+# kernels (results/reference/README.md has what that cost)
 MLP_ALIGN = 64
 
 
