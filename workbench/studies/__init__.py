@@ -1,6 +1,6 @@
 """The registry of studies.
 
-A study answers one question (see the table in the design brief) and has four parts:
+A study answers one question (its ``question``, which the report prints) and has four parts:
 
 - a **parameter declaration** ``PARAMS = ParamSpec(Param(...), ...)`` (workbench.studies.params):
   each parameter once, with kind, allowed values, CPU default and GPU default. It generates the

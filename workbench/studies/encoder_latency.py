@@ -77,18 +77,9 @@ def _divisible(p: dict) -> None:
                          f"tokens / images merged tokens); not divisible: {bad}")
 
 
-# GPU profile, estimated for an H200 from FACTS.md's per-call times of the full towers at 64..4096
-# tokens (it has not run there yet): per cell, eager and transformers run 1 (check) + warmup 2 +
-# reps 10 = 13 calls, the graph path 13 + 5 phase-timed calls + 3 at capture = 21 calls.
-# - qwen2-vl towers (2b, 7b): 4096 tokens x 1 image ~ 13 x 240 + 21 x 237 + 13 x 190 ms = 10.6 s;
-#   4 x 1024 tokens ~ 5.6 s; 1024 ~ 2.8 s; 256 and 64 ~ 1.1 s each: ~21 s per preset;
-# - qwen2.5-vl towers (3b, 7b, 72b): transformers is the slow path there (346 ms at 4096 tokens; its
-#   window attention loops over windows, as many for 4 x 1024 tokens as for 1 x 4096): ~30 s per preset;
-# so 2 x 21 + 3 x 30 = ~130 s of measuring. Building both towers of a preset on the device is kernel
-# launches (the host-side module construction takes ~0.03 s; the same build with host-side init took
-# 21 s on a 2-core CPU), say ~1-3 s per preset with the fp32 -> bf16 casts; plus the matmul ceiling
-# (~1 s), CUDA start and Triton compiles (~10 s): ~2.5-3 minutes in all. The table's build_s and
-# capture_s record what building and capturing actually took, to check this estimate.
+# The GPU profile times every real preset at four token counts, each path 1 (check) + warmup + reps
+# calls: minutes on one GPU (each reference run's meta.json records its study_seconds); the
+# table's build_s and capture_s say what building and capturing took.
 PARAMS = ParamSpec(
     Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(REAL_PRESETS), choices=PRESET_NAMES,
           help="towers to time"),
