@@ -698,3 +698,14 @@ def test_an_interrupted_build_keeps_the_previous_report(results, tmp_path):
         rep.build_report(results, out, studies={"demo": SimpleNamespace(name="demo", summarize=interrupted)})
     assert tree(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report", "results"]
+
+
+def test_a_run_records_the_hosts_load_at_its_start_and_end(monkeypatch):
+    """A loaded host inflates every CPU timing, so the record says how loaded it was."""
+    loads = iter([(3.0, 2.0, 1.0), (5.5, 2.5, 1.25)])
+    monkeypatch.setattr(prov.os, "getloadavg", lambda: next(loads))
+    meta = prov.collect_meta({})
+    assert meta["load_avg"] == {"start": [3.0, 2.0, 1.0]}
+    prov.finish_meta(meta)
+    assert meta["load_avg"] == {"start": [3.0, 2.0, 1.0], "end": [5.5, 2.5, 1.25]}
+    assert prov.meta_problems(meta) == []

@@ -270,14 +270,27 @@ def collect_meta(params: dict | None = None) -> dict[str, Any]:
         "nvml": nvml_info(),
         "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "CI")
                 if k in os.environ},
+        # a loaded host inflates every CPU timing: what else ran is part of the record
+        "load_avg": {"start": load_average()},
         "params": dict(params or {}),
     }
+
+
+def load_average() -> list[float] | None:
+    """The host's 1, 5 and 15 minute load averages (runnable processes), or None where the OS
+    has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def finish_meta(meta: dict[str, Any]) -> dict[str, Any]:
     """Stamp the end time and duration onto ``meta`` (in place) and return it."""
     finished = utc_now()
     meta["finished_at"] = _iso(finished)
+    if isinstance(meta.get("load_avg"), dict):
+        meta["load_avg"]["end"] = load_average()
     try:
         meta["duration_s"] = round((finished - _parse_iso(meta["started_at"])).total_seconds(), 3)
     except (KeyError, TypeError, ValueError):
