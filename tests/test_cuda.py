@@ -78,14 +78,14 @@ def test_cuda_graph_replay_matches_eager(preset, placement):
 def test_cuda_graph_pool_of_a_norm_equals_the_allocator_model(name, in_dtype):
     """The bytes a captured norm reserves in its graph pool, and its peak, are what the analytic
     allocation trace replayed through the caching-allocator model predicts, exactly."""
-    from workbench import measure
+    from workbench import cuda_memory, memory_model
     cfg = wb.VisionConfig.preset("qwen2.5-vl-7b")
     rows = 4 * 1024
     norm = wb.make_norm(name, cfg, check_values=False).to("cuda")
     x = torch.randint(0, 256, (rows, cfg.patch_dim), device="cuda").to(in_dtype)
     nv = torch.tensor(rows, dtype=torch.int32, device="cuda")
-    got = measure.captured_memory(lambda: norm(x, torch.bfloat16, n_valid=nv), "cuda")
-    model = measure.pool_model(measure.norm_alloc_trace(name, rows, cfg.patch_dim, in_dtype, n_valid=True))
+    got = cuda_memory.captured_memory(lambda: norm(x, torch.bfloat16, n_valid=nv), "cuda")
+    model = memory_model.pool_model(memory_model.norm_alloc_trace(name, rows, cfg.patch_dim, in_dtype, n_valid=True))
     assert got["pool_bytes"] == model["pool_bytes"] and got["peak_bytes"] == model["peak_bytes"]
 
 
@@ -101,7 +101,7 @@ def test_cuda_staging_designs_match_float64_and_time_as_graph_replays():
 
 def test_cuda_fused_kernels_match_their_torch_twins():
     from workbench import fused as fk
-    from workbench.measure import spacing_ulps
+    from workbench.ulps import spacing_ulps
     g = torch.Generator(device="cuda").manual_seed(5)
     n, h, d, w = 4133, 16, 80, 1280
     qkv = torch.randn(n, 3, h, d, device="cuda", dtype=torch.bfloat16, generator=g)

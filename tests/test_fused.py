@@ -11,9 +11,9 @@ import torch  # noqa: E402
 
 import workbench as wb  # noqa: E402
 from workbench import fused as fk  # noqa: E402
-from workbench.measure import spacing_ulps  # noqa: E402
 from workbench.reference import hf_embeddings, hf_vision_model, rel_err  # noqa: E402
 from workbench.runner import EncoderGraphRunner  # noqa: E402
+from workbench.ulps import spacing_ulps  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not fk.available("cpu"), reason="needs Triton's interpreter")
 

@@ -127,7 +127,7 @@ def test_practical_floor_and_kernel_breakdown(latency_table):
 
 
 def test_kernel_names_fall_into_categories():
-    from workbench.measure import kernel_category
+    from workbench.kernel_profile import kernel_category
     names = {"nvjet_sm90_tst_56x64_64x14_4x2_h_bz_bias_TNN": "matmul",
              "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x128_64x3_tn_align2>": "matmul",
              "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<96, 128, 64, 4>>": "attention",
@@ -240,6 +240,6 @@ def test_the_notebook_runs_with_its_defaults(tmp_path):
 
 
 def test_the_breakdown_categories_are_the_profilers():
-    from workbench.measure import KERNEL_CATEGORIES
+    from workbench.kernel_profile import KERNEL_CATEGORIES
     from workbench.studies.encoder_latency import KERNEL_CATS
     assert sorted(KERNEL_CATS) == sorted([c for c, _ in KERNEL_CATEGORIES] + ["elementwise"])

@@ -14,9 +14,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from workbench.config import VisionConfig  # noqa: E402
-from workbench.measure import bf16_ulps  # noqa: E402
 from workbench.norms import (NORMS, ROWS_CONFIGS, InputNorm, make_norm,  # noqa: E402
                              normalize_reference)
+from workbench.ulps import bf16_ulps  # noqa: E402
 
 pytestmark = pytest.mark.triton
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbench.config import VisionConfig
-from workbench.measure import count_allocations, trace_peak_bytes
+from workbench.memory_model import count_allocations, trace_peak_bytes
 from workbench.planner import expected_padding
 from workbench.runner import default_budgets
 from workbench.samples import mix_distribution, mix_tokens

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench import measure
+from workbench import ceilings, floors, memory_model, timing, ulps
 from workbench.norms import NORMS, make_norm, normalize_reference
 from workbench.studies import STUDIES, ParamError, TableError, check_table, discover, tidy, wide
 from workbench.studies.params import Param, ParamSpec, ascending_unique
@@ -128,17 +128,17 @@ def test_tidy_and_wide_round_trip_with_missing_parameters_and_booleans():
 
 def test_norm_traffic_counts_every_pass():
     n = 1000
-    eager = measure.norm_traffic("eager", n, D)
+    eager = memory_model.norm_traffic("eager", n, D)
     assert eager["min_bytes"] == 3 * n * D and eager["bytes"] == 27 * n * D and eager["passes"] == 4
-    assert measure.norm_traffic("eager", n, D, out_dtype=torch.float32)["bytes"] == 21 * n * D
+    assert memory_model.norm_traffic("eager", n, D, out_dtype=torch.float32)["bytes"] == 21 * n * D
     for name in ("triton_channel", "triton_flat", "triton_rows", "identity"):
-        t = measure.norm_traffic(name, n, D)
+        t = memory_model.norm_traffic(name, n, D)
         assert t["bytes"] == t["min_bytes"] and t["traffic_ratio"] == 1.0
     # n_valid: only triton kernels stop moving padding; eager with out= also selects
-    assert measure.norm_traffic("triton_rows", n, D, n_valid=250)["bytes"] == 3 * 250 * D
-    assert measure.norm_traffic("eager", n, D, n_valid=250, out=True)["bytes"] > eager["bytes"]
+    assert memory_model.norm_traffic("triton_rows", n, D, n_valid=250)["bytes"] == 3 * 250 * D
+    assert memory_model.norm_traffic("eager", n, D, n_valid=250, out=True)["bytes"] > eager["bytes"]
     with pytest.raises(ValueError, match="triton_rows"):
-        measure.norm_traffic("nope", n, D)
+        memory_model.norm_traffic("nope", n, D)
 
 
 @pytest.mark.parametrize("name", NORMS)
@@ -152,34 +152,34 @@ def test_modelled_allocation_trace_equals_the_counted_one(name, in_dtype, n_vali
     x = torch.empty(rows, D, dtype=in_dtype, device="meta")
     dst = torch.empty(rows, D, dtype=torch.bfloat16, device="meta") if out else None
     nv = torch.tensor(rows // 2, dtype=torch.int32, device="meta") if n_valid else None
-    counted, _ = measure.count_allocations(lambda: norm(x, torch.bfloat16, out=dst, n_valid=nv))
+    counted, _ = memory_model.count_allocations(lambda: norm(x, torch.bfloat16, out=dst, n_valid=nv))
 
     def renumber(trace):
         ids: dict = {}
         return [(k, ids.setdefault(i, len(ids)), b) for k, i, b in trace]
 
-    model = measure.norm_alloc_trace(name, rows, D, in_dtype, torch.bfloat16, n_valid=n_valid, out=out)
+    model = memory_model.norm_alloc_trace(name, rows, D, in_dtype, torch.bfloat16, n_valid=n_valid, out=out)
     assert renumber(counted) == renumber(model)
 
 
 def test_counting_on_real_cpu_tensors_sees_the_fp32_temporaries(gen_rows=333):
     x = torch.randint(0, 256, (gen_rows, D), dtype=torch.uint8)
     norm = make_norm("eager", CFG)
-    counted, y = measure.count_allocations(lambda: norm(x, torch.bfloat16))
-    assert measure.bf16_ulps(y, normalize_reference(x, CFG).to(torch.bfloat16)).max() <= 1   # counting changes nothing
-    peak = measure.trace_peak_bytes(counted)
+    counted, y = memory_model.count_allocations(lambda: norm(x, torch.bfloat16))
+    assert ulps.bf16_ulps(y, normalize_reference(x, CFG).to(torch.bfloat16)).max() <= 1   # counting changes nothing
+    peak = memory_model.trace_peak_bytes(counted)
     assert peak["temp_peak_bytes"] == 8 * gen_rows * D and peak["end_bytes"] == 2 * gen_rows * D
 
 
 def test_pool_model_follows_the_caching_allocator_rules():
     mib = 1 << 20
     # a 19.3 MB fp32 temporary takes its own segment rounded up to 2 MiB; the second reuses nothing
-    trace = measure.norm_alloc_trace("eager", 4096, D)
-    got = measure.pool_model(trace)
+    trace = memory_model.norm_alloc_trace("eager", 4096, D)
+    got = memory_model.pool_model(trace)
     assert got["pool_bytes"] == 2 * 20 * mib           # two 20 MiB segments; C and D reuse freed blocks
     assert got["peak_bytes"] == 2 * 19267584 and got["end_bytes"] == 9633792
     # small requests share 2 MiB segments; 1-10 MiB requests get a 20 MiB segment that later ones split
-    m = measure.PoolModel()
+    m = memory_model.PoolModel()
     m.malloc(0, 100)
     m.malloc(1, 700)
     assert m.reserved == 2 * mib
@@ -190,15 +190,15 @@ def test_pool_model_follows_the_caching_allocator_rules():
     m.free(3)
     m.malloc(4, 5 * mib)                                # the freed blocks merged back: no new segment
     assert m.reserved == 22 * mib and m.allocated == 5 * mib + 512 + 1024   # 100 B and 700 B round to 512 B steps
-    assert measure.PoolModel.segment_size(11 * mib + 1) == 12 * mib
+    assert memory_model.PoolModel.segment_size(11 * mib + 1) == 12 * mib
 
 
 def test_cpu_timer_statistics():
-    t = measure.cpu_time_us(lambda: sum(range(1000)), reps=7, warmup=1)
+    t = timing.cpu_time_us(lambda: sum(range(1000)), reps=7, warmup=1)
     assert t["reps"] == 7 and t["min_us"] <= t["p10_us"] <= t["p50_us"] <= t["p90_us"]
-    assert measure.floor_us(4e9, 4000.0) == pytest.approx(1e3)
-    assert measure.flop_floor_us(1e12, 1000.0) == pytest.approx(1e3)
-    assert measure.copy_ceiling_gbs("cpu", n_bytes=1 << 22, reps=3) > 0
+    assert floors.floor_us(4e9, 4000.0) == pytest.approx(1e3)
+    assert floors.flop_floor_us(1e12, 1000.0) == pytest.approx(1e3)
+    assert ceilings.copy_ceiling_gbs("cpu", n_bytes=1 << 22, reps=3) > 0
 
 
 # =========================================================================== the two input-path studies
@@ -236,7 +236,7 @@ def test_every_staging_design_feeds_the_tower_normalized_rows(design, seed):
     ref = normalize_reference(src, cfg)
     st = build_staging(design, "triton_rows", cfg, src, ref.float(), big_n, torch.bfloat16)
     y = st.result()
-    assert measure.bf16_ulps(y[:n], ref.to(torch.bfloat16)).max() <= 1
+    assert ulps.bf16_ulps(y[:n], ref.to(torch.bfloat16)).max() <= 1
     if design == "runner":
         assert torch.equal(y[n:], torch.zeros_like(y[n:]))
 
@@ -283,7 +283,7 @@ def test_tower_flop_model_equals_torch_flop_counter(preset):
     x = torch.randn(int(grid.prod(1).sum()), cfg.patch_dim)
     with FlopCounterMode(display=False) as fc:
         enc.visual(x, grid)
-    model = measure.tower_flops(cfg, [16 * 24, 8 * 8])
+    model = floors.tower_flops(cfg, [16 * 24, 8 * 8])
     counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
     assert model["total"] == fc.get_total_flops()
     assert model["matmul"] == counts["aten.mm"] + counts["aten.addmm"]

@@ -136,7 +136,7 @@ LAYERS = 32
 
 def main():
     from workbench.fused import quick_gelu, silu_mul
-    from workbench.measure import graph_replay_us
+    from workbench.timing import graph_replay_us
 
     dev = torch.device("cuda")
     dt = torch.bfloat16

@@ -27,6 +27,7 @@ import torch
 from workbench.config import VisionConfig
 from workbench.runner import EncoderGraphRunner
 from workbench.studies.encoder_latency import build_models, latency_batch
+from workbench.timing import cuda_event_ms
 
 
 def main():
@@ -53,13 +54,7 @@ def main():
                 whole.append((t2 - t0) * 1e3)
             cap = runner.graphs[tokens]
             cap = cap.exact.get(1, cap)
-            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(20)]
-            for a, b in ev:
-                a.record()
-                cap.graph.replay()
-                b.record()
-            torch.cuda.synchronize()
-            replay = [a.elapsed_time(b) for a, b in ev]
+            replay = cuda_event_ms(cap.graph.replay, 20)
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(40):

@@ -9,9 +9,15 @@ import os
 import sys
 import time
 
-
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.varlen import varlen_attn
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.getcwd())
+import workbench as wb  # noqa: E402
+from workbench.timing import cuda_event_ms  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")
 res = {"env": {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
@@ -21,15 +27,7 @@ H, D = 16, 80
 
 
 def bench(fn, reps=20, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
+    ts = sorted(cuda_event_ms(fn, reps, warmup=warm, sync_each=True))
     return ts[len(ts) // 2]
 
 
@@ -48,10 +46,6 @@ def ref_attn(q, k, v, offs):
     return out
 
 
-from torch.nn.attention.varlen import varlen_attn
-from torch.nn.attention import sdpa_kernel, SDPBackend
-
-
 def b_varlen(q, k, v, c, m):
     return varlen_attn(q, k, v, c, c, m, m)
 
@@ -67,9 +61,6 @@ def b_flash_direct(q, k, v, c, m):
 BACKENDS = {"varlen": b_varlen, "flash_direct": b_flash_direct}
 
 # ---------------------------------------------------------------- tower profile
-sys.path.insert(0, os.getcwd())
-import workbench as wb  # noqa: E402
-from torch.profiler import profile, ProfilerActivity  # noqa: E402
 
 prof_rows = []
 replay = []

@@ -156,7 +156,7 @@ def selfcheck():
 
 def layers_us(ws, bs, step):
     """Per-layer device time of ``step(w, b)`` over the LAYERS weights, as one graph replay."""
-    from workbench.measure import graph_replay_us
+    from workbench.timing import graph_replay_us
     return graph_replay_us(lambda: [step(w, b) for w, b in zip(ws, bs)], reps=15)["p50_us"] / LAYERS
 
 
@@ -172,7 +172,7 @@ def rel(y, ref):
 def rotary_only():
     """Both rotary kernels of workbench.fused (forced through ROTARY_ROWS_MIN) from 256 to 16384 rows."""
     from workbench import fused as fk
-    from workbench.measure import graph_replay_us
+    from workbench.timing import graph_replay_us
     res = {}
     for rows in (256, 512, 1024, 2048, 4096, 16384):
         qkv = torch.randn(rows, 3, 16, 80, device="cuda", dtype=torch.bfloat16)

@@ -151,7 +151,7 @@ def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: 
     import torch
 
     from .fused import FUSED_DTYPES as fused_dtypes
-    from .measure import count_allocations, pool_model
+    from .memory_model import count_allocations, pool_model
     from .norms import make_norm
     from .towers import build_tower
 
@@ -192,7 +192,7 @@ def capture_pool_bytes(cfg, budget: int, dtype=None, norm: str | None = None, bu
 def _output_bytes(cfg, budget: int, dtype) -> int:
     import torch
 
-    from .measure import PoolModel
+    from .memory_model import PoolModel
     return PoolModel.round_size(budget * cfg.out_hidden * torch.empty((), dtype=dtype).element_size())
 
 

@@ -10,8 +10,8 @@ What is measured, and why:
   their poison bit for bit. A fast kernel that is wrong is not timed.
 * The two copy ceilings: a Triton SM copy kernel captured in a CUDA graph and timed by replay,
   exactly like the norms (this is the floor the table compares with), and an eager
-  ``dst.copy_(src)`` timed with CUDA events (reported for reference only; eager and captured
-  copies differ by ~1.5x on the H200).
+  ``dst.copy_(src)`` timed with CUDA events (reported for reference only: a captured ``copy_``
+  runs well below an eager one, see `workbench.ceilings.sm_copy_bandwidth_gbs`).
 * Each norm at ``--batch`` images of ``rows/batch`` rows (default 4x1024, 4x4096, 4x16384), the
   way the engines run it: inside a captured graph, cold L2 (a 256 MB buffer is overwritten
   before every replay), median of ``--reps`` replays. Effective bandwidth counts the minimum
@@ -35,9 +35,12 @@ import time
 import torch
 
 from workbench.config import PRESET_NAMES, VisionConfig
-from workbench.measure import (bf16_ulps, copy_bandwidth_gbs, fmt_us, graph_replay_us, norm_traffic,
-                               sm_copy_bandwidth_gbs)
+from workbench.ceilings import copy_bandwidth_gbs, sm_copy_bandwidth_gbs
+from workbench.formatting import fmt_us
+from workbench.memory_model import norm_traffic
 from workbench.norms import NORMS, ROWS_CONFIGS, make_norm, normalize_reference
+from workbench.timing import graph_replay_us
+from workbench.ulps import bf16_ulps
 
 OUT_DTYPE = torch.bfloat16
 CHECK_DTYPES = (torch.bfloat16, torch.float32)

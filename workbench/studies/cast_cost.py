@@ -14,7 +14,7 @@ graph normalizes it. The designs, each with every norm implementation where it h
                    the tower casts fp32 -> bf16 (its "norm" column is that cast).
 
 Per (design, norm, budget, fill) it measures the copy part, the norm part and both together (CUDA:
-graph replays on cold L2, median and p90; CPU: host time), the bytes each moves (workbench.measure
+graph replays on cold L2, median and p90; CPU: host time), the bytes each moves (workbench.memory_model
 byte model), the byte floor at the copy ceiling measured in the same run, and the tower's own
 replay at that budget, also measured in the same run, beside its FLOP floor (matmul + attention
 FLOPs at the matmul rate measured in the run). Every design's output is checked against a
@@ -29,13 +29,17 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..ceilings import copy_ceiling_gbs, matmul_tflops
 from ..config import PRESET_NAMES, VisionConfig
 from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device, resolve_dtype
-from ..measure import (bf16_ulps, copy_ceiling_gbs, device_label, floor_us, flop_floor_us, fmt_bytes, fmt_us,
-                       matmul_tflops, norm_traffic, time_us, tower_flops)
+from ..floors import floor_us, flop_floor_us, tower_flops
+from ..formatting import device_label, fmt_bytes, fmt_us
+from ..memory_model import norm_traffic
 from ..norms import NORMS, make_norm, normalize_reference
+from ..timing import time_us
 from ..towers.common import budget_padding, filling_grid
+from ..ulps import bf16_ulps
 from . import Study, Summary, profile_of, register
 from .footprint import Footprint, rows_bytes, tower_bytes
 from .params import Param, ParamSpec, ascending_unique, fractions

@@ -19,7 +19,7 @@ from ..config import PRESET_NAMES, VisionConfig
 from ..dtypes import dtype_name
 from ..dtypes import resolve_dtype as dtype_of
 from ..encoder import PATHS, PLACEMENT_TABLE, STUDY_PLACEMENTS, build_encoder, resolve_device, resolve_dtype
-from ..measure import device_label
+from ..formatting import device_label
 from ..norms import NORMS, normalize_reference
 from ..preprocess import Video, preprocess
 from ..reference import cos_min, rel_err

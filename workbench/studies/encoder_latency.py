@@ -19,10 +19,10 @@ on CUDA, where engines batch multimodal inputs into pinned buffers; each path ge
                    dtype and device, fed the CPU-normalized float32 rows its processor produces.
 
 Each time is the wall time of one call with the device synchronized before and after it
-(`workbench.measure.cpu_time_us`), p50 and p90 over ``reps`` after ``warmup`` calls. Beside them:
+(`workbench.timing.cpu_time_us`), p50 and p90 over ``reps`` after ``warmup`` calls. Beside them:
 the floor, the tower's FLOPs (matmul + full-attention + window-attention blocks, counted by
-`workbench.measure.tower_flops`) at the matmul rate measured in the same run
-(`workbench.measure.matmul_tflops`: bf16 on CUDA, fp32 on a CPU), and each time as a multiple of it.
+`workbench.floors.tower_flops`) at the matmul rate measured in the same run
+(`workbench.ceilings.matmul_tflops`: bf16 on CUDA, fp32 on a CPU), and each time as a multiple of it.
 
 Every cell is checked once before it is timed: the graph output against the eager output (bit-equal
 or within the dtype's tolerance) and ours against transformers (row-wise cosine). A path whose
@@ -40,15 +40,18 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..ceilings import attention_tflops, matmul_tflops
 from ..config import PRESET_NAMES, VisionConfig
 from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device, resolve_dtype
-from ..measure import (attention_tflops, cpu_time_us, device_label, flop_floor_us, fmt_us, kernel_breakdown,
-                       matmul_tflops, tower_flops)
+from ..floors import flop_floor_us, tower_flops
+from ..formatting import device_label, fmt_us
+from ..kernel_profile import kernel_breakdown
 from ..norms import NORMS
 from ..preprocess import PatchBatch, normalize_rows
 from ..reference import cos_min, hf_embeddings, hf_vision_model, rel_err
 from ..runner import PHASES, EncoderGraphRunner
+from ..timing import cpu_time_us
 from . import Study, Summary, profile_of, register
 from .footprint import Footprint, rows_bytes, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
@@ -101,7 +104,7 @@ PARAMS = ParamSpec(
     check=_divisible,
 )
 
-# `measure.KERNEL_CATEGORIES` plus its fallback, in the order the breakdown figure stacks them
+# `kernel_profile.KERNEL_CATEGORIES` plus its fallback, in the order the breakdown figure stacks them
 KERNEL_CATS = ("matmul", "attention", "norm", "rotary", "activation", "input_norm", "copy", "elementwise")
 METRICS = {
     "p50_ms": "ms", "p90_ms": "ms", "speedup": "x", "speedup_vs_transformers": "x", "x_floor": "x",
@@ -163,7 +166,7 @@ def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.de
 def practical_rates(cfg: VisionConfig, seq_rows: int, n_seqs: int, dev: torch.device,
                     dtype: torch.dtype) -> tuple[float, float | None]:
     """(full, window) attention TFLOP/s of the fastest kernel for the cell's shapes, measured now
-    (`workbench.measure.attention_tflops`): ``n_seqs`` sequences of ``seq_rows`` rows, and for
+    (`workbench.ceilings.attention_tflops`): ``n_seqs`` sequences of ``seq_rows`` rows, and for
     Qwen2.5-VL the same rows as whole windows of (window_merged x merge_size)^2 rows, as
     `tower_flops` counts them (None for Qwen2-VL)."""
     full = attention_tflops(seq_rows, n_seqs, cfg.heads, cfg.head_dim, dev, dtype)[0]

@@ -5,11 +5,11 @@ Three scopes per (norm implementation, budget, graph buffer dtype):
 - ``norm``   the norm captured alone, as the tower calls it (input: the graph buffer's dtype, output
              bf16, ``n_valid`` given, no ``out=``). Measured on CUDA (reserved bytes of its fresh
              graph pool, peak allocated bytes); modelled everywhere: the allocation trace derived
-             from the implementation (`workbench.measure.norm_alloc_trace`) replayed through a
+             from the implementation (`workbench.memory_model.norm_alloc_trace`) replayed through a
              model of torch's caching allocator (`PoolModel`), and the trace itself checked
              against one counted from a real call with a dispatch mode on the ``meta`` device, so a
              16384-token budget is sized without memory. The measurement counts the segments
-             of the graph's own pool (see `workbench.measure.captured_memory`).
+             of the graph's own pool (see `workbench.cuda_memory.captured_memory`).
 - ``tower``  placement tower: the tower (``depth`` blocks) captured with the norm as its first op,
              minus the same tower with the norm removed (it then only casts its input): what the
              norm adds to the pool once the tower's own allocations can reuse the freed
@@ -30,10 +30,11 @@ import pandas as pd
 import torch
 
 from ..config import PRESET_NAMES, VisionConfig
+from ..cuda_memory import captured_memory, eager_peak_bytes
 from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device
-from ..measure import (captured_memory, count_allocations, device_label, eager_peak_bytes, fmt_bytes,
-                       norm_alloc_trace, pool_model, trace_peak_bytes)
+from ..formatting import device_label, fmt_bytes
+from ..memory_model import count_allocations, norm_alloc_trace, pool_model, trace_peak_bytes
 from ..norms import NORMS, make_norm
 from ..towers.common import budget_padding, filling_grid
 from . import Study, Summary, profile_of, register

@@ -12,7 +12,7 @@ what that costs. For each image mix (data/image_mixes.toml) and budget set, this
   only, as placement ``runner`` does) does not. Both are measured per budget at 0, 50 and 100 %
   valid rows (graph replays on CUDA, host time on the CPU) and read per replay by linear
   interpolation in the valid fraction;
-- **tower FLOPs on padding**, counted from the config (`workbench.measure.tower_flops`): the
+- **tower FLOPs on padding**, counted from the config (`workbench.floors.tower_flops`): the
   matmuls run over every row; attention costs nothing on padding rows with the kernels that
   leave rows past ``cu_seqlens[-1]`` out (``varlen``, ``loop``), and the whole square with the
   dense ``masked`` backend;
@@ -38,14 +38,17 @@ import pandas as pd
 import torch
 
 from ..config import PRESET_NAMES, VisionConfig
+from ..cuda_memory import pool_segment_bytes
 from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device, resolve_dtype
-from ..measure import cpu_time_us, device_label, fmt_us, time_us, tower_flops
+from ..floors import tower_flops
+from ..formatting import device_label, fmt_us
 from ..norms import NORMS, make_norm
 from ..planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets
 from ..preprocess import PatchBatch, preprocess
 from ..runner import EncoderGraphRunner, default_budgets
 from ..samples import MIX_NAMES, image_mix, mix_distribution
+from ..timing import cpu_time_us, cuda_event_ms, time_us
 from . import Study, Summary, profile_of, register
 from .footprint import Footprint, rows_bytes, tower_bytes
 from .params import Param, ParamSpec
@@ -139,7 +142,7 @@ def for_runner(budgets, max_items: int) -> list[int]:
 # ---- measurements ------------------------------------------------------------------------------
 
 def _wall_ms(fn, reps: int, warmup: int = 1) -> dict:
-    """`measure.cpu_time_us` (host wall time, the device synchronized around each call) in ms."""
+    """`timing.cpu_time_us` (host wall time, the device synchronized around each call) in ms."""
     t = cpu_time_us(fn, reps=reps, warmup=warmup)
     return dict(p50=t["p50_us"] / 1e3, p90=t["p90_us"] / 1e3)
 
@@ -163,17 +166,8 @@ def _replay_ms(runner, budget: int, reps: int) -> dict:
     cap = runner.graphs[budget]
     dev = runner.device
     if dev.type == "cuda":
-        runner.replay(cap)
-        torch.cuda.synchronize(dev)
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            runner.replay(cap)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        times.sort()
+        with torch.cuda.device(dev):
+            times = cuda_event_ms(lambda: runner.replay(cap), reps, warmup=1, sync_each=True)
         return dict(p50=float(np.median(times)), p90=float(np.quantile(times, 0.9)))
     return _wall_ms(lambda: runner.replay(cap), reps, warmup=1)
 
@@ -228,9 +222,8 @@ def attention_padding_flops(cfg, backend: str, budget_rows: int, seqs: list[int]
 def _pool_bytes(runner) -> float:
     if runner.backend != "cuda" or runner.pool is None:
         return float("nan")
-    from ..measure import _pool_segment_bytes
     torch.cuda.synchronize(runner.device)
-    got = _pool_segment_bytes(runner.pool)
+    got = pool_segment_bytes(runner.pool)
     return float("nan") if got is None else float(got)
 
 

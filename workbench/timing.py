@@ -1,0 +1,146 @@
+"""Timers, with one set of statistics (p50, p10, p90, min over ``reps``).
+
+- `cuda_event_ms`: the one CUDA-event timing loop; every device timer here and in the benchmarks
+  and tools runs through it.
+- `graph_replay_us` (CUDA): the callable captured once, each replay timed between CUDA events on
+  cold L2; `cpu_time_us`: host wall time after synchronization; `time_us` picks by device.
+- `warm_on_side_stream`, `require_cuda`: the warm-up before a capture and the CUDA check that the
+  other measuring modules share.
+
+Why graph replays: an input norm runs inside a captured vision tower in the serving engines, so
+what matters is the kernel time with launch overhead removed, on cold L2 (the pixel rows arrive
+fresh from the host every step). `graph_replay_us` captures the callable once and times each
+replay between CUDA events, after overwriting a buffer several times larger than L2 (an H200 has
+60 MB) so no input or output of the previous replay is still cached.
+
+Pure functions: nothing is written to disk. The CUDA timers raise RuntimeError without a GPU
+(callers decide whether that is fatal; no number is ever invented).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+FLUSH_BYTES = 256 << 20
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted, non-empty list."""
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _summary(samples_us: list[float]) -> dict:
+    s = sorted(samples_us)
+    return dict(p50_us=_quantile(s, 0.5), p10_us=_quantile(s, 0.1), p90_us=_quantile(s, 0.9),
+                min_us=s[0], reps=len(s))
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def require_cuda(what: str) -> None:
+    """Raise RuntimeError naming ``what`` when torch sees no CUDA device."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs a CUDA device; none is available")
+
+
+def cpu_time_us(fn, reps: int = 10, warmup: int = 2) -> dict:
+    """Host wall time of ``fn()`` (time.perf_counter): dict(p50_us, p10_us, p90_us, min_us, reps).
+
+    Each rep is bracketed by a device synchronize (when CUDA is initialized), so queued GPU work
+    is included and never leaks into the next rep. The same statistics as `graph_replay_us`.
+    """
+    if reps < 1:
+        raise ValueError(f"reps={reps} must be >= 1")
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return _summary(samples)
+
+
+def time_us(fn, device, reps: int = 20, warmup: int = 3) -> dict:
+    """`graph_replay_us` on a CUDA device (``fn`` must be graph-safe), `cpu_time_us` elsewhere."""
+    if torch.device(device).type == "cuda":
+        with torch.cuda.device(torch.device(device)):
+            return graph_replay_us(fn, reps=reps, warmup=warmup)
+    return cpu_time_us(fn, reps=reps, warmup=warmup)
+
+
+def cuda_event_ms(fn, reps: int, warmup: int = 0, before=None, sync_each: bool = False) -> list[float]:
+    """Device time of each of ``reps`` calls of ``fn``, in milliseconds, in call order: each call
+    is timed on its own between two CUDA events recorded on the current stream.
+
+    ``warmup`` untimed calls come first, then a device synchronize. ``before`` (when given) runs
+    before every call, outside the timed region (the L2 flush of `graph_replay_us`). Without
+    ``sync_each`` the calls are queued back to back and the host waits once at the end, so host
+    launch time hides behind the queue; with it the host waits for each call's end event before
+    it launches the next one.
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        if before is not None:
+            before()
+        start.record()
+        fn()
+        end.record()
+        if sync_each:
+            end.synchronize()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def warm_on_side_stream(fn, warmup: int):
+    """Run ``fn`` ``warmup`` times (at least once) on a new side stream and return that stream, for
+    the capture that follows: capturing on the stream that was warmed keeps one-time allocations
+    (Triton compiles, the per-stream cuBLAS workspace) out of the graph's pool."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(max(1, warmup)):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return stream
+
+
+def graph_replay_us(fn, reps: int = 50, warmup: int = 3, flush_bytes: int = FLUSH_BYTES) -> dict:
+    """Time ``fn`` as a CUDA-graph replay: dict(p50_us, p10_us, p90_us, min_us, reps).
+
+    ``fn`` is warmed ``warmup`` times on a side stream (Triton compiles, allocator settles), then
+    captured once on that stream into a `torch.cuda.CUDAGraph`. Each of the ``reps`` replays is timed on its own
+    between two CUDA events; before each, outside the timed region, a ``flush_bytes`` buffer is
+    overwritten so L2 holds none of the replay's data (``flush_bytes=0`` times warm replays).
+    ``fn`` must be graph-safe (no host syncs); tensors it allocates come from the graph's pool and
+    are reused by every replay.
+    """
+    require_cuda("graph_replay_us")
+    if reps < 1:
+        raise ValueError(f"reps={reps} must be >= 1")
+    stream = warm_on_side_stream(fn, warmup)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    flush = torch.empty(max(1, flush_bytes), dtype=torch.uint8, device="cuda")
+    # one untimed replay first: it uploads the graph
+    ms = cuda_event_ms(graph.replay, reps, warmup=1, before=(lambda: flush.fill_(1)) if flush_bytes else None)
+    samples = [t * 1e3 for t in ms]
+    del graph, flush
+    return _summary(samples)
