@@ -3,7 +3,7 @@
 The public names below are imported on first use (``wb.build_encoder`` loads torch then), so
 ``python -m workbench --help`` and the light modules (provenance, report) start instantly. On a
 machine without CUDA, Triton kernels can only run in Triton's interpreter: the modules that hold
-kernels (workbench.norms, workbench.measure) set TRITON_INTERPRET=1 there before importing Triton,
+kernels (workbench.norms, workbench.fused, workbench.ceilings) set TRITON_INTERPRET=1 there before importing Triton,
 unless the variable is already set.
 """
 from __future__ import annotations

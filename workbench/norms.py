@@ -389,7 +389,7 @@ class InputNorm(nn.Module):
         return out.copy_(torch.where(keep[:, None], y.to(out.dtype), out))
 
     def _eager(self, pixels, out_dtype, out, n_valid):
-        # the engines' fallback: fp32 temporaries on purpose (workbench.measure.norm_traffic models their cost)
+        # the engines' fallback: fp32 temporaries on purpose (workbench.memory_model.norm_traffic models their cost)
         y = pixels.to(torch.float32) * self.scale_col + self.shift_col
         if out is not None and n_valid is None:
             return out.copy_(y)   # copy_ casts; no separate cast pass

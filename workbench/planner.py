@@ -211,9 +211,9 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     capture_pool_bytes comes from the tower's own code, not from a formula: the tower is built on
     the 'meta' device (no memory), its `forward_prepared` over the runner's capture shapes (a
     dummy grid filling the budget, cfg.merge_unit * budget rows) runs under
-    `measure.count_allocations` in inference mode, with the attention op a CUDA tower of that
+    `memory_model.count_allocations` in inference mode, with the attention op a CUDA tower of that
     dtype uses (torch's flash `varlen_attn` for bf16/fp16, which has a meta kernel; the dense
-    masked SDPA for fp32), and the allocation trace is replayed through `measure.PoolModel`
+    masked SDPA for fp32), and the allocation trace is replayed through `memory_model.PoolModel`
     (torch's caching-allocator rules: 512 B rounding, 2/20 MiB segments, best fit, splitting and
     coalescing) to give the bytes the pool reserves.
 
