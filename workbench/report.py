@@ -638,12 +638,9 @@ def norm_bandwidth_section(results_dir: Path | str, out_dir: Path) -> BenchmarkS
 # --------------------------------------------------------------------------- build
 
 
-# the order of the design brief's study table; a study not listed goes after them, by name
-STUDY_ORDER = ("correctness", "cast_cost", "padding_waste", "fp32_memory", "encoder_latency")
-
-
-def _study_rank(name: str) -> tuple[int, str]:
-    return (STUDY_ORDER.index(name) if name in STUDY_ORDER else len(STUDY_ORDER), name)
+def _study_rank(study: Any) -> tuple[float, str]:
+    """Sections in the order the studies declare (`Study.order`), then by name."""
+    return (getattr(study, "order", math.inf), study.name)
 
 
 # --------------------------------------------------------------------------- the report folder
@@ -924,7 +921,7 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
     note_table_devices(runs, loaded)
     devices = known_devices(runs)
     sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices)
-                for _, s in sorted(studies.items(), key=lambda kv: _study_rank(kv[0]))]
+                for s in sorted(studies.values(), key=_study_rank)]
     bandwidth = norm_bandwidth_section(results_dir, tmp)
     by_run: dict[str, list[str]] = {}
     for p in problems:

@@ -59,6 +59,8 @@ class Study:
     summarize: Callable[[Any, Path], Summary | str]
     params: ParamSpec                           # the one declaration of its parameters
     question: str = ""
+    # where its section goes in the report: correctness first, then what the right placements cost
+    order: float = float("inf")
     # GPUs one run of the study uses with these resolved params on this device ("cuda" / "cpu");
     # None: one. `sweep --gpus` gives each study one GPU and warns about those that want more.
     gpus: Callable[[Mapping[str, Any], str], int] | None = None

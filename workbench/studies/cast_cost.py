@@ -406,6 +406,7 @@ def footprint(p, device: str) -> Footprint:
 
 STUDY = register(Study(
     name="cast_cost",
+    order=2,
     notebook="notebooks/cast_cost.ipynb",
     run=run,
     summarize=summarize,

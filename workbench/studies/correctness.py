@@ -200,7 +200,7 @@ def _build(cfg, placement, norm, dt, dev, seed):
 
 
 def _dp_rows(cfg, items, placements, norms, dt, dev, seed, world, common, ref, tol):
-    from ..dp import launch
+    from ..launch import launch
 
     cells = sorted({(p, n) for p, n, _, _ in _cells(placements, norms, ["eager"], ["-"])})
     if dev.type == "cuda" and torch.cuda.device_count() < world:
@@ -430,6 +430,7 @@ def footprint(p, device: str) -> Footprint:
 
 STUDY = register(Study(
     name="correctness",
+    order=1,
     notebook="notebooks/correctness.ipynb",
     run=run,
     summarize=summarize,

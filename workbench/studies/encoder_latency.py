@@ -622,6 +622,7 @@ def footprint(p, device: str) -> Footprint:
 
 STUDY = register(Study(
     name="encoder_latency",
+    order=5,
     notebook="notebooks/encoder_latency.ipynb",
     run=run,
     summarize=summarize,

@@ -354,6 +354,7 @@ def footprint(p, device: str) -> Footprint:
 
 STUDY = register(Study(
     name="fp32_memory",
+    order=4,
     notebook="notebooks/fp32_memory.ipynb",
     run=run,
     summarize=summarize,

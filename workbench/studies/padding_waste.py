@@ -533,6 +533,7 @@ def footprint(p, device: str) -> Footprint:
 
 STUDY = register(Study(
     name="padding_waste",
+    order=3,
     notebook="notebooks/padding_waste.ipynb",
     run=run,
     summarize=summarize,
