@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.dp import balance, encode_job, launch
+from workbench.dp import balance, encode_job
+from workbench.launch import launch
 from workbench.reference import rel_err
 
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workbench.dp import RankError, encode_dp, launch
+from workbench.dp import encode_dp
 from workbench.encoder import build_encoder
+from workbench.launch import RankError, launch
 from workbench.preprocess import preprocess
 from workbench.samples import random_images
 
@@ -243,7 +244,7 @@ def test_ranks_do_not_outlive_a_sigkilled_launcher(kill):
     """kill -9 of the launcher alone (the ranks must notice: PR_SET_PDEATHSIG), or of its whole group."""
     code = (f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
             "import test_dp_faults\n"
-            "from workbench.dp import launch\n"
+            "from workbench.launch import launch\n"
             "if __name__ == '__main__':\n"
             "    launch(test_dp_faults._print_pid_then_block, world_size=2, backend='gloo', timeout_s=600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,

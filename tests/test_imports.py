@@ -1,12 +1,17 @@
 """The package's import graph has no cycle: data flows one way (configs and preprocessing -> norms
--> towers -> encoder -> runner and dp -> measurement -> studies -> sweep, report, command line),
-and every import counts, including those inside functions."""
+-> towers -> encoder -> runner and dp -> measurement -> studies -> report -> the sweep layer and
+the command line), and every import counts, including those inside functions. The local process
+launcher (workbench.launch) stands apart: the dp path and the studies use it, and it knows nothing
+of the encoder."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "workbench"
+# the command line and the sweep machinery, top to bottom: each imports only those below it
+COMMAND_LAYER = ("workbench.__main__", "workbench.cli", "workbench.sweep", "workbench.workers", "workbench.stages",
+                 "workbench.notebook_run")
 
 
 def _module_name(path: Path) -> str:
@@ -88,8 +93,51 @@ def test_the_package_import_graph_has_no_cycle():
 
 def test_the_core_imports_nothing_above_it():
     graph = import_graph()
-    above = {"workbench.runner", "workbench.dp", "workbench.measure", "workbench.report", "workbench.__main__"}
+    above = {"workbench.runner", "workbench.dp", "workbench.launch", "workbench.measure", "workbench.report",
+             *COMMAND_LAYER}
     above |= {m for m in graph if m.startswith("workbench.studies")}
     for core in ("workbench.config", "workbench.preprocess", "workbench.norms", "workbench.towers",
                  "workbench.encoder", "workbench.dtypes"):
         assert not (graph[core] & above), (core, sorted(graph[core] & above))
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for n in graph[todo.pop()] - seen:
+            seen.add(n)
+            todo.append(n)
+    return seen
+
+
+def test_the_launcher_imports_nothing_of_the_encoder():
+    graph = import_graph()
+    assert {"workbench.launch", "workbench.dp", "workbench.encoder"} <= set(graph)
+    # the package __init__ holds shared helpers (cpu_share) and re-exports the rest lazily: as in the
+    # cycle test, an import of it does not import those
+    graph = {m: {n for n in deps if n != "workbench"} for m, deps in graph.items()}
+    # the encoder's parts, and every module that builds on the encoder (dp, runner, the studies, ...)
+    encoder_side = {"workbench.encoder", "workbench.config", "workbench.preprocess", "workbench.norms",
+                    "workbench.fused", "workbench.attention", "workbench.dtypes"}
+    encoder_side |= {m for m in graph if m.startswith("workbench.towers")}
+    encoder_side |= {m for m in graph if "workbench.encoder" in reachable(graph, m)}
+    assert {"workbench.dp", "workbench.runner"} <= encoder_side
+    reached = reachable(graph, "workbench.launch")
+    assert not reached & encoder_side, sorted(reached & encoder_side)
+    assert not reached & set(COMMAND_LAYER), sorted(reached & set(COMMAND_LAYER))
+
+
+def test_the_command_line_and_sweep_layer_sits_above_studies_and_report():
+    graph = import_graph()
+    layer = set(COMMAND_LAYER)
+    assert layer <= set(graph)
+    below = {m: sorted(deps & layer) for m, deps in graph.items() if m not in layer and deps & layer}
+    assert below == {}, f"modules below the command line import it: {below}"
+    for i, m in enumerate(COMMAND_LAYER):
+        higher = graph[m] & set(COMMAND_LAYER[:i])
+        assert not higher, (m, sorted(higher))
+    assert graph["workbench.__main__"] == {"workbench.cli"}
+    # the layer is where studies and report meet the command line
+    assert "workbench.report" in graph["workbench.cli"] and "workbench.studies.tables" in graph["workbench.stages"]

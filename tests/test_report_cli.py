@@ -537,7 +537,7 @@ def test_a_failed_build_leaves_the_previous_report_intact(built, tmp_path, monke
 
 
 def test_cli_report_exits_non_zero_when_a_summary_fails(built, tmp_path, monkeypatch, capsys):
-    from workbench.__main__ import main
+    from workbench.cli import main
 
     root, _, _ = built
     good = studies.discover()["correctness"]
@@ -670,7 +670,8 @@ def test_cli_sweep_bad_arguments_fail_before_any_run_folder(tmp_path, args, mess
 
 def test_cli_sweep_records_the_coerced_values_that_ran(tmp_path, monkeypatch):
     """A scalar for a list and a comma-separated string become lists; meta.json records what ran."""
-    from workbench import __main__ as cli_main
+    from workbench import cli as cli_module
+    from workbench.sweep import run_sweep
 
     seen = {}
 
@@ -680,10 +681,11 @@ def test_cli_sweep_records_the_coerced_values_that_ran(tmp_path, monkeypatch):
 
     study = studies.discover()["cast_cost"]
     monkeypatch.setitem(studies.STUDIES, "cast_cost", dataclasses.replace(study, run=fake_run))
-    args = cli_main.build_parser().parse_args(
+    args = cli_module.build_parser().parse_args(
         ["sweep", "--direct", "--results", str(tmp_path), "--studies", "cast_cost", "--profile", "cpu",
          "--set", "budgets=16", "--set", "norms=eager,triton_rows", "--set", "reps=3"])
-    run_dir, failures = cli_main.run_sweep(args)
+    result = run_sweep(cli_module.sweep_plan(args, studies.discover()))
+    run_dir, failures = result.run_dir, result.failures
     assert failures == []
     assert seen["budgets"] == [16] and seen["norms"] == ["eager", "triton_rows"] and seen["reps"] == 3
     recorded = prov.read_meta(run_dir)["params"]["studies"]["cast_cost"]
@@ -693,7 +695,7 @@ def test_cli_sweep_records_the_coerced_values_that_ran(tmp_path, monkeypatch):
 def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path, monkeypatch):
     """A study that fails while it runs: the run folder then holds no table and its meta.json lists
     the failure; the exit code is non-zero; the other studies still run."""
-    from workbench import __main__ as cli_main
+    from workbench import cli as cli_module
 
     def broken(device="auto", progress=True, **params):
         raise RuntimeError("no-such-family: the kernel broke")
@@ -703,7 +705,7 @@ def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path, monkeypatch):
     fine = studies.discover()["fp32_memory"]
     monkeypatch.setitem(studies.STUDIES, "fp32_memory",
                         dataclasses.replace(fine, run=lambda device="auto", progress=True, **p: _demo_table()))
-    args = cli_main.build_parser().parse_args(
+    args = cli_module.build_parser().parse_args(
         ["sweep", "--direct", "--results", str(tmp_path), "--studies", "cast_cost,fp32_memory"])
     assert args.func(args) == 1
     (run_dir,) = run_folders(tmp_path)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from workbench import __main__ as cli
+from workbench import cli
 from workbench import provenance as prov
 from workbench.runstate import STAGES, notebook_done, open_failures, run_state
 from workbench.studies.plotting import PROGRESS_ENV
+from workbench.sweep import interrupted_run
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "results" / "reference"
@@ -45,7 +46,7 @@ def test_a_run_killed_after_its_last_table_is_finished_by_resume(tmp_path, capsy
     _unfinish(run)
     state = run_state(run, prov.read_meta(run))
     assert not state.finished and state.left == {"fp32_memory": ["figures"]}
-    assert cli.interrupted_run(tmp_path, "cpu") in (run, None)   # None where the tree is dirty
+    assert interrupted_run(tmp_path, "cpu") in (run, None)   # None where the tree is dirty
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
     assert "fp32_memory (figures)" in capsys.readouterr().out
     meta = prov.read_meta(run)
@@ -54,7 +55,7 @@ def test_a_run_killed_after_its_last_table_is_finished_by_resume(tmp_path, capsy
     assert (run / "fp32_memory.parquet").read_bytes() == table           # the table was not measured again
     assert sorted(json.loads((run / "figures" / ".fp32_memory.drawn").read_text())) == sorted(
         p.name for p in (run / "figures").iterdir() if not p.name.startswith("."))
-    assert cli.interrupted_run(tmp_path, "cpu") is None                   # make report sweeps again, not resumes
+    assert interrupted_run(tmp_path, "cpu") is None                       # make report sweeps again, not resumes
     assert not (run / ".lock").exists()
 
 

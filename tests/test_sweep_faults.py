@@ -132,15 +132,15 @@ lock = RunLock({str(run)!r}); assert lock.acquire(); print('held', flush=True); 
 
 def test_make_report_resumes_an_interrupted_run_of_the_same_code(tmp_path, monkeypatch):
     """An unfinished run of this commit (clean tree) that nobody works in is what `report` picks up."""
-    from workbench import __main__ as cli
+    from workbench.sweep import interrupted_run
     g = prov.git_info()
     if not g.get("sha") or g.get("dirty"):
         pytest.skip("needs a clean git checkout (CI has one): interrupted runs resume only with the same code")
     run = prov.new_run_dir(tmp_path, name="cpu")
     prov.write_meta(run, prov.collect_meta({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {}}))
-    assert cli.interrupted_run(tmp_path, "cpu") == run
+    assert interrupted_run(tmp_path, "cpu") == run
     with prov.RunLock(run):
-        assert cli.interrupted_run(tmp_path, "cpu") is None       # in use: not interrupted
+        assert interrupted_run(tmp_path, "cpu") is None           # in use: not interrupted
     meta = json.loads((run / "meta.json").read_text())
     prov.write_meta(run, prov.finish_meta(meta))
-    assert cli.interrupted_run(tmp_path, "cpu") is None            # finished
+    assert interrupted_run(tmp_path, "cpu") is None                # finished

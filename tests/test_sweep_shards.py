@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from workbench.__main__ import EMULATE_GPUS_ENV, longest_first, one_gpu_warnings, parse_gpus, parse_shard, shard_studies
+from workbench.cli import parse_gpus, parse_shard
+from workbench.sweep import longest_first, shard_studies
+from workbench.workers import EMULATE_GPUS_ENV, one_gpu_warnings
 from workbench.report import find_runs, load_tables
 from workbench.studies import discover, wide
 

@@ -1,0 +1,419 @@
+"""Command line: ``python -m workbench {report,sweep,info,notebooks}`` (also installed as ``workbench``).
+
+- ``sweep``  runs the registered studies' notebooks through papermill into a new run folder
+  ``results/<UTC time>-<sha>-<name>/`` (meta.json, <study>.parquet, executed <study>.ipynb), with
+  each study's default parameters for the hardware profile (``cpu``: minutes on 2 cores; ``gpu``
+  on a CUDA host).
+- ``report`` is the main job: the default sweep, then ``results/report/index.html`` built from
+  every run folder (local and committed reference runs). ``--no-sweep`` only rebuilds the page.
+- ``info``   prints the provenance record a run would store (git, packages, device, clocks).
+- ``notebooks`` regenerates each study notebook's ``parameters`` cell from the study's parameter
+  declaration (``--check`` only reports notebooks that are out of step).
+
+Every ``--set`` is checked against the studies' declarations before a run folder exists; the
+resolved values are what meta.json records and what the notebooks receive. A command turns its
+arguments into a plan (workbench.sweep.SweepPlan), hands it to workbench.sweep and prints the
+result; the parsed arguments go no deeper.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .notebook_run import sync_notebook
+from .provenance import collect_meta, results_root
+from .report import NO_STUDY_MESSAGE, build_report
+from .sweep import DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, resume_sweep, run_sweep
+from .workers import EMULATE_GPUS_ENV, check_gpus, work
+
+# Everything heavy (torch, pandas, the studies) is imported inside the commands, so that --help and
+# argument errors answer at once.
+
+
+def _parse_value(text: str) -> Any:
+    """``--set`` values: JSON where it parses (numbers, lists, true/false, null), else a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
+    """``KEY=VALUE`` applies to every study, ``STUDY.KEY=VALUE`` to one; keyed by study (None = all)."""
+    out: dict[str | None, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects KEY=VALUE or STUDY.KEY=VALUE, got {item!r}")
+        study, dot, name = key.rpartition(".")
+        out.setdefault(study if dot else None, {})[name] = _parse_value(value)
+    return out
+
+
+def _select(studies: dict, names: str | None) -> list:
+    if not names:
+        return [studies[k] for k in sorted(studies)]
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in studies]
+    if unknown:
+        raise SystemExit(f"unknown studies {unknown}; registered: {sorted(studies) or 'none'}")
+    return [studies[n] for n in wanted]
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    """``--gpus 0,1`` -> [0, 1]; SystemExit naming the bad value otherwise."""
+    if text is None:
+        return None
+    try:
+        ids = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise SystemExit(f"--gpus {text!r}: give distinct GPU indices separated by commas, e.g. --gpus 0,1")
+    return ids
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``--shard 1/4`` -> (1, 4); SystemExit naming the bad value otherwise."""
+    if text is None:
+        return None
+    i, sep, n = str(text).partition("/")
+    try:
+        i, n = int(i), int(n)
+    except ValueError:
+        sep = ""
+    if not sep or n < 1 or not 0 <= i < n:
+        raise SystemExit(f"--shard {text!r}: give I/N with 0 <= I < N (shard I of N), e.g. --shard 0/2")
+    return i, n
+
+
+NAME_MAX = 80      # characters of a run name: the folder adds a 25-character time and commit prefix
+
+
+def parse_name(text: str | None) -> str | None:
+    """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX
+    characters; SystemExit naming the bad value otherwise."""
+    import re
+
+    if text is None:
+        return None
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.")
+    if not slug:
+        raise SystemExit(f"--name {text!r} has no letter or digit; give a short name such as --name smoke")
+    if len(slug) > NAME_MAX:
+        raise SystemExit(f"--name is {len(slug)} characters long; give at most {NAME_MAX}")
+    return slug
+
+
+def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
+                  profile: str) -> dict[str, dict[str, Any]]:
+    """Every selected study's parameters for ``profile`` with the ``--set`` overrides applied and
+    checked against its declaration; SystemExit (no traceback, before any run folder exists)
+    naming the bad study, parameter, value and the valid choices."""
+    from .studies import ParamError
+
+    unknown = sorted(k for k in sets if k is not None and k not in studies)
+    if unknown:
+        raise SystemExit(f"--set names unknown studies {unknown}; registered: {sorted(studies)}")
+    unselected = sorted(k for k in sets if k is not None and k not in {s.name for s in selected})
+    if unselected:
+        raise SystemExit(f"--set names studies {unselected} that this sweep does not run; selected: "
+                         f"{sorted(s.name for s in selected)}")
+    plan, errors = {}, []
+    shared = sets.get(None, {})
+    for study in selected:
+        names = set(study.params.names)
+        # a KEY=VALUE for every study applies to those that declare KEY; a KEY no selected study
+        # declares is refused below
+        overrides = {k: v for k, v in shared.items() if k in names}
+        overrides.update(sets.get(study.name, {}))
+        try:
+            plan[study.name] = study.resolve(profile, overrides)
+            study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
+        except ParamError as e:
+            errors.append(f"--set: {e}")
+    nowhere = sorted(k for k in shared if not any(k in s.params.names for s in selected))
+    if nowhere:
+        valid = {s.name: s.params.names for s in selected}
+        errors.append(f"--set: no selected study takes {nowhere}; parameters: {valid}")
+    if errors:
+        raise SystemExit("\n".join(errors))
+    return plan
+
+
+def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
+    """The sweep the options of ``sweep``/``report`` ask for, checked (SystemExit naming what is
+    wrong, before any run folder exists) and resolved against the registry ``studies``."""
+    from .studies import default_profile
+
+    selected = _select(studies, args.studies)
+    profile = default_profile() if args.profile == "auto" else args.profile
+    gpus = parse_gpus(args.gpus)
+    shard = parse_shard(args.shard)
+    params = _resolve_plan(_parse_sets(args.set or []), studies, selected, profile)
+    check_gpus(gpus, profile)
+    name = parse_name(args.name) or profile
+    return SweepPlan(studies=tuple(selected), params=params, profile=profile, results=args.results, name=name,
+                     mode="direct" if args.direct else "papermill", kernel=args.kernel,
+                     gpus=tuple(gpus) if gpus else None, gpus_emulated=bool(gpus and os.environ.get(EMULATE_GPUS_ENV)),
+                     shard=shard, group=shard_group(args.group, name) if shard is not None else None)
+
+
+def shard_group(group: str | None, name: str) -> str:
+    """The name the shards of one run share (--group, $WORKBENCH_RUN_GROUP, $SLURM_ARRAY_JOB_ID, or
+    <UTC date>-<git sha>-<name>: shards started the same day from the same code under one name)."""
+    from .provenance import git_info, utc_now
+
+    for value in (group, os.environ.get("WORKBENCH_RUN_GROUP"), os.environ.get("SLURM_ARRAY_JOB_ID")):
+        if value:
+            return str(value)
+    return f"{utc_now().strftime('%Y%m%d')}-{git_info().get('short') or 'nogit'}-{name}"
+
+
+def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
+    """Run the sweep the options ask for, or finish the run folder ``resume``; print its summary."""
+    from .studies import discover
+
+    studies = discover()
+    if not studies:
+        result = SweepResult(None, note=NO_STUDY_MESSAGE)
+    elif resume:
+        result = resume_sweep(resume, args.results, studies, kernel=args.kernel, gpus=parse_gpus(args.gpus),
+                              resume_finished=args.resume_finished)
+    else:
+        result = run_sweep(sweep_plan(args, studies))
+    print(result.summary())
+    return result
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Internal: one GPU's worker of ``sweep --gpus`` (workbench.workers)."""
+    work(Path(args.run_dir), [n for n in args.studies.split(",") if n], args.direct, args.kernel)
+    return 0
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    from .studies import discover
+
+    stale = []
+    for name, study in sorted(discover().items()):
+        if sync_notebook(study, check=args.check):
+            stale.append(study.notebook)
+    verb = "out of step" if args.check else "rewritten"
+    print(f"notebooks: {len(stale)} {verb}" + (f": {', '.join(stale)}" if stale else ""))
+    return 1 if args.check and stale else 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    params = None
+    if args.params:
+        try:
+            params = json.loads(args.params)
+        except ValueError as e:
+            raise SystemExit(f"info --params {args.params!r} is not JSON ({e}); give an object, e.g. "
+                             """--params '{"budgets": [64]}'""") from None
+        if not isinstance(params, dict):
+            raise SystemExit(f"info --params {args.params!r} is a JSON {type(params).__name__}; give an object, "
+                             """e.g. --params '{"budgets": [64]}'""")
+    print(json.dumps(collect_meta(params), indent=2, default=str))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    return 1 if _sweep(args, args.resume).failures else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import REPORT_DIRNAME, ReportError, check_report_dir
+
+    out = args.out if args.out is not None else Path(args.results) / REPORT_DIRNAME
+    try:        # before the sweep: a folder the report may not replace is refused at once
+        check_report_dir(out, args.results)
+    except ReportError as e:
+        raise SystemExit(f"report: {e}") from None
+    failures: list[str] = []
+    if not args.no_sweep:
+        profile = args.profile
+        if profile == "auto":
+            from .studies import default_profile
+            profile = default_profile()
+        resume = args.resume
+        if not resume and not args.studies and not args.set:
+            interrupted = interrupted_run(args.results, parse_name(args.name) or profile)
+            if interrupted is not None:
+                print(f"report: resuming the interrupted run {interrupted.name}")
+                resume = str(interrupted)
+        failures = _sweep(args, resume).failures
+    try:
+        result = build_report(args.results, args.out)
+    except ReportError as e:
+        raise SystemExit(f"report: {e}") from None
+    if result.no_study and args.no_sweep:
+        print(NO_STUDY_MESSAGE)
+    print(f"report: {len(result.runs)} run folder(s), {len(result.sections)} stud"
+          f"{'y' if len(result.sections) == 1 else 'ies'} -> {result.index}")
+    for problem in result.problems:
+        print(f"report: summary failed for {problem}", file=sys.stderr)
+    return 1 if failures or result.problems else 0
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sweep")
+    g.add_argument("--profile", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="default parameters to use: auto = gpu on a CUDA host, else cpu "
+                        "(default: %(default)s)")
+    g.add_argument("--studies", metavar="A,B",
+                   help="comma-separated studies to run (default: every registered study)")
+    g.add_argument("--set", action="append", metavar="[STUDY.]KEY=VALUE",
+                   help="override a parameter, for every study or for one (repeatable; VALUE "
+                        "is JSON where it parses, else a string)")
+    g.add_argument("--name", help="suffix of the run folder name (default: the profile)")
+    g.add_argument("--direct", action="store_true",
+                   help="call the studies' run functions in this process instead of executing "
+                        "their notebooks with papermill")
+    g.add_argument("--kernel", default="python3",
+                   help="Jupyter kernel for papermill (default: %(default)s, this interpreter)")
+    g.add_argument("--resume", metavar="RUN",
+                   help="finish an interrupted run folder (a path, or a folder name under --results): only "
+                        "the studies without a table run, with the parameters its meta.json recorded")
+    g.add_argument("--resume-finished", action="store_true",
+                   help="with --resume: also finish a run that finished without failures but lacks a stage "
+                        "(what it recorded stays; the resume is added to its meta.json)")
+    g.add_argument("--gpus", metavar="0,1,...",
+                   help="spread the studies over these GPUs of this host: one worker process per GPU "
+                        "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device, and "
+                        "OMP_NUM_THREADS to its share of the host's cores unless set), each "
+                        "taking the next study nobody has taken")
+    g.add_argument("--shard", metavar="I/N",
+                   help="run only shard I of N (0 <= I < N) of the selected studies (study k, in name "
+                        "order, belongs to shard k %% N), for a scheduler's job array: SLURM "
+                        "(--shard $SLURM_ARRAY_TASK_ID/N), Kubernetes indexed jobs "
+                        "($JOB_COMPLETION_INDEX), torchrun ($RANK/$WORLD_SIZE); the report merges the "
+                        "shards of one run")
+    g.add_argument("--group", metavar="NAME",
+                   help="with --shard: the name the shards of one run share (default: $WORKBENCH_RUN_GROUP, "
+                        "else $SLURM_ARRAY_JOB_ID, else <UTC date>-<git sha>-<name>)")
+
+
+def _params_epilog() -> str:
+    try:
+        from .studies import discover
+
+        studies = discover()
+    except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
+        return f"(study parameters unavailable: {e})"
+    parts = ["study parameters (--set KEY=VALUE for every study that has KEY, --set STUDY.KEY=VALUE for one;",
+             "lists take JSON, a comma-separated string or one value):"]
+    for name, study in sorted(studies.items()):
+        parts.append(f"{name}:")
+        parts.append(study.params.describe("  "))
+    return "\n".join(parts)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog is computed only when help is shown (listing the studies'
+    parameters imports them, and with them torch)."""
+
+    def __init__(self, *args, lazy_epilog=None, **kw):
+        super().__init__(*args, **kw)
+        self._lazy_epilog = lazy_epilog
+
+    def format_help(self) -> str:
+        if self._lazy_epilog is not None and self.epilog is None:
+            self.epilog = self._lazy_epilog()
+        return super().format_help()
+
+
+def _results_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--results", type=Path, metavar="DIR", default=None,
+                   help=f"{what} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
+                        f"the same whatever the working directory)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m workbench",
+        description="Vision-encoder input-normalization workbench: run the studies, build the "
+                    "report, show provenance.",
+        epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
+               "<study>.parquet per study; committed GPU reference runs live in "
+               "results/reference/.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,info,notebooks}",
+                                parser_class=_Parser)
+
+    p = sub.add_parser("report", help="the main job: default sweep, then results/report/index.html",
+                       description="Run the default sweep for this hardware (unless --no-sweep), "
+                                   "then build <results>/report/index.html from every run folder.",
+                       lazy_epilog=_params_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _results_option(p, "folder holding the run folders")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="where to write the report (default: <results>/report)")
+    p.add_argument("--no-sweep", action="store_true",
+                   help="only rebuild the report from the run folders already there")
+    _add_sweep_options(p)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("sweep", help="run the studies into a new run folder",
+                       description="Run the registered studies (their notebooks, via papermill) "
+                                   "into a new run folder under --results.",
+                       lazy_epilog=_params_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _results_option(p, "where the new run folder goes")
+    _add_sweep_options(p)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("info", help="print this machine's provenance record as JSON",
+                       description="Print the meta.json record a run started now would store.")
+    p.add_argument("--params", metavar="JSON", help="parameters to include, as a JSON object")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells from the studies",
+                       description="Write each study's declared parameters (CPU defaults) into the "
+                                   "cell tagged 'parameters' of its notebook.")
+    p.add_argument("--check", action="store_true", help="only report notebooks that are out of step "
+                                                        "(exit 1 if any)")
+    p.set_defaults(func=cmd_notebooks)
+    # internal: one GPU's worker of `sweep --gpus` (not listed in the help)
+    p = sub.add_parser("worker", description="internal: one worker of sweep --gpus")
+    p.add_argument("run_dir")
+    p.add_argument("--studies", required=True)
+    p.add_argument("--kernel", default="python3")
+    p.add_argument("--direct", action="store_true")
+    p.set_defaults(func=cmd_worker)
+    parser.subcommands = sub.choices
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:   # an unknown flag after a subcommand: show that subcommand's usage, not the top one
+        parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "results", "unset") is None:
+        args.results = results_root()
+    try:        # a malformed $WORKBENCH_LIMITS is named here, not deep inside a study
+        from .limits import Limits
+        Limits.from_env()
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    results = getattr(args, "results", None)
+    if results is not None and Path(results).exists() and not Path(results).is_dir():
+        raise SystemExit(f"--results {results} is a file, not a folder; give the folder that holds the run folders")
+    try:
+        return args.func(args)
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        # a read-only or full disk, a missing permission: what and where, not a traceback; what a
+        # finished run wrote is never touched by a failed write (files are replaced atomically)
+        raise SystemExit(f"{args.command}: {e.strerror or e}: {e.filename or ''}".rstrip(": ")
+                         + " (nothing finished was changed; free space or pick a writable --results)") from None
+
+
+_DISK_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EDQUOT,
+                errno.ENOTDIR}
+

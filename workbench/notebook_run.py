@@ -1,0 +1,99 @@
+"""A study's notebook and what a run keeps of it: execution through papermill into the run folder,
+its HTML export, the study's figures of the run, and the notebooks' ``parameters`` cells kept in
+step with the studies' declarations (the ``notebooks`` command).
+
+Heavy imports (papermill, nbconvert, matplotlib, the studies) stay inside the functions.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .provenance import REPO_ROOT, atomic_write_text
+
+
+def run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path, kernel: str) -> None:
+    """Execute the study's notebook with ``params`` into ``<run_dir>/<study>.ipynb``."""
+    nb = REPO_ROOT / study.notebook
+    if not nb.is_file():
+        raise FileNotFoundError(f"notebook {study.notebook} is missing (--direct skips notebooks)")
+    try:
+        import papermill as pm
+    except ImportError as e:
+        raise RuntimeError("papermill is not installed (make setup, or make wheels on a GPU "
+                           "host; --direct runs studies without notebooks)") from e
+    from .studies.plotting import PROGRESS_ENV
+
+    # the kernel inherits this: studies show no progress bars inside the executed notebook
+    os.environ[PROGRESS_ENV] = "0"
+    pm.execute_notebook(
+        str(nb),
+        str(run_dir / f"{study.name}.ipynb"),
+        parameters={**params, "device": device, "run_dir": str(run_dir.resolve())},
+        kernel_name=kernel,
+        cwd=str(REPO_ROOT),
+        progress_bar=True,
+    )
+
+
+def export_html(notebook: Path) -> str | None:
+    """``<study>.html`` beside the executed notebook, so the report links to something a browser
+    shows (code, tables, figures); a warning instead of an error where nbconvert is missing."""
+    try:
+        import nbconvert
+        import nbformat
+
+        body, _ = nbconvert.HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
+        atomic_write_text(notebook.with_suffix(".html"), body)
+    except Exception as e:  # noqa: BLE001 - the measurement is done; only its readable copy is missing
+        return f"{notebook.stem}: no HTML export ({type(e).__name__}: {e})"
+    return None
+
+
+def save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
+    """The study's figures of this run alone, PNG and SVG, into ``<run_dir>/figures/``, so a run
+    folder (a committed reference run too) carries its own pictures. Returns a warning instead
+    of raising: a figure that fails to draw never fails a finished measurement."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from .provenance import read_meta
+    from .report import Run, run_table
+    from .runstate import FIGURES_DIR, figures_marker
+
+    folder = run_dir / FIGURES_DIR
+    try:   # the same columns the report adds (run, reference, run_date), from the same code
+        run = Run(path=run_dir, meta=read_meta(run_dir), tables={study.name: table})
+        summary = study.summarize(run_table(run, study.name), folder)
+        pngs = [folder / Path(f).name for f in getattr(summary, "figures", None) or []]
+        drawn = [p.name for png in pngs for p in (png, png.with_suffix(".svg")) if p.is_file()]
+        atomic_write_text(figures_marker(run_dir, study.name), json.dumps(drawn) + "\n")
+    except Exception as e:  # noqa: BLE001
+        return f"{study.name}: figures not saved ({type(e).__name__}: {e})"
+    return None
+
+
+def _parameters_cell_index(doc: dict) -> int:
+    tagged = [i for i, c in enumerate(doc["cells"])
+              if c["cell_type"] == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(tagged) != 1:
+        raise ValueError(f"expected one cell tagged 'parameters', found {len(tagged)}")
+    return tagged[0]
+
+
+def sync_notebook(study: Any, check: bool = False) -> bool:
+    """Write the study's declared parameters into its notebook's ``parameters`` cell (or, with
+    ``check``, only compare). Returns True when the notebook was (or would be) changed."""
+    path = REPO_ROOT / study.notebook
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    i = _parameters_cell_index(doc)
+    text = study.params.parameters_cell()
+    lines = text.splitlines(keepends=True)
+    if "".join(doc["cells"][i]["source"]) == text:
+        return False
+    if not check:
+        doc["cells"][i]["source"] = lines
+        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return True

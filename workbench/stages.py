@@ -1,0 +1,52 @@
+"""One study of a run folder taken through the stages it has not reached (workbench.runstate reads
+them back from the folder): its table, its executed notebook, the notebook's HTML, its figures.
+
+A sweep runs this for every study it plans, a resume for every study that has a stage left, and a
+``sweep --gpus`` worker for every study it claims.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from .notebook_run import export_html, run_notebook, save_run_figures
+
+
+def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: bool,
+                 kernel: str) -> tuple[list[str], list[str]]:
+    """Take one study of ``run_dir`` through the stages it has not reached: measure and save its
+    table (or, papermill mode, execute its notebook, which loads a table the run already holds
+    instead of measuring again), export the notebook's HTML, draw the figures. Returns
+    (failures, warnings); a stage that fails is recorded, never raised, and the stages after it
+    wait for a resume."""
+    from .runstate import study_state
+
+    state = study_state(run_dir, study.name, direct)
+    table = run_dir / f"{study.name}.parquet"
+    measure = not state.done["table"] or not state.done.get("notebook", True)
+    if measure and not direct:
+        state.done["html"] = False        # the notebook runs again: so does its readable copy
+    try:
+        if measure:
+            if direct:
+                from .studies.tables import write_study_table
+                write_study_table(study.run(device=device, progress=False, **params), table)
+            else:
+                run_notebook(study, params, device, run_dir, kernel)
+        if not table.is_file():
+            raise RuntimeError(f"the study wrote no {table.name}")
+    except Exception as e:  # noqa: BLE001 - record it, go on with the other studies
+        saved = " after saving its table" if table.is_file() else ""
+        message = f"{study.name}: {type(e).__name__}{saved}: {e}"
+        print(f"sweep: {study.name} FAILED{saved}: {type(e).__name__}: {e}", file=sys.stderr)
+        return [message], []
+    warnings = []
+    for stage, do in (("html", lambda: export_html(run_dir / f"{study.name}.ipynb")),
+                      ("figures", lambda: save_run_figures(study, table, run_dir))):
+        if stage in state.done and not state.done[stage]:
+            warning = do()
+            if warning:
+                warnings.append(warning)
+                print(f"sweep: {warning}", file=sys.stderr)
+    return [], warnings

@@ -1,0 +1,303 @@
+"""Sweeps: a `SweepPlan` (the studies with their resolved parameters, and how and where to run
+them) in, a run folder ``<results>/<UTC time>-<sha>-<name>/`` and a `SweepResult` out.
+
+`run_sweep` starts a new run folder; `resume_sweep` finishes one that a killed sweep or a failed
+study left behind. Both take each study through the stages it has not reached
+(workbench.stages), in this process or, with GPUs, in one worker process per GPU
+(workbench.workers), and record the outcome in the run's meta.json the same way.
+
+Heavy imports (torch, pandas, the studies) stay inside the functions.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .provenance import MetaError, RunLock, collect_meta, finish_meta, load_meta, new_run_dir, write_meta
+from .stages import finish_study
+from .workers import execute_on_gpus, one_gpu_warnings
+
+DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda"}
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What a new sweep runs, checked and resolved before any run folder exists."""
+
+    studies: tuple                    # the selected study objects, in the order they run
+    params: Mapping[str, dict]        # study name -> its resolved parameters (what meta.json records)
+    profile: str                      # "cpu" or "gpu"
+    results: Path                     # the folder the run folder goes into
+    name: str                         # the run folder's name suffix
+    mode: str = "papermill"           # or "direct": the studies' run functions in this process
+    kernel: str = "python3"           # Jupyter kernel for papermill
+    gpus: tuple[int, ...] | None = None   # one worker process per GPU
+    gpus_emulated: bool = False       # the GPUs are pretended (workers.EMULATE_GPUS_ENV)
+    shard: tuple[int, int] | None = None  # (index, count): run only that shard of the studies
+    group: str | None = None          # with shard: the name the shards of one run share
+
+    @property
+    def device(self) -> str:
+        return DEVICE_OF_PROFILE[self.profile]
+
+    @property
+    def direct(self) -> bool:
+        return self.mode == "direct"
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What a sweep or a resume did."""
+
+    run_dir: Path | None              # None: no run folder was made (nothing to run)
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    duration_s: float | None = None   # of a new sweep, as its meta.json records it
+    study_seconds: dict[str, float] = field(default_factory=dict)   # of the studies that finished
+    resumed: list[str] | None = None  # a resume: the studies it took on; None for a new sweep
+    note: str | None = None           # instead of a summary: why nothing ran
+
+    def summary(self) -> str:
+        if self.note is not None:
+            return self.note
+        if self.resumed is not None:
+            return (f"sweep: resumed {len(self.resumed)} stud{'y' if len(self.resumed) == 1 else 'ies'}, "
+                    f"{len(self.failures)} failure(s): {self.run_dir}")
+        return f"sweep: done in {self.duration_s:.1f} s, {len(self.failures)} failure(s): {self.run_dir}"
+
+
+@dataclass
+class _Outcome:
+    """What running some studies into a run folder gave."""
+
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)   # wall time of each study that finished
+    placement: dict[str, dict] = field(default_factory=dict)  # with GPUs: which one ran each study
+
+
+def shard_studies(selected: list, index: int, count: int) -> list:
+    """Shard ``index`` of ``count``: study k of the selection in name order goes to shard k % count,
+    so every shard of a job array computes the same partition without talking to the others."""
+    ordered = sorted(selected, key=lambda s: s.name)
+    return [s for k, s in enumerate(ordered) if k % count == index]
+
+
+def run_sweep(plan: SweepPlan) -> SweepResult:
+    """Run the plan's studies (its shard of them) into a new run folder."""
+    studies, params, name = list(plan.studies), dict(plan.params), plan.name
+    extra: dict[str, Any] = {}
+    if plan.shard is not None:
+        index, count = plan.shard
+        mine = shard_studies(studies, index, count)
+        if not mine:
+            return SweepResult(None, note=f"sweep: shard {index}/{count} has no study ({len(studies)} selected "
+                                          f"over {count} shards); nothing to run")
+        studies, params = mine, {s.name: params[s.name] for s in mine}
+        extra["shard"] = {"index": index, "count": count, "group": plan.group}
+        name = f"{name}-shard{index}of{count}"
+    if plan.gpus:
+        extra["gpus"] = list(plan.gpus)
+        if plan.gpus_emulated:
+            extra["gpus_emulated"] = True
+    run_dir = new_run_dir(plan.results, name=name)
+    lock = RunLock(run_dir)
+    lock.acquire()                 # a folder this process just made: nobody else can hold it
+    meta: dict[str, Any] = {}
+    outcome = _Outcome()
+    try:
+        meta = collect_meta({"profile": plan.profile, "device": plan.device, "mode": plan.mode, "studies": params,
+                             **extra})
+        write_meta(run_dir, meta)
+        print(f"sweep: profile {plan.profile}, {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} "
+              + (f"(shard {plan.shard[0]}/{plan.shard[1]}) " if plan.shard else "")
+              + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run_dir}")
+        outcome = _execute(studies, params, plan.device, run_dir, plan.direct, plan.kernel, plan.profile,
+                           plan.gpus)
+        _record(run_dir, meta, outcome)
+    finally:
+        # a complete run keeps no lock file; one with failures keeps it for --resume to take
+        lock.release(remove=not outcome.failures and bool(meta.get("finished_at")))
+    return SweepResult(run_dir, outcome.failures, outcome.warnings, meta["duration_s"], outcome.seconds)
+
+
+def _find_run(results: Path, name: str) -> Path:
+    path = Path(name)
+    for candidate in (path, Path(results) / name):
+        if (candidate / "meta.json").is_file():
+            return candidate
+    raise SystemExit(f"--resume {name!r}: no run folder with a meta.json there or under {results}/")
+
+
+def _load_run_meta(run_dir: Path, what: str) -> dict:
+    """The run's meta.json, checked; SystemExit naming the file and what is wrong with it."""
+    try:
+        return load_meta(run_dir)
+    except (MetaError, OSError) as e:
+        raise SystemExit(f"{what}: {e}") from None
+
+
+def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str = "python3",
+                 gpus: tuple[int, ...] | list[int] | None = None, resume_finished: bool = False) -> SweepResult:
+    """Finish the run folder ``run`` (a path, or a folder name under ``results``): take every study
+    its meta.json planned through the stages it has not reached (table, executed notebook, HTML,
+    figures: workbench.runstate), with the parameters it recorded; a finished table is never
+    touched. ``studies`` is the registry (name -> study).
+
+    A run killed before its end gets its end recorded here. A finished run is a record: one that
+    finished without failures is refused unless ``resume_finished`` asks for it, and one that
+    finished with failures (what resume is for) keeps everything it recorded: the resume is
+    appended to ``resumed`` with its own studies, failures and end time."""
+    from .provenance import git_info, utc_now
+    from .runstate import open_failures, run_state
+    from .studies import ParamError
+
+    run_dir = _find_run(results, str(run))
+    # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
+    meta = _load_run_meta(run_dir, "--resume")
+    state = run_state(run_dir, meta)
+    if state.finished and not open_failures(meta):
+        if not state.left:
+            return SweepResult(run_dir, note=f"sweep: {run_dir} is finished and holds every stage of every "
+                                             f"planned study; nothing to resume")
+        if not resume_finished:
+            raise SystemExit(f"--resume: {run_dir.name} finished at {meta.get('finished_at')} without failures; a "
+                             f"finished run is a record and is not resumed by default. Left: {state.describe_left()}. "
+                             f"Pass --resume-finished to finish that (what the run recorded stays as it is; the "
+                             f"resume is added to its meta.json under 'resumed').")
+    had_lock = (run_dir / RunLock.NAME).exists()
+    lock = RunLock(run_dir)
+    try:
+        got = lock.acquire()
+    except OSError as e:
+        raise SystemExit(f"--resume: cannot take the lock of {run_dir} ({e.strerror or e}); is the folder "
+                         f"read-only?") from None
+    if not got:
+        raise SystemExit(f"--resume: {run_dir} is in use by another process ({lock.holder()}); wait for it")
+    outcome = _Outcome()
+    left: dict[str, list[str]] = {}
+    try:
+        meta = _load_run_meta(run_dir, "--resume")      # again, under the lock
+        state = run_state(run_dir, meta)
+        params = meta.get("params") or {}
+        plan, device = params.get("studies") or {}, params.get("device") or "cpu"
+        profile = params.get("profile", "cpu")
+        unknown = sorted(set(plan) - set(studies))
+        if unknown:
+            raise SystemExit(f"--resume: {run_dir.name} planned studies {unknown} that are not registered now")
+        left = state.left
+        if left:
+            try:   # the recorded values must still be valid for today's declarations
+                plan = {n: studies[n].resolve(profile, plan[n]) for n in left}
+            except ParamError as e:
+                raise SystemExit(f"--resume: {e}") from None
+        now = git_info()
+        entry: dict[str, Any] = {"at": utc_now().isoformat(timespec="seconds").replace("+00:00", "Z"),
+                                 "studies": list(left), "stages": left, "git": now.get("short"),
+                                 "dirty": now.get("dirty")}
+        if now.get("sha") != (meta.get("git") or {}).get("sha"):
+            entry["note"] = f"resumed with other code than the run started with ({(meta.get('git') or {}).get('short')})"
+            print(f"sweep: warning: {entry['note']}", file=sys.stderr)
+        print(f"sweep: resuming {run_dir}: {state.describe_left()}")
+        outcome = _execute([studies[n] for n in left], plan, device, run_dir, state.direct, kernel, profile, gpus)
+        if state.finished:
+            # what the run recorded stays; the resume is one more entry
+            entry.update(failures=outcome.failures, warnings=outcome.warnings, study_seconds=outcome.seconds,
+                         placement=outcome.placement)
+            entry["finished_at"] = utc_now().isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            meta.setdefault("resumed", []).append(entry)
+            write_meta(run_dir, meta, overwrite=True)
+        else:
+            _record(run_dir, meta, outcome, entry if left else None)
+    finally:
+        lock.release(remove=not outcome.failures or not had_lock)
+    return SweepResult(run_dir, outcome.failures, outcome.warnings, study_seconds=outcome.seconds,
+                       resumed=list(left))
+
+
+def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool, kernel: str, profile: str,
+             gpus: tuple[int, ...] | list[int] | None = None) -> _Outcome:
+    """Run each study of ``selected`` into ``run_dir``, one after the other in this process, or
+    with ``gpus`` in one worker process per GPU (workbench.workers), longest first by earlier runs'
+    times of ``profile``."""
+    import time
+
+    from tqdm.auto import tqdm
+
+    if gpus:
+        ordered = longest_first(selected, run_dir, profile)
+        wider = one_gpu_warnings(selected, plan, device)
+        for w in wider:
+            print(f"sweep: {w}", file=sys.stderr)
+        failures, warnings, placed, finished = execute_on_gpus(ordered, run_dir, direct, kernel, gpus)
+        return _Outcome(failures, wider + warnings, finished, placed)
+
+    out = _Outcome()
+    for study in tqdm(selected, desc="studies", unit="study", disable=len(selected) < 2):
+        t0 = time.perf_counter()
+        failed, warned = finish_study(study, plan[study.name], device, run_dir, direct, kernel)
+        out.failures += failed
+        out.warnings += warned
+        if not failed:
+            out.seconds[study.name] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def _record(run_dir: Path, meta: dict, outcome: _Outcome, entry: dict | None = None) -> None:
+    """Add ``outcome`` (and the resume ``entry``) to the run's unfinished ``meta`` and write it
+    finished: what a later ``--gpus`` sweep orders its studies by (``study_seconds``), which GPU ran
+    each study as its worker recorded it (``placement``), the failures and the warnings."""
+    meta["study_seconds"] = {**(meta.get("study_seconds") or {}), **outcome.seconds}
+    if outcome.placement:
+        meta["placement"] = {**(meta.get("placement") or {}), **outcome.placement}
+    if entry is not None:
+        meta.setdefault("resumed", []).append(entry)
+    meta["failures"] = outcome.failures
+    meta["warnings"] = (meta.get("warnings") or []) + outcome.warnings
+    write_meta(run_dir, finish_meta(meta))
+
+
+def longest_first(selected: list, run_dir: Path, profile: str) -> list:
+    """``selected`` ordered longest first by the time each study took in the newest other run of
+    the same profile that timed it (meta.json ``study_seconds``, under the results folder and its
+    reference/ runs); studies never timed go first, in their given order. Workers that take
+    studies in this order finish close together (longest-processing-time-first scheduling)."""
+    root = run_dir.parent
+    metas = sorted([*root.glob("*/meta.json"), *(root / "reference").glob("*/meta.json")],
+                   key=lambda m: m.parent.name, reverse=True)        # folder names start with the UTC time
+    known: dict[str, float] = {}
+    for m in metas:
+        if m.parent == run_dir:
+            continue
+        try:
+            meta = load_meta(m.parent)
+        except MetaError:          # a broken record of another run orders nothing
+            continue
+        if (meta.get("params") or {}).get("profile") != profile:
+            continue
+        for name, sec in (meta.get("study_seconds") or {}).items():
+            if isinstance(sec, (int, float)):
+                known.setdefault(name, float(sec))
+    return sorted(selected, key=lambda s: (s.name in known, -known.get(s.name, 0.0)))
+
+
+def interrupted_run(results: Path, name: str) -> Path | None:
+    """The newest run folder under ``results`` named ``*-<sha>-<name>`` for this code (same commit,
+    clean tree) that never finished and that no process is working in: what ``make report``
+    resumes instead of starting over."""
+    from .provenance import git_info, run_in_use
+
+    g = git_info()
+    if not g.get("sha") or g.get("dirty"):
+        return None
+    candidates = sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True)
+    for run in candidates:
+        try:
+            meta = load_meta(run)
+        except MetaError:
+            continue
+        if not meta.get("finished_at") and (meta.get("git") or {}).get("sha") == g["sha"] and not run_in_use(run):
+            return run
+    return None

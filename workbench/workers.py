@@ -1,0 +1,137 @@
+"""``sweep --gpus``: one worker process per GPU of this host, each pinned to its GPU with
+CUDA_VISIBLE_DEVICES, each taking the next study nobody has taken from the run's shared list (a
+claim file per study decides who runs it) and recording how it went beside the claim.
+
+The parent side is `execute_on_gpus`; each worker is ``python -m workbench worker RUN --studies
+A,B,...`` (an internal command), whose body is `work`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import cpu_share
+from .provenance import REPO_ROOT
+
+# `sweep --gpus` on a host without them, for tests of the worker plumbing: N pretend GPUs (each
+# worker still runs on the CPU; meta.json records gpus_emulated)
+EMULATE_GPUS_ENV = "WORKBENCH_EMULATE_GPUS"
+
+CLAIMS_DIR = ".claims"
+
+
+def check_gpus(gpus: list[int] | tuple[int, ...] | None, profile: str) -> None:
+    """SystemExit unless every GPU of ``gpus`` is on this host (or emulated) and ``profile`` runs on GPUs."""
+    if not gpus:
+        return
+    emulated = os.environ.get(EMULATE_GPUS_ENV)
+    if emulated:
+        if not emulated.isdigit():
+            raise SystemExit(f"{EMULATE_GPUS_ENV}={emulated!r}: give a number of GPUs to pretend, e.g. 2")
+        n = int(emulated)
+    else:
+        if profile != "gpu":
+            raise SystemExit(f"--gpus {','.join(map(str, gpus))}: the {profile} profile runs on the CPU; --gpus "
+                             f"needs the gpu profile on a CUDA host (--profile gpu)")
+        import torch
+
+        n = torch.cuda.device_count()
+    bad = [g for g in gpus if g >= n]
+    if bad:
+        raise SystemExit(f"--gpus: {bad} not on this host; it has {n} GPU(s): {list(range(n))}")
+
+
+def one_gpu_warnings(selected: list, plan: dict, device: str) -> list[str]:
+    """What ``sweep --gpus`` cannot give: each worker sees one GPU, so a study that wants more
+    (correctness's dp path on CUDA) skips those rows, as it would on a one-GPU host."""
+    out = []
+    for s in selected:
+        n = s.gpus_wanted(plan[s.name], device)
+        if n > 1:
+            out.append(f"{s.name}: wants {n} GPUs with these parameters, but each --gpus worker has one, "
+                       f"so its rows that need {n} are skipped; run it without --gpus for them")
+    return out
+
+
+def _claim(run_dir: Path, study: str) -> bool:
+    """Take ``study`` for this worker: exactly one process can create its claim file."""
+    try:
+        fd = os.open(run_dir / CLAIMS_DIR / f"{study}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, f"{os.getpid()} gpu {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n".encode())
+    os.close(fd)
+    return True
+
+
+def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
+    """One GPU's worker: take the next unclaimed study of ``names``, run it (serially, in this
+    process, on the GPU its CUDA_VISIBLE_DEVICES names) with the parameters the run's meta.json
+    planned, record the outcome in ``.claims/<study>.json``, repeat until every study is taken."""
+    import time
+
+    from .provenance import atomic_write_text, read_meta
+    from .stages import finish_study
+    from .studies import discover
+
+    params = read_meta(run_dir).get("params") or {}
+    plan, device = params.get("studies") or {}, params.get("device") or "cpu"
+    studies = discover()
+    for name in names:
+        if not _claim(run_dir, name):
+            continue
+        t0 = time.perf_counter()
+        failures, warnings = finish_study(studies[name], plan[name], device, run_dir, direct, kernel)
+        record = {"study": name, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid(),
+                  "threads": os.environ.get("OMP_NUM_THREADS", ""),
+                  "seconds": round(time.perf_counter() - t0, 1), "failures": failures, "warnings": warnings}
+        atomic_write_text(run_dir / CLAIMS_DIR / f"{name}.json", json.dumps(record))
+
+
+def execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
+                    gpus: list[int] | tuple[int, ...]) -> tuple[list[str], list[str], dict, dict]:
+    """Run ``selected`` (in this order) with one worker process per GPU. Returns (failures,
+    warnings, {study: {gpu, seconds, threads}}, {study: seconds} of the studies that finished
+    without a failure)."""
+    import shutil
+    import subprocess
+
+    claims = run_dir / CLAIMS_DIR
+    shutil.rmtree(claims, ignore_errors=True)       # a killed sweep's claims mean nothing now
+    claims.mkdir()
+    order = ",".join(s.name for s in selected)
+    procs = []
+    for g in gpus:
+        cmd = [sys.executable, "-m", "workbench", "worker", str(run_dir), "--studies", order, "--kernel", kernel]
+        if direct:
+            cmd.append("--direct")
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(g)}
+        # each worker gets its share of the host's cores: with torch's default of one thread per
+        # core in every worker, the workers oversubscribe the host and every study runs slower
+        # (results/reference/README.md has by how much); an OMP_NUM_THREADS the user set wins
+        env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(gpus))))
+        procs.append((g, subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT))))
+    codes = {g: p.wait() for g, p in procs}
+    failures: list[str] = []
+    warnings: list[str] = []
+    placed: dict[str, dict] = {}
+    seconds: dict[str, float] = {}
+    for s in selected:
+        rec_path = claims / f"{s.name}.json"
+        if rec_path.is_file():
+            rec = json.loads(rec_path.read_text())
+            failures += rec["failures"]
+            warnings += rec["warnings"]
+            placed[s.name] = {"gpu": rec["gpu"], "seconds": rec["seconds"], "threads": rec.get("threads", "")}
+            if not rec["failures"]:
+                seconds[s.name] = rec["seconds"]
+        elif (claims / f"{s.name}.claim").is_file():
+            who = (claims / f"{s.name}.claim").read_text().strip()
+            failures.append(f"{s.name}: its worker ({who}) died before finishing it "
+                            f"(exit codes {codes}); resume the run to re-run it")
+        else:
+            failures.append(f"{s.name}: no worker took it (exit codes {codes}); resume the run to run it")
+    shutil.rmtree(claims, ignore_errors=True)
+    return failures, warnings, placed, seconds
