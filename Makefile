@@ -4,6 +4,8 @@
 #   PYTHON       interpreter used to create the venv (default python3)
 #   VENV         where the venv lives (default .venv)
 #   PYTEST_ARGS  extra arguments for pytest             (make test)
+#   FULL         1 = make test also runs the tests marked slow (whole studies, notebooks under
+#                papermill, subprocess sweeps); CI does (.ci/run); default 0: minutes on 2 cores
 #   SWEEP_ARGS   extra arguments for `workbench sweep`   (make sweep)
 #   REPORT_ARGS  extra arguments for `workbench report`  (make report)
 #   LAB_ARGS     extra arguments for `jupyter lab`       (make lab)
@@ -19,6 +21,7 @@ MAKEFLAGS += --no-print-directory
 PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
+FULL ?= 0
 SWEEP_ARGS ?=
 REPORT_ARGS ?=
 LAB_ARGS ?=
@@ -40,7 +43,7 @@ help: ## list the targets (the default goal)
 	@awk 'BEGIN { FS = ":[^#]*## " } /^[a-z][a-z-]*:[^#]*## / { printf "  %-10s %s\n", $$1, $$2 }' $(firstword $(MAKEFILE_LIST)) \
 	  | sed -e 's|\$$(VENV)|$(VENV)|g' -e 's|\$$(WHEELS_DIR)|$(WHEELS_DIR)|g'
 	@echo
-	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS SWEEP_ARGS REPORT_ARGS LAB_ARGS GPU_ONLINE=$(GPU_ONLINE)"
+	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) FULL=$(FULL) PYTEST_ARGS SWEEP_ARGS REPORT_ARGS LAB_ARGS GPU_ONLINE=$(GPU_ONLINE)"
 
 setup: $(STAMP) ## create $(VENV) and install the project with all extras (CPU torch here; a CUDA host keeps its own torch)
 	@:
@@ -86,8 +89,8 @@ $(STAMP): pyproject.toml
 	touch "$@"
 	echo "setup: done ($(VENV))"
 
-test: setup ## run the test suite (pass PYTEST_ARGS="...")
-	"$(VPY)" -m pytest -q $(PYTEST_ARGS)
+test: setup ## run the test suite: the fast set; FULL=1 adds the slow tests, as CI does (PYTEST_ARGS="...")
+	"$(VPY)" -m pytest -q $(if $(filter 1,$(FULL)),,-m "not slow") $(PYTEST_ARGS)
 
 report: setup ## the main job: run the default sweep for this hardware, then build results/report/index.html
 	"$(VPY)" -m workbench report $(REPORT_ARGS)
