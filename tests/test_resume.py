@@ -173,3 +173,45 @@ def test_report_refuses_a_user_folder_before_sweeping(tmp_path, capsys):
         cli.main(["report", "--results", str(tmp_path / "results"), "--out", str(mine), "--studies", "fp32_memory"])
     assert "refusing to write the report into" in str(e.value) and "notes.txt" in str(e.value)
     assert (mine / "notes.txt").read_text() == "keep me" and not (tmp_path / "results").exists()
+
+
+def _fake_default_run(root: Path, sha: str, profile: str = "cpu") -> Path:
+    """A finished default sweep of commit ``sha`` whose every stage has its file."""
+    from workbench.studies import discover
+    studies = discover()
+    run = root / f"20261130T000000Z-{sha[:7]}-{profile}"
+    run.mkdir(parents=True)
+    meta = prov.collect_meta({"profile": profile, "device": "cpu", "mode": "papermill",
+                              "studies": {n: s.resolve(profile) for n, s in studies.items()}})
+    meta["git"] = {"sha": sha, "short": sha[:7], "dirty": False}
+    meta["failures"] = []
+    prov.write_meta(run, prov.finish_meta(meta))
+    for n in studies:
+        (run / f"{n}.parquet").write_bytes(b"")
+        (run / f"{n}.ipynb").write_text(json.dumps({"metadata": {"papermill": {"end_time": "x", "exception": None}}}))
+        (run / f"{n}.html").write_text("<html></html>")
+        (run / "figures").mkdir(exist_ok=True)
+        (run / "figures" / f".{n}.drawn").write_text("[]")
+    return run
+
+
+def test_make_report_reuses_the_finished_default_sweep_of_this_commit(tmp_path, monkeypatch, capsys):
+    from workbench import sweep
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setattr(prov, "git_info", lambda root=None: {"sha": sha, "short": sha[:7], "dirty": False})
+    run = _fake_default_run(tmp_path, sha)
+    from workbench.studies import discover
+    assert sweep.reusable_run(tmp_path, "cpu", "cpu", discover()) == run
+    assert sweep.reusable_run(tmp_path, "cpu", "gpu", discover()) is None          # another profile
+    monkeypatch.setattr(cli, "_sweep", lambda *a, **k: pytest.fail("make report swept instead of reusing"))
+    cli.main(["report", "--results", str(tmp_path), "--profile", "cpu"])
+    assert f"reusing {run.name}" in capsys.readouterr().out
+    (run / "figures" / ".fp32_memory.drawn").unlink()                              # a stage missing: not reusable
+    assert sweep.reusable_run(tmp_path, "cpu", "cpu", discover()) is None
+    meta = prov.read_meta(run)
+    assert meta["params"]["studies"]["fp32_memory"]
+    other = _fake_default_run(tmp_path / "b", sha)
+    m = prov.read_meta(other)
+    m["params"]["studies"]["fp32_memory"]["budgets"] = [1024]                       # not the default plan
+    prov.write_meta(other, m, overwrite=True)
+    assert sweep.reusable_run(tmp_path / "b", "cpu", "cpu", discover()) is None

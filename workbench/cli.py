@@ -28,7 +28,8 @@ from typing import Any, Sequence
 from .notebook_run import sync_notebook
 from .provenance import collect_meta, results_root
 from .report import NO_STUDY_MESSAGE, build_report
-from .sweep import DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, resume_sweep, run_sweep
+from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, resume_sweep, reusable_run,
+                    run_sweep)
 from .workers import EMULATE_GPUS_ENV, check_gpus, work
 
 # Everything heavy (torch, pandas, the studies) is imported inside the commands, so that --help and
@@ -242,13 +243,22 @@ def cmd_report(args: argparse.Namespace) -> int:
         if profile == "auto":
             from .studies import default_profile
             profile = default_profile()
-        resume = args.resume
-        if not resume and not args.studies and not args.set:
-            interrupted = interrupted_run(args.results, parse_name(args.name) or profile)
+        resume, reuse = args.resume, None
+        if not resume and not args.studies and not args.set and not args.fresh:
+            name = parse_name(args.name) or profile
+            interrupted = interrupted_run(args.results, name)
             if interrupted is not None:
                 print(f"report: resuming the interrupted run {interrupted.name}")
                 resume = str(interrupted)
-        failures = _sweep(args, resume).failures
+            else:
+                from .studies import discover
+                reuse = reusable_run(args.results, name, profile, discover())
+        if reuse is not None:
+            # `make report` renders; `make sweep` (or --fresh) measures again
+            print(f"report: reusing {reuse.name}, the finished default {profile} sweep of this commit "
+                  f"(--fresh, or make sweep, measures again)")
+        else:
+            failures = _sweep(args, resume).failures
     try:
         result = build_report(args.results, args.out)
     except ReportError as e:
@@ -355,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to write the report (default: <results>/report)")
     p.add_argument("--no-sweep", action="store_true",
                    help="only rebuild the report from the run folders already there")
+    p.add_argument("--fresh", action="store_true",
+                   help="sweep again even when a finished default sweep of this commit exists (by "
+                        "default the report reuses it, and resumes an interrupted one)")
     _add_sweep_options(p)
     p.set_defaults(func=cmd_report)
 

@@ -283,21 +283,45 @@ def longest_first(selected: list, run_dir: Path, profile: str) -> list:
     return sorted(selected, key=lambda s: (s.name in known, -known.get(s.name, 0.0)))
 
 
-def interrupted_run(results: Path, name: str) -> Path | None:
-    """The newest run folder under ``results`` named ``*-<sha>-<name>`` for this code (same commit,
-    clean tree) that never finished and that no process is working in: what ``make report``
-    resumes instead of starting over."""
-    from .provenance import git_info, run_in_use
+def runs_of_this_code(results: Path, name: str):
+    """(run folder, meta) of every run under ``results`` named ``*-<sha>-<name>`` that this code
+    made (same commit, clean tree), newest first; nothing when the tree is dirty or not in git."""
+    from .provenance import git_info
 
     g = git_info()
     if not g.get("sha") or g.get("dirty"):
-        return None
-    candidates = sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True)
-    for run in candidates:
+        return
+    for run in sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True):
         try:
             meta = load_meta(run)
         except MetaError:
             continue
-        if not meta.get("finished_at") and (meta.get("git") or {}).get("sha") == g["sha"] and not run_in_use(run):
+        if (meta.get("git") or {}).get("sha") == g["sha"] and not (meta.get("git") or {}).get("dirty"):
+            yield run, meta
+
+
+def interrupted_run(results: Path, name: str) -> Path | None:
+    """The newest run of this code (`runs_of_this_code`) that never finished and that no process
+    is working in: what ``make report`` resumes instead of starting over."""
+    from .provenance import run_in_use
+
+    for run, meta in runs_of_this_code(results, name):
+        if not meta.get("finished_at") and not run_in_use(run):
+            return run
+    return None
+
+
+def reusable_run(results: Path, name: str, profile: str, studies: dict) -> Path | None:
+    """The newest run of this code that ``make report`` can show instead of sweeping again: it
+    finished with no open failure, holds every stage of every study, and planned exactly the
+    default sweep of ``profile`` (every registered study, at its defaults)."""
+    from .runstate import open_failures, run_state
+
+    want = {n: s.resolve(profile) for n, s in studies.items()}
+    for run, meta in runs_of_this_code(results, name):
+        params = meta.get("params") or {}
+        if (meta.get("finished_at") and not open_failures(meta) and params.get("profile") == profile
+                and params.get("studies") == want and not params.get("shard")
+                and not run_state(run, meta).left):
             return run
     return None
