@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,11 @@ def run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path,
         parameters={**params, "device": device, "run_dir": str(run_dir.resolve())},
         kernel_name=kernel,
         cwd=str(REPO_ROOT),
-        progress_bar=True,
+        # a bar of cells on a terminal; in a log file its carriage returns would be noise
+        progress_bar=sys.stderr.isatty(),
+        # the kernel's own log (a transport warning at start, an interrupt at shutdown) is not the
+        # study's output; the cells' warnings and errors still reach the executed notebook
+        extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
     )
 
 

@@ -235,7 +235,12 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
         return _Outcome(failures, wider + warnings, finished, placed)
 
     out = _Outcome()
-    for study in tqdm(selected, desc="studies", unit="study", disable=len(selected) < 2):
+    # a bar on a terminal; in a log, one plain line per study (no carriage returns)
+    bar = tqdm(selected, desc="studies", unit="study", disable=len(selected) < 2 or not sys.stderr.isatty())
+    for k, study in enumerate(bar, 1):
+        bar.set_description(f"study {k}/{len(selected)}: {study.name}")
+        if bar.disable:
+            print(f"sweep: study {k}/{len(selected)}: {study.name}", flush=True)
         t0 = time.perf_counter()
         failed, warned = finish_study(study, plan[study.name], device, run_dir, direct, kernel)
         out.failures += failed
