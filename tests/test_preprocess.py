@@ -455,7 +455,7 @@ def test_cfg_may_be_a_preset_name():
     assert torch.equal(by_name.pixels, preprocess(img, CFG).pixels)
     with pytest.raises(ValueError, match=r"unknown preset 'tiny'; valid presets: qwen2-vl-2b"):
         preprocess(img, "tiny")
-    with pytest.raises(TypeError, match=r"cfg must be a VisionConfig or a preset name .*got dict"):
+    with pytest.raises(TypeError, match=r"cfg must be a wb\.VisionConfig or a preset name .*got dict"):
         preprocess(img, {"in_channels": 3})
 
 

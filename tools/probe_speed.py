@@ -93,7 +93,7 @@ for preset in ("qwen2-vl-7b", "qwen2.5-vl-7b"):
             runner = wb.EncoderGraphRunner(enc, budgets=[tokens], buffer_dtype=torch.uint8, max_items=1)
             capd = runner.graphs[tokens]
             capd.pixels.copy_(pix)
-            capd.meta.copy_(runner._prepare(grid, tokens, "cpu"))
+            capd.meta.copy_(runner.budget_metadata(grid, tokens, "cpu"))
             rms = bench(lambda c=capd: c.graph.replay(), reps=10)
             replay.append({"preset": preset, "tokens": tokens, "replay_ms": rms, "eager_ms": eager_ms})
             print(preset, tokens, "eager", round(eager_ms, 2), "replay", round(rms, 2), "prep", round(prep_ms, 2),

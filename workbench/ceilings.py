@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import default_triton_mode
 from .attention import dense_attention, flash_varlen, varlen_attention
+from .norms import jitted
 from .timing import cpu_time_us, cuda_event_ms, graph_replay_us, require_cuda, time_us
 
 default_triton_mode()   # before Triton is imported: the interpreter on machines without CUDA
@@ -41,17 +42,14 @@ if tl is not None:
         mask = offs < tl.minimum(n - start, BLOCK).to(tl.int32)
         tl.store(dst_ptr + start + offs, tl.load(src_ptr + start + offs, mask=mask), mask=mask)
 
-_COPY_KERNEL: dict = {}
+_JITTED: dict = {}
 
 
 def _copy_kernel():
-    # jitted on first use, like workbench.norms, so TRITON_INTERPRET is read at that moment
-    if triton is None:
-        raise RuntimeError("the SM copy kernel needs the `triton` package")
-    if "k" not in _COPY_KERNEL:
-        # n stays specialized: knowing n % 16 == 0 lets the masked accesses vectorize
-        _COPY_KERNEL["k"] = triton.jit(_sm_copy_kernel)
-    return _COPY_KERNEL["k"]
+    """The jitted SM copy kernel (see `workbench.norms.jitted`)."""
+    # n stays specialized (no do_not_specialize): knowing n % 16 == 0 lets the masked accesses vectorize
+    return jitted(_JITTED, "copy", lambda: {"copy": (_sm_copy_kernel, {})},
+                  "the SM copy kernel needs the `triton` package")
 
 
 def sm_copy_run(src: torch.Tensor, dst: torch.Tensor, block: int = 2048, num_warps: int = 4) -> None:

@@ -1,13 +1,15 @@
 """Vision-tower configurations: the binding presets, validation, and the transformers mapping.
 
-A preset is data, not code (gpt-fast style): `VisionConfig.preset(name)` looks it up, and
-`dataclasses.replace(cfg, depth=2)` makes a reduced copy that is validated again.
+A preset is data, not code (gpt-fast style): `VisionConfig.preset(name)` looks it up (with
+``depth``, a reduced copy), `VisionConfig.coerce(cfg_or_name)` takes either a config or a preset
+name, and `dataclasses.replace(cfg, depth=2)` makes a modified copy that is validated again.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import numbers
+import reprlib
 from dataclasses import dataclass
 
 from . import limits
@@ -195,12 +197,35 @@ class VisionConfig:
 
     # ---- presets and transformers mapping ------------------------------------------------
     @classmethod
-    def preset(cls, name: str) -> "VisionConfig":
-        """The named preset; raises ValueError listing the valid names for an unknown one."""
+    def preset(cls, name: str, depth: int | None = None) -> "VisionConfig":
+        """The named preset; raises ValueError listing the valid names for an unknown one.
+
+        depth: None keeps the preset's own depth (the preset itself); any number gives
+        `reduced(depth)`, a renamed '@depthN' copy even at the preset's own depth (what every
+        study's ``(preset, depth)`` parameters mean)."""
         try:
-            return PRESETS[name]
+            cfg = PRESETS[name]
         except KeyError:
             raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+        return cfg if depth is None else cfg.reduced(depth)
+
+    @classmethod
+    def coerce(cls, cfg_or_name, default: "VisionConfig | None" = None) -> "VisionConfig":
+        """``cfg_or_name`` as a VisionConfig: a VisionConfig as it is, a string through `preset`
+        (an unknown name is a ValueError listing the valid ones). None gives ``default`` where the
+        caller has one (else it is refused like any other value). Anything else is a TypeError
+        naming the value and the valid presets: the one check of every entry point that takes a
+        config or a preset name."""
+        if cfg_or_name is None and default is not None:
+            return default
+        if isinstance(cfg_or_name, str):
+            return cls.preset(cfg_or_name)
+        if not isinstance(cfg_or_name, cls):
+            either = "a wb.VisionConfig, a preset name or None" if default is not None else \
+                "a wb.VisionConfig or a preset name"
+            raise TypeError(f"cfg must be {either} (valid presets: {', '.join(PRESETS)}), "
+                            f"got {type(cfg_or_name).__name__} {reprlib.repr(cfg_or_name)}")
+        return cfg_or_name
 
     def to_hf(self):
         """The matching transformers vision config (Qwen2VLVisionConfig or Qwen2_5_VLVisionConfig)."""

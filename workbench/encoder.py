@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from . import limits
-from .config import PRESET_NAMES, VisionConfig
+from .config import VisionConfig
 from .dtypes import dtype_name
 from .dtypes import resolve_dtype as _resolve_dtype
-from .norms import _interpreting, check_norm_name, make_norm
+from .norms import check_norm_name, interpreting, make_norm
 from .preprocess import PatchBatch
 from .towers import build_tower
 from .towers.common import check_fused
@@ -49,14 +49,15 @@ class Placement:
     study_only: bool = False
 
 
-_ANY_BUFFER = (torch.bfloat16, torch.uint8, torch.float32)
-_FLOAT_BUFFER = (torch.bfloat16, torch.float32)
+# every graph input buffer dtype (the runner takes these); normalized floats need a float one
+BUFFER_DTYPES = (torch.bfloat16, torch.uint8, torch.float32)
+_FLOAT_BUFFER = tuple(d for d in BUFFER_DTYPES if d.is_floating_point)
 PLACEMENT_TABLE: dict[str, Placement] = {p.name: p for p in (
     Placement("processor", "the CPU processor", None, "normalized", _FLOAT_BUFFER),
-    Placement("outer", "the outer model, before it calls the tower", "outer", "uint8", _ANY_BUFFER),
-    Placement("tower", "the tower's first op", "tower", "uint8", _ANY_BUFFER),
+    Placement("outer", "the outer model, before it calls the tower", "outer", "uint8", BUFFER_DTYPES),
+    Placement("tower", "the tower's first op", "tower", "uint8", BUFFER_DTYPES),
     Placement("runner", "the encoder runner, into the graph buffer", "runner", "uint8", _FLOAT_BUFFER),
-    Placement("none", "nobody", None, "uint8", _ANY_BUFFER),
+    Placement("none", "nobody", None, "uint8", BUFFER_DTYPES),
     Placement("double", "the CPU processor and the tower (a misconfiguration)", "tower", "normalized",
               _FLOAT_BUFFER, study_only=True),
 )}
@@ -256,11 +257,7 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values
     outside the normalized range or not finite); False is the engines' behaviour, for studies.
     """
-    if isinstance(cfg, str):
-        cfg = VisionConfig.preset(cfg)
-    if not isinstance(cfg, VisionConfig):
-        raise TypeError(f"cfg must be a wb.VisionConfig or a preset name ({', '.join(PRESET_NAMES)}), "
-                        f"got {type(cfg).__name__}")
+    cfg = VisionConfig.coerce(cfg)
     # checked before anything uses them (norm.startswith below, the tower build): a None or a typo
     # must name itself and the choices, not surface as an AttributeError from deep inside
     check_placement(placement)
@@ -272,7 +269,7 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
         raise ValueError(f"check_inputs must be True or False, got {check_inputs!r}")
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype)
-    if norm.startswith("triton") and dev.type == "cpu" and not _interpreting():
+    if norm.startswith("triton") and dev.type == "cpu" and not interpreting():
         raise ValueError(f"norm {norm!r} is a Triton kernel; on CPU it runs only under TRITON_INTERPRET=1 "
                          f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
     enc = VisionEncoder(cfg, placement, norm, dtype, dev, attn_backend=attn_backend, check_inputs=check_inputs,

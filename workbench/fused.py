@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import default_triton_mode
+from .norms import interpreting, jitted
 
 default_triton_mode()
 try:
@@ -154,16 +155,10 @@ _JITTED: dict = {}
 
 def _kernel(name: str):
     """The jitted fused kernel `name` (see `workbench.norms.jitted`)."""
-    from .norms import jitted
     return jitted(_JITTED, name, lambda: {"rotary": (_rotary_kernel, {}), "rotary_tiled": (_rotary_tiled_kernel, {}),
                                           "add_norm": (_add_norm_kernel, {}),
                                           "quick_gelu": (_quick_gelu_kernel, {}), "silu_mul": (_silu_mul_kernel, {})},
                   "the fused tower kernels need the `triton` package; build the tower with fused=False")
-
-
-def _interpreting() -> bool:
-    from .norms import _interpreting as norms_interpreting
-    return norms_interpreting()
 
 
 def available(device) -> bool:
@@ -174,7 +169,7 @@ def available(device) -> bool:
         return False
     if dev.type in ("cuda", "meta"):
         return True
-    return dev.type == "cpu" and _interpreting()
+    return dev.type == "cpu" and interpreting()
 
 
 def _launch_ok(t: torch.Tensor) -> bool:

@@ -51,6 +51,8 @@ from workbench.config import VisionConfig
 from workbench.dtypes import names
 
 NORMS = ("eager", "triton_channel", "triton_flat", "triton_rows", "identity")
+# the norms that normalize: identity models a forgotten normalization, not a design to measure
+REAL_NORMS = tuple(n for n in NORMS if n != "identity")
 
 INPUT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -214,7 +216,7 @@ def jitted(table: dict, name: str, kernels, missing: str):
     if triton is None:
         raise RuntimeError(missing)
     if not table:
-        table["interpreted"] = _interpreting()
+        table["interpreted"] = interpreting()
         for key, (fn, options) in kernels().items():
             table[key] = triton.jit(fn, **options)
     return table[name]
@@ -228,7 +230,8 @@ def _kernel(name: str):
                   "the Triton norms need the `triton` package; eager and identity do not")
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET, as Triton reads it)."""
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
         return bool(knobs.runtime.interpret)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from . import limits
+from .config import VisionConfig
 
 __all__ = ["plan_budgets", "expected_padding", "geometric_budgets", "graph_pool_bytes", "capture_pool_bytes",
            "check_budgets"]
@@ -137,15 +138,6 @@ def _check_max_graphs(max_graphs) -> int:
 # ---------------------------------------------------------------------------------------------
 # the graph-pool model
 # ---------------------------------------------------------------------------------------------
-def _resolve_cfg(cfg):
-    from .config import VisionConfig
-    if isinstance(cfg, str):
-        return VisionConfig.preset(cfg)
-    if not isinstance(cfg, VisionConfig):
-        raise TypeError(f"cfg must be a wb.VisionConfig or a preset name, got {type(cfg).__name__}")
-    return cfg
-
-
 @functools.lru_cache(maxsize=128)
 def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: int) -> tuple[int, int]:
     import torch
@@ -181,7 +173,7 @@ def capture_pool_bytes(cfg, budget: int, dtype=None, norm: str | None = None, bu
     """Bytes a fresh graph pool reserves when one budget's tower forward is captured into it
     (intermediates freed back to the pool, the static output kept): see `graph_pool_bytes`."""
     import torch
-    cfg = _resolve_cfg(cfg)
+    cfg = VisionConfig.coerce(cfg)
     dtype = torch.bfloat16 if dtype is None else dtype
     buffer_dtype = (torch.uint8 if norm is not None else dtype) if buffer_dtype is None else buffer_dtype
     budget = limits.integer(budget, "budget", cap="budget_tokens")
@@ -236,7 +228,7 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     headroom accordingly.
     """
     import torch
-    cfg = _resolve_cfg(cfg)
+    cfg = VisionConfig.coerce(cfg)
     dtype = torch.bfloat16 if dtype is None else dtype
     budgets = sorted(set(check_budgets(budgets)))
     max_items = limits.integer(max_items, "max_items", cap="items")
@@ -387,7 +379,7 @@ def plan_budgets(mix, max_graphs: int, max_pool_bytes: int | None = None, cfg=No
             j = int(args[layer - 1][j])
             chosen.append(j)
         return [int(sizes[k]) for k in sorted(chosen)]
-    cfg = _resolve_cfg(cfg)
+    cfg = VisionConfig.coerce(cfg)
     largest = int(sizes[-1])
     need = graph_pool_bytes(cfg, [largest], **pool_kw)
     if need > max_pool_bytes:

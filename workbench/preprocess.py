@@ -482,11 +482,7 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatc
     image whose file is truncated or corrupt is a ValueError naming the item.
     """
     from .config import VisionConfig
-    if isinstance(cfg, str):  # a preset name, as build_encoder takes (unknown names list the valid ones)
-        cfg = VisionConfig.preset(cfg)
-    if not isinstance(cfg, VisionConfig):
-        raise TypeError(f"cfg must be a VisionConfig or a preset name (VisionConfig.preset names), "
-                        f"got {type(cfg).__name__}")
+    cfg = VisionConfig.coerce(cfg)  # a preset name, as build_encoder takes
     if cfg.in_channels != 3:
         raise ValueError(f"preprocess makes RGB rows; cfg.in_channels={cfg.in_channels} "
                          f"is not supported (must be 3)")

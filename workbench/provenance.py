@@ -346,11 +346,20 @@ def _json_default(o: Any) -> Any:
 # --------------------------------------------------------------------------- run folders
 
 
-def _slug(name: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
-    if not slug:
-        raise ValueError(f"run name {name!r} has no usable characters")
-    return slug
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def slug(text, empty: str | None = None, what: str = "name") -> str:
+    """The file-name-safe form of ``text`` (a run name, a figure stem, a device name): letters,
+    digits, '.', '_' and '-' kept, every run of other characters one '-', no '-' or '.' at either
+    end (no hidden files, no leading option dash). Where nothing is left: ``empty``, or without
+    one a ValueError naming ``what`` and ``text``."""
+    out = _UNSAFE.sub("-", str(text)).strip("-.")
+    if out:
+        return out
+    if empty is None:
+        raise ValueError(f"{what} {text!r} has no usable characters")
+    return empty
 
 
 def new_run_dir(root: Path | str = "results", name: str | None = None) -> Path:
@@ -363,7 +372,7 @@ def new_run_dir(root: Path | str = "results", name: str | None = None) -> Path:
     """
     stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
     sha = git_info().get("short") or "nogit"
-    base = f"{stamp}-{sha}" + (f"-{_slug(name)}" if name else "")
+    base = f"{stamp}-{sha}" + (f"-{slug(name, what='run name')}" if name else "")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     for k in range(1, 1000):
@@ -629,23 +638,21 @@ def meta_problems(meta: Any) -> list[str]:
         if v is not None and not check(v):
             problems.append(f"{where}{key} is {_show(v)}, not {expected}")
 
-    def obj_at(obj: dict, key: str, where: str) -> dict | None:
+    def at(obj: dict, key: str, where: str, kind: type):
+        """obj[key] when it is a ``kind`` (dict or list); None when absent, or wrong (noted)."""
         v = obj.get(key)
         if v is None:
             return None
-        if not isinstance(v, dict):
-            problems.append(f"{where}{key} is {_show(v)}, not an object")
+        if not isinstance(v, kind):
+            problems.append(f"{where}{key} is {_show(v)}, not {'an object' if kind is dict else 'a list'}")
             return None
         return v
 
+    def obj_at(obj: dict, key: str, where: str) -> dict | None:
+        return at(obj, key, where, dict)
+
     def list_at(obj: dict, key: str, where: str) -> list | None:
-        v = obj.get(key)
-        if v is None:
-            return None
-        if not isinstance(v, list):
-            problems.append(f"{where}{key} is {_show(v)}, not a list")
-            return None
-        return v
+        return at(obj, key, where, list)
 
     def strings(obj: dict, key: str, where: str) -> None:
         items = list_at(obj, key, where)

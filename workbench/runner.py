@@ -31,13 +31,12 @@ import torch
 from . import limits
 from .attention import use_dense
 from .dtypes import dtype_name, names
-from .encoder import VisionEncoder, register_path
+from .encoder import BUFFER_DTYPES, VisionEncoder, register_path
 from .norms import replaying
 from .planner import check_budgets
 from .preprocess import PatchBatch
 from .towers.common import budget_padding, remember
 
-BUFFER_DTYPES = (torch.bfloat16, torch.uint8, torch.float32)
 BACKENDS = ("auto", "cuda", "emulated")
 
 
@@ -209,7 +208,10 @@ class EncoderGraphRunner:
         """Budgets covering the batch's largest item (powers of two from 64), as engines choose them."""
         return cls(encoder, budgets=default_budgets(cls.default_max_tokens(encoder, batch)), **kw)
 
-    def _prepare(self, grid_thw: torch.Tensor, budget: int, device):
+    def budget_metadata(self, grid_thw: torch.Tensor, budget: int, device):
+        """The pack's metadata for `budget`'s static buffers (padded to this runner's max_items
+        sequences and the budget's window segments), prepared now on ``device``: no cache, no
+        pinning (`host_metadata` is the cached form the replays use)."""
         return self.tower.prepare(grid_thw, **budget_padding(self.encoder.cfg, budget, self.max_items), device=device)
 
     # host metadata of the most recent (grid, budget) packs kept for the next replay of the same shape
@@ -220,7 +222,7 @@ class EncoderGraphRunner:
         so the copy into the static buffers is asynchronous), remembered per (grid, budget): a
         repeated shape costs no host work beyond the copy."""
         def make():
-            meta = self._prepare(grid_thw, budget, "cpu")
+            meta = self.budget_metadata(grid_thw, budget, "cpu")
             if self.device.type == "cuda":
                 meta = dataclasses.replace(meta, **{k: v.pin_memory() for k, v in meta.tensors().items()})
             return meta

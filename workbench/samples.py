@@ -277,13 +277,8 @@ def get_mix(name: str) -> Mix:
 def _geometry(cfg):
     """(patch, merge, temporal, min_pixels, max_pixels) of cfg (VisionConfig, preset name or None:
     the Qwen2-VL geometry every preset shares)."""
-    from .config import PRESETS, VisionConfig
-    if cfg is None:
-        cfg = PRESETS["qwen2-vl-7b"]
-    elif isinstance(cfg, str):
-        cfg = VisionConfig.preset(cfg)
-    elif not isinstance(cfg, VisionConfig):
-        raise TypeError(f"cfg must be a wb.VisionConfig, a preset name or None, got {type(cfg).__name__}")
+    from .config import VisionConfig
+    cfg = VisionConfig.coerce(cfg, default=VisionConfig.preset("qwen2-vl-7b"))
     return cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size, cfg.min_pixels, cfg.max_pixels
 
 

@@ -36,19 +36,18 @@ from ..encoder import build_encoder, resolve_device, resolve_dtype
 from ..floors import floor_us, flop_floor_us, tower_flops
 from ..formatting import device_label, fmt_bytes, fmt_us
 from ..memory_model import norm_traffic
-from ..norms import NORMS, make_norm, normalize_reference
+from ..norms import REAL_NORMS, make_norm, normalize_reference
 from ..timing import time_us
 from ..towers.common import budget_padding, filling_grid
 from ..ulps import bf16_ulps
 from . import Study, Summary, profile_of, register
-from .footprint import Footprint, rows_bytes, tower_bytes
+from .footprint import Footprint, largest_budget
 from .params import Param, ParamSpec, ascending_unique, fractions
-from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
+from .plotting import figures_by_run, labelled_runs, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
 DESIGNS = ("bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fp32_buffer")
-REAL_NORMS = tuple(n for n in NORMS if n != "identity")   # identity is a forgotten norm: not a design
 LEGACY_NORM = "(cpu)"       # fp32_buffer: normalized on the CPU; its norm column is the tower's cast
 
 PARAMS = ParamSpec(
@@ -176,8 +175,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     dev = resolve_device(device)
     p = PARAMS.resolve(params, profile_of(dev), study="cast_cost")
     dt = resolve_dtype(p["dtype"])
-    base = VisionConfig.preset(p["preset"])
-    cfg = base.reduced(p["depth"]) if p["depth"] else base
+    cfg = VisionConfig.preset(p["preset"], p["depth"])
     label = device_label(dev)
     gbs = copy_ceiling_gbs(dev)
     # what one tiny kernel costs as a graph replay: the latency below which no staging can go
@@ -316,8 +314,7 @@ def key_numbers(table: pd.DataFrame, fill: float = 0.75) -> dict[str, pd.DataFra
     """Per device, the designs (rows, cheapest first at the largest budget) x budgets: staging
     p50 in us, its ratio to the byte floor, and the bytes moved (MiB), at ``fill``."""
     out = {}
-    for run, g in groups_by_run(table_at(table, fill)):
-        dev = source_label(g, run)
+    for dev, g in labelled_runs(table_at(table, fill)):
         g = g.assign(cell=[cell_name(a, b) for a, b in zip(g.design, g.norm)])
         parts = {}
         for budget, b in g.groupby("budget"):
@@ -335,8 +332,7 @@ def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
     """The finding per device: the cheapest correct design per budget and what the others cost."""
     w = wide(table)
     parts = []
-    for run, g in groups_by_run(w):
-        dev = source_label(g, run)
+    for dev, g in labelled_runs(w):
         at = g[np.isclose(g.fill, fill)]
         if at.empty:
             at = g[g.fill == g.fill.max()]
@@ -385,10 +381,7 @@ def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
 
 
 def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    figs = []
-    for run, g in groups_by_run(table):
-        figs += save_figure(plot_staging(g), out_dir, f"cast_cost_{run}")[:1]
-        figs += save_figure(plot_fill(g), out_dir, f"cast_cost_fill_{run}")[:1]
+    figs = figures_by_run(table, out_dir, [("cast_cost", plot_staging), ("cast_cost_fill", plot_fill)])
     tables = [(f"Staging per replay at 75% valid rows on {dev} (copy + norm in one graph, p50; x floor = time / "
                f"(bytes moved / copy ceiling))", t) for dev, t in key_numbers(table).items()]
     return Summary(text=findings(table), figures=figs, tables=tables)
@@ -397,12 +390,7 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
 def footprint(p, device: str) -> Footprint:
     """The largest budget: its source rows, their float64 reference, the eager norm's fp32
     temporaries, a bf16 buffer and output; and the tower replayed over the full budget."""
-    base = VisionConfig.preset(p["preset"])
-    cfg = base.reduced(p["depth"]) if p["depth"] else base
-    budget = max(p["budgets"])
-    rows = budget * cfg.merge_unit
-    need = rows_bytes(cfg, rows, 1 + 8 + 8 + 2 + 2) + tower_bytes(cfg, rows, rows, 2, device)
-    return Footprint(need, f"budget {budget} tokens, {p['preset']}")
+    return largest_budget(VisionConfig.preset(p["preset"], p["depth"]), p, 1 + 8 + 8 + 2 + 2, device)
 
 STUDY = register(Study(
     name="cast_cost",

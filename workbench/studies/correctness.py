@@ -26,7 +26,7 @@ from ..reference import cos_min, rel_err
 from ..runner import EncoderGraphRunner
 from ..samples import SAMPLE_NAMES, sample_images, sample_video
 from . import Study, Summary, profile_of, register
-from .footprint import Footprint, rows_bytes, tower_bytes
+from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import progress as show_progress
 from .plotting import save_figure
@@ -142,8 +142,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     tol = TOLERANCE[dt]
     rows = []
     for fam in families:
-        base = VisionConfig.preset(fam)
-        cfg = dataclasses.replace(base.reduced(depth) if depth else base, max_pixels=max_pixels)
+        cfg = dataclasses.replace(VisionConfig.preset(fam, depth), max_pixels=max_pixels)
         items = study_items(max_pixels)
         raw = preprocess(items, cfg)
         nrm = preprocess(items, cfg, normalize=True)
@@ -415,18 +414,15 @@ def footprint(p, device: str) -> Footprint:
     """Every family's tower over the study's items (the photos and the video, each capped at
     max_pixels), twice for the float64 reference, and once per dp rank on a CPU."""
     items = len(SAMPLE_NAMES) + 1                        # the photos and a short video
-    itemsize = 4 if p["dtype"] == "float32" else 2
-    need, cell = 0, ""
-    for name in p["families"]:
-        base = VisionConfig.preset(name)
-        cfg = base.reduced(p["depth"]) if p["depth"] else base
+    ranks = p["dp_world_size"] if device == "cpu" and "dp" in p["paths"] else 1
+
+    def cell(name: str) -> Footprint:
+        cfg = VisionConfig.preset(name, p["depth"])
         per_item = p["max_pixels"] // cfg.patch_size ** 2 * 2    # patch rows of one capped item, two frame pairs
         rows = max(per_item * items, max(p["budgets"]) * cfg.merge_unit)
-        one = tower_bytes(cfg, rows, per_item, itemsize, device) + tower_bytes(cfg, rows, per_item, 8, device)
-        ranks = p["dp_world_size"] if device == "cpu" and "dp" in p["paths"] else 1
-        if one * ranks > need:
-            need, cell = one * ranks, f"{name}, {items} items of up to {p['max_pixels']:,} pixels"
-    return Footprint(need, cell)
+        one = tower_bytes(cfg, rows, per_item, itemsize(p), device) + tower_bytes(cfg, rows, per_item, 8, device)
+        return Footprint(one * ranks, f"{name}, {items} items of up to {p['max_pixels']:,} pixels")
+    return largest(cell(name) for name in p["families"])
 
 STUDY = register(Study(
     name="correctness",

@@ -47,21 +47,21 @@ from ..encoder import build_encoder, resolve_device, resolve_dtype
 from ..floors import flop_floor_us, tower_flops
 from ..formatting import device_label, fmt_us
 from ..kernel_profile import kernel_breakdown
-from ..norms import NORMS
+from ..norms import REAL_NORMS
 from ..preprocess import PatchBatch, normalize_rows
 from ..reference import cos_min, hf_embeddings, hf_vision_model, rel_err
 from ..runner import PHASES, EncoderGraphRunner
 from ..timing import cpu_time_us
+from ..towers.common import init_checkpoint_like
 from . import Study, Summary, profile_of, register
-from .footprint import Footprint, rows_bytes, tower_bytes
+from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
+from .plotting import figures_by_run, labelled_runs, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
 REAL_PRESETS = tuple(n for n in PRESET_NAMES if not n.startswith("tiny-"))
 TINY_PRESETS = tuple(n for n in PRESET_NAMES if n.startswith("tiny-"))
-REAL_NORMS = tuple(n for n in NORMS if n != "identity")   # identity is a forgotten norm, not a design
 LATENCY_PATHS = ("eager", "graph", "transformers")
 # graph vs eager: the same weights and kernels; only the attention kernel's fixed max_seqlen and
 # the packing differ, so fp32 agrees to rounding and bf16 within its unit roundoff accumulated over
@@ -133,21 +133,6 @@ def latency_batch(cfg: VisionConfig, tokens: int, images: int, gen: torch.Genera
     return PatchBatch(pixels, grid)
 
 
-@torch.no_grad()
-def init_weights(module: torch.nn.Module, seed: int) -> None:
-    """Checkpoint-like random weights drawn where the parameters live (the scheme of
-    `VisionTower.init_random`: norm weights 1 + N(0, 0.1), everything else N(0, 0.02)). A real
-    tower has ~0.7e9 parameters: drawing them on the host takes seconds per preset, on a GPU
-    milliseconds."""
-    params = [(n, p) for n, p in module.named_parameters() if not n.startswith("input_norm.")]
-    gen = torch.Generator(device=params[0][1].device).manual_seed(seed)
-    for name, p in params:
-        if name.endswith(("norm1.weight", "norm2.weight", "ln_q.weight")):
-            p.normal_(1.0, 0.1, generator=gen)
-        else:
-            p.normal_(0.0, 0.02, generator=gen)
-
-
 def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.device, seed: int, reference: bool,
                  fused="auto"):
     """Our encoder (placement tower) and, with ``reference``, transformers' vision model holding the
@@ -156,10 +141,10 @@ def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.de
         enc = build_encoder(cfg, placement="tower", norm=norm, dtype=dtype, device=dev, seed=None, fused=fused)
         hf = hf_vision_model(cfg, attn_implementation="sdpa", dtype=dtype) if reference else None
     if hf is not None:
-        init_weights(hf, seed)
+        init_checkpoint_like(hf, seed, on_device=True)
         enc.visual.load_hf_state_dict(hf.state_dict())    # refuses a missing or mis-shaped key
     else:
-        init_weights(enc.visual, seed)
+        init_checkpoint_like(enc.visual, seed, on_device=True)
     return enc.eval(), hf
 
 
@@ -284,8 +269,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     cells = [(t, i) for t in p["tokens"] for i in p["images"]]
     bar = show_progress(total=len(p["presets"]) * (len(cells) + 1), desc="encoder_latency", enabled=progress)
     for preset in p["presets"]:
-        base = VisionConfig.preset(preset)
-        cfg = base.reduced(p["depth"]) if p["depth"] else base
+        cfg = VisionConfig.preset(preset, p["depth"])
         torch.manual_seed(p["seed"])
         t0 = time.perf_counter()
         enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"],
@@ -476,8 +460,7 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per device: preset x tokens x images, the p50 of each path and the floor in ms, the graph
     path's speedup over eager and over transformers, and each path as a multiple of the floor."""
     out = {}
-    for run, g in groups_by_run(table):
-        dev = source_label(g, run)
+    for dev, g in labelled_runs(table):
         w = wide(g)
         idx = ["preset", "tokens", "images"]
         p50 = w.pivot_table(index=idx, columns="path", values="p50_ms", aggfunc="first")
@@ -512,8 +495,7 @@ def findings(table: pd.DataFrame) -> str:
     """The finding per device: checks, where graphs win and by how much, where they lose, how the
     graph path compares with transformers and with the floor, and where its time goes."""
     parts = []
-    for run, g in groups_by_run(table):
-        dev = source_label(g, run)
+    for dev, g in labelled_runs(table):
         w = wide(g)
         gr = w[w.path == "graph"]
         tr = w[w.path == "transformers"]
@@ -592,13 +574,10 @@ def findings(table: pd.DataFrame) -> str:
 
 
 def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    figs = []
-    for run, g in groups_by_run(table):
-        figs += save_figure(plot_latency(g), out_dir, f"encoder_latency_{run}")[:1]
-        if (g.metric == "replay_ms").any():
-            figs += save_figure(plot_phases(g), out_dir, f"encoder_latency_phases_{run}")[:1]
-        if (g.metric == "kernel_matmul_ms").any():
-            figs += save_figure(plot_kernels(g), out_dir, f"encoder_latency_kernels_{run}")[:1]
+    figs = figures_by_run(table, out_dir, [
+        ("encoder_latency", plot_latency),
+        ("encoder_latency_phases", lambda g: plot_phases(g) if (g.metric == "replay_ms").any() else None),
+        ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None)])
     tables = [(f"Encoder latency on {dev}: p50 per encode call (ms) of each path, the FLOP floor and the practical "
                f"floor, the graph path's speedup, and times as multiples of the floors", t) for dev, t in key_numbers(table).items()]
     return Summary(text=findings(table), figures=figs, tables=tables)
@@ -607,18 +586,15 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
 def footprint(p, device: str) -> Footprint:
     """The largest cell of the largest preset: its rows through our tower, and through
     transformers' with the same weights when the reference is timed."""
-    itemsize = 4 if p["dtype"] == "float32" else 2
-    need, cell = 0, ""
     tokens = max(p["tokens"])
-    for name in p["presets"]:
-        base = VisionConfig.preset(name)
-        cfg = base.reduced(p["depth"]) if p["depth"] else base
+
+    def cell(name: str) -> Footprint:
+        cfg = VisionConfig.preset(name, p["depth"])
         rows = tokens * cfg.merge_unit
         longest = rows // min(p["images"])
-        one = tower_bytes(cfg, rows, longest, itemsize, device) * (2 if p["reference"] else 1)
-        if one > need:
-            need, cell = one, f"{name}, {tokens} tokens"
-    return Footprint(need, cell)
+        one = tower_bytes(cfg, rows, longest, itemsize(p), device) * (2 if p["reference"] else 1)
+        return Footprint(one, f"{name}, {tokens} tokens")
+    return largest(cell(name) for name in p["presets"])
 
 STUDY = register(Study(
     name="encoder_latency",

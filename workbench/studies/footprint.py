@@ -58,6 +58,25 @@ def rows_bytes(cfg, rows: int, bytes_per_element: float) -> int:
     return int(rows * cfg.patch_dim * bytes_per_element)
 
 
+def largest_budget(cfg, p, pixel_bytes: float, device: str) -> Footprint:
+    """The largest of ``p["budgets"]``: its pixel rows (``pixel_bytes`` per element, summed over
+    every copy kept) and the bf16 tower over all of them as one sequence."""
+    budget = max(p["budgets"])
+    rows = budget * cfg.merge_unit
+    need = rows_bytes(cfg, rows, pixel_bytes) + tower_bytes(cfg, rows, rows, 2, device)
+    return Footprint(need, f"budget {budget} tokens, {p['preset']}")
+
+
+def largest(footprints) -> Footprint:
+    """The largest of several cells' footprints (the first of equals)."""
+    return max(footprints, key=lambda f: f.bytes)
+
+
+def itemsize(p) -> int:
+    """Bytes of an element of the tower dtype ``p["dtype"]`` (a study's float32 or bfloat16)."""
+    return 4 if p["dtype"] == "float32" else 2
+
+
 def available_bytes(device: str) -> tuple[int | None, str]:
     """(bytes, where the number comes from) for ``device`` ('cpu' or 'cuda'); None when unknown."""
     if device == "cpu":

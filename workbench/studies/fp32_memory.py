@@ -38,9 +38,9 @@ from ..memory_model import count_allocations, norm_alloc_trace, pool_model, trac
 from ..norms import NORMS, make_norm
 from ..towers.common import budget_padding, filling_grid
 from . import Study, Summary, profile_of, register
-from .footprint import Footprint, rows_bytes, tower_bytes
+from .footprint import Footprint, largest_budget
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
+from .plotting import figures_by_run, labelled_runs, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -102,12 +102,19 @@ def _tower_pool(enc, buf, meta, dev) -> dict:
         return captured_memory(lambda: enc.visual.forward_prepared(buf, meta), dev)
 
 
+def _config(p: dict) -> VisionConfig:
+    """The captured tower. Unlike the other studies (`VisionConfig.preset(name, depth)`), depth is
+    required here and the preset's own depth keeps the preset itself, not a renamed '@depthN'
+    copy (same blocks either way; only the name differs)."""
+    base = VisionConfig.preset(p["preset"])
+    return base if p["depth"] == base.depth else VisionConfig.preset(p["preset"], p["depth"])
+
+
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Model (every device) and measure (CUDA) every cell; returns the tidy long table."""
     dev = resolve_device(device)
     p = PARAMS.resolve(params, profile_of(dev), study="fp32_memory")
-    base = VisionConfig.preset(p["preset"])
-    cfg = base.reduced(p["depth"]) if p["depth"] != base.depth else base
+    cfg = _config(p)
     cuda = dev.type == "cuda"
     label = device_label(dev)
     common = dict(study="fp32_memory", preset=p["preset"], family=cfg.family, depth=cfg.depth,
@@ -269,8 +276,7 @@ def plot_tower(g: pd.DataFrame):
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
     parts = []
-    for run, g in groups_by_run(w):
-        dev = source_label(g, run)
+    for dev, g in labelled_runs(w):
         n = g[g.scope == "norm"]
         biggest = n.budget.max()
         top = n[(n.budget == biggest) & (n.buffer_dtype == n.buffer_dtype.iloc[0])].set_index("norm")
@@ -314,8 +320,7 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     implementation and buffer dtype (rows) and budget (columns), with the fp32 temporaries."""
     out = {}
     w = wide(table)
-    for run, g in groups_by_run(w[w.scope == "norm"]):
-        dev = source_label(g, run)
+    for dev, g in labelled_runs(w[w.scope == "norm"]):
         parts = {}
         for budget, b in g.groupby("budget"):
             b = b.set_index(["norm", "buffer_dtype"])
@@ -330,12 +335,7 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    figs = []
-    for run, g in groups_by_run(table):
-        figs += save_figure(plot_pool(g), out_dir, f"fp32_memory_pool_{run}")[:1]
-        fig = plot_tower(g)
-        if fig is not None:
-            figs += save_figure(fig, out_dir, f"fp32_memory_tower_{run}")[:1]
+    figs = figures_by_run(table, out_dir, [("fp32_memory_pool", plot_pool), ("fp32_memory_tower", plot_tower)])
     tables = [(f"Graph-pool bytes of the norm captured alone on {dev} (model: allocation trace through the "
                f"caching-allocator model; error = measured / model - 1)", t) for dev, t in key_numbers(table).items()]
     return Summary(text=findings(table), figures=figs, tables=tables)
@@ -346,11 +346,7 @@ def footprint(p, device: str) -> Footprint:
     the tower over the largest budget, with the eager norm's fp32 temporaries."""
     if device != "cuda":
         return Footprint(0, "norm scope on the meta device")
-    cfg = VisionConfig.preset(p["preset"]).reduced(p["depth"])
-    budget = max(p["budgets"])
-    rows = budget * cfg.merge_unit
-    need = rows_bytes(cfg, rows, 1 + 4 + 8 + 2) + tower_bytes(cfg, rows, rows, 2, device)
-    return Footprint(need, f"budget {budget} tokens, {p['preset']}")
+    return largest_budget(_config(p), p, 1 + 4 + 8 + 2, device)
 
 STUDY = register(Study(
     name="fp32_memory",

@@ -43,21 +43,20 @@ from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device, resolve_dtype
 from ..floors import tower_flops
 from ..formatting import device_label, fmt_us
-from ..norms import NORMS, make_norm
+from ..norms import REAL_NORMS, make_norm
 from ..planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets
 from ..preprocess import PatchBatch, preprocess
 from ..runner import EncoderGraphRunner, default_budgets
 from ..samples import MIX_NAMES, image_mix, mix_distribution
 from ..timing import cpu_time_us, cuda_event_ms, time_us
 from . import Study, Summary, profile_of, register
-from .footprint import Footprint, rows_bytes, tower_bytes
+from .footprint import Footprint, itemsize, tower_bytes
 from .params import Param, ParamSpec
-from .plotting import groups_by_run, plain_log_ticks, run_label, save_figure, source_label
+from .plotting import figures_by_run, labelled_runs, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
 BUDGET_SETS = ("pow2", "geometric", "planner", "planner_time")
-REAL_NORMS = tuple(n for n in NORMS if n != "identity")
 NORM_FILLS = (0.0, 0.5, 1.0)       # valid fractions at which the norm is timed per budget
 
 
@@ -158,7 +157,7 @@ def _item_batch(cfg, tokens: int, gen: torch.Generator) -> PatchBatch:
 def _stage(runner, budget: int, item: PatchBatch) -> None:
     """Load ``item`` into budget ``budget``'s static buffers, as `runner.encode` does before a replay."""
     cap = runner.graphs[budget]
-    cap.meta.copy_(runner._prepare(item.grid_thw, budget, "cpu"))
+    cap.meta.copy_(runner.budget_metadata(item.grid_thw, budget, "cpu"))
     runner.stage(cap, item.pixels.to(runner.device))
 
 
@@ -236,8 +235,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     dev = resolve_device(device)
     p = PARAMS.resolve(params, profile_of(dev), study="padding_waste")
     dt = resolve_dtype(p["dtype"])
-    base = VisionConfig.preset(p["preset"])
-    cfg = base.reduced(p["depth"]) if p["depth"] else base
+    cfg = VisionConfig.preset(p["preset"], p["depth"])
     label = device_label(dev)
     common = dict(study="padding_waste", preset=p["preset"], family=cfg.family, depth=cfg.depth,
                   dtype=dtype_name(dt), device=label)
@@ -447,8 +445,7 @@ def plot_curve(g: pd.DataFrame):
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
     parts = []
-    for run, g in groups_by_run(w):
-        dev = source_label(g, run)
+    for dev, g in labelled_runs(w):
         exp = g[g.case == "expected"]
         text = f"On {dev}: "
         cmp = []
@@ -494,8 +491,7 @@ def findings(table: pd.DataFrame) -> str:
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per run: padding_table with fractions in percent, one table per device."""
     out = {}
-    for run, g in groups_by_run(table):
-        dev = source_label(g, run)
+    for dev, g in labelled_runs(table):
         t = padding_table(g).dropna(axis=1, how="all")
         t = t.drop(columns=[c for c in ("run", "reference", "device", "budgets") if c in t])
         for c in t.columns:
@@ -508,12 +504,10 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    figs = []
-    for run, g in groups_by_run(table):
-        figs += save_figure(plot_padding(g), out_dir, f"padding_waste_{run}")[:1]
-        figs += save_figure(plot_replay(g), out_dir, f"padding_waste_replay_{run}")[:1]
-        if "case" in g and (g["case"] == "curve").any():     # runs before the curve existed lack it
-            figs += save_figure(plot_curve(g), out_dir, f"padding_waste_curve_{run}")[:1]
+    figs = figures_by_run(table, out_dir, [
+        ("padding_waste", plot_padding), ("padding_waste_replay", plot_replay),
+        # runs before the curve existed lack it
+        ("padding_waste_curve", lambda g: plot_curve(g) if "case" in g and (g["case"] == "curve").any() else None)])
     tables = [(f"Padding per mix and budget set on {dev} (single items: exact from the mix's distribution; "
                f"runner: measured on drawn items)", t) for dev, t in key_numbers(table).items()]
     return Summary(text=findings(table), figures=figs, tables=tables)
@@ -522,13 +516,11 @@ def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
 def footprint(p, device: str) -> Footprint:
     """The largest budget of the replay ladder (a power of two at or above the mixes' largest item)
     through the tower, and a batch of n_items of the largest items."""
-    base = VisionConfig.preset(p["preset"])
-    cfg = base.reduced(p["depth"]) if p["depth"] else base
+    cfg = VisionConfig.preset(p["preset"], p["depth"])
     largest = max(max(t for t, _ in mix_distribution(m, cfg)) for m in p["mixes"])
     budget = 1 << math.ceil(math.log2(max(largest, 1)))
     rows = max(budget, largest * p["n_items"]) * cfg.merge_unit
-    itemsize = 4 if p["dtype"] == "float32" else 2
-    return Footprint(tower_bytes(cfg, rows, largest * cfg.merge_unit, itemsize, device),
+    return Footprint(tower_bytes(cfg, rows, largest * cfg.merge_unit, itemsize(p), device),
                      f"{p['preset']}, budget {budget} tokens, {p['n_items']} items")
 
 STUDY = register(Study(

@@ -32,6 +32,15 @@ class ParamError(ValueError):
     """A parameter value that a study cannot take; the message names value and valid choices."""
 
 
+def _checked(check: Callable, *args, prefix: str = "", error: type = ValueError) -> Any:
+    """``check(*args)``, its ``error`` turned into a ParamError (message behind ``prefix``): a cap,
+    a rule or a spec-wide check refuses a value the way a bad value is refused."""
+    try:
+        return check(*args)
+    except error as e:
+        raise ParamError(f"{prefix}{e}") from None
+
+
 def _scalar(kind: str, name: str, value: Any) -> Any:
     """Coerce one scalar of ``kind`` ('int', 'float', 'str', 'bool')."""
     if kind == "bool":
@@ -144,10 +153,7 @@ class Param:
         if self.minimum is not None and out < self.minimum:
             raise ParamError(f"{self.name}={value!r} is below the minimum {self.minimum:g}")
         if self.cap is not None:
-            try:
-                limits.check(self.cap, out, self.name)
-            except limits.LimitError as e:
-                raise ParamError(str(e)) from None
+            _checked(limits.check, self.cap, out, self.name, error=limits.LimitError)
         return out
 
     def check(self, value: Any) -> Any:
@@ -172,18 +178,14 @@ class Param:
                 value = [value]
             if not value:
                 raise ParamError(f"{self.name}: the list is empty; valid: {self._valid()}")
-            try:    # before looking at the values: a list of a million is refused at once
-                limits.check("list_items", len(value), f"{self.name}: a list of {len(value)} values")
-            except limits.LimitError as e:
-                raise ParamError(str(e)) from None
+            # before looking at the values: a list of a million is refused at once
+            _checked(limits.check, "list_items", len(value), f"{self.name}: a list of {len(value)} values",
+                     error=limits.LimitError)
             out = [self._element(elem, v) for v in value]
         else:
             out = self._element(self.kind, value)
         if self.rule is not None:
-            try:
-                self.rule(out)
-            except ValueError as e:
-                raise ParamError(f"{self.name}={out!r}: {e}") from None
+            _checked(self.rule, out, prefix=f"{self.name}={out!r}: ")
         return out
 
     def literal(self, profile: str = "cpu") -> str:
@@ -231,15 +233,9 @@ class ParamSpec:
             raise ParamError(f"{where}no parameter {unknown}; valid: {', '.join(self.names)}")
         out = self.defaults(profile)
         for name, value in overrides.items():
-            try:
-                out[name] = self.params[name].check(value)
-            except ParamError as e:
-                raise ParamError(f"{where}{e}") from None
+            out[name] = _checked(self.params[name].check, value, prefix=where, error=ParamError)
         if self._check is not None:
-            try:
-                self._check(out)
-            except ValueError as e:
-                raise ParamError(f"{where}{e}") from None
+            _checked(self._check, out, prefix=where)
         return out
 
     def from_namespace(self, namespace: Mapping[str, Any], study: str = "") -> dict[str, Any]:

@@ -3,16 +3,18 @@ and shows progress the same way."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
 
+from ..provenance import slug as provenance_slug
+
 
 def slug(text: str) -> str:
-    """A file-name-safe form of a run or device name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.") or "x"
+    """`workbench.provenance.slug` of a figure stem, run or device name; 'x' where nothing usable
+    is left (a figure is never refused for its name)."""
+    return provenance_slug(text, empty="x")
 
 
 def save_figure(fig, out_dir: str | Path, stem: str) -> list[Path]:
@@ -52,6 +54,26 @@ def groups_by_run(table: pd.DataFrame) -> Iterable[tuple[str, pd.DataFrame]]:
              if "reference" in table else table[["run"]].drop_duplicates().sort_values("run"))
     for run in order["run"]:
         yield run, table[table["run"] == run]
+
+
+def labelled_runs(table: pd.DataFrame) -> Iterable[tuple[str, pd.DataFrame]]:
+    """(`source_label`, rows) per run of `groups_by_run`: each run's rows with the name a finding
+    or a key-number table gives its source."""
+    for run, g in groups_by_run(table):
+        yield source_label(g, run), g
+
+
+def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots) -> list[Path]:
+    """Per run of ``table`` (`groups_by_run`), every ``(stem, plot)`` of ``plots`` in order:
+    ``plot(rows)`` saved as ``<stem>_<run>`` (`save_figure`); a plot that gives None has nothing to
+    show for that run. Returns the PNG paths, the ones the report shows."""
+    figs = []
+    for run, g in groups_by_run(table):
+        for stem, plot in plots:
+            fig = plot(g)
+            if fig is not None:
+                figs += save_figure(fig, out_dir, f"{stem}_{run}")[:1]
+    return figs
 
 
 def plain_log_ticks(axis) -> None:

@@ -146,6 +146,35 @@ def remember(cache: dict, key, size: int, make):
     return value
 
 
+# norm scales: drawn around 1, as trained checkpoints hold them (every other parameter around 0)
+_UNIT_WEIGHTS = ("norm1.weight", "norm2.weight", "ln_q.weight")
+
+
+@torch.no_grad()
+def init_checkpoint_like(module: nn.Module, seed: int, std: float = 0.02, on_device: bool = False) -> None:
+    """Checkpoint-like random weights for a tower, ours or transformers' (same parameter names):
+    norm weights 1 + N(0, 0.1), everything else N(0, std); the input norm's constants untouched.
+
+    on_device=False draws every value in fp32 on the host and copies it in (rounded into the
+    parameter's dtype): the same weights on every device, what `build_encoder` gives. on_device=True
+    draws in place with a generator on the parameters' device, in their dtype: other values for the
+    same seed, but a real tower's ~0.7e9 parameters are drawn where they live, not one by one on
+    the host (what the latency study needs before every preset)."""
+    params = [(n, p) for n, p in module.named_parameters() if not n.startswith("input_norm.")]
+    if on_device:
+        gen = torch.Generator(device=params[0][1].device).manual_seed(seed)
+        for name, p in params:
+            if name.endswith(_UNIT_WEIGHTS):
+                p.normal_(1.0, 0.1, generator=gen)
+            else:
+                p.normal_(0.0, std, generator=gen)
+        return
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in params:
+        r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+        p.copy_(1.0 + 0.1 * r if name.endswith(_UNIT_WEIGHTS) else std * r)
+
+
 def budget_padding(cfg: VisionConfig, budget: int, max_items: int) -> dict:
     """`VisionTower.prepare`'s padding arguments for a graph runner's budget of ``budget`` merged
     tokens holding up to ``max_items`` sequences: the fixed shapes every replay of it copies into."""
@@ -420,18 +449,9 @@ class VisionTower(nn.Module):
         return resolve_backend(self.attn_backend, x.device, x.dtype)
 
     # ---- weights ---------------------------------------------------------------------------
-    @torch.no_grad()
     def init_random(self, seed: int = 0, std: float = 0.02) -> "VisionTower":
-        """Checkpoint-like random weights: N(0, std) matrices, small random biases, norm weights ~1."""
-        g = torch.Generator().manual_seed(seed)
-        for name, p in self.named_parameters():
-            if name.startswith("input_norm."):
-                continue
-            r = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name.endswith("ln_q.weight"):
-                p.copy_(1.0 + 0.1 * r)
-            else:
-                p.copy_(std * r)
+        """Checkpoint-like random weights drawn on the host (`init_checkpoint_like`); returns the tower."""
+        init_checkpoint_like(self, seed, std)
         return self
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> "VisionTower":
