@@ -99,16 +99,16 @@ NAME_MAX = 80      # characters of a run name: the folder adds a 25-character ti
 def parse_name(text: str | None) -> str | None:
     """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX
     characters; SystemExit naming the bad value otherwise."""
-    import re
+    from .provenance import slug
 
     if text is None:
         return None
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.")
-    if not slug:
+    name = slug(text, empty="")
+    if not name:
         raise SystemExit(f"--name {text!r} has no letter or digit; give a short name such as --name smoke")
-    if len(slug) > NAME_MAX:
-        raise SystemExit(f"--name is {len(slug)} characters long; give at most {NAME_MAX}")
-    return slug
+    if len(name) > NAME_MAX:
+        raise SystemExit(f"--name is {len(name)} characters long; give at most {NAME_MAX}")
+    return name
 
 
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
