@@ -86,7 +86,7 @@ def test_git_info_outside_a_repository_is_recorded_not_raised(tmp_path):
 
 def test_finish_meta_adds_end_time_and_duration():
     meta = prov.collect_meta()
-    meta["started_at"] = prov._iso(prov.utc_now() - dt.timedelta(seconds=2.5))
+    meta["started_at"] = prov.iso_utc(prov.utc_now() - dt.timedelta(seconds=2.5))
     out = prov.finish_meta(meta)
     assert out is meta
     assert meta["finished_at"].endswith("Z")

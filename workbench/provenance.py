@@ -65,8 +65,9 @@ def utc_now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
 
 
-def _iso(t: _dt.datetime) -> str:
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def iso_utc(t: _dt.datetime | None = None, timespec: str = "milliseconds") -> str:
+    """``t`` (default: now) as the ISO text every record here uses: UTC with a ``Z``."""
+    return (t or utc_now()).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def _parse_iso(s: str) -> _dt.datetime:
@@ -252,7 +253,7 @@ def collect_meta(params: dict | None = None) -> dict[str, Any]:
     tinfo = torch_info()
     return {
         "schema": 1,
-        "started_at": _iso(started),
+        "started_at": iso_utc(started),
         "finished_at": None,
         "duration_s": None,
         "git": git_info(),
@@ -288,7 +289,7 @@ def load_average() -> list[float] | None:
 def finish_meta(meta: dict[str, Any]) -> dict[str, Any]:
     """Stamp the end time and duration onto ``meta`` (in place) and return it."""
     finished = utc_now()
-    meta["finished_at"] = _iso(finished)
+    meta["finished_at"] = iso_utc(finished)
     if isinstance(meta.get("load_avg"), dict):
         meta["load_avg"]["end"] = load_average()
     try:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .provenance import META_NAME, MetaError, atomic_write_text, load_meta, results_root, utc_now
+from .provenance import META_NAME, MetaError, atomic_write_text, iso_utc, load_meta, results_root
 from .runstate import open_failures, run_state
 
 REPORT_DIRNAME = "report"
@@ -814,7 +814,7 @@ def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None)
 
 def _write_marker(folder: Path, results_dir: Path, files: dict[str, int] | None) -> None:
     doc = {"written_by": "python -m workbench report (workbench.report.build_report)",
-           "built_at": utc_now().isoformat(timespec="seconds").replace("+00:00", "Z"),
+           "built_at": iso_utc(timespec="seconds"),
            "results": str(results_dir),
            "note": ("The report replaces this whole folder each time it is built, after checking "
                     "that it holds only the files listed here; keep nothing else in it."),
@@ -1153,7 +1153,7 @@ def _benchmark_html(b: BenchmarkSection) -> str:
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
                 results_dir: Path, out_dir: Path, bandwidth: BenchmarkSection | None = None,
                 table_problems: Mapping[str, list[str]] | None = None) -> str:
-    now = utc_now().isoformat(timespec="seconds").replace("+00:00", "Z")
+    now = iso_utc(timespec="seconds")
     body = [
         "<h1>Vision-encoder input-normalization workbench: report</h1>",
         f'<p class="muted">Built {_e(now)} from <code>{_e(results_dir)}</code>: '

@@ -150,7 +150,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str =
     finished without failures is refused unless ``resume_finished`` asks for it, and one that
     finished with failures (what resume is for) keeps everything it recorded: the resume is
     appended to ``resumed`` with its own studies, failures and end time."""
-    from .provenance import git_info, utc_now
+    from .provenance import git_info, iso_utc
     from .runstate import open_failures, run_state
     from .studies import ParamError
 
@@ -194,7 +194,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str =
             except ParamError as e:
                 raise SystemExit(f"--resume: {e}") from None
         now = git_info()
-        entry: dict[str, Any] = {"at": utc_now().isoformat(timespec="seconds").replace("+00:00", "Z"),
+        entry: dict[str, Any] = {"at": iso_utc(timespec="seconds"),
                                  "studies": list(left), "stages": left, "git": now.get("short"),
                                  "dirty": now.get("dirty")}
         if now.get("sha") != (meta.get("git") or {}).get("sha"):
@@ -206,7 +206,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str =
             # what the run recorded stays; the resume is one more entry
             entry.update(failures=outcome.failures, warnings=outcome.warnings, study_seconds=outcome.seconds,
                          placement=outcome.placement)
-            entry["finished_at"] = utc_now().isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            entry["finished_at"] = iso_utc()
             meta.setdefault("resumed", []).append(entry)
             write_meta(run_dir, meta, overwrite=True)
         else:

@@ -152,7 +152,7 @@ def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
 
     ``params`` are recorded as the study's parameters. An existing table is never replaced.
     """
-    from ..provenance import (META_NAME, collect_meta, finish_meta, new_run_dir, read_meta,
+    from ..provenance import (META_NAME, collect_meta, finish_meta, iso_utc, new_run_dir, read_meta,
                               results_root as default_root, write_meta)
 
     table = check_table(table, name=f"{study_name} table")
@@ -169,7 +169,7 @@ def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
         meta = collect_meta({"studies": recorded, "mode": mode})
         started = _NOTEBOOK_STARTED.pop(study_name, None)
         if started is not None:
-            meta["started_at"] = started.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            meta["started_at"] = iso_utc(started)
         write_meta(run_dir, finish_meta(meta))
     else:
         meta = read_meta(run_dir)
