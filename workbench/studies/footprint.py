@@ -15,6 +15,7 @@ import functools
 import os
 from dataclasses import dataclass
 
+from ..dtypes import resolve_dtype
 from .params import ParamError
 
 HEADROOM = 0.9           # of the device's memory a cell may plan to use
@@ -30,7 +31,9 @@ class Footprint:
 
 @functools.lru_cache(maxsize=64)
 def tower_params(cfg) -> int:
-    """Parameters of the tower of ``cfg`` (built on the meta device: no memory, any size)."""
+    """Parameters of the tower of ``cfg`` as allocated (built on the meta device: no memory, any
+    size): unlike ``cfg.n_params``, the checkpoint's count, it includes the alignment padding of
+    the fused gate|up weight."""
     import torch
 
     from ..towers import build_tower
@@ -73,8 +76,8 @@ def largest(footprints) -> Footprint:
 
 
 def itemsize(p) -> int:
-    """Bytes of an element of the tower dtype ``p["dtype"]`` (a study's float32 or bfloat16)."""
-    return 4 if p["dtype"] == "float32" else 2
+    """Bytes of an element of the tower dtype ``p["dtype"]`` (a dtype name)."""
+    return resolve_dtype(p["dtype"]).itemsize
 
 
 def available_bytes(device: str) -> tuple[int | None, str]:
