@@ -85,7 +85,7 @@ def test_cuda_graph_pool_of_a_norm_equals_the_allocator_model(name, in_dtype):
     x = torch.randint(0, 256, (rows, cfg.patch_dim), device="cuda").to(in_dtype)
     nv = torch.tensor(rows, dtype=torch.int32, device="cuda")
     got = cuda_memory.captured_memory(lambda: norm(x, torch.bfloat16, n_valid=nv), "cuda")
-    model = memory_model.pool_model(memory_model.norm_alloc_trace(name, rows, cfg.patch_dim, in_dtype, n_valid=True))
+    model = memory_model.pool_model(norm.alloc_trace(rows, in_dtype, n_valid=True))
     assert got["pool_bytes"] == model["pool_bytes"] and got["peak_bytes"] == model["peak_bytes"]
 
 

@@ -128,17 +128,19 @@ def test_tidy_and_wide_round_trip_with_missing_parameters_and_booleans():
 
 def test_norm_traffic_counts_every_pass():
     n = 1000
-    eager = memory_model.norm_traffic("eager", n, D)
+    def traffic(name, *a, **k):
+        return make_norm(name, CFG).traffic(*a, **k)
+    eager = traffic("eager", n)
     assert eager["min_bytes"] == 3 * n * D and eager["bytes"] == 27 * n * D and eager["passes"] == 4
-    assert memory_model.norm_traffic("eager", n, D, out_dtype=torch.float32)["bytes"] == 21 * n * D
+    assert traffic("eager", n, out_dtype=torch.float32)["bytes"] == 21 * n * D
     for name in ("triton_channel", "triton_flat", "triton_rows", "identity"):
-        t = memory_model.norm_traffic(name, n, D)
+        t = traffic(name, n)
         assert t["bytes"] == t["min_bytes"] and t["traffic_ratio"] == 1.0
     # n_valid: only triton kernels stop moving padding; eager with out= also selects
-    assert memory_model.norm_traffic("triton_rows", n, D, n_valid=250)["bytes"] == 3 * 250 * D
-    assert memory_model.norm_traffic("eager", n, D, n_valid=250, out=True)["bytes"] > eager["bytes"]
+    assert traffic("triton_rows", n, n_valid=250)["bytes"] == 3 * 250 * D
+    assert traffic("eager", n, n_valid=250, out=True)["bytes"] > eager["bytes"]
     with pytest.raises(ValueError, match="triton_rows"):
-        memory_model.norm_traffic("nope", n, D)
+        traffic("nope", n)
 
 
 @pytest.mark.parametrize("name", NORMS)
@@ -158,7 +160,7 @@ def test_modelled_allocation_trace_equals_the_counted_one(name, in_dtype, n_vali
         ids: dict = {}
         return [(k, ids.setdefault(i, len(ids)), b) for k, i, b in trace]
 
-    model = memory_model.norm_alloc_trace(name, rows, D, in_dtype, torch.bfloat16, n_valid=n_valid, out=out)
+    model = norm.alloc_trace(rows, in_dtype, torch.bfloat16, n_valid=n_valid, out=out)
     assert renumber(counted) == renumber(model)
 
 
@@ -174,7 +176,7 @@ def test_counting_on_real_cpu_tensors_sees_the_fp32_temporaries(gen_rows=333):
 def test_pool_model_follows_the_caching_allocator_rules():
     mib = 1 << 20
     # a 19.3 MB fp32 temporary takes its own segment rounded up to 2 MiB; the second reuses nothing
-    trace = memory_model.norm_alloc_trace("eager", 4096, D)
+    trace = make_norm("eager", CFG).alloc_trace(4096)
     got = memory_model.pool_model(trace)
     assert got["pool_bytes"] == 2 * 20 * mib           # two 20 MiB segments; C and D reuse freed blocks
     assert got["peak_bytes"] == 2 * 19267584 and got["end_bytes"] == 9633792

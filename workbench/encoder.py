@@ -26,7 +26,7 @@ from . import limits
 from .config import VisionConfig
 from .dtypes import dtype_name
 from .dtypes import resolve_dtype as _resolve_dtype
-from .norms import check_norm_name, interpreting, make_norm
+from .norms import InputNorm, check_norm_name, interpreting, make_norm
 from .preprocess import PatchBatch
 from .towers import build_tower
 from .towers.common import check_fused
@@ -120,22 +120,29 @@ def resolve_device(device) -> torch.device:
 class VisionEncoder(nn.Module):
     """Outer model: `.visual` (the tower), the placement's norm module, and `encode`."""
 
-    def __init__(self, cfg: VisionConfig, placement: str, norm: str, dtype: torch.dtype, device: torch.device,
-                 attn_backend: str = "auto", check_inputs: bool = True, fused="auto"):
+    def __init__(self, cfg: VisionConfig, placement: Placement, norm: InputNorm, dtype: torch.dtype,
+                 device: torch.device, attn_backend: str = "auto", check_inputs: bool = True, fused="auto"):
+        """Trusts its arguments (`build_encoder` checks them): a `PLACEMENT_TABLE` row and a norm
+        object (`workbench.norms.make_norm`), which normalizes where the placement says."""
         super().__init__()
-        self.spec = check_placement(placement)
-        check_norm_name(norm)
-        self.cfg, self.placement, self.norm_name = cfg, placement, norm
+        self.spec, self.cfg, self.norm = placement, cfg, norm
         self.check_inputs = check_inputs
         device_norm = self.spec.norm_in == "tower"
-        norm_module = make_norm(norm, cfg, check_values=check_inputs)
-        self.visual = build_tower(cfg, input_norm=norm_module if device_norm else None, device_norm=device_norm,
+        self.visual = build_tower(cfg, input_norm=norm if device_norm else None, device_norm=device_norm,
                                   attn_backend=attn_backend, fused=fused)
         # the outer model's own norm (placement `outer`) and the model runner's (placement `runner`)
-        self.outer_norm = norm_module if self.spec.norm_in == "outer" else None
-        self.runner_norm = norm_module if self.spec.norm_in == "runner" else None
+        self.outer_norm = norm if self.spec.norm_in == "outer" else None
+        self.runner_norm = norm if self.spec.norm_in == "runner" else None
         self.to(device=device)
         self.visual.to(dtype=dtype)
+
+    @property
+    def placement(self) -> str:
+        return self.spec.name
+
+    @property
+    def norm_name(self) -> str:
+        return self.norm.name
 
     @property
     def dtype(self) -> torch.dtype:
@@ -260,7 +267,7 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     cfg = VisionConfig.coerce(cfg)
     # checked before anything uses them (norm.startswith below, the tower build): a None or a typo
     # must name itself and the choices, not surface as an AttributeError from deep inside
-    check_placement(placement)
+    spec = check_placement(placement)
     check_norm_name(norm)
     check_fused(fused)
     if seed is not None:
@@ -272,8 +279,8 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     if norm.startswith("triton") and dev.type == "cpu" and not interpreting():
         raise ValueError(f"norm {norm!r} is a Triton kernel; on CPU it runs only under TRITON_INTERPRET=1 "
                          f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
-    enc = VisionEncoder(cfg, placement, norm, dtype, dev, attn_backend=attn_backend, check_inputs=check_inputs,
-                        fused=fused)
+    enc = VisionEncoder(cfg, spec, make_norm(norm, cfg, check_values=check_inputs), dtype, dev,
+                        attn_backend=attn_backend, check_inputs=check_inputs, fused=fused)
     if seed is not None:
         # init_random draws in fp32 and copy_ rounds into the tower dtype: the same weights a
         # fp32 init followed by a cast would give, without two extra casts of every parameter

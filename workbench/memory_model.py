@@ -1,10 +1,10 @@
 """The memory model of the input path: what one norm call moves and allocates, and what the CUDA
 caching allocator reserves for it.
 
-- `norm_traffic`: the DRAM bytes one norm call moves.
-- `norm_alloc_trace`: the allocations and frees it makes, in order; `count_allocations` gives the
-  same trace counted from a real call with a dispatch mode (works on the meta device, so a real
-  16384-token budget is sized without memory); `trace_peak_bytes` reads peaks off a trace.
+- `count_allocations`: the allocations and frees a call makes, in order, counted from a real call
+  with a dispatch mode (works on the meta device, so a real 16384-token budget is sized without
+  memory); each norm derives the same trace from its code (`workbench.norms.InputNorm.alloc_trace`,
+  with its byte model `traffic`); `trace_peak_bytes` reads peaks off a trace.
 - `PoolModel` / `pool_model`: torch's CUDA caching allocator rules, replayed over a trace: the
   graph-pool bytes a captured call reserves.
 
@@ -12,133 +12,10 @@ Pure functions, no device needed; workbench.cuda_memory measures the same quanti
 """
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 
 import torch
-
-from .norms import check_norm_name
-
-
-# ---- the byte model of one norm call ----------------------------------------------------------
-
-def _esize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def norm_traffic(name: str, n_rows: int, patch_dim: int, in_dtype: torch.dtype = torch.uint8,
-                 out_dtype: torch.dtype = torch.bfloat16, n_valid: int | None = None,
-                 out: bool = False) -> dict:
-    """DRAM bytes one call of norm ``name`` moves on ``n_rows`` x ``patch_dim`` input, pass by pass
-    (one full read and write per torch op, caches ignored; the scale/shift tables, a few KB, too).
-
-    n_valid: rows a graph-safe call is told are real (None: all); out: whether the call writes
-    into a preallocated ``out=`` (the runner placement) instead of returning a new tensor.
-    Returns dict(bytes, min_bytes, passes, traffic_ratio): ``min_bytes`` is read-once + write-once
-    of the rows that must be written. Eager uint8 -> bf16 is 27 B/element (9x the 3 B floor):
-    ``to(f32)`` 1+4, ``* scale`` 4+4, ``+ shift`` 4+4, ``to(bf16)`` 4+2. With n_valid and out it
-    computes every row and then selects: + arange/compare (12 B/row), ``where`` 2+2+2, ``copy_`` 2+2.
-    triton_rows skips padding tiles (reads/writes only valid rows); triton_flat and triton_channel
-    mask padding (no traffic, but every program still launches); identity is a cast (+ the same
-    select as eager when n_valid and out are given).
-    """
-    check_norm_name(name)
-    i, o = _esize(in_dtype), _esize(out_dtype)
-    d = patch_dim
-    valid = n_rows if n_valid is None else max(0, min(n_valid, n_rows))
-    work = n_rows if name in ("eager", "identity") else valid
-    select = n_valid is not None and out
-    per_elem, passes = 0, 0
-    if name == "eager":
-        steps = ([] if in_dtype == torch.float32 else [(i, 4)]) + [(4, 4), (4, 4)]
-        if out and not select:
-            steps.append((4, o))                       # out.copy_(y) casts on the way
-        elif out_dtype != torch.float32:
-            steps.append((4, o))
-        per_elem, passes = sum(a + b for a, b in steps), len(steps)
-    elif name == "identity":
-        per_elem, passes = (0, 0) if (in_dtype == out_dtype and not out) else (i + o, 1)
-    else:
-        per_elem, passes = i + o, 1
-    total = per_elem * work * d
-    if select and name in ("eager", "identity"):
-        total += n_rows * (8 + 1 + 1) + n_rows * d * (3 * o + 2 * o)   # arange, <, where, copy_
-        passes += 4
-    min_bytes = (i + o) * valid * d
-    return dict(bytes=total, min_bytes=min_bytes, passes=passes,
-                traffic_ratio=total / min_bytes if min_bytes else math.nan)
-
-
-def norm_alloc_trace(name: str, n_rows: int, patch_dim: int, in_dtype: torch.dtype = torch.uint8,
-                     out_dtype: torch.dtype = torch.bfloat16, n_valid: bool = False,
-                     out: bool = False) -> list[tuple[str, int, int]]:
-    """The allocations and frees of one call of norm ``name`` (workbench.norms), in order, as
-    ``("alloc", id, bytes)`` / ``("free", id, bytes)``; what is still allocated at the end is the
-    output. Derived from the implementation's code (see `count_allocations` for the check):
-
-    eager   x.to(f32) [A], * scale [B], free A, + shift [C], free B, then: out= without n_valid:
-            copy_ into out, free C; else C.to(out_dtype) [D] (none when out_dtype is fp32) and,
-            with both n_valid and out, arange [E], < [F], free E, where [G], copy_, free G, D, F;
-            free C.
-    triton  the output [O] when no out= is given; nothing else (fp32 stays in registers).
-    identity the cast [O] (none when dtypes match), plus the select of eager when n_valid and out.
-    """
-    check_norm_name(name)
-    el = n_rows * patch_dim
-    ob = el * _esize(out_dtype)
-    events: list[tuple[str, int, int]] = []
-    ids = iter(range(1_000_000))
-    live: dict[str, tuple[int, int]] = {}
-
-    def alloc(tag, nbytes):
-        k = next(ids)
-        live[tag] = (k, nbytes)
-        events.append(("alloc", k, nbytes))
-
-    def free(tag):
-        k, nbytes = live.pop(tag)
-        events.append(("free", k, nbytes))
-
-    def select(src_tag):
-        alloc("arange", n_rows * 8)
-        alloc("keep", n_rows)
-        free("arange")
-        alloc("where", ob)
-        free("where")
-        if src_tag:
-            free(src_tag)
-        free("keep")
-
-    if name == "eager":
-        if in_dtype != torch.float32:
-            alloc("A", el * 4)
-        alloc("B", el * 4)
-        if in_dtype != torch.float32:
-            free("A")
-        alloc("C", el * 4)
-        free("B")
-        if out and not n_valid:
-            free("C")
-            return events
-        cast = out_dtype != torch.float32
-        if cast:
-            alloc("D", ob)
-        if n_valid and out:
-            select("D" if cast else None)
-        free("C")
-    elif name == "identity":
-        cast = in_dtype != out_dtype
-        if out and not n_valid:
-            return events
-        if cast:
-            alloc("O", ob)
-        if n_valid and out:
-            select("O" if cast else None)
-    else:
-        if not out:
-            alloc("O", ob)
-    return events
 
 
 class _Counter(torch.utils._python_dispatch.TorchDispatchMode):
@@ -169,7 +46,7 @@ class _Counter(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def count_allocations(fn) -> tuple[list[tuple[str, int, int]], object]:
-    """Run ``fn()`` and return (its allocation trace, its result), in `norm_alloc_trace`'s form.
+    """Run ``fn()`` and return (its allocation trace, its result), in `InputNorm.alloc_trace`'s form.
 
     Counted with a TorchDispatchMode: every non-aliasing op output is an allocation, freed when
     the Python tensor dies. Works on CPU tensors and on the meta device (no memory is used)."""

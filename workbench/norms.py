@@ -42,6 +42,7 @@ Without the interpreter the Triton norms need CUDA tensors.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -49,10 +50,6 @@ from torch import nn
 
 from workbench.config import VisionConfig
 from workbench.dtypes import names
-
-NORMS = ("eager", "triton_channel", "triton_flat", "triton_rows", "identity")
-# the norms that normalize: identity models a forgotten normalization, not a design to measure
-REAL_NORMS = tuple(n for n in NORMS if n != "identity")
 
 INPUT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -84,15 +81,6 @@ CHANNEL_BLOCK = 2048      # the peer engine's block over one channel's L = T*P*P
 FLAT_BLOCK = 1024
 FLAT_WARPS = 4
 CHANNEL_WARPS = 4
-
-def check_norm_name(name) -> str:
-    """``name`` if it is one of NORMS, else ValueError naming it and the valid ones (the one check
-    every entry point uses)."""
-    if not isinstance(name, str) or name not in NORMS:
-        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
-    return name
-
-
 
 _REPLAYING = 0
 
@@ -242,10 +230,43 @@ def _is_pow2(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
 
 
-# ---- the module ----------------------------------------------------------------------------
+# ---- the modules -----------------------------------------------------------------------------
+
+def _esize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class _Trace:
+    """An allocation trace being written: ``("alloc", id, bytes)`` / ``("free", id, bytes)``."""
+
+    def __init__(self):
+        self.events: list[tuple[str, int, int]] = []
+        self._live: dict[str, tuple[int, int]] = {}
+
+    def alloc(self, tag: str, nbytes: int) -> None:
+        k = len(self.events)
+        self._live[tag] = (k, nbytes)
+        self.events.append(("alloc", k, nbytes))
+
+    def free(self, tag: str) -> None:
+        k, nbytes = self._live.pop(tag)
+        self.events.append(("free", k, nbytes))
+
+    def select(self, n_rows: int, out_bytes: int, src_tag: str | None) -> None:
+        """`InputNorm._select`'s allocations: arange, the row mask, the where, then frees."""
+        self.alloc("arange", n_rows * 8)
+        self.alloc("keep", n_rows)
+        self.free("arange")
+        self.alloc("where", out_bytes)
+        self.free("where")
+        if src_tag:
+            self.free(src_tag)
+        self.free("keep")
+
 
 class InputNorm(nn.Module):
-    """One normalization implementation, usable as the first op of a vision tower.
+    """One normalization implementation, usable as the first op of a vision tower (one subclass
+    per implementation: its kernel, its byte model `traffic`, its allocation trace `alloc_trace`).
 
     Buffers (fp32, non-persistent so they never enter a state dict, moved by ``.to(device)``):
     ``scale_ch``/``shift_ch`` ``[C]`` and ``scale_col``/``shift_col`` ``[patch_dim]`` (column j
@@ -254,26 +275,14 @@ class InputNorm(nn.Module):
     ~0.4% relative error on every pixel.
     """
 
-    def __init__(self, name: str, cfg: VisionConfig, check_values: bool = True,
-                 block_rows: int | None = None, block_cols: int | None = None,
-                 num_warps: int | None = None):
+    name: str = ""
+    normalizes: bool = True                  # False: a cast only (a forgotten normalization)
+    out_dtypes: tuple[torch.dtype, ...] = TORCH_OUT_DTYPES
+
+    def __init__(self, cfg: VisionConfig, check_values: bool = True):
         super().__init__()
-        check_norm_name(name)
-        overrides = dict(block_rows=block_rows, block_cols=block_cols, num_warps=num_warps)
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if given and name != "triton_rows":
-            raise ValueError(f"{', '.join(given)} only apply to 'triton_rows', not {name!r}")
-        self.name = name
         self.cfg = cfg
         self.check_values = bool(check_values)
-        cfg_rows = dict(ROWS_CONFIGS[0])
-        cfg_rows.update(given)
-        for key, value in cfg_rows.items():
-            if not _is_pow2(value):
-                raise ValueError(f"{key}={value!r} must be a positive power of two")
-        self.block_rows = cfg_rows["block_rows"]
-        self.block_cols = cfg_rows["block_cols"]
-        self.num_warps = cfg_rows["num_warps"]
         self._make_buffers(torch.device("cpu"))
 
     def _make_buffers(self, device: torch.device) -> None:
@@ -297,11 +306,7 @@ class InputNorm(nn.Module):
         return result
 
     def extra_repr(self) -> str:
-        text = f"name={self.name!r}, cfg={self.cfg.name!r}, patch_dim={self.cfg.patch_dim}"
-        if self.name == "triton_rows":
-            text += (f", block_rows={self.block_rows}, block_cols={self.block_cols}, "
-                     f"num_warps={self.num_warps}")
-        return text
+        return f"name={self.name!r}, cfg={self.cfg.name!r}, patch_dim={self.cfg.patch_dim}"
 
     # ---- validation ------------------------------------------------------------------------
     def _validate(self, pixels, out_dtype, out, n_valid) -> None:
@@ -314,7 +319,7 @@ class InputNorm(nn.Module):
         if pixels.dtype not in INPUT_DTYPES:
             raise TypeError(f"pixels dtype {pixels.dtype} is not supported; valid: "
                             f"{names(INPUT_DTYPES)}")
-        valid_out = TRITON_OUT_DTYPES if self.name.startswith("triton") else TORCH_OUT_DTYPES
+        valid_out = self.out_dtypes
         if not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype must be a torch.dtype, got {out_dtype!r}; valid: "
                             f"{names(valid_out)}")
@@ -375,11 +380,11 @@ class InputNorm(nn.Module):
         if pixels.shape[0] == 0:
             return out if out is not None else torch.empty(pixels.shape, dtype=out_dtype,
                                                            device=pixels.device)
-        if self.name == "eager":
-            return self._eager(pixels, out_dtype, out, n_valid)
-        if self.name == "identity":
-            return self._identity(pixels, out_dtype, out, n_valid)
-        return self._triton(pixels, out_dtype, out, n_valid)
+        return self.apply_norm(pixels, out_dtype, out, n_valid)
+
+    def apply_norm(self, pixels, out_dtype, out, n_valid) -> torch.Tensor:
+        """The implementation, on checked arguments with at least one row."""
+        raise NotImplementedError
 
     def _select(self, y: torch.Tensor, out: torch.Tensor | None, n_valid) -> torch.Tensor:
         """Write y into out (rows < n_valid only when n_valid is given); graph safe."""
@@ -391,53 +396,235 @@ class InputNorm(nn.Module):
         # select in out's dtype so the kept rows are preserved bit for bit
         return out.copy_(torch.where(keep[:, None], y.to(out.dtype), out))
 
-    def _eager(self, pixels, out_dtype, out, n_valid):
-        # the engines' fallback: fp32 temporaries on purpose (workbench.memory_model.norm_traffic models their cost)
+    # ---- the memory model of one call -------------------------------------------------------
+    def traffic(self, n_rows: int, in_dtype: torch.dtype = torch.uint8,
+                out_dtype: torch.dtype = torch.bfloat16, n_valid: int | None = None,
+                out: bool = False) -> dict:
+        """DRAM bytes one call moves on ``n_rows`` rows, pass by pass (one full read and write per
+        torch op, caches ignored; the scale/shift tables, a few KB, too).
+
+        n_valid: rows a graph-safe call is told are real (None: all); out: whether the call writes
+        into a preallocated ``out=`` (the runner placement) instead of returning a new tensor.
+        Returns dict(bytes, min_bytes, passes, traffic_ratio): ``min_bytes`` is read-once +
+        write-once of the rows that must be written."""
+        valid = n_rows if n_valid is None else max(0, min(n_valid, n_rows))
+        per_elem, passes, rows = self._passes(in_dtype, out_dtype, n_valid is not None and out,
+                                              out, n_rows, valid)
+        d = self.cfg.patch_dim
+        total = per_elem * rows * d
+        if n_valid is not None and out and self.selects:
+            o = _esize(out_dtype)
+            total += n_rows * (8 + 1 + 1) + n_rows * d * (3 * o + 2 * o)   # arange, <, where, copy_
+            passes += 4
+        min_bytes = (_esize(in_dtype) + _esize(out_dtype)) * valid * d
+        return dict(bytes=total, min_bytes=min_bytes, passes=passes,
+                    traffic_ratio=total / min_bytes if min_bytes else math.nan)
+
+    # whether a call with both n_valid and out= computes every row and then selects (`_select`)
+    selects: bool = False
+
+    def _passes(self, in_dtype, out_dtype, select: bool, out: bool, n_rows: int,
+                valid: int) -> tuple[int, int, int]:
+        """(bytes per element per row worked on, passes, rows worked on) of the call."""
+        raise NotImplementedError
+
+    def alloc_trace(self, n_rows: int, in_dtype: torch.dtype = torch.uint8,
+                    out_dtype: torch.dtype = torch.bfloat16, n_valid: bool = False,
+                    out: bool = False) -> list[tuple[str, int, int]]:
+        """The allocations and frees of one call, in order, as ``("alloc", id, bytes)`` /
+        ``("free", id, bytes)``; what is still allocated at the end is the output. Derived from
+        the implementation's code (`workbench.memory_model.count_allocations` counts the same
+        trace from a real call: the fp32_memory study checks one against the other)."""
+        trace = _Trace()
+        self._trace(trace, n_rows * self.cfg.patch_dim, n_rows, in_dtype, out_dtype, n_valid, out)
+        return trace.events
+
+    def _trace(self, trace: _Trace, el: int, n_rows: int, in_dtype, out_dtype, n_valid, out) -> None:
+        raise NotImplementedError
+
+
+class EagerNorm(InputNorm):
+    """Plain torch with fp32 temporaries: the engines' fallback, the slow baseline."""
+
+    name = "eager"
+    selects = True
+
+    def apply_norm(self, pixels, out_dtype, out, n_valid):
+        # fp32 temporaries on purpose: this is what the engines run (`traffic` models the cost)
         y = pixels.to(torch.float32) * self.scale_col + self.shift_col
         if out is not None and n_valid is None:
             return out.copy_(y)   # copy_ casts; no separate cast pass
         return self._select(y.to(out_dtype), out, n_valid)
 
-    def _identity(self, pixels, out_dtype, out, n_valid):
+    def _passes(self, in_dtype, out_dtype, select, out, n_rows, valid):
+        # uint8 -> bf16 is 27 B/element (9x the 3 B floor): to(f32) 1+4, * scale 4+4,
+        # + shift 4+4, to(bf16) 4+2; it computes every row, padding included
+        i, o = _esize(in_dtype), _esize(out_dtype)
+        steps = ([] if in_dtype == torch.float32 else [(i, 4)]) + [(4, 4), (4, 4)]
+        if (out and not select) or out_dtype != torch.float32:
+            steps.append((4, o))                        # out.copy_(y) casts on the way
+        return sum(a + b for a, b in steps), len(steps), n_rows
+
+    def _trace(self, trace, el, n_rows, in_dtype, out_dtype, n_valid, out):
+        # x.to(f32) [A], * scale [B], free A, + shift [C], free B; then out= without n_valid:
+        # copy_ into out, free C; else C.to(out_dtype) [D] (none for fp32 out), the select with
+        # both n_valid and out; free C
+        if in_dtype != torch.float32:
+            trace.alloc("A", el * 4)
+        trace.alloc("B", el * 4)
+        if in_dtype != torch.float32:
+            trace.free("A")
+        trace.alloc("C", el * 4)
+        trace.free("B")
+        if out and not n_valid:
+            trace.free("C")
+            return
+        cast = out_dtype != torch.float32
+        if cast:
+            trace.alloc("D", el * _esize(out_dtype))
+        if n_valid and out:
+            trace.select(n_rows, el * _esize(out_dtype), "D" if cast else None)
+        trace.free("C")
+
+
+class IdentityNorm(InputNorm):
+    """Cast only: models a forgotten normalization."""
+
+    name = "identity"
+    normalizes = False
+    selects = True
+
+    def apply_norm(self, pixels, out_dtype, out, n_valid):
         if out is not None and n_valid is None:
             return out.copy_(pixels)
         return self._select(pixels.to(out_dtype), out, n_valid)
 
-    def _triton(self, pixels, out_dtype, out, n_valid):
+    def _passes(self, in_dtype, out_dtype, select, out, n_rows, valid):
+        if in_dtype == out_dtype and not out:
+            return 0, 0, n_rows
+        return _esize(in_dtype) + _esize(out_dtype), 1, n_rows
+
+    def _trace(self, trace, el, n_rows, in_dtype, out_dtype, n_valid, out):
+        if out and not n_valid:
+            return
+        cast = in_dtype != out_dtype
+        if cast:
+            trace.alloc("O", el * _esize(out_dtype))
+        if n_valid and out:
+            trace.select(n_rows, el * _esize(out_dtype), "O" if cast else None)
+
+
+class TritonNorm(InputNorm):
+    """A Triton kernel: one read of the input, one write of the valid rows, fp32 in registers."""
+
+    out_dtypes = TRITON_OUT_DTYPES
+    kernel_name = ""
+
+    def apply_norm(self, pixels, out_dtype, out, n_valid):
         if pixels.device.type == "meta":
             # shapes only (byte counting on the meta device): the kernel has no data to touch,
             # and it allocates nothing besides the output
             return out if out is not None else torch.empty(pixels.shape, dtype=out_dtype, device="meta")
-        kernel = _kernel({"triton_channel": "channel", "triton_flat": "flat",
-                          "triton_rows": "rows"}[self.name])
+        kernel = _kernel(self.kernel_name)
         if pixels.device.type != "cuda" and not _JITTED["interpreted"]:
             raise RuntimeError(f"{self.name!r} runs on CUDA tensors; for CPU tensors set "
                                f"TRITON_INTERPRET=1 before the first Triton norm call of the "
                                f"process (pixels are on {pixels.device})")
         if out is None:
             out = torch.empty(pixels.shape, dtype=out_dtype, device=pixels.device)
-        n, d = pixels.shape
-        cfg = self.cfg
-        has_nv = n_valid is not None
         # without n_valid the pointer is never dereferenced (HAS_N_VALID is constexpr)
-        nv_ptr = n_valid if has_nv else self.scale_ch
-        if self.name == "triton_channel":
-            per_channel = d // cfg.in_channels
-            block = max(CHANNEL_BLOCK, triton.next_power_of_2(per_channel))
-            kernel[(n, cfg.in_channels)](pixels, out, self.scale_ch, self.shift_ch, nv_ptr, n,
-                                         D=d, L=per_channel, BLOCK=block, HAS_N_VALID=has_nv,
-                                         num_warps=CHANNEL_WARPS)
-        elif self.name == "triton_flat":
-            grid = (triton.cdiv(n * d, FLAT_BLOCK),)
-            kernel[grid](pixels, out, self.scale_ch, self.shift_ch, nv_ptr, n,
-                         D=d, L=d // cfg.in_channels, C=cfg.in_channels, BLOCK=FLAT_BLOCK,
-                         HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
-        else:
-            grid = (triton.cdiv(n, self.block_rows),)
-            kernel[grid](pixels, out, self.scale_col, self.shift_col, nv_ptr, n,
-                         D=d, BLOCK_R=self.block_rows, BLOCK_C=self.block_cols,
-                         HAS_N_VALID=has_nv, num_warps=self.num_warps)
+        nv_ptr = n_valid if n_valid is not None else self.scale_ch
+        self.launch(kernel, pixels, out, nv_ptr, n_valid is not None)
         return out
+
+    def launch(self, kernel, pixels, out, nv_ptr, has_nv: bool) -> None:
+        raise NotImplementedError
+
+    def _passes(self, in_dtype, out_dtype, select, out, n_rows, valid):
+        # padding rows are skipped (rows) or masked (flat, channel): no traffic either way
+        return _esize(in_dtype) + _esize(out_dtype), 1, valid
+
+    def _trace(self, trace, el, n_rows, in_dtype, out_dtype, n_valid, out):
+        if not out:
+            trace.alloc("O", el * _esize(out_dtype))
+
+
+class ChannelNorm(TritonNorm):
+    """One program per (row, channel) over T*P*P values with a 2048-wide block (the peer
+    engine's geometry)."""
+
+    name = "triton_channel"
+    kernel_name = "channel"
+
+    def launch(self, kernel, pixels, out, nv_ptr, has_nv):
+        n, d = pixels.shape
+        c = self.cfg.in_channels
+        per_channel = d // c
+        block = max(CHANNEL_BLOCK, triton.next_power_of_2(per_channel))
+        kernel[(n, c)](pixels, out, self.scale_ch, self.shift_ch, nv_ptr, n, D=d, L=per_channel,
+                       BLOCK=block, HAS_N_VALID=has_nv, num_warps=CHANNEL_WARPS)
+
+
+class FlatNorm(TritonNorm):
+    """A 1-D grid over all N*patch_dim elements, the channel recomputed per element."""
+
+    name = "triton_flat"
+    kernel_name = "flat"
+
+    def launch(self, kernel, pixels, out, nv_ptr, has_nv):
+        n, d = pixels.shape
+        c = self.cfg.in_channels
+        kernel[(triton.cdiv(n * d, FLAT_BLOCK),)](pixels, out, self.scale_ch, self.shift_ch, nv_ptr, n,
+                                                  D=d, L=d // c, C=c, BLOCK=FLAT_BLOCK,
+                                                  HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
+
+
+class RowsNorm(TritonNorm):
+    """2-D tiles of whole rows with per-column scale/shift; padding tiles return at once. The
+    tile (``block_rows``, ``block_cols``, ``num_warps``; powers of two) defaults to
+    ``ROWS_CONFIGS[0]``."""
+
+    name = "triton_rows"
+
+    def __init__(self, cfg: VisionConfig, check_values: bool = True, block_rows: int | None = None,
+                 block_cols: int | None = None, num_warps: int | None = None):
+        super().__init__(cfg, check_values)
+        tile = dict(ROWS_CONFIGS[0])
+        tile.update({k: v for k, v in dict(block_rows=block_rows, block_cols=block_cols,
+                                           num_warps=num_warps).items() if v is not None})
+        for key, value in tile.items():
+            if not _is_pow2(value):
+                raise ValueError(f"{key}={value!r} must be a positive power of two")
+        self.block_rows, self.block_cols, self.num_warps = (tile["block_rows"], tile["block_cols"],
+                                                            tile["num_warps"])
+
+    kernel_name = "rows"
+
+    def extra_repr(self) -> str:
+        return (super().extra_repr() + f", block_rows={self.block_rows}, block_cols={self.block_cols}, "
+                f"num_warps={self.num_warps}")
+
+    def launch(self, kernel, pixels, out, nv_ptr, has_nv):
+        n, d = pixels.shape
+        kernel[(triton.cdiv(n, self.block_rows),)](pixels, out, self.scale_col, self.shift_col, nv_ptr, n,
+                                                   D=d, BLOCK_R=self.block_rows, BLOCK_C=self.block_cols,
+                                                   HAS_N_VALID=has_nv, num_warps=self.num_warps)
+
+
+# the registry: adding an implementation is one class above and one entry here
+NORMS: dict[str, type[InputNorm]] = {cls.name: cls for cls in (EagerNorm, ChannelNorm, FlatNorm, RowsNorm,
+                                                               IdentityNorm)}
+# the norms that normalize: identity models a forgotten normalization, not a design to measure
+REAL_NORMS = tuple(n for n, cls in NORMS.items() if cls.normalizes)
+TILE_KEYS = ("block_rows", "block_cols", "num_warps")
+
+
+def check_norm_name(name) -> str:
+    """``name`` if it is one of NORMS, else ValueError naming it and the valid ones (the one check
+    every entry point uses)."""
+    if not isinstance(name, str) or name not in NORMS:
+        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
+    return name
 
 
 def make_norm(name: str, cfg: VisionConfig, check_values: bool = True, **rows_config) -> InputNorm:
@@ -447,12 +634,15 @@ def make_norm(name: str, cfg: VisionConfig, check_values: bool = True, **rows_co
     default tile of ``triton_rows`` (``ROWS_CONFIGS[0]``); it is an error for other norms.
     ``check_values=False`` skips the integer/range check of float input (a host sync).
     """
-    check_norm_name(name)
-    unknown = set(rows_config) - {"block_rows", "block_cols", "num_warps"}
+    cls = NORMS[check_norm_name(name)]
+    unknown = set(rows_config) - set(TILE_KEYS)
     if unknown:
         raise TypeError(f"unexpected keyword(s) {sorted(unknown)}; valid: block_rows, block_cols, "
                         f"num_warps (triton_rows only)")
-    return InputNorm(name, cfg, check_values=check_values, **rows_config)
+    given = {k: v for k, v in rows_config.items() if v is not None}
+    if given and cls is not RowsNorm:
+        raise ValueError(f"{', '.join(given)} only apply to 'triton_rows', not {name!r}")
+    return cls(cfg, check_values=check_values, **given)
 
 
 def normalize_reference(pixels: torch.Tensor, cfg: VisionConfig,

@@ -37,7 +37,6 @@ import torch
 from workbench.config import PRESET_NAMES, VisionConfig
 from workbench.ceilings import copy_bandwidth_gbs, sm_copy_bandwidth_gbs
 from workbench.formatting import fmt_us
-from workbench.memory_model import norm_traffic
 from workbench.norms import NORMS, ROWS_CONFIGS, make_norm, normalize_reference
 from workbench.timing import graph_replay_us
 from workbench.ulps import bf16_ulps
@@ -130,8 +129,8 @@ def time_norm(norm, x: torch.Tensor, reps: int, n_valid: torch.Tensor | None = N
 
 
 def _record(impl, config, label, n_rows, n_valid, t, cfg, floor_gbs) -> dict:
-    model = norm_traffic(impl, n_rows, cfg.patch_dim, torch.uint8, OUT_DTYPE, n_valid=n_valid,
-                         out=n_valid is not None)
+    model = make_norm(impl, cfg).traffic(n_rows, torch.uint8, OUT_DTYPE, n_valid=n_valid,
+                                         out=n_valid is not None)
     floor_us = model["min_bytes"] / (floor_gbs * 1e3)
     return dict(impl=impl, config=config, rows=label, n_rows=n_rows, n_valid=n_valid,
                 p50_us=t["p50_us"], p10_us=t["p10_us"], p90_us=t["p90_us"],

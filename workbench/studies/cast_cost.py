@@ -35,7 +35,6 @@ from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device, resolve_dtype
 from ..floors import floor_us, flop_floor_us, tower_flops
 from ..formatting import device_label, fmt_bytes, fmt_us
-from ..memory_model import norm_traffic
 from ..norms import REAL_NORMS, make_norm, normalize_reference
 from ..timing import time_us
 from ..towers.common import budget_padding, filling_grid
@@ -124,7 +123,7 @@ def build_staging(design: str, norm_name: str, cfg: VisionConfig, src_u8: torch.
 
         def copy():
             buf[n:].zero_()
-        nb = norm_traffic(norm_name, n, d, torch.uint8, out_dtype, out=True)["bytes"]
+        nb = mod.traffic(n, torch.uint8, out_dtype, out=True)["bytes"]
         return Staging(copy, norm, lambda: (norm(), copy(), buf)[-1], copy_bytes=pad * d * o, norm_bytes=nb,
                        h2d_bytes=n * d)
     buf_dtype = out_dtype if design == "bf16_buffer" else torch.uint8
@@ -136,7 +135,7 @@ def build_staging(design: str, norm_name: str, cfg: VisionConfig, src_u8: torch.
 
         def norm():
             return mod(buf, out_dtype, n_valid=nv)
-        nb = norm_traffic(norm_name, big_n, d, torch.uint8, out_dtype, n_valid=n)["bytes"]
+        nb = mod.traffic(big_n, torch.uint8, out_dtype, n_valid=n)["bytes"]
         return Staging(copy, norm, lambda: (copy(), norm())[-1], copy_bytes=n * d * 2, norm_bytes=nb,
                        h2d_bytes=n * d)
 
@@ -146,7 +145,7 @@ def build_staging(design: str, norm_name: str, cfg: VisionConfig, src_u8: torch.
 
     def norm():
         return mod(buf, out_dtype)
-    nb = norm_traffic(norm_name, big_n, d, buf_dtype, out_dtype)["bytes"]
+    nb = mod.traffic(big_n, buf_dtype, out_dtype)["bytes"]
     return Staging(copy, norm, lambda: (copy(), norm())[-1], copy_bytes=n * d * (1 + b) + pad * d * b,
                    norm_bytes=nb, h2d_bytes=n * d)
 

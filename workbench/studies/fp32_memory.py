@@ -5,7 +5,7 @@ Three scopes per (norm implementation, budget, graph buffer dtype):
 - ``norm``   the norm captured alone, as the tower calls it (input: the graph buffer's dtype, output
              bf16, ``n_valid`` given, no ``out=``). Measured on CUDA (reserved bytes of its fresh
              graph pool, peak allocated bytes); modelled everywhere: the allocation trace derived
-             from the implementation (`workbench.memory_model.norm_alloc_trace`) replayed through a
+             from the implementation (`workbench.norms.InputNorm.alloc_trace`) replayed through a
              model of torch's caching allocator (`PoolModel`), and the trace itself checked
              against one counted from a real call with a dispatch mode on the ``meta`` device, so a
              16384-token budget is sized without memory. The measurement counts the segments
@@ -34,7 +34,7 @@ from ..cuda_memory import captured_memory, eager_peak_bytes
 from ..dtypes import dtype_name
 from ..encoder import build_encoder, resolve_device
 from ..formatting import device_label, fmt_bytes
-from ..memory_model import count_allocations, norm_alloc_trace, pool_model, trace_peak_bytes
+from ..memory_model import count_allocations, pool_model, trace_peak_bytes
 from ..norms import NORMS, make_norm
 from ..towers.common import budget_padding, filling_grid
 from . import Study, Summary, profile_of, register
@@ -63,9 +63,8 @@ METRICS = {"model_bytes": "bytes", "model_peak_bytes": "bytes", "temp_bytes": "b
            "model_error": "fraction"}
 
 
-def _counted_trace(norm: str, cfg: VisionConfig, rows: int, in_dtype, out: bool):
-    """The allocation trace of a real call on the meta device, ids renumbered from 0."""
-    mod = make_norm(norm, cfg, check_values=False).to("meta")
+def _counted_trace(mod, cfg: VisionConfig, rows: int, in_dtype, out: bool):
+    """The allocation trace of a real call of ``mod`` (on the meta device), ids renumbered from 0."""
     x = torch.empty(rows, cfg.patch_dim, dtype=in_dtype, device="meta")
     dst = torch.empty(rows, cfg.patch_dim, dtype=OUT_DTYPE, device="meta") if out else None
     nv = None if out else torch.tensor(rows, dtype=torch.int32, device="meta")
@@ -79,8 +78,9 @@ def _renumber(trace):
 
 
 def _model_row(norm, cfg, rows, in_dtype, out: bool) -> dict:
-    trace = norm_alloc_trace(norm, rows, cfg.patch_dim, in_dtype, OUT_DTYPE, n_valid=not out, out=out)
-    counted = _counted_trace(norm, cfg, rows, in_dtype, out)
+    mod = make_norm(norm, cfg, check_values=False).to("meta")
+    trace = mod.alloc_trace(rows, in_dtype, OUT_DTYPE, n_valid=not out, out=out)
+    counted = _counted_trace(mod, cfg, rows, in_dtype, out)
     pool = pool_model(trace)
     peak = trace_peak_bytes(trace)
     return dict(model_bytes=0 if out else pool["pool_bytes"], model_peak_bytes=pool["peak_bytes"],
