@@ -7,7 +7,7 @@ import torch
 
 from workbench.config import VisionConfig
 from workbench.memory_model import count_allocations, trace_peak_bytes
-from workbench.planner import expected_padding
+from workbench.planner import expected_padding, running_max
 from workbench.runner import default_budgets
 from workbench.samples import mix_distribution, mix_tokens
 from workbench.studies import check_table, wide
@@ -79,7 +79,7 @@ def test_packing_replays_fewer_times_than_items(table):
 
 
 def test_a_latency_table_with_noise_is_made_monotone_for_the_planner():
-    assert pw.monotone({64: 1.0, 128: 0.9, 256: 2.0}) == {64: 1.0, 128: 1.0, 256: 2.0}
+    assert running_max({64: 1.0, 128: 0.9, 256: 2.0}) == {64: 1.0, 128: 1.0, 256: 2.0}
 
 
 def test_bad_parameters_name_the_value_and_the_choices():

@@ -28,10 +28,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from . import limits
+from .budgets import Budgets
 from .config import VisionConfig
 
 __all__ = ["plan_budgets", "expected_padding", "geometric_budgets", "graph_pool_bytes", "capture_pool_bytes",
-           "check_budgets"]
+           "running_max"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,27 +40,6 @@ __all__ = ["plan_budgets", "expected_padding", "geometric_budgets", "graph_pool_
 # ---------------------------------------------------------------------------------------------
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def check_budgets(budgets, what: str = "budgets") -> list[int]:
-    """``budgets`` as a list of ints: a non-empty sequence of positive integers (merged tokens;
-    numpy integers too), each within the ``budget_tokens`` cap, at most ``budgets`` of them.
-    The one validator of every budget list (the runner, the planner's scores and pool model), so
-    they accept and refuse the same lists with the same words. Order and repeats are the
-    caller's business (the runner needs them ascending and distinct, the planner sorts)."""
-    if isinstance(budgets, (str, bytes, numbers.Number)) or not hasattr(budgets, "__iter__") \
-            or (isinstance(budgets, np.ndarray) and budgets.ndim != 1):
-        raise ValueError(f"{what} must be a list of positive integers (merged tokens), got {budgets!r}")
-    budgets = list(budgets)
-    if not budgets:
-        raise ValueError(f"{what} is empty; give at least one budget in merged tokens, e.g. [64, 128, 256]")
-    bad = [b for b in budgets if not _is_int(b) or b < 1]
-    if bad:
-        raise ValueError(f"{what} must be positive integers (merged tokens); bad values: {bad[:8]}")
-    limits.check("budgets", len(budgets), f"{what}: a list of {len(budgets)} budgets")
-    for i, b in enumerate(budgets):
-        limits.check("budget_tokens", int(b), f"{what}[{i}]={int(b)} merged tokens")
-    return [int(b) for b in budgets]
 
 
 def _distribution(mix, cfg=None) -> tuple[np.ndarray, np.ndarray]:
@@ -92,6 +72,17 @@ def _distribution(mix, cfg=None) -> tuple[np.ndarray, np.ndarray]:
     return sizes, probs / probs.sum()
 
 
+def running_max(table: Mapping[int, float]) -> dict[int, float]:
+    """The running maximum of a measured (budget -> time) table, in budget order: what `latency`
+    must be (non-decreasing in the budget) when timing noise put a larger budget a hair below a
+    smaller one (on a loaded CPU by far more)."""
+    out, top = {}, -math.inf
+    for b in sorted(table):
+        top = max(top, table[b])
+        out[b] = top
+    return out
+
+
 def _latency_fn(latency) -> Callable[[np.ndarray], np.ndarray]:
     """A vectorized tokens -> replay time from a table {budget: time} or a callable."""
     if callable(latency):
@@ -117,7 +108,7 @@ def _latency_fn(latency) -> Callable[[np.ndarray], np.ndarray]:
         i = int(down[0])
         raise ValueError(f"latency table must be non-decreasing in the budget: {int(xs[i])} -> {ys[i]} but "
                          f"{int(xs[i + 1])} -> {ys[i + 1]} (a larger budget that replays faster); fix or "
-                         f"smooth the measurement (e.g. a running maximum)")
+                         f"smooth the measurement (planner.running_max)")
 
     def f(x):
         x = np.asarray(x, dtype=np.float64)
@@ -230,7 +221,7 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     import torch
     cfg = VisionConfig.coerce(cfg)
     dtype = torch.bfloat16 if dtype is None else dtype
-    budgets = sorted(set(check_budgets(budgets)))
+    budgets = Budgets.of(budgets)
     max_items = limits.integer(max_items, "max_items", cap="items")
     total = capture_pool_bytes(cfg, budgets[-1], dtype, norm, buffer_dtype, max_items)
     return total + sum(_output_bytes(cfg, b, dtype) for b in budgets[:-1])
@@ -410,7 +401,7 @@ def expected_padding(mix, budgets, cfg=None, latency=None) -> dict:
                    item, over the replayed items.
     """
     sizes, probs = _distribution(mix, cfg)
-    b = np.array(sorted(set(check_budgets(budgets))), dtype=np.int64)
+    b = np.array(Budgets.of(budgets), dtype=np.int64)
     pos = np.searchsorted(b, sizes, side="left")
     hit = pos < b.size
     used = np.where(hit, b[np.minimum(pos, b.size - 1)], 0)

@@ -33,7 +33,7 @@ from .attention import use_dense
 from .dtypes import dtype_name, names
 from .encoder import BUFFER_DTYPES, VisionEncoder, register_path
 from .norms import replaying
-from .planner import check_budgets
+from .budgets import Budgets
 from .preprocess import PatchBatch
 from .towers.common import budget_padding, remember
 
@@ -63,13 +63,9 @@ class _Captured:
 
 
 def _check_budgets(budgets, max_items) -> tuple[list[int], int]:
-    """(budgets, max_items) as ints: budgets as every budget list (planner.check_budgets), here
-    also ascending and distinct; max_items within the `items` cap, and no budget below it."""
-    budgets = check_budgets(budgets)
-    if budgets != sorted(budgets):
-        raise ValueError(f"budgets must be sorted ascending, got {budgets}")
-    if len(set(budgets)) != len(budgets):
-        raise ValueError(f"budgets must not repeat, got {budgets}")
+    """(budgets, max_items) as ints: budgets ascending and distinct (`Budgets.of`), max_items
+    within the `items` cap, and no budget below it."""
+    budgets = list(Budgets.of(budgets, ascending=True))
     max_items = limits.integer(max_items, "max_items", cap="items")
     small = [b for b in budgets if b < max_items]
     if small:

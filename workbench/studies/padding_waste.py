@@ -44,7 +44,8 @@ from ..encoder import build_encoder, resolve_device, resolve_dtype
 from ..floors import tower_flops
 from ..formatting import device_label, fmt_us
 from ..norms import REAL_NORMS, make_norm
-from ..planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets
+from ..budgets import Budgets
+from ..planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets, running_max
 from ..preprocess import PatchBatch, preprocess
 from ..runner import EncoderGraphRunner, default_budgets
 from ..samples import MIX_NAMES, image_mix, mix_distribution
@@ -115,27 +116,10 @@ def budget_sets(dist: dict[int, float], names, latency: dict[int, float] | None 
         elif name == "planner_time":
             if latency is None:
                 raise ValueError("budget set 'planner_time' needs the replay-time table")
-            out[name] = plan_budgets(dist, max_graphs=len(pow2), latency=monotone(latency))
+            out[name] = plan_budgets(dist, max_graphs=len(pow2), latency=running_max(latency))
         else:
             raise ValueError(f"unknown budget set {name!r}; valid: {BUDGET_SETS}")
     return out
-
-
-def monotone(table: dict[int, float]) -> dict[int, float]:
-    """The running maximum of a measured (budget -> time) table: the planner needs replay time
-    non-decreasing in the budget, and timing noise can put a larger budget a hair below a smaller
-    one (on a loaded CPU by far more)."""
-    out, top = {}, -math.inf
-    for b in sorted(table):
-        top = max(top, table[b])
-        out[b] = top
-    return out
-
-
-def for_runner(budgets, max_items: int) -> list[int]:
-    """A runner's budgets must hold ``max_items`` sequences of at least one token each: budgets
-    below it are raised to it (then deduplicated)."""
-    return sorted({max(int(b), max_items) for b in budgets})
 
 
 # ---- measurements ------------------------------------------------------------------------------
@@ -287,7 +271,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         for set_name, budgets in sets.items():
             # expected replay time: the replay table (its running maximum, as the planner reads it)
             # interpolated at each item's budget
-            e = expected_padding(dist, budgets, latency=monotone(lat))
+            e = expected_padding(dist, budgets, latency=running_max(lat))
             key = dict(common, mix=mix, budget_set=set_name, budgets=",".join(map(str, budgets)))
             rows.append(dict(key, case="expected", padded_frac_expected=e["padded_frac"],
                              padded_tokens_expected=e["padded_tokens"], miss_frac_expected=e["miss_frac"],
@@ -295,7 +279,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                              pool_model_bytes=graph_pool_bytes(cfg, budgets, dtype=dt, max_items=1, norm=p["norm"],
                                                                buffer_dtype=torch.uint8)))
             for m in p["max_items"]:
-                rb = for_runner(budgets, m)
+                rb = list(Budgets.of(budgets).holding(m))
                 with torch.inference_mode():
                     runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m)
                     pool = _pool_bytes(runner)
