@@ -10,11 +10,14 @@ A study answers one question (its ``question``, which the report prints) and has
   resolves ``params`` against the declaration (the device's profile supplies the defaults),
   measures, and returns one tidy long table (workbench.studies.tables): parameter columns with
   ``device`` among them, then ``metric``, ``value``, ``unit``. It never plots nor writes files.
-- a **summarize function** ``summarize(table, out_dir) -> Summary | str`` that turns the tables of
-  every run found under results/ into figures (PNG and SVG saved in ``out_dir``) and a short
-  written finding that names the device. ``table`` is all runs' tables concatenated, with
-  ``run`` (folder name) and ``reference`` (True for runs committed under results/reference/)
-  added by the report. It never runs a model.
+- a **summary declaration**: ``findings(table) -> str`` (a short written finding that names the
+  device), ``figures`` (``(stem, plot)`` pairs: ``plot(rows of one run) -> Figure | None``, saved
+  per run as PNG and SVG), ``key_numbers(table) -> {device: DataFrame}`` with its ``key_caption``,
+  and ``prepare(table) -> table`` where the study reshapes its table first. From them
+  `Study.summarize(table, out_dir) -> Summary` turns the tables of every run found under results/
+  into the report's section (a study with needs of its own may pass ``summarize`` instead).
+  ``table`` is all runs' tables concatenated, with ``run`` (folder name) and ``reference`` (True
+  for runs committed under results/reference/) added by the report. It never runs a model.
 - a **notebook** ``notebooks/<name>.ipynb``: thin; its parameters cell is generated from the
   declaration (``python -m workbench notebooks``), it calls `notebook_params`, `run_and_save`
   (the run function, then `save_table`), and the summarize module's plot functions.
@@ -56,9 +59,15 @@ class Study:
     name: str
     notebook: str                               # path relative to the project root
     run: Callable[..., Any]                     # run(device=..., **params) -> tidy DataFrame
-    summarize: Callable[[Any, Path], Summary | str]
     params: ParamSpec                           # the one declaration of its parameters
     question: str = ""
+    # the summary declaration (module docstring); `summarize` is built from it unless given
+    findings: Callable[[Any], str] | None = None
+    figures: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
+    key_numbers: Callable[[Any], Mapping[str, Any]] | None = None
+    key_caption: str = ""                       # formatted with device=...
+    prepare: Callable[[Any], Any] | None = None
+    summarize: Callable[[Any, Path], Summary | str] | None = None
     # where its section goes in the report: correctness first, then what the right placements cost
     order: float = float("inf")
     # GPUs one run of the study uses with these resolved params on this device ("cuda" / "cpu");
@@ -67,6 +76,23 @@ class Study:
     # estimated peak memory of its largest cell with these resolved params on "cuda" / "cpu"
     # (workbench.studies.footprint); the sweep refuses a plan whose cell cannot fit the device
     footprint: Callable[[Mapping[str, Any], str], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.summarize is None:
+            if self.findings is None:
+                raise ValueError(f"study {self.name!r} declares neither findings nor summarize")
+            object.__setattr__(self, "summarize", self._summarize)
+
+    def _summarize(self, table: Any, out_dir: Path) -> Summary:
+        """Figures per run, key-number tables per device and the finding, from the declaration."""
+        from .plotting import figures_by_run
+
+        if self.prepare is not None:
+            table = self.prepare(table)
+        tables = ([(self.key_caption.format(device=dev), t) for dev, t in self.key_numbers(table).items()]
+                  if self.key_numbers is not None else [])
+        return Summary(text=self.findings(table), figures=figures_by_run(table, out_dir, self.figures),
+                       tables=tables)
 
     def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:
         return 1 if self.gpus is None else int(self.gpus(params, device))

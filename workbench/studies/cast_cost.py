@@ -23,7 +23,6 @@ float64 reference before it is timed.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -39,10 +38,10 @@ from ..norms import REAL_NORMS, make_norm, normalize_reference
 from ..timing import time_us
 from ..towers.common import budget_padding, filling_grid
 from ..ulps import bf16_ulps
-from . import Study, Summary, profile_of, register
+from . import Study, profile_of, register
 from .footprint import Footprint, largest_budget
 from .params import Param, ParamSpec, ascending_unique, fractions
-from .plotting import figures_by_run, labelled_runs, plain_log_ticks, run_label
+from .plotting import labelled_runs, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -379,13 +378,6 @@ def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
     return "\n\n".join(parts)
 
 
-def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    figs = figures_by_run(table, out_dir, [("cast_cost", plot_staging), ("cast_cost_fill", plot_fill)])
-    tables = [(f"Staging per replay at 75% valid rows on {dev} (copy + norm in one graph, p50; x floor = time / "
-               f"(bytes moved / copy ceiling))", t) for dev, t in key_numbers(table).items()]
-    return Summary(text=findings(table), figures=figs, tables=tables)
-
-
 def footprint(p, device: str) -> Footprint:
     """The largest budget: its source rows, their float64 reference, the eager norm's fp32
     temporaries, a bf16 buffer and output; and the tower replayed over the full budget."""
@@ -396,7 +388,11 @@ STUDY = register(Study(
     order=2,
     notebook="notebooks/cast_cost.ipynb",
     run=run,
-    summarize=summarize,
+    findings=findings,
+    figures=(("cast_cost", plot_staging), ("cast_cost_fill", plot_fill)),
+    key_numbers=key_numbers,
+    key_caption="Staging per replay at 75% valid rows on {device} (copy + norm in one graph, p50; x floor = time / "
+                "(bytes moved / copy ceiling))",
     params=PARAMS,
     footprint=footprint,
     question="per-replay input staging cost for each graph buffer dtype vs the byte floor and vs the tower's "

@@ -9,7 +9,6 @@ cells should fail. `ok` is rel_err below a per-dtype tolerance (TOLERANCE, justi
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,11 +24,10 @@ from ..preprocess import Video, preprocess
 from ..reference import cos_min, rel_err
 from ..runner import EncoderGraphRunner
 from ..samples import SAMPLE_NAMES, sample_images, sample_video
-from . import Study, Summary, profile_of, register
+from . import Study, profile_of, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import progress as show_progress
-from .plotting import save_figure
 from .tables import tidy, wide
 
 # Relative-error tolerance per tower dtype. A right cell differs from the float64 reference only
@@ -395,19 +393,22 @@ def findings(df: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
-def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    from .plotting import groups_by_run, run_label
+def _run_title(what: str, g: pd.DataFrame) -> str:
+    from .plotting import run_label
 
-    cells = _cells_wide(table)
-    figs = []
-    for name, g in groups_by_run(cells):
-        fig = plot_matrix(g, title=f"Correctness matrix, run {name} ({run_label(g)})")
-        figs += save_figure(fig, out_dir, f"correctness_matrix_{name}")[:1]
-    for name, g in groups_by_run(cells):      # one per run: devices are never pooled in one plot
-        fig = plot_rel_err(g)
-        fig.axes[0].set_title(f"Every cell's relative error, run {name} ({run_label(g)})", fontsize=10)
-        figs += save_figure(fig, out_dir, f"correctness_rel_err_{name}")[:1]
-    return Summary(text=findings(cells), figures=figs)
+    name = str(g["run"].iloc[0]) if "run" in g else "local"
+    return f"{what}, run {name} ({run_label(g)})"
+
+
+def matrix_figure(g: pd.DataFrame):
+    """One run's placement x path matrix (devices are never pooled in one plot)."""
+    return plot_matrix(g, title=_run_title("Correctness matrix", g))
+
+
+def rel_err_figure(g: pd.DataFrame):
+    fig = plot_rel_err(g)
+    fig.axes[0].set_title(_run_title("Every cell's relative error", g), fontsize=10)
+    return fig
 
 
 def footprint(p, device: str) -> Footprint:
@@ -429,8 +430,10 @@ STUDY = register(Study(
     order=1,
     notebook="notebooks/correctness.ipynb",
     run=run,
-    summarize=summarize,
     params=PARAMS,
+    prepare=_cells_wide,
+    findings=findings,
+    figures=(("correctness_matrix", matrix_figure), ("correctness_rel_err", rel_err_figure)),
     footprint=footprint,
     question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
              "leak into real rows",

@@ -34,7 +34,6 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -53,10 +52,10 @@ from ..reference import cos_min, hf_embeddings, hf_vision_model, rel_err
 from ..runner import PHASES, EncoderGraphRunner
 from ..timing import cpu_time_us
 from ..towers.common import init_checkpoint_like
-from . import Study, Summary, profile_of, register
+from . import Study, profile_of, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import figures_by_run, labelled_runs, plain_log_ticks, run_label
+from .plotting import labelled_runs, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -573,16 +572,6 @@ def findings(table: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
-def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    figs = figures_by_run(table, out_dir, [
-        ("encoder_latency", plot_latency),
-        ("encoder_latency_phases", lambda g: plot_phases(g) if (g.metric == "replay_ms").any() else None),
-        ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None)])
-    tables = [(f"Encoder latency on {dev}: p50 per encode call (ms) of each path, the FLOP floor and the practical "
-               f"floor, the graph path's speedup, and times as multiples of the floors", t) for dev, t in key_numbers(table).items()]
-    return Summary(text=findings(table), figures=figs, tables=tables)
-
-
 def footprint(p, device: str) -> Footprint:
     """The largest cell of the largest preset: its rows through our tower, and through
     transformers' with the same weights when the reference is timed."""
@@ -601,7 +590,13 @@ STUDY = register(Study(
     order=5,
     notebook="notebooks/encoder_latency.ipynb",
     run=run,
-    summarize=summarize,
+    findings=findings,
+    figures=(("encoder_latency", plot_latency),
+             ("encoder_latency_phases", lambda g: plot_phases(g) if (g.metric == "replay_ms").any() else None),
+             ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None)),
+    key_numbers=key_numbers,
+    key_caption="Encoder latency on {device}: p50 per encode call (ms) of each path, the FLOP floor and the practical "
+                "floor, the graph path's speedup, and times as multiples of the floors",
     params=PARAMS,
     footprint=footprint,
     question="eager vs graph latency per model and token count, beside transformers' own vision model "

@@ -23,7 +23,6 @@ returns (for eager: two fp32 copies of the rows, 8 bytes/element).
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -37,10 +36,10 @@ from ..formatting import device_label, fmt_bytes
 from ..memory_model import count_allocations, pool_model, trace_peak_bytes
 from ..norms import NORMS, make_norm
 from ..towers.common import budget_padding, filling_grid
-from . import Study, Summary, profile_of, register
+from . import Study, profile_of, register
 from .footprint import Footprint, largest_budget
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import figures_by_run, labelled_runs, plain_log_ticks, run_label
+from .plotting import labelled_runs, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -334,13 +333,6 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    figs = figures_by_run(table, out_dir, [("fp32_memory_pool", plot_pool), ("fp32_memory_tower", plot_tower)])
-    tables = [(f"Graph-pool bytes of the norm captured alone on {dev} (model: allocation trace through the "
-               f"caching-allocator model; error = measured / model - 1)", t) for dev, t in key_numbers(table).items()]
-    return Summary(text=findings(table), figures=figs, tables=tables)
-
-
 def footprint(p, device: str) -> Footprint:
     """The norm scope is modelled on the meta device (no memory); on CUDA the tower scope captures
     the tower over the largest budget, with the eager norm's fp32 temporaries."""
@@ -353,7 +345,11 @@ STUDY = register(Study(
     order=4,
     notebook="notebooks/fp32_memory.ipynb",
     run=run,
-    summarize=summarize,
+    findings=findings,
+    figures=(("fp32_memory_pool", plot_pool), ("fp32_memory_tower", plot_tower)),
+    key_numbers=key_numbers,
+    key_caption="Graph-pool bytes of the norm captured alone on {device} (model: allocation trace through the "
+                "caching-allocator model; error = measured / model - 1)",
     params=PARAMS,
     footprint=footprint,
     question="graph-pool / peak bytes attributable to normalization, measured and modelled",

@@ -31,7 +31,6 @@ the replay table measured in this run).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -50,10 +49,10 @@ from ..preprocess import PatchBatch, preprocess
 from ..runner import EncoderGraphRunner, default_budgets
 from ..samples import MIX_NAMES, image_mix, mix_distribution
 from ..timing import cpu_time_us, cuda_event_ms, time_us
-from . import Study, Summary, profile_of, register
+from . import Study, profile_of, register
 from .footprint import Footprint, itemsize, tower_bytes
 from .params import Param, ParamSpec
-from .plotting import figures_by_run, labelled_runs, plain_log_ticks, run_label
+from .plotting import labelled_runs, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -487,16 +486,6 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
-    figs = figures_by_run(table, out_dir, [
-        ("padding_waste", plot_padding), ("padding_waste_replay", plot_replay),
-        # runs before the curve existed lack it
-        ("padding_waste_curve", lambda g: plot_curve(g) if "case" in g and (g["case"] == "curve").any() else None)])
-    tables = [(f"Padding per mix and budget set on {dev} (single items: exact from the mix's distribution; "
-               f"runner: measured on drawn items)", t) for dev, t in key_numbers(table).items()]
-    return Summary(text=findings(table), figures=figs, tables=tables)
-
-
 def footprint(p, device: str) -> Footprint:
     """The largest budget of the replay ladder (a power of two at or above the mixes' largest item)
     through the tower, and a batch of n_items of the largest items."""
@@ -512,7 +501,13 @@ STUDY = register(Study(
     order=3,
     notebook="notebooks/padding_waste.ipynb",
     run=run,
-    summarize=summarize,
+    findings=findings,
+    figures=(("padding_waste", plot_padding), ("padding_waste_replay", plot_replay),
+             # runs before the curve existed lack it
+             ("padding_waste_curve", lambda g: plot_curve(g) if "case" in g and (g["case"] == "curve").any() else None)),
+    key_numbers=key_numbers,
+    key_caption="Padding per mix and budget set on {device} (single items: exact from the mix's distribution; "
+                "runner: measured on drawn items)",
     params=PARAMS,
     footprint=footprint,
     question="for a budget set and an image mix, padded rows, norm and tower work spent on them",
