@@ -1,12 +1,19 @@
-"""Vision-tower configurations: the binding presets, validation, and the transformers mapping.
+"""Vision-tower configurations: one frozen dataclass, validation, presets.
 
 A preset is data, not code (gpt-fast style): `VisionConfig.preset(name)` looks it up (with
 ``depth``, a reduced copy), `VisionConfig.coerce(cfg_or_name)` takes either a config or a preset
 name, and `dataclasses.replace(cfg, depth=2)` makes a modified copy that is validated again.
+
+Everything family-specific (the presets themselves, the family's own checks, parameter count,
+FLOPs, reduced depth, the transformers mapping) lives in the family's module under
+`workbench.towers` and is reached through `cfg.spec` (a `workbench.towers.family.Family`). The
+family registry sits with the towers, which import torch; this module loads it by name on first
+use, so ``import workbench.config`` stays light and imports nothing above it.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import numbers
 import reprlib
@@ -14,11 +21,17 @@ from dataclasses import dataclass
 
 from . import limits
 
-FAMILIES = ("qwen2-vl", "qwen2.5-vl")
-
 # CLIP statistics used by the Qwen2-VL processor (rescale 1/255 first, then (x - mean) / std).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+# the module that registers the families (`FAMILIES`: name -> Family), loaded on first use
+FAMILY_REGISTRY = "workbench.towers"
+
+
+def families() -> dict:
+    """name -> `Family` of every registered tower family, in registry order."""
+    return importlib.import_module(FAMILY_REGISTRY).FAMILIES
 
 
 def _finite(v) -> bool:
@@ -29,18 +42,19 @@ def _finite(v) -> bool:
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """One Qwen vision tower plus the processor settings that feed it.
+    """One vision tower plus the processor settings that feed it.
 
-    Sizes are in patches and features; `width` is the residual-stream width (1280 in every real
-    checkpoint), `out_hidden` the merger output (the language model's width).
+    Sizes are in patches and features; `width` is the residual-stream width, `out_hidden` the
+    merger output (the language model's width), `embed_width` what the tower returns per merged
+    token (out_hidden, times 1 + the deepstack layers for Qwen3-VL).
     """
 
     name: str
-    family: str                      # one of FAMILIES
+    family: str                      # one of FAMILIES (the registered families)
     depth: int = 32
     width: int = 1280
     heads: int = 16
-    mlp_hidden: int = 5120           # Qwen2-VL: fc1 width; Qwen2.5-VL: SwiGLU gate/up width
+    mlp_hidden: int = 5120           # block MLP width: fc1 (Qwen2-VL, Qwen3-VL) or SwiGLU gate/up
     out_hidden: int = 3584
     patch_size: int = 14
     temporal_patch_size: int = 2
@@ -50,6 +64,11 @@ class VisionConfig:
     fullatt_blocks: tuple[int, ...] = (7, 15, 23, 31)  # Qwen2.5-VL blocks with full attention
     rope_theta: float = 10000.0
     eps: float = 1e-6
+    # learned position table of num_position_embeddings = side^2 entries, resampled to each grid
+    # (Qwen3-VL, Qwen3.5, GLM-4.1V); 0: none (Qwen2-VL, Qwen2.5-VL)
+    num_position_embeddings: int = 0
+    deepstack_indexes: tuple[int, ...] = ()   # Qwen3-VL blocks whose output feeds an extra merger
+    merger_hidden: int = 0           # GLM-4.1V merger SwiGLU width; 0 where the merger is width*merge_unit wide
     # processor settings
     image_mean: tuple[float, ...] = CLIP_MEAN
     image_std: tuple[float, ...] = CLIP_STD
@@ -68,8 +87,9 @@ class VisionConfig:
 
         if not isinstance(self.name, str):
             problems.append(f"name={self.name!r} must be a string")
-        if self.family not in FAMILIES:
-            problems.append(f"family={self.family!r} is not one of {FAMILIES}")
+        known = families()
+        if self.family not in known:
+            problems.append(f"family={self.family!r} is not one of {tuple(known)}")
         for name in ("depth", "width", "heads", "mlp_hidden", "out_hidden", "patch_size",
                      "temporal_patch_size", "merge_size", "in_channels", "window_size", "min_pixels",
                      "max_pixels"):
@@ -78,18 +98,27 @@ class VisionConfig:
                 problems.append(f"{name}={value!r} must be a positive integer")
             else:  # numpy integers are integers too; store plain ints (hashing, JSON, messages)
                 object.__setattr__(self, name, int(value))
+        for name in ("num_position_embeddings", "merger_hidden"):      # 0: the family has none
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+                problems.append(f"{name}={value!r} must be a non-negative integer")
+            else:
+                object.__setattr__(self, name, int(value))
         # sequences may come as lists: stored as tuples, so that the config stays hashable
         # (planner caches by config) and equal to the same config spelled with tuples
-        for name in ("fullatt_blocks", "image_mean", "image_std"):
+        for name in ("fullatt_blocks", "deepstack_indexes", "image_mean", "image_std"):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
-        blocks = self.fullatt_blocks
-        if not isinstance(blocks, tuple) or any(isinstance(b, bool) or not isinstance(b, numbers.Integral)
-                                                for b in blocks):
-            problems.append(f"fullatt_blocks={blocks!r} must be a tuple (or list) of block indices (integers)")
+        for name in ("fullatt_blocks", "deepstack_indexes"):
+            blocks = getattr(self, name)
+            if not isinstance(blocks, tuple) or any(isinstance(b, bool) or not isinstance(b, numbers.Integral)
+                                                    for b in blocks):
+                problems.append(f"{name}={blocks!r} must be a tuple (or list) of block indices (integers)")
         if problems:
             raise ValueError(f"invalid VisionConfig {self.name!r}: " + "; ".join(problems))
-        object.__setattr__(self, "fullatt_blocks", tuple(int(b) for b in blocks))
+        blocks = tuple(int(b) for b in self.fullatt_blocks)
+        object.__setattr__(self, "fullatt_blocks", blocks)
+        object.__setattr__(self, "deepstack_indexes", tuple(int(b) for b in self.deepstack_indexes))
         if self.width % self.heads:
             problems.append(f"width={self.width} is not divisible by heads={self.heads}")
         elif (self.width // self.heads) % 4:
@@ -141,15 +170,7 @@ class VisionConfig:
         if len(set(blocks)) != len(blocks):
             repeated = sorted({b for b in blocks if blocks.count(b) > 1})
             problems.append(f"fullatt_blocks={tuple(blocks)} repeats block(s) {repeated}; give each block once")
-        if self.family == "qwen2.5-vl":
-            unit = self.patch_size * self.merge_size
-            if self.window_size % unit:
-                problems.append(f"window_size={self.window_size} px is not a multiple of "
-                                f"patch_size*merge_size={unit} px")
-            bad = [b for b in blocks if not 0 <= b < self.depth]
-            if bad:
-                problems.append(f"fullatt_blocks {bad} are outside 0..{self.depth - 1} (depth={self.depth}); "
-                                f"use dataclasses.replace(cfg, depth=..., fullatt_blocks=...)")
+        problems += self.spec.validate(self)
         if problems or caps:
             error = limits.LimitError if caps else ValueError
             raise error(f"invalid VisionConfig {self.name!r}: " + "; ".join(problems + caps))
@@ -165,15 +186,21 @@ class VisionConfig:
         return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
 
     @property
+    def spec(self):
+        """The family's descriptor (`workbench.towers.family.Family`): everything family-specific."""
+        return families()[self.family]
+
+    @property
     def n_params(self) -> int:
         """Parameters of the tower in checkpoint shapes (what `tower_params` caps): the patch
-        embedding, each block's norms, attention and MLP, and the merger."""
-        w, h, m = self.width, self.mlp_hidden, self.width * self.merge_unit
-        norm = 2 * w if self.family == "qwen2-vl" else w          # LayerNorm has a bias, RMSNorm not
-        mlp = 2 * w * h + h + w if self.family == "qwen2-vl" else 3 * w * h + 2 * h + w
-        block = 2 * norm + 4 * w * w + 4 * w + mlp
-        merger = norm + m * m + m + m * self.out_hidden + self.out_hidden
-        return w * self.patch_dim + self.depth * block + merger
+        embedding, each block's norms, attention and MLP, and the merger(s)."""
+        return self.spec.n_params(self)
+
+    @property
+    def embed_width(self) -> int:
+        """Features per merged token the tower returns: out_hidden, and for Qwen3-VL one more
+        out_hidden-wide deepstack feature per `deepstack_indexes` entry, concatenated after it."""
+        return self.out_hidden * (1 + len(self.deepstack_indexes))
 
     @property
     def merge_unit(self) -> int:
@@ -203,10 +230,11 @@ class VisionConfig:
         depth: None keeps the preset's own depth (the preset itself); any number gives
         `reduced(depth)`, a renamed '@depthN' copy even at the preset's own depth (what every
         study's ``(preset, depth)`` parameters mean)."""
+        presets = _lazy("PRESETS")
         try:
-            cfg = PRESETS[name]
+            cfg = presets[name]
         except KeyError:
-            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(presets)}") from None
         return cfg if depth is None else cfg.reduced(depth)
 
     @classmethod
@@ -223,61 +251,41 @@ class VisionConfig:
         if not isinstance(cfg_or_name, cls):
             either = "a wb.VisionConfig, a preset name or None" if default is not None else \
                 "a wb.VisionConfig or a preset name"
-            raise TypeError(f"cfg must be {either} (valid presets: {', '.join(PRESETS)}), "
+            raise TypeError(f"cfg must be {either} (valid presets: {', '.join(_lazy('PRESET_NAMES'))}), "
                             f"got {type(cfg_or_name).__name__} {reprlib.repr(cfg_or_name)}")
         return cfg_or_name
 
     def to_hf(self):
-        """The matching transformers vision config (Qwen2VLVisionConfig or Qwen2_5_VLVisionConfig)."""
-        if self.family == "qwen2-vl":
-            from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
-            if self.mlp_hidden % self.width:
-                raise ValueError(f"transformers' Qwen2-VL tower takes an integer mlp_ratio; "
-                                 f"mlp_hidden={self.mlp_hidden} is not a multiple of width={self.width}")
-            return Qwen2VLVisionConfig(
-                depth=self.depth, embed_dim=self.width, hidden_size=self.out_hidden,
-                hidden_act="quick_gelu", mlp_ratio=self.mlp_hidden // self.width, num_heads=self.heads,
-                in_channels=self.in_channels, patch_size=self.patch_size,
-                spatial_merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size,
-                rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta},
-            )
-        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-        return Qwen2_5_VLVisionConfig(
-            depth=self.depth, hidden_size=self.width, hidden_act="silu", intermediate_size=self.mlp_hidden,
-            num_heads=self.heads, in_channels=self.in_channels, patch_size=self.patch_size,
-            spatial_merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size,
-            window_size=self.window_size, out_hidden_size=self.out_hidden,
-            fullatt_block_indexes=list(self.fullatt_blocks),
-            rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta},
-        )
+        """The matching transformers vision config (Qwen2VLVisionConfig, Qwen3VLVisionConfig, ...)."""
+        return self.spec.to_hf(self)
 
     def reduced(self, depth: int) -> "VisionConfig":
-        """Same width, fewer blocks; for Qwen2.5-VL the full-attention blocks keep their spacing
-        (every 8th block, the last one always full) so window and full attention both run."""
-        if self.family == "qwen2-vl":
-            return dataclasses.replace(self, name=f"{self.name}@depth{depth}", depth=depth)
-        step = self.fullatt_blocks[1] - self.fullatt_blocks[0] if len(self.fullatt_blocks) > 1 else depth
-        full = tuple(sorted({b for b in range(step - 1, depth, step)} | {depth - 1}))
-        return dataclasses.replace(self, name=f"{self.name}@depth{depth}", depth=depth, fullatt_blocks=full)
+        """Same width, fewer blocks, renamed '@depthN'; block indices in the config (Qwen2.5-VL's
+        full-attention blocks, Qwen3-VL's deepstack layers) are spread over the new depth the way
+        the family's `reduced` says."""
+        return self.spec.reduced(self, depth)
 
 
 def _presets() -> dict[str, VisionConfig]:
-    q2 = dict(family="qwen2-vl", mlp_hidden=5120)
-    q25 = dict(family="qwen2.5-vl", mlp_hidden=3420)
-    p = [
-        VisionConfig("qwen2-vl-2b", out_hidden=1536, **q2),
-        VisionConfig("qwen2-vl-7b", out_hidden=3584, **q2),
-        VisionConfig("qwen2.5-vl-3b", out_hidden=2048, **q25),
-        VisionConfig("qwen2.5-vl-7b", out_hidden=3584, **q25),
-        VisionConfig("qwen2.5-vl-72b", out_hidden=8192, **q25),
-        # same structure, small width and depth: CPU tests run in seconds
-        VisionConfig("tiny-qwen2-vl", family="qwen2-vl", depth=2, width=64, heads=4, mlp_hidden=128,
-                     out_hidden=48),
-        VisionConfig("tiny-qwen2.5-vl", family="qwen2.5-vl", depth=4, width=64, heads=4, mlp_hidden=96,
-                     out_hidden=48, fullatt_blocks=(1, 3)),
-    ]
-    return {c.name: c for c in p}
+    """Every family's presets: the real checkpoints first (registry order), then the tiny ones."""
+    made = [VisionConfig(**{**p, "family": name}) for name, fam in families().items() for p in fam.presets]
+    made.sort(key=lambda c: c.name.startswith("tiny-"))          # stable: family order kept
+    return {c.name: c for c in made}
 
 
-PRESETS: dict[str, VisionConfig] = _presets()
-PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
+_LAZY = ("PRESETS", "PRESET_NAMES", "FAMILIES")
+
+
+def _lazy(name: str):
+    """PRESETS (name -> VisionConfig), PRESET_NAMES and FAMILIES (the family names), built once on
+    first use from the family registry (which imports torch)."""
+    if "PRESETS" not in globals():
+        presets = _presets()
+        globals().update(PRESETS=presets, PRESET_NAMES=tuple(presets), FAMILIES=tuple(families()))
+    return globals()[name]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return _lazy(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,21 +21,20 @@ def tower_flops(cfg, seq_rows) -> dict:
     """FLOPs of one tower forward over sequences of ``seq_rows`` pixel rows each (one per image or
     video frame), counted from the config: dict(matmul, attention_full, attention_window, total).
 
-    matmul: 2 x the multiply-adds of the patch embedding, every block's qkv, projection and MLP
-    (fc1 + fc2, or gate + up + down for SwiGLU) per row, and the merger per merged token.
+    matmul: 2 x the multiply-adds of the matmuls that run per pixel row (patch embedding, every
+    block's qkv, projection and MLP: fc1 + fc2, or gate + up + down for SwiGLU) and per merged
+    token (the merger, Qwen3-VL's deepstack mergers, GLM-4.1V's downsample conv), as the family
+    counts them (`Family.row_macs`, `Family.token_macs`); the learned position table's resampling
+    (a few taps per row) is not a matmul and not counted.
     attention: QK^T and PV, 4 x s^2 x width per block and sequence of s rows, in the blocks with
     full attention; Qwen2.5-VL's window blocks attend within windows of (window_merged x
     merge_size)^2 rows, counted as whole windows (an upper bound at ragged image edges).
     """
     seq_rows = [int(s) for s in seq_rows]
     rows = sum(seq_rows)
-    w, m = cfg.width, cfg.mlp_hidden
-    mlp = 2 * w * m if cfg.family == "qwen2-vl" else 3 * w * m
-    per_row = cfg.patch_dim * w + cfg.depth * (4 * w * w + mlp)
-    merged = w * cfg.merge_unit
-    merger = merged * merged + merged * cfg.out_hidden
-    matmul = 2 * (per_row * rows + merger * rows // cfg.merge_unit)
-    full_blocks = cfg.depth if cfg.family == "qwen2-vl" else len(cfg.fullatt_blocks)
+    w, fam = cfg.width, cfg.spec
+    matmul = 2 * (fam.row_macs(cfg) * rows + fam.token_macs(cfg) * rows // cfg.merge_unit)
+    full_blocks = fam.full_attention_blocks(cfg)
     window_blocks = cfg.depth - full_blocks
     win = (cfg.window_merged * cfg.merge_size) ** 2
     full = full_blocks * sum(4 * s * s * w for s in seq_rows)

@@ -10,21 +10,29 @@ from .config import VisionConfig
 
 
 def hf_vision_model(cfg: VisionConfig, attn_implementation: str = "sdpa", dtype=torch.float32):
-    """transformers' Qwen2-VL / Qwen2.5-VL vision model for `cfg` (random weights, eval mode)."""
+    """transformers' vision model of `cfg`'s family for `cfg` (random weights, eval mode): the
+    class its family names (`Family.hf_class`), e.g. Qwen2VisionTransformerPretrainedModel,
+    Qwen3VLVisionModel, Glm4vVisionModel."""
     hfc = cfg.to_hf()
     hfc._attn_implementation = attn_implementation
-    if cfg.family == "qwen2-vl":
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as M
-    else:
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as M
-    return M(hfc).to(dtype).eval()
+    return cfg.spec.hf_model_class()(hfc).to(dtype).eval()
+
+
+def _family_of(model):
+    from .config import families
+    name = type(model).__name__
+    for fam in families().values():
+        if fam.hf_class[1] == name:
+            return fam
+    raise TypeError(f"{name} is not the vision model of a registered family "
+                    f"({', '.join(f.hf_class[1] for f in families().values())})")
 
 
 @torch.no_grad()
 def hf_embeddings(model, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """Merged embeddings [N/4, out_hidden] from a transformers vision model."""
-    out = model(pixels.to(model.dtype), grid_thw)
-    return out.pooler_output if hasattr(out, "pooler_output") else out
+    """Merged embeddings [N/4, embed_width] from a transformers vision model, in the form our
+    towers return them (Qwen3-VL: the deepstack features concatenated after the merged tokens)."""
+    return _family_of(model).hf_embeddings(model, pixels.to(model.dtype), grid_thw)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

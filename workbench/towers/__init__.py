@@ -1,17 +1,26 @@
-"""Vision towers of the two Qwen families (one file each) and `build_tower`."""
+"""Vision towers, one module per family, and the family registry.
+
+A family module holds its tower class, its presets and its `Family` descriptor (`FAMILY`).
+Adding a family: write its module, then add it to the import and to `FAMILIES` below.
+"""
 from __future__ import annotations
 
 from ..config import VisionConfig
+from . import qwen2_5_vl, qwen2_vl
 from .common import TowerMetadata, VisionTower
+from .family import Family
 from .qwen2_5_vl import Qwen25VisionTower
 from .qwen2_vl import Qwen2VisionTower
 
-TOWERS = {"qwen2-vl": Qwen2VisionTower, "qwen2.5-vl": Qwen25VisionTower}
+# name -> descriptor; the order is the order of the preset list and of every family listing
+FAMILIES: dict[str, Family] = {f.name: f for f in (qwen2_vl.FAMILY, qwen2_5_vl.FAMILY)}
+TOWERS = {name: f.tower for name, f in FAMILIES.items()}
 
 
 def build_tower(cfg: VisionConfig, **kw) -> VisionTower:
     """The tower class of cfg.family with random (uninitialized) weights; see VisionTower for kw."""
-    return TOWERS[cfg.family](cfg, **kw)
+    return FAMILIES[cfg.family].tower(cfg, **kw)
 
 
-__all__ = ["TOWERS", "TowerMetadata", "VisionTower", "Qwen2VisionTower", "Qwen25VisionTower", "build_tower"]
+__all__ = ["FAMILIES", "TOWERS", "Family", "TowerMetadata", "VisionTower", "Qwen2VisionTower", "Qwen25VisionTower",
+           "build_tower"]

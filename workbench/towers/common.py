@@ -1,8 +1,8 @@
-"""Pieces shared by both Qwen vision-tower families.
+"""Pieces shared by the vision-tower families.
 
 The forward is split the way serving engines split it: `prepare(grid_thw)` runs on the host and
-builds every data-dependent tensor (rotary cos/sin, cu_seqlens, window index) as a
-`TowerMetadata`; `forward_prepared(pixels, meta)` only does fixed-shape device work, so a CUDA
+builds every data-dependent tensor (rotary cos/sin, cu_seqlens, window index, the gather indices
+and weights that resample a learned position table to each grid) as a `TowerMetadata`; `forward_prepared(pixels, meta)` only does fixed-shape device work, so a CUDA
 graph can capture it and replay it after new metadata is copied into the same buffers.
 
 Module and parameter names follow the checkpoints (`patch_embed.proj`, `blocks.N.norm1`,
@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import fused as fk
@@ -43,6 +44,10 @@ class TowerMetadata:
     max_window_seqlen: int | None = None
     window_index: torch.Tensor | None = None        # int64 [n_rows/4]: merge units in window order
     reverse_index: torch.Tensor | None = None       # int64 [n_rows/4]: inverse permutation
+    # learned position table resampled to each grid (Qwen3-VL, GLM-4.1V): row r's embedding is
+    # sum_k pos_weight[r, k] * table[pos_index[r, k]]; padding rows have weight 0
+    pos_index: torch.Tensor | None = None           # int64 [n_rows, taps]
+    pos_weight: torch.Tensor | None = None          # fp32 (fp64 for an fp64 tower) [n_rows, taps]
     # rows per sequence when every full-attention sequence has that many rows and no row is padding
     # (one image, or frames of one size): full attention may then run as one dense batched kernel
     # (see attention.DENSE_MIN_ROWS); None: sequences of several lengths, or padding rows
@@ -146,8 +151,9 @@ def remember(cache: dict, key, size: int, make):
     return value
 
 
-# norm scales: drawn around 1, as trained checkpoints hold them (every other parameter around 0)
-_UNIT_WEIGHTS = ("norm1.weight", "norm2.weight", "ln_q.weight")
+# norm scales: drawn around 1, as trained checkpoints hold them (every other parameter around 0);
+# "norm.weight" ends the names of the newer families' merger, deepstack and post-conv norms
+_UNIT_WEIGHTS = ("norm1.weight", "norm2.weight", "ln_q.weight", "norm.weight")
 
 
 @torch.no_grad()
@@ -200,28 +206,137 @@ def pad_offsets(offsets: list[int], n_segments: int | None) -> torch.Tensor:
     return torch.tensor(offsets, dtype=torch.int32)
 
 
+def position_taps(grid: list[tuple[int, int, int]], merge: int, side: int, mode: str, n_rows: int,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather indices and weights that resample a learned ``side`` x ``side`` position table to
+    every row's frame (rows in merge-block order, as the tower sees them), padded to ``n_rows``
+    rows of weight 0: (int64 [n_rows, taps], ``dtype`` [n_rows, taps]).
+
+    mode 'bilinear': 2 x 2 taps, corners aligned (grid position i of n maps to i (side-1)/(n-1)),
+    what Qwen3-VL's tower interpolates with. mode 'bicubic': 4 x 4 taps of the cubic convolution
+    kernel (a = -0.75) at pixel centres (i of n maps to (i + 1/2) side / n - 1/2), taps past the
+    edge clamped to it, what GLM-4.1V's `grid_sample(bicubic, border)` computes. The coordinates
+    are computed in float64 and rounded once to ``dtype``."""
+    pos = merge_block_positions(grid, merge).to(torch.float64)                  # [n_valid, 2] (h, w)
+    size = torch.tensor([(h, w) for t, h, w in grid for _ in range(t * h * w)], dtype=torch.float64)
+    size = size.view(-1, 2)
+    if mode == "bilinear":
+        src = pos * (side - 1) / (size - 1).clamp_min(1)
+        offsets = torch.arange(0, 2)
+    elif mode == "bicubic":
+        src = (pos + 0.5) * side / size - 0.5
+        offsets = torch.arange(-1, 3)
+    else:
+        raise ValueError(f"unknown interpolation mode {mode!r}; valid: 'bilinear', 'bicubic'")
+    base = src.floor()
+    taps = (base.long()[..., None] + offsets).clamp(0, side - 1)               # [n, 2 axes, k]
+    d = (src[..., None] - base[..., None] - offsets).abs()
+    if mode == "bilinear":
+        wts = (1 - d).clamp_min(0)
+    else:
+        a = -0.75
+        near = ((a + 2) * d - (a + 3)) * d * d + 1
+        far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+        wts = torch.where(d <= 1, near, far)
+    k = offsets.numel()
+    index = (taps[:, 0, :, None] * side + taps[:, 1, None, :]).reshape(-1, k * k)
+    weight = (wts[:, 0, :, None] * wts[:, 1, None, :]).reshape(-1, k * k)
+    out_i = torch.zeros(n_rows, k * k, dtype=torch.int64)
+    out_w = torch.zeros(n_rows, k * k, dtype=dtype)
+    out_i[: index.shape[0]], out_w[: index.shape[0]] = index, weight.to(dtype)
+    return out_i, out_w
+
+
+def interpolated_positions(table: torch.Tensor, meta: "TowerMetadata", dtype: torch.dtype) -> torch.Tensor:
+    """[n_rows, width] in ``dtype``: each row's weighted sum of table rows (`position_taps`),
+    accumulated in the weights' precision (fp32, fp64 for an fp64 tower) as transformers does, in
+    one fixed-shape gather (no [rows, taps, width] intermediate)."""
+    w = meta.pos_weight
+    return F.embedding_bag(meta.pos_index, table.to(w.dtype), per_sample_weights=w, mode="sum").to(dtype)
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(h)) * up(h)), checkpoint names gate_proj / up_proj / down_proj (Qwen2.5-VL
+    blocks with biases, GLM-4.1V blocks and merger without).
+
+    For the fused path gate_proj and up_proj share one [2*Hp, width] weight (gate rows, zeros, up
+    rows, zeros; Hp = hidden rounded up to MLP_ALIGN) and down_proj is a [width, Hp] weight with
+    zero columns past hidden; the checkpoint-shaped parameters are views into them. One matmul then
+    computes gate and up with aligned shapes, and the padded lanes contribute exact zeros
+    (silu(0) * 0 = 0, times zero weights). Loading weights writes through the views, so captured
+    graphs see new weights. Redone after every `_apply` (.to, .cuda, dtype casts), which replaces
+    the parameters with fresh tensors."""
+
+    # a hidden width like 3420 (the Qwen2.5-VL 7B/72B towers) is not a multiple of 8, and cuBLAS
+    # then falls back to slow 2-element-aligned kernels (results/reference/README.md has what that cost)
+    MLP_ALIGN = 64
+
+    def __init__(self, width: int, hidden: int, bias: bool):
+        super().__init__()
+        self.gate_proj = nn.Linear(width, hidden, bias=bias)
+        self.up_proj = nn.Linear(width, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, width, bias=bias)
+        self._pack()
+
+    def _pack(self) -> None:
+        g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        hid, width = g.weight.shape
+        hp = -(-hid // self.MLP_ALIGN) * self.MLP_ALIGN
+        kw = dict(dtype=g.weight.dtype, device=g.weight.device)
+        with torch.no_grad():
+            gu_w = torch.zeros(2 * hp, width, **kw)
+            down_w = torch.zeros(d.weight.shape[0], hp, **kw)
+            gu_w[:hid], gu_w[hp:hp + hid] = g.weight, u.weight
+            down_w[:, :hid] = d.weight
+            gu_b = None
+            if g.bias is not None:
+                gu_b = torch.zeros(2 * hp, **kw)
+                gu_b[:hid], gu_b[hp:hp + hid] = g.bias, u.bias
+        g.weight.data, u.weight.data = gu_w[:hid], gu_w[hp:hp + hid]
+        if gu_b is not None:
+            g.bias.data, u.bias.data = gu_b[:hid], gu_b[hp:hp + hid]
+        d.weight.data = down_w[:, :hid]
+        self.gate_up_weight, self.gate_up_bias, self.down_weight = gu_w, gu_b, down_w
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._pack()
+        return out
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    def forward_fused(self, h: torch.Tensor) -> torch.Tensor:
+        gu = F.linear(h, self.gate_up_weight, self.gate_up_bias)
+        return F.linear(fk.silu_mul(gu), self.down_weight, self.down_proj.bias)
+
+
 class PatchEmbed(nn.Module):
-    """Conv3d with stride = kernel over (C, T, P, P) == one matmul per row (no bias).
+    """Conv3d with stride = kernel over (C, T, P, P) == one matmul per row (Qwen2/2.5-VL without
+    bias, Qwen3-VL and GLM-4.1V with one).
 
     The weight keeps the checkpoint's Conv3d shape [width, C, T, P, P]."""
 
-    def __init__(self, cfg: VisionConfig):
+    def __init__(self, cfg: VisionConfig, bias: bool = False):
         super().__init__()
         self.proj = nn.Module()
         self.proj.weight = nn.Parameter(torch.empty(cfg.width, cfg.in_channels, cfg.temporal_patch_size,
                                                     cfg.patch_size, cfg.patch_size))
+        self.proj.bias = nn.Parameter(torch.empty(cfg.width)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [N, 1176] tower dtype
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [N, patch_dim] tower dtype
         w = self.proj.weight
-        return x @ w.view(w.shape[0], -1).t()
+        if self.proj.bias is None:
+            return x @ w.view(w.shape[0], -1).t()
+        return F.linear(x, w.view(w.shape[0], -1), self.proj.bias)
 
 
 class VisionAttention(nn.Module):
-    def __init__(self, cfg: VisionConfig):
+    def __init__(self, cfg: VisionConfig, qkv_bias: bool = True, proj_bias: bool = True):
         super().__init__()
         self.heads, self.head_dim = cfg.heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=True)
-        self.proj = nn.Linear(cfg.width, cfg.width, bias=True)
+        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=qkv_bias)
+        self.proj = nn.Linear(cfg.width, cfg.width, bias=proj_bias)
 
     def forward(self, x, cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen=None, fused=False):
         n = x.shape[0]                                                    # x: [N, width]
@@ -300,7 +415,7 @@ def add_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module) -> tu
 
 
 class VisionTower(nn.Module):
-    """Base class of both families: input embedding, metadata preparation, weight loading.
+    """Base class of every family: input embedding, metadata preparation, weight loading.
 
     `input_norm` is the device normalization module when normalization is the tower's first op
     (placement `tower`); `device_norm=True` declares that the tower is built for device
@@ -308,6 +423,7 @@ class VisionTower(nn.Module):
     """
 
     family: str = ""
+    patch_bias: bool = False          # the patch embedding's Conv3d has a bias (Qwen3-VL, GLM-4.1V)
 
     def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
                  attn_backend: str = "auto", fused="auto"):
@@ -324,7 +440,7 @@ class VisionTower(nn.Module):
         self.input_norm = input_norm
         self.attn_backend = check_backend(attn_backend)
         self.fused = check_fused(fused)
-        self.patch_embed = PatchEmbed(cfg)
+        self.patch_embed = PatchEmbed(cfg, bias=self.patch_bias)
 
     # ---- properties ------------------------------------------------------------------------
     @property
@@ -414,18 +530,49 @@ class VisionTower(nn.Module):
         return meta.cu_seqlens, meta.max_seqlen, meta.dense_seqlen
 
     def run_blocks(self, x: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
-        """Every block, then the merger: [N, width] -> [N/4, out_hidden] in the rows' order.
+        """Every block, then the head (`head`: the merger): [N, width] -> [N/4, embed_width] in the
+        rows' order. Blocks listed in `taps` (Qwen3-VL's deepstack layers) hand their output to
+        `tap(i, x)`, whose [N/4, out_hidden] features follow the head's output along the hidden
+        axis, in block order.
 
         Fused (`fused_for`): each block's residual sums ride in the next norm's kernel (the last one
-        in the merger's), and the rotary and MLP activations are one kernel each."""
+        in the head's, or in a tap's), and the rotary and MLP activations are one kernel each."""
         backend = self.backend_for(x)
+        taps = self.taps
+        features = []
         if not self.fused_for(x):
             for i, blk in enumerate(self.blocks):
                 x = blk(x, *self.block_attention(i, meta), meta.cos, meta.sin, backend)
-            return self.merger(x)
-        delta = None
-        for i, blk in enumerate(self.blocks):
-            x, delta = blk.forward_fused(x, delta, *self.block_attention(i, meta), meta.cos, meta.sin, backend)
+                if i in taps:
+                    features.append(self.tap(i, x))
+            out = self.head(x)
+        else:
+            delta = None
+            for i, blk in enumerate(self.blocks):
+                x, delta = blk.forward_fused(x, delta, *self.block_attention(i, meta), meta.cos, meta.sin, backend)
+                if i in taps:
+                    x, feature = self.tap_fused(i, x, delta)
+                    features.append(feature)
+                    delta = None
+            out = self.head_fused(x, delta)
+        return torch.cat([out, *features], dim=-1) if features else out
+
+    # blocks whose output feeds an extra merger (none but in Qwen3-VL)
+    taps: frozenset = frozenset()
+
+    def tap(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def tap_fused(self, i: int, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, the tap's features) with the residual sum in the tap's first kernel."""
+        raise NotImplementedError
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output [N, width] -> merged tokens [N/4, out_hidden]."""
+        return self.merger(x)
+
+    def head_fused(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """`head` of x + delta, the residual sum in the head's first kernel."""
         return self.merger.forward_fused(x, delta)
 
     def fused_for(self, x: torch.Tensor) -> bool:
@@ -437,7 +584,8 @@ class VisionTower(nn.Module):
         return bool(self.fused)
 
     def forward(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """pixels [N, 1176] (uint8 for a device-normalizing tower, else float) -> merged [N/4, out_hidden]."""
+        """pixels [N, patch_dim] (uint8 for a device-normalizing tower, else float) -> merged
+        [N/4, embed_width] (see `run_blocks` for what follows the merged tokens in Qwen3-VL)."""
         if pixels.dim() != 2 or pixels.shape[1] != self.cfg.patch_dim:
             raise ValueError(f"pixels must be [N, {self.cfg.patch_dim}], got {tuple(pixels.shape)}")
         meta = self.prepare_cached(grid_thw)

@@ -2,22 +2,23 @@
 
 Rows are permuted into window order in groups of one merge unit (4 rows) before the blocks, the
 rotary table likewise, and the merged output is put back into item order after the merger.
+
+Presets: the vision configs of Qwen2.5-VL-3B / 7B / 72B (depth 32, width 1280, SwiGLU 3420, full
+attention in blocks 7, 15, 23, 31, merger out 2048 / 3584 / 8192) with the CLIP processor
+constants; a tiny one for CPU tests.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import VisionConfig
-from .. import fused as fk
-from .common import PatchMerger, RMSNorm, TowerMetadata, VisionAttention, VisionBlock, VisionTower, pad_offsets
-
-# the SwiGLU hidden width is padded to a multiple of this in the fused gate|up weight: 3420 (the
-# 7B/72B towers) is not a multiple of 8, and cuBLAS then falls back to slow 2-element-aligned
-# kernels (results/reference/README.md has what that cost)
-MLP_ALIGN = 64
-
+from .common import (GatedMLP, PatchMerger, RMSNorm, TowerMetadata, VisionAttention, VisionBlock, VisionTower,
+                     pad_offsets)
+from .family import Family, check_unused, norm_params
+from .qwen2_vl import qwen_merger_params
 
 class Qwen25VLBlock(VisionBlock):
     def __init__(self, cfg: VisionConfig):
@@ -25,47 +26,13 @@ class Qwen25VLBlock(VisionBlock):
         self.norm1 = RMSNorm(cfg.width, cfg.eps)
         self.norm2 = RMSNorm(cfg.width, cfg.eps)
         self.attn = VisionAttention(cfg)
-        self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(cfg.width, cfg.mlp_hidden)
-        self.mlp.up_proj = nn.Linear(cfg.width, cfg.mlp_hidden)
-        self.mlp.down_proj = nn.Linear(cfg.mlp_hidden, cfg.width)
-        self._pack_mlp()
-
-    def _pack_mlp(self) -> None:
-        """Give gate_proj and up_proj one [2*Hp, width] weight and bias (gate rows, zeros, up rows,
-        zeros; Hp = mlp_hidden rounded up to MLP_ALIGN) and down_proj a [width, Hp] weight with zero
-        columns past mlp_hidden; the checkpoint-shaped parameters become views into them.
-
-        One matmul then computes gate and up with aligned shapes, and the padded lanes contribute
-        exact zeros (silu(0) * 0 = 0, times zero weights). Loading weights writes through the views,
-        so captured graphs see new weights. Redone after every `_apply` (.to, .cuda, dtype casts),
-        which replaces the parameters with fresh tensors."""
-        g, u, d = self.mlp.gate_proj, self.mlp.up_proj, self.mlp.down_proj
-        hid, width = g.weight.shape
-        hp = -(-hid // MLP_ALIGN) * MLP_ALIGN
-        kw = dict(dtype=g.weight.dtype, device=g.weight.device)
-        with torch.no_grad():
-            gu_w, gu_b = torch.zeros(2 * hp, width, **kw), torch.zeros(2 * hp, **kw)
-            down_w = torch.zeros(d.weight.shape[0], hp, **kw)
-            gu_w[:hid], gu_w[hp:hp + hid] = g.weight, u.weight
-            gu_b[:hid], gu_b[hp:hp + hid] = g.bias, u.bias
-            down_w[:, :hid] = d.weight
-        g.weight.data, u.weight.data = gu_w[:hid], gu_w[hp:hp + hid]
-        g.bias.data, u.bias.data = gu_b[:hid], gu_b[hp:hp + hid]
-        d.weight.data = down_w[:, :hid]
-        self.mlp.gate_up_weight, self.mlp.gate_up_bias, self.mlp.down_weight = gu_w, gu_b, down_w
-
-    def _apply(self, fn, recurse=True):
-        out = super()._apply(fn, recurse)
-        self._pack_mlp()
-        return out
+        self.mlp = GatedMLP(cfg.width, cfg.mlp_hidden, bias=True)
 
     def mlp_out(self, h):
-        return self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+        return self.mlp(h)
 
     def mlp_fused(self, h):
-        gu = F.linear(h, self.mlp.gate_up_weight, self.mlp.gate_up_bias)
-        return F.linear(fk.silu_mul(gu), self.mlp.down_weight, self.mlp.down_proj.bias)
+        return self.mlp.forward_fused(h)
 
 
 def window_order(grid: list[tuple[int, int, int]], window: int) -> tuple[torch.Tensor, list[int]]:
@@ -126,3 +93,65 @@ class Qwen25VisionTower(VisionTower):
         if i in self.full_blocks:
             return meta.cu_seqlens, meta.max_seqlen, meta.dense_seqlen
         return meta.cu_window_seqlens, meta.max_window_seqlen, None
+
+
+class Qwen25VLFamily(Family):
+    name = "qwen2.5-vl"
+    tower = Qwen25VisionTower
+    hf_class = ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel")
+    presets = (
+        dict(name="qwen2.5-vl-3b", mlp_hidden=3420, out_hidden=2048),
+        dict(name="qwen2.5-vl-7b", mlp_hidden=3420, out_hidden=3584),
+        dict(name="qwen2.5-vl-72b", mlp_hidden=3420, out_hidden=8192),
+        dict(name="tiny-qwen2.5-vl", depth=4, width=64, heads=4, mlp_hidden=96, out_hidden=48,
+             fullatt_blocks=(1, 3)),
+    )
+
+    def validate(self, cfg) -> list[str]:
+        problems = []
+        unit = cfg.patch_size * cfg.merge_size
+        if cfg.window_size % unit:
+            problems.append(f"window_size={cfg.window_size} px is not a multiple of "
+                            f"patch_size*merge_size={unit} px")
+        bad = [b for b in cfg.fullatt_blocks if not 0 <= b < cfg.depth]
+        if bad:
+            problems.append(f"fullatt_blocks {bad} are outside 0..{cfg.depth - 1} (depth={cfg.depth}); "
+                            f"use dataclasses.replace(cfg, depth=..., fullatt_blocks=...)")
+        return problems + check_unused(cfg, num_position_embeddings=0, deepstack_indexes=(), merger_hidden=0)
+
+    def reduced(self, cfg, depth: int):
+        """Same width, fewer blocks; the full-attention blocks keep their spacing (every 8th block,
+        the last one always full) so window and full attention both run."""
+        step = cfg.fullatt_blocks[1] - cfg.fullatt_blocks[0] if len(cfg.fullatt_blocks) > 1 else depth
+        full = tuple(sorted({b for b in range(step - 1, depth, step)} | {depth - 1}))
+        return dataclasses.replace(cfg, name=f"{cfg.name}@depth{depth}", depth=depth, fullatt_blocks=full)
+
+    def n_params(self, cfg) -> int:
+        w, h = cfg.width, cfg.mlp_hidden
+        block = 2 * norm_params(w, "rms") + 4 * w * w + 4 * w + 3 * w * h + 2 * h + w
+        return w * cfg.patch_dim + cfg.depth * block + qwen_merger_params(cfg, "rms")
+
+    def row_macs(self, cfg) -> int:
+        w = cfg.width
+        return cfg.patch_dim * w + cfg.depth * (4 * w * w + 3 * w * cfg.mlp_hidden)
+
+    def token_macs(self, cfg) -> int:
+        m = cfg.width * cfg.merge_unit
+        return m * m + m * cfg.out_hidden
+
+    def full_attention_blocks(self, cfg) -> int:
+        return len(cfg.fullatt_blocks)
+
+    def to_hf(self, cfg):
+        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+        return Qwen2_5_VLVisionConfig(
+            depth=cfg.depth, hidden_size=cfg.width, hidden_act="silu", intermediate_size=cfg.mlp_hidden,
+            num_heads=cfg.heads, in_channels=cfg.in_channels, patch_size=cfg.patch_size,
+            spatial_merge_size=cfg.merge_size, temporal_patch_size=cfg.temporal_patch_size,
+            window_size=cfg.window_size, out_hidden_size=cfg.out_hidden,
+            fullatt_block_indexes=list(cfg.fullatt_blocks),
+            rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta},
+        )
+
+
+FAMILY = Qwen25VLFamily()

@@ -1,4 +1,8 @@
-"""Qwen2-VL vision tower: LayerNorm pre-norm blocks, full attention everywhere, QuickGELU MLP."""
+"""Qwen2-VL vision tower: LayerNorm pre-norm blocks, full attention everywhere, QuickGELU MLP.
+
+Presets: the vision configs of Qwen2-VL-2B / 7B (depth 32, width 1280, MLP 5120, merger out
+1536 / 3584) with the CLIP processor constants; a tiny one for CPU tests.
+"""
 from __future__ import annotations
 
 import torch
@@ -7,6 +11,7 @@ from torch import nn
 from .. import fused as fk
 from ..config import VisionConfig
 from .common import PatchMerger, TowerMetadata, VisionAttention, VisionBlock, VisionTower
+from .family import Family, check_unused, norm_params
 
 
 class QuickGELU(nn.Module):
@@ -43,3 +48,53 @@ class Qwen2VisionTower(VisionTower):
     def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
         """pixels [n_rows, 1176] -> merged embeddings [n_rows/4, out_hidden], fixed shapes only."""
         return self.run_blocks(self.patch_embed(self.embed_input(pixels, meta)), meta)
+
+
+def qwen_merger_params(cfg, norm_kind: str) -> int:
+    """The Qwen2/2.5-VL merger: ln_q over width, then Linear(4w, 4w) and Linear(4w, out)."""
+    m = cfg.width * cfg.merge_unit
+    return norm_params(cfg.width, norm_kind) + m * m + m + m * cfg.out_hidden + cfg.out_hidden
+
+
+class Qwen2VLFamily(Family):
+    name = "qwen2-vl"
+    tower = Qwen2VisionTower
+    hf_class = ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VisionTransformerPretrainedModel")
+    presets = (
+        dict(name="qwen2-vl-2b", mlp_hidden=5120, out_hidden=1536),
+        dict(name="qwen2-vl-7b", mlp_hidden=5120, out_hidden=3584),
+        # same structure, small width and depth: CPU tests run in seconds
+        dict(name="tiny-qwen2-vl", depth=2, width=64, heads=4, mlp_hidden=128, out_hidden=48),
+    )
+
+    def validate(self, cfg) -> list[str]:
+        return check_unused(cfg, num_position_embeddings=0, deepstack_indexes=(), merger_hidden=0)
+
+    def n_params(self, cfg) -> int:
+        w, h = cfg.width, cfg.mlp_hidden
+        block = 2 * norm_params(w, "layer") + 4 * w * w + 4 * w + 2 * w * h + h + w
+        return w * cfg.patch_dim + cfg.depth * block + qwen_merger_params(cfg, "layer")
+
+    def row_macs(self, cfg) -> int:
+        w = cfg.width
+        return cfg.patch_dim * w + cfg.depth * (4 * w * w + 2 * w * cfg.mlp_hidden)
+
+    def token_macs(self, cfg) -> int:
+        m = cfg.width * cfg.merge_unit
+        return m * m + m * cfg.out_hidden
+
+    def to_hf(self, cfg):
+        from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
+        if cfg.mlp_hidden % cfg.width:
+            raise ValueError(f"transformers' Qwen2-VL tower takes an integer mlp_ratio; "
+                             f"mlp_hidden={cfg.mlp_hidden} is not a multiple of width={cfg.width}")
+        return Qwen2VLVisionConfig(
+            depth=cfg.depth, embed_dim=cfg.width, hidden_size=cfg.out_hidden,
+            hidden_act="quick_gelu", mlp_ratio=cfg.mlp_hidden // cfg.width, num_heads=cfg.heads,
+            in_channels=cfg.in_channels, patch_size=cfg.patch_size,
+            spatial_merge_size=cfg.merge_size, temporal_patch_size=cfg.temporal_patch_size,
+            rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta},
+        )
+
+
+FAMILY = Qwen2VLFamily()

@@ -1,0 +1,97 @@
+"""What the package knows about one vision-tower family, in one object.
+
+Each family module (`workbench/towers/<family>.py`) holds its tower class, its presets (the vision
+configs and processor constants of the published checkpoints, as data) and one `Family` instance
+that answers every family-specific question the rest of the package asks: how a config is
+validated, its parameter count, its FLOPs per pixel row and per merged token, how it shrinks to
+fewer blocks, and which transformers class and config it corresponds to. `workbench.towers`
+registers the instances (`FAMILIES`); `VisionConfig` delegates to them by ``cfg.family``.
+
+This module imports nothing heavy: a descriptor is plain Python until a tower is built.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+
+
+class Family:
+    """Base descriptor; a family module subclasses it and sets the class attributes.
+
+    name: the ``VisionConfig.family`` string. tower: the `VisionTower` subclass. presets: dicts of
+    VisionConfig fields (each with its ``name``; ``family`` is added), tiny CPU presets named
+    ``tiny-...``. hf_class: (module, class) of transformers' vision model for this family."""
+
+    name: str = ""
+    tower: type | None = None
+    presets: tuple[dict, ...] = ()
+    hf_class: tuple[str, str] = ("", "")
+
+    # ---- configuration -----------------------------------------------------------------------
+    def validate(self, cfg) -> list[str]:
+        """Family-specific problems of ``cfg`` (sentences naming the value and what is expected);
+        the generic checks (types, positivity, caps) have passed when this runs."""
+        return []
+
+    def reduced(self, cfg, depth: int):
+        """``cfg`` with ``depth`` blocks (renamed '@depthN'); families with block indices in
+        their config override this to keep them meaningful."""
+        return dataclasses.replace(cfg, name=f"{cfg.name}@depth{depth}", depth=depth)
+
+    # ---- sizes -------------------------------------------------------------------------------
+    def n_params(self, cfg) -> int:
+        """Parameters of the tower in checkpoint shapes."""
+        raise NotImplementedError
+
+    def row_macs(self, cfg) -> int:
+        """Multiply-adds per pixel row of the matmuls that run per row: the patch embedding and
+        every block's qkv, projection and MLP."""
+        raise NotImplementedError
+
+    def token_macs(self, cfg) -> int:
+        """Multiply-adds per merged output token of the matmuls after the blocks (mergers)."""
+        raise NotImplementedError
+
+    def full_attention_blocks(self, cfg) -> int:
+        """How many blocks attend over whole frames (the rest attend within windows)."""
+        return cfg.depth
+
+    # ---- transformers ------------------------------------------------------------------------
+    def to_hf(self, cfg):
+        """The transformers vision config equal to ``cfg``."""
+        raise NotImplementedError
+
+    def hf_model_class(self) -> type:
+        """transformers' vision model class of this family (imported now)."""
+        module, cls = self.hf_class
+        return getattr(importlib.import_module(module), cls)
+
+    def hf_embeddings(self, model, pixels, grid_thw):
+        """transformers' output in our tower's form: the merged embedding [N/4, embed_width]."""
+        out = model(pixels, grid_thw)
+        return out.pooler_output if hasattr(out, "pooler_output") else out
+
+
+# ---- shared checks and counts -------------------------------------------------------------------
+
+def check_unused(cfg, **defaults) -> list[str]:
+    """Problems for fields a family has no use for but that are set away from their default (a
+    value the tower would silently ignore)."""
+    return [f"{k}={getattr(cfg, k)!r}: the {cfg.family} tower has no use for it (leave it at {v!r})"
+            for k, v in defaults.items() if getattr(cfg, k) != v]
+
+
+def check_position_table(cfg) -> list[str]:
+    """A learned position table must be a square grid of entries (it is resampled in 2-D)."""
+    n = cfg.num_position_embeddings
+    side = math.isqrt(n)
+    if n <= 0 or side * side != n:
+        return [f"num_position_embeddings={n} must be a positive square (side x side entries of the "
+                f"learned position grid, e.g. 2304 = 48 x 48)"]
+    return []
+
+
+def norm_params(width: int, kind: str) -> int:
+    """Parameters of one norm: LayerNorm has a bias, RMSNorm not."""
+    return 2 * width if kind == "layer" else width
