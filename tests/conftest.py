@@ -5,8 +5,21 @@ import os
 import pytest
 import torch
 
+from workbench.provenance import RESULTS_ENV
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_user_results(tmp_path_factory):
+    """No test reads or writes the user's results/ folder: whatever writes into the default results
+    folder (an interactive save_table, a command without --results, a subprocess that inherits the
+    environment) lands in a folder of this session instead. A test that checks the default itself
+    deletes the variable with monkeypatch."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(RESULTS_ENV, str(tmp_path_factory.mktemp("default-results")))
+        yield
 
 
 @pytest.fixture

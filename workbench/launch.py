@@ -1,6 +1,8 @@
 """A fault-tolerant local launcher: `launch(fn, world_size)` runs `fn` on `world_size` local
 processes joined in a torch.distributed process group (gloo on CPU, NCCL with one GPU per rank),
 with no torchrun, which is what a notebook or a test uses; workbench.dp runs its encoder on it.
+`launch(fn, world_size, process_group=False)` runs plain processes (RANK and WORLD_SIZE in their
+environment, no process group): a rank then imports nothing but what `fn` needs (not torch).
 
 Failures: the launcher watches every rank at once (its result pipe, its stderr and its process), so
 the first rank that raises or dies ends the whole group within about a second, and `launch` raises
@@ -21,6 +23,7 @@ import io
 import math
 import numbers
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -29,10 +32,11 @@ import time
 import traceback
 import warnings
 
-import torch
-import torch.distributed as dist
-
 from . import cpu_share, limits
+
+# torch is imported where a process group or a tensor needs it, never here: a rank without a
+# process group starts with nothing heavy imported (its start is then a process start, not
+# seconds of torch's import), and only what `fn` itself imports.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,31 +130,58 @@ def _exception_line(e: BaseException) -> str:
     return line[0] if line else type(e).__name__
 
 
+def _pack(result) -> tuple[str, bytes]:
+    """The result as bytes: through torch.save where torch is loaded (tensors travel as bytes, not
+    as shared-memory handles: the rank exits before the parent reads them), else pickle."""
+    if "torch" not in sys.modules:      # fn never imported torch: its result holds no tensor
+        return "pickle", pickle.dumps(result)
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(result.cpu() if torch.is_tensor(result) else result, buf)
+    return "torch", buf.getvalue()
+
+
+def _unpack(kind: str, data: bytes):
+    if kind == "pickle":
+        return pickle.loads(data)
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
 def _worker(rank, world_size, backend, port, fn, args, conn, err_conn=None, parent_pid=None, timeout_s=None):
+    """One rank. ``backend`` None: a plain process (no process group, no torch import here)."""
     if parent_pid is not None:
         _die_with_parent(parent_pid)
     if err_conn is not None:
         _stderr_to(err_conn)
     try:
+        dist = None
+        if backend is not None:     # torch's import is part of the start (start_timeout_s), not of the work
+            import torch
+            import torch.distributed as dist
         conn.send(("started",))
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
+        if backend is None:
+            # torch, if fn imports it, reads this at its start: the ranks share the host's cores
+            os.environ.setdefault("OMP_NUM_THREADS", str(cpu_share(world_size)))
         else:
-            torch.set_num_threads(cpu_share(world_size))
-        # A collective whose peer is gone fails after this timeout instead of blocking for ever. The
-        # launcher stops the group long before; this is the backstop when nothing watches.
-        kw = {} if timeout_s is None else dict(timeout=datetime.timedelta(seconds=float(timeout_s)))
-        dist.init_process_group(backend, rank=rank, world_size=world_size, **kw)
+            if backend == "nccl":
+                torch.cuda.set_device(rank)
+            else:
+                torch.set_num_threads(cpu_share(world_size))
+            # A collective whose peer is gone fails after this timeout instead of blocking for ever.
+            # The launcher stops the group long before; this is the backstop when nothing watches.
+            kw = {} if timeout_s is None else dict(timeout=datetime.timedelta(seconds=float(timeout_s)))
+            dist.init_process_group(backend, rank=rank, world_size=world_size, **kw)
         result = fn(*args)
-        # ship bytes, not shared-memory tensor handles: the rank exits before the parent reads them
-        buf = io.BytesIO()
-        torch.save(result.cpu() if torch.is_tensor(result) else result, buf)
-        conn.send(("ok", buf.getvalue()))
-        # the peers may still be receiving from this rank: leave the group together
-        dist.barrier()
-        dist.destroy_process_group()
+        conn.send(("ok", *_pack(result)))
+        if dist is not None:
+            # the peers may still be receiving from this rank: leave the group together
+            dist.barrier()
+            dist.destroy_process_group()
     except BaseException as e:  # report every failure to the launcher instead of hanging it
         # At once, and with no barrier or destroy first: a peer may be blocked in another
         # collective, and a barrier here would block this rank too, with its report unsent.
@@ -257,16 +288,20 @@ def _death(rank: int, code: int | None) -> str:
 
 
 def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = (), timeout_s: float = 600,
-           start_timeout_s: float = 600):
+           start_timeout_s: float = 600, process_group: bool = True):
     """Run `fn(*args)` on `world_size` local ranks; returns the list of per-rank results.
 
     fn must be importable (a module-level function): ranks are spawned processes. backend:
     'gloo' (CPU) or 'nccl' (one GPU per rank); default nccl when enough GPUs are visible.
+    process_group=False: no process group (and no backend): plain processes with RANK,
+    WORLD_SIZE and LOCAL_RANK in their environment, which import only what fn needs.
     Raises RankError (a RuntimeError) as soon as a rank fails or dies, after stopping every rank,
     and TimeoutError when the ranks have not all started within start_timeout_s, or not all
     returned within timeout_s of the moment the last one started (give or take a few seconds to
     stop the ranks). The two are apart because starting (a process, torch's import) is the
     machine's business, and a loaded machine can take minutes for it, while timeout_s is about fn.
+    A rank counts as started once it runs (spawned, fn's module and args imported), before its
+    process group forms.
     """
     import multiprocessing as mp
 
@@ -274,14 +309,22 @@ def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = ()
     for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
             raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"nccl with world_size={world_size} needs {world_size} GPUs, "
-                         f"{torch.cuda.device_count()} visible")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if process_group not in (True, False):
+        raise ValueError(f"process_group must be True or False, got {process_group!r}")
+    if not process_group:
+        if backend is not None:
+            raise ValueError(f"backend={backend!r} needs a process group; process_group=False starts none")
+    else:
+        import torch
+
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        if backend == "nccl" and torch.cuda.device_count() < world_size:
+            raise ValueError(f"nccl with world_size={world_size} needs {world_size} GPUs, "
+                             f"{torch.cuda.device_count()} visible")
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     ctx = mp.get_context("spawn")
     port = _free_port()
     ranks = [_Rank(r) for r in range(world_size)]
@@ -357,7 +400,7 @@ def _receive(r: _Rank, ranks: list[_Rank], failures: list[_Failure]) -> None:
     if msg[0] == "started":
         r.started = True
     elif msg[0] == "ok":
-        r.result = torch.load(io.BytesIO(msg[1]), weights_only=False)
+        r.result = _unpack(msg[1], msg[2])
         r.returned = True
     elif not all(x.returned for x in ranks):
         failures.append(_Failure(r, msg[1], f"rank {r.rank} failed: {msg[2]}"))
@@ -424,8 +467,8 @@ def _timeout_error(ranks: list[_Rank], timeout_s: float, starting: bool = False)
     if starting:
         late = [r.rank for r in ranks if not r.started]
         return TimeoutError(f"dp launch: ranks {late} had not started {timeout_s:g} s after they were spawned "
-                            "(a process start and torch's import); the machine may be overloaded: raise "
-                            "start_timeout_s; the launcher stopped every rank")
+                            "(a process start and its imports: torch's, for a process group); the machine may be "
+                            "overloaded: raise start_timeout_s; the launcher stopped every rank")
     parts = [f"dp launch timed out after {timeout_s:g} s: "
              + ", ".join(f"rank {r.rank}" + ("" if r.started else " (still starting)") for r in stuck)
              + " had not finished" + (f" (ranks {done} had returned their results)" if done else "")
