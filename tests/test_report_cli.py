@@ -399,20 +399,25 @@ def test_report_contains_the_written_finding(built):
     (section,) = [s for s in result.sections if s.name == "correctness"]
     assert section.error is None
     assert sorted(section.runs) == sorted([local.name, REFERENCE_RUN.name])
-    expected = correctness.findings(rep.study_table("correctness", result.runs))
-    assert section.text == expected
-    paragraphs = [p.strip() for p in expected.split("\n\n") if p.strip()]
-    assert len(paragraphs) >= 3
-    for p in paragraphs:
-        assert f"<p>{html.escape(p)}</p>" in page
+    table = rep.study_table("correctness", result.runs)
     ref_device = pd.read_parquet(REFERENCE_RUN / "correctness.parquet").device.iloc[0]
-    assert "H200" in ref_device
-    assert f"On {ref_device} (bfloat16 towers" in expected
     local_device = pd.read_parquet(local / "correctness.parquet").device.iloc[0]
-    assert local_device.startswith("cpu")
+    assert "H200" in ref_device and local_device.startswith("cpu")
+    # newest first: the GPU's view leads (open), the CPU smoke test comes after it, folded
+    assert [(v.device, v.kind, v.folded) for v in section.views] == [
+        (ref_device, "newest", False), (local_device, "newest", True)]
+    for view, device in zip(section.views, (ref_device, local_device)):
+        expected = correctness.findings(table[table["device"] == device])
+        assert view.text == expected
+        paragraphs = [p.strip() for p in expected.split("\n\n") if p.strip()]
+        assert len(paragraphs) >= 2
+        for p in paragraphs:
+            assert f"<p>{html.escape(p)}</p>" in page
+    assert section.text == section.views[0].text
+    assert f"On {ref_device} (bfloat16 towers" in section.views[0].text
     # The CPU's marketing name may hold parentheses ("Intel(R) Xeon(R)"): match it literally.
-    assert f"On {local_device} (float32 towers" in expected
-    assert "NaN hazard check" in expected
+    assert f"On {local_device} (float32 towers" in section.views[1].text
+    assert "NaN hazard check" in section.views[1].text
 
 
 def test_report_figures_exist_on_disk(built):
@@ -443,10 +448,11 @@ def test_report_rebuild_replaces_the_old_one_and_ignores_report_folder(built, tm
     assert result.no_study and [r.name for r in result.runs] == [local.name, REFERENCE_RUN.name]
     page = (out / "index.html").read_text()
     assert "no study exists yet" in page.lower()
-    # a run's link opens its meta.json, relative to the report folder
+    # a run's link opens a copy of its meta.json inside the report folder
     for r in result.runs:
         link = re.search(rf'<a href="([^"]+)">{re.escape(r.name)}</a>', page).group(1)
-        assert (out / link).resolve() == (r.path / "meta.json").resolve()
+        assert not link.startswith(("/", "..")) and ".." not in Path(link).parts   # inside the folder
+        assert (out / link).read_bytes() == (r.path / "meta.json").read_bytes()      # a copy
 
 
 def test_report_refuses_to_write_into_a_run_folder(built):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import errno
 import html
+import shutil
 import json
 import os
 import stat
@@ -218,7 +219,7 @@ def test_its_own_report_is_replaced_and_marked(results):
     assert rep.check_report_dir(out, results) == "report"
     rep.build_report(results, studies={"demo": fake_study("demo", text="second")})
     page = (out / "index.html").read_text()
-    assert "<p>second</p>" in page and "first" not in page
+    assert "<p>second</p>" in page and "<p>first</p>" not in page
     assert sorted(p.name for p in results.iterdir()) == ["20300101T000000Z-abc1234-one", "reference", "report"]
 
 
@@ -244,7 +245,10 @@ def test_a_report_folder_of_the_previous_version_is_accepted(results):
     """The previous version wrote index.html and figure folders, and no marker."""
     out = results / "report"
     rep.build_report(results, studies=STUDIES)
-    (out / rep.REPORT_MARKER).unlink()                  # now exactly what the old version left
+    (out / rep.REPORT_MARKER).unlink()
+    for csv in out.rglob("*.csv"):                      # now exactly what the old version left:
+        csv.unlink()                                    # index.html and figures, no tables
+    shutil.rmtree(out / rep.RUNS_DIRNAME)               # nor copies of what the page links
     (out / "norm_bandwidth").mkdir()
     (out / "norm_bandwidth" / "norm_bw_pct.png").write_bytes(PNG)
     assert rep.check_report_dir(out, results) == "legacy"
@@ -455,7 +459,7 @@ def test_markup_planted_everywhere_reaches_the_page_escaped(tmp_path, base_meta)
     for tag, attrs in parser.tags:
         assert tag in {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "code",
                        "strong", "em", "a", "span", "table", "thead", "tbody", "tr", "th", "td", "ul",
-                       "li", "figure", "img", "figcaption", "pre", "div"}, tag
+                       "li", "figure", "img", "figcaption", "pre", "div", "details", "summary"}, tag
         for key, value in attrs:
             assert not key.startswith("on") and key in {"lang", "charset", "href", "src", "alt", "class",
                                                         "id", "title", "border", "style"}, (tag, key)

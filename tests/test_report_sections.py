@@ -20,6 +20,7 @@ import pytest
 
 from workbench import provenance as prov
 from workbench import report as rep
+from workbench.benchmarks import norm_bandwidth_summary as nbw
 from workbench.studies import Study, Summary
 from workbench.studies.params import ParamSpec
 from workbench.studies.plotting import save_figure
@@ -212,11 +213,15 @@ def test_svg_is_linked_only_where_it_was_saved(tmp_path, base_meta):
     page = result.index.read_text(encoding="utf-8")
     with_svg = section_html(page, "withsvg")
     (src,) = re.findall(r'<img src="([^"]+)"', with_svg)
-    (svg,) = re.findall(r'<figcaption><a href="([^"]+)">SVG</a></figcaption>', with_svg)
+    (svg,) = re.findall(r'<figcaption>[^<]* · <a href="([^"]+)">SVG</a></figcaption>', with_svg)
     assert svg == str(Path(src).with_suffix(".svg").as_posix()) and (out / svg).is_file()
     assert (out / src).read_bytes()[:8] == PNG_MAGIC
-    assert "<figcaption>" not in section_html(page, "pngonly")
-    assert "<img" in section_html(page, "pngonly")
+    png_only = section_html(page, "pngonly")
+    assert ">SVG</a>" not in png_only and "<img" in png_only
+    # every figure has a caption: what it shows and which run
+    (caption,) = re.findall(r"<figcaption>([^<]*)</figcaption>", png_only)
+    run = result.runs[0].name
+    assert caption.startswith("pngonly: values, cpu: test, from run ") and html.escape(run) in caption
 
 
 # --------------------------------------------------------------------------- norm bandwidth
@@ -230,7 +235,7 @@ def test_norm_bandwidth_section_from_the_committed_json(tmp_path):
     result = rep.build_report(tmp_path, studies={})
     out = result.index.parent
     page = result.index.read_text(encoding="utf-8")
-    start = page.index(f">{rep.NORM_BW_TITLE}</h2>")
+    start = page.index(f">{nbw.TITLE}</h2>")
     sec = page[start:page.index('<h2 id="runs">Runs</h2>')]
     srcs = re.findall(r'<img src="([^"]+)"', sec)
     assert len(srcs) == 2 and all(s.startswith("norm_bandwidth/") for s in srcs)
@@ -240,7 +245,7 @@ def test_norm_bandwidth_section_from_the_committed_json(tmp_path):
         assert f'<a href="{Path(src).with_suffix(".svg").as_posix()}">SVG</a>' in sec
         assert (out / Path(src).with_suffix(".svg")).is_file()
 
-    (panel,) = result.bandwidth.panels
+    (panel,) = result.benchmark(nbw.NAME).panels
     assert panel.error is None and panel.device == "NVIDIA H200" and panel.date == "2026-11-30"
     doc = json.loads(NORM_BW_JSON.read_text())
     full = [r for r in doc["results"] if r["n_valid"] is None]
@@ -260,7 +265,7 @@ def test_norm_bandwidth_bad_files_show_an_error_line(tmp_path):
     (ref / "norm_bw-broken-20261201.json").write_text('{"benchmark": "norm_bandwidth", ')
     (ref / "norm_bw-empty-20261202.json").write_text('{"benchmark": "norm_bandwidth", "device": "X"}')
     result = rep.build_report(tmp_path, studies={})
-    errors = [p.error for p in result.bandwidth.panels]
+    errors = [p.error for p in result.benchmark(nbw.NAME).panels]
     assert len(errors) == 2 and all(errors)
     assert "unreadable JSON" in errors[0] and "results" in errors[1]
     page = result.index.read_text(encoding="utf-8")
@@ -271,7 +276,7 @@ def test_norm_bandwidth_bad_files_show_an_error_line(tmp_path):
 
 def test_no_norm_bandwidth_json_is_one_line(tmp_path):
     result = rep.build_report(tmp_path, studies={})
-    assert result.bandwidth.panels == [] and result.bandwidth.note
+    assert result.benchmark(nbw.NAME).panels == [] and result.benchmark(nbw.NAME).note
     page = result.index.read_text(encoding="utf-8")
     assert "No committed norm bandwidth benchmark" in page
     assert not (result.index.parent / "norm_bandwidth").exists()

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {report,sweep,info,notebooks}`` (also installed as ``workbench``).
+"""Command line: ``python -m workbench {report,sweep,compare,info,notebooks}`` (also installed as ``workbench``).
 
 - ``sweep``  runs the registered studies' notebooks through papermill into a new run folder
   ``results/<UTC time>-<sha>-<name>/`` (meta.json, <study>.parquet, executed <study>.ipynb), with
@@ -6,10 +6,14 @@
   on a CUDA host).
 - ``report`` is the main job: the default sweep, then ``results/report/index.html`` built from
   every run folder (local and committed reference runs). ``--no-sweep`` only rebuilds the page.
+- ``compare`` prints every metric two runs both measured, with the ratio and what changed
+  (workbench.compare).
 - ``info``   prints the provenance record a run would store (git, packages, device, clocks).
 - ``notebooks`` regenerates each study notebook's ``parameters`` cell from the study's parameter
   declaration (``--check`` only reports notebooks that are out of step).
 
+``--help`` and a refused ``--set`` answer without importing torch once the studies' declarations
+have been saved for this source (any command that imports the studies saves them).
 Every ``--set`` is checked against the studies' declarations before a run folder exists; the
 resolved values are what meta.json records and what the notebooks receive. A command turns its
 arguments into a plan (workbench.sweep.SweepPlan), hands it to workbench.sweep and prints the
@@ -116,7 +120,7 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
     """Every selected study's parameters for ``profile`` with the ``--set`` overrides applied and
     checked against its declaration; SystemExit (no traceback, before any run folder exists)
     naming the bad study, parameter, value and the valid choices."""
-    from .studies import ParamError
+    ParamError = _params_module().ParamError       # without the studies package (pandas)
 
     unknown = sorted(k for k in sets if k is not None and k not in studies)
     if unknown:
@@ -145,6 +149,137 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
     if errors:
         raise SystemExit("\n".join(errors))
     return plan
+
+
+# --------------------------------------------------------------------------- declarations without torch
+#
+# The studies' modules import torch, so reading their parameter declarations (`PARAMS`) costs
+# seconds. `--help` and a refused `--set` answer from a copy of the declarations instead: a JSON
+# file in the user's cache folder, keyed by a hash of the package's source and data, written
+# whenever the studies are imported here and used only while the source it was made from is
+# unchanged. A value it refuses, the studies would refuse too (it checks kinds, choices, minima,
+# caps and unknown names; the studies' extra rules run later, with the studies themselves).
+
+DECLARATIONS_VERSION = 1
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _source_hash() -> str:
+    import hashlib
+
+    h = hashlib.sha256(f"{DECLARATIONS_VERSION} {sys.version_info[:2]}".encode())
+    files = sorted(_PACKAGE.rglob("*.py")) + sorted((_PACKAGE.parent / "data").glob("*.toml"))
+    for f in files:
+        try:
+            h.update(f.relative_to(_PACKAGE.parent).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        except OSError:
+            h.update(b"?")
+    return h.hexdigest()[:20]
+
+
+def declarations_path() -> Path:
+    """Where the copy of the declarations for this source lives ($XDG_CACHE_HOME, else ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "workbench" / f"declarations-{_source_hash()}.json"
+
+
+def write_declarations(studies: dict) -> Path | None:
+    """Save the registered studies' declarations for the fast path; None where it cannot be written."""
+    doc = {"version": DECLARATIONS_VERSION, "studies": {}}
+    for name, study in studies.items():
+        params = []
+        for p in study.params:
+            params.append({"name": p.name, "kind": p.kind, "cpu": p.default("cpu"), "gpu": p.default("gpu"),
+                           "choices": list(p.choices) if p.choices is not None else None,
+                           "optional": p.optional, "minimum": p.minimum, "cap": p.cap, "help": p.help})
+        doc["studies"][name] = {"params": params, "describe": study.params.describe("  ")}
+    path = declarations_path()
+    try:
+        from .provenance import atomic_write_text
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(doc, default=str))
+    except (OSError, TypeError, ValueError):
+        return None
+    return path
+
+
+def _params_module():
+    """workbench.studies.params without the studies package (whose __init__ imports pandas)."""
+    name = "workbench.studies.params"
+    if name in sys.modules:
+        return sys.modules[name]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, _PACKAGE / "studies" / "params.py")
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "workbench.studies"
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
+
+
+class _Declared:
+    """A study as its saved declaration: name, params (a ParamSpec without the study's extra
+    rules), resolve; what `_resolve_plan` needs to refuse a bad ``--set``."""
+
+    def __init__(self, name: str, params, describe: str):
+        self.name, self.params, self.describe = name, params, describe
+
+    def resolve(self, profile: str, overrides=None) -> dict:
+        return self.params.resolve(overrides, profile, study=self.name)
+
+    def check_fits(self, params, device) -> None:
+        """Memory fit needs the study's own footprint: checked with the study, later."""
+
+
+def saved_declarations() -> dict[str, _Declared] | None:
+    """{study: _Declared} from the copy made for this very source, or None (none yet, another
+    source, unreadable): then the studies are imported."""
+    try:
+        doc = json.loads(declarations_path().read_text(encoding="utf-8"))
+        if doc.get("version") != DECLARATIONS_VERSION:
+            return None
+        params = _params_module()
+        out = {}
+        for name, d in doc["studies"].items():
+            spec = params.ParamSpec(*(params.Param(
+                name=p["name"], kind=p["kind"], cpu=p["cpu"], gpu=p["gpu"],
+                choices=tuple(p["choices"]) if p["choices"] is not None else None, optional=p["optional"],
+                minimum=p["minimum"], cap=p["cap"], help=p["help"]) for p in d["params"]))
+            out[name] = _Declared(name, spec, d["describe"])
+        return out
+    except Exception:  # noqa: BLE001 - any doubt: import the studies instead
+        return None
+
+
+def registered_studies() -> dict:
+    """The registry (importing every study, and torch with them); saves the declarations."""
+    from .studies import discover
+
+    studies = discover()
+    write_declarations(studies)
+    return studies
+
+
+def precheck(args: argparse.Namespace) -> None:
+    """Refuse what the saved declarations already refuse (unknown studies or parameters, bad
+    values, --gpus/--shard/--name), before anything imports torch. Does nothing without them."""
+    parse_gpus(getattr(args, "gpus", None))
+    parse_shard(getattr(args, "shard", None))
+    parse_name(getattr(args, "name", None))
+    if getattr(args, "resume", None):
+        return
+    declared = saved_declarations()
+    if not declared:
+        return
+    selected = _select(declared, args.studies)
+    profile = "cpu" if args.profile == "auto" else args.profile      # a value's check is the same in both
+    _resolve_plan(_parse_sets(args.set or []), declared, selected, profile)
 
 
 def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
@@ -178,9 +313,8 @@ def shard_group(group: str | None, name: str) -> str:
 
 def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
     """Run the sweep the options ask for, or finish the run folder ``resume``; print its summary."""
-    from .studies import discover
-
-    studies = discover()
+    precheck(args)
+    studies = registered_studies()
     if not studies:
         result = SweepResult(None, note=NO_STUDY_MESSAGE)
     elif resume:
@@ -239,6 +373,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise SystemExit(f"report: {e}") from None
     failures: list[str] = []
     if not args.no_sweep:
+        precheck(args)
         profile = args.profile
         if profile == "auto":
             from .studies import default_profile
@@ -251,8 +386,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 print(f"report: resuming the interrupted run {interrupted.name}")
                 resume = str(interrupted)
             else:
-                from .studies import discover
-                reuse = reusable_run(args.results, name, profile, discover())
+                reuse = reusable_run(args.results, name, profile, registered_studies())
         if reuse is not None:
             # `make report` renders; `make sweep` (or --fresh) measures again
             print(f"report: reusing {reuse.name}, the finished default {profile} sweep of this commit "
@@ -270,6 +404,45 @@ def cmd_report(args: argparse.Namespace) -> int:
     for problem in result.problems:
         print(f"report: summary failed for {problem}", file=sys.stderr)
     return 1 if failures or result.problems else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Print every metric both runs measured, with the ratio and what changed; --csv saves it all."""
+    import pandas as pd
+
+    from .compare import CompareError, compare_runs, summary_line
+
+    try:
+        df = compare_runs(args.run_a, args.run_b, args.results,
+                          studies=[s.strip() for s in args.studies.split(",")] if args.studies else None)
+    except CompareError as e:
+        raise SystemExit(f"compare: {e}") from None
+    a, b = Path(df.attrs["a"]), Path(df.attrs["b"])
+    print(f"a: {a}\nb: {b}")
+    shared = sorted(set(df.attrs["studies_a"]) & set(df.attrs["studies_b"]))
+    only = sorted(set(df.attrs["studies_a"]) ^ set(df.attrs["studies_b"]))
+    if not shared:
+        print(f"compare: the two runs have no study in common (a: {', '.join(df.attrs['studies_a']) or 'none'}; "
+              f"b: {', '.join(df.attrs['studies_b']) or 'none'})")
+        return 1
+    if only:
+        print(f"studies in one run only (not compared): {', '.join(only)}")
+    for study, g in df.groupby("study", sort=True):
+        print(f"{study}: {summary_line(g)}")
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+        print(f"compare: every value written to {args.csv}")
+    show = df if args.all else df[df["flag"] != ""]
+    if len(show):
+        show = show[[c for c in show.columns if not show[c].astype(str).isin(["", "-"]).all()]]
+        with pd.option_context("display.max_rows", args.rows, "display.width", 200,
+                               "display.max_columns", 40, "display.float_format", "{:.4g}".format):
+            print(show.head(args.rows).to_string(index=False))
+        if len(show) > args.rows:
+            print(f"... {len(show) - args.rows} more rows (--rows N, or --csv FILE for all)")
+    else:
+        print("no flagged change (--all lists every value)")
+    return 0
 
 
 def _add_sweep_options(p: argparse.ArgumentParser) -> None:
@@ -311,17 +484,19 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 
 def _params_epilog() -> str:
-    try:
-        from .studies import discover
-
-        studies = discover()
-    except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
-        return f"(study parameters unavailable: {e})"
+    declared = saved_declarations()
+    if declared:
+        described = {name: d.describe for name, d in declared.items()}
+    else:
+        try:
+            described = {name: s.params.describe("  ") for name, s in registered_studies().items()}
+        except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
+            return f"(study parameters unavailable: {e})"
     parts = ["study parameters (--set KEY=VALUE for every study that has KEY, --set STUDY.KEY=VALUE for one;",
              "lists take JSON, a comma-separated string or one value):"]
-    for name, study in sorted(studies.items()):
+    for name, text in sorted(described.items()):
         parts.append(f"{name}:")
-        parts.append(study.params.describe("  "))
+        parts.append(text)
     return "\n".join(parts)
 
 
@@ -353,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
                "<study>.parquet per study; committed GPU reference runs live in "
                "results/reference/.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,info,notebooks}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,compare,info,notebooks}",
                                 parser_class=_Parser)
 
     p = sub.add_parser("report", help="the main job: default sweep, then results/report/index.html",
@@ -383,6 +558,21 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the meta.json record a run started now would store.")
     p.add_argument("--params", metavar="JSON", help="parameters to include, as a JSON object")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("compare", help="compare two runs: every metric both measured, the ratio, what changed",
+                       description="Join the two runs' study tables on their parameter columns and print "
+                                   "every metric present in both with the ratio b/a, flagging timings that "
+                                   "moved beyond both runs' own p10-p90 spread and every verdict change "
+                                   "(ok -> WRONG). From Python: workbench.compare.compare_runs(a, b).")
+    p.add_argument("run_a", metavar="RUN_A", help="a run folder, a run name under --results or its reference/, "
+                                                  "or 'latest'")
+    p.add_argument("run_b", metavar="RUN_B", help="the same, for the second run (ratio = b / a)")
+    _results_option(p, "folder holding the run folders")
+    p.add_argument("--studies", metavar="A,B", help="only these studies")
+    p.add_argument("--all", action="store_true", help="print every value, not only the flagged ones")
+    p.add_argument("--rows", type=int, default=40, help="rows printed at most (default: %(default)s)")
+    p.add_argument("--csv", type=Path, metavar="FILE", help="write every compared value to this CSV file")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells from the studies",
                        description="Write each study's declared parameters (CPU defaults) into the "

@@ -207,37 +207,68 @@ class TableProblem:
 
 
 @dataclass
+class View:
+    """One summarize call in a study section: the newest run(s) of one device (``kind``
+    "newest"; the newest run per device and family where the table has a ``family`` column), or
+    that device's older runs ("older"). CPU views and older views are folded on the page."""
+
+    kind: str
+    device: str
+    runs: list[str]
+    text: str = ""
+    figures: list[str] = field(default_factory=list)    # paths relative to the report folder
+    svgs: dict[str, str] = field(default_factory=dict)
+    captions: dict[str, str] = field(default_factory=dict)   # figure -> what it shows, which run
+    tables: list[tuple[str, str, str]] = field(default_factory=list)   # (caption, HTML, CSV file)
+    diffs: list[str] = field(default_factory=list)      # older views: verdicts against the newest
+    error: str | None = None
+    folded: bool = False
+
+    @property
+    def cpu(self) -> bool:
+        return is_cpu(self.device)
+
+
+@dataclass
+class Comparison:
+    """The newest run of a study on one device against the run before it (workbench.compare)."""
+
+    device: str
+    newer: str
+    older: str
+    line: str                       # what changed, in one line
+    table: str = ""                 # HTML of the flagged rows (at most COMPARE_ROWS)
+    csv: str = ""                   # every compared value, relative to the report folder
+    flagged: int = 0
+
+
+@dataclass
 class StudySection:
     name: str
     question: str
     runs: list[str]
-    text: str = ""
-    figures: list[str] = field(default_factory=list)    # paths relative to the report folder
+    text: str = ""                  # the lead view's finding (newest GPU run, else newest CPU run)
+    figures: list[str] = field(default_factory=list)    # paths relative to the report folder, every view
     error: str | None = None
     svgs: dict[str, str] = field(default_factory=dict)  # figure -> its SVG, where one was saved
     table_problems: list[str] = field(default_factory=list)   # "run X: table unreadable: ..."
     missing_devices: list[str] = field(default_factory=list)  # devices seen elsewhere, not here
-    tables: list[tuple[str, str]] = field(default_factory=list)  # (caption, HTML) of key numbers
-
-
-@dataclass
-class BenchmarkPanel:
-    """One committed benchmark file, drawn."""
-
-    source: str                     # file name under results/reference/
-    device: str = ""
-    date: str = ""
-    text: str = ""
-    figures: list[str] = field(default_factory=list)
-    svgs: dict[str, str] = field(default_factory=dict)
-    error: str | None = None        # one line: why this file could not be shown
+    tables: list[tuple[str, str]] = field(default_factory=list)  # (caption, HTML) of key numbers, every view
+    views: list[View] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
 
 
 @dataclass
 class BenchmarkSection:
+    """A registered benchmark (workbench.benchmarks) and its committed result files, drawn;
+    each panel's ``figures`` are paths relative to the report folder."""
+
+    name: str
     title: str
-    panels: list[BenchmarkPanel] = field(default_factory=list)
+    panels: list[Any] = field(default_factory=list)     # workbench.benchmarks.BenchmarkPanel
     note: str = ""                  # one line when there is nothing to show
+    svgs: dict[str, str] = field(default_factory=dict)
+    captions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -247,13 +278,17 @@ class ReportResult:
     sections: list[StudySection]
     no_study: bool
     table_problems: list[str] = field(default_factory=list)   # "<study>: run X: table unreadable: ..."
-    bandwidth: BenchmarkSection | None = None
+    benchmarks: list[BenchmarkSection] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:
         """Failed summaries (the CLI exits non-zero for these). Unreadable tables are in
-        ``table_problems`` and benchmark files in ``bandwidth``; neither is counted here."""
+        ``table_problems`` and benchmark files in ``benchmarks``; neither is counted here."""
         return [f"{s.name}: {s.error.splitlines()[-1]}" for s in self.sections if s.error]
+
+    def benchmark(self, name: str) -> BenchmarkSection:
+        (b,) = [b for b in self.benchmarks if b.name == name]
+        return b
 
 
 # --------------------------------------------------------------------------- tables
@@ -417,12 +452,167 @@ def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str
 
 # --------------------------------------------------------------------------- studies
 
+COMPARE_ROWS = 12                    # flagged rows shown per comparison (all of them in its CSV)
+DIFF_CELLS = 8                       # changed verdict cells named per older run
+
+
+def is_cpu(device: str) -> bool:
+    """Whether a table's device name is a CPU ('cpu: <model>'): a smoke test, not a measurement."""
+    return str(device).strip().lower().startswith("cpu")
+
+
+def _starts(runs: list[Run]) -> dict[str, str]:
+    """logical run name -> its (latest) start time."""
+    out: dict[str, str] = {}
+    for r in runs:
+        out[r.logical_name] = max(out.get(r.logical_name, ""), r.started)
+    return out
+
+
+def newest_mask(table, starts: Mapping[str, str]):
+    """A boolean Series over ``table``: the rows of the newest run of each device (and each
+    family, where the table has a ``family`` column: a later run that measured one family does not
+    hide the other's newest numbers)."""
+    import pandas as pd
+
+    mask = pd.Series(False, index=table.index)
+    keys = ["device"] + (["family"] if "family" in table.columns else [])
+    for _, g in table.groupby(keys, dropna=False, sort=False):
+        run = max(g["run"].astype(str).unique(), key=lambda r: (starts.get(r, ""), r))
+        mask[g.index[g["run"].astype(str) == run]] = True
+    return mask
+
+
+def _device_order(table, starts: Mapping[str, str]) -> list[str]:
+    """Devices of a study table: GPUs first, each group by its newest run, newest first."""
+    newest = {}
+    for dev, g in table.groupby("device", dropna=True, sort=False):
+        newest[str(dev)] = max(starts.get(str(r), "") for r in g["run"].unique())
+    ordered = sorted(newest, key=lambda d: (newest[d], d), reverse=True)
+    return sorted(ordered, key=is_cpu)                       # stable: newest first within each group
+
+
+def _runs_newest_first(g, starts: Mapping[str, str]) -> list[str]:
+    return sorted(map(str, g["run"].unique()), key=lambda r: (starts.get(r, ""), r), reverse=True)
+
+
+def _verdict_diffs(study: str, older, newest, starts: Mapping[str, str]) -> list[str]:
+    """One line per older run of a device: its verdicts against the newest run's, "unchanged"
+    or the cells that changed (workbench.compare)."""
+    from .compare import compare_tables, verdict_changes
+
+    if "unit" not in older.columns or not (older["unit"] == "bool").any():
+        return []
+    ref = ", ".join(_runs_newest_first(newest, starts))
+    lines = []
+    for run in _runs_newest_first(older, starts):
+        rows = older[older["run"].astype(str) == run]
+        cmp = compare_tables(rows[rows["unit"] == "bool"], newest[newest["unit"] == "bool"], study=study)
+        if not len(cmp):
+            lines.append(f"{run}: no verdict in common with {ref}")
+            continue
+        changed = verdict_changes(cmp)
+        if not changed:
+            lines.append(f"{run}: unchanged ({len(cmp)} verdicts shared with {ref})")
+            continue
+        more = f"; and {len(changed) - DIFF_CELLS} more (in the comparison CSV)" if len(changed) > DIFF_CELLS else ""
+        lines.append(f"{run}: {len(changed)} of {len(cmp)} verdicts differ from {ref}: "
+                     + "; ".join(changed[:DIFF_CELLS]) + more)
+    return lines
+
+
+class _Csvs:
+    """CSV files written beside the page, one per table shown, named once each."""
+
+    def __init__(self, root: Path):
+        self.root, self.used = root, set()
+
+    def write(self, df, *parts: str) -> str:
+        from .provenance import slug
+
+        base = "-".join(slug(str(p), empty="x")[:48] for p in parts if str(p)) or "table"
+        name, i = f"{base}.csv", 2
+        while name in self.used:
+            name, i = f"{base}-{i}.csv", i + 1
+        self.used.add(name)
+        df.to_csv(self.root / name, index=False)
+        return name
+
+
+def _figure_runs(fig: str, study: str, runs: list[str]) -> tuple[str, str | None]:
+    """(what the figure shows, the run it belongs to) from its file name ``<stem>_<run>``: the
+    stem without the study's name, words for underscores; no run where the name holds none."""
+    from .provenance import slug
+
+    stem = Path(fig).stem
+    run = next((r for r in sorted(runs, key=len, reverse=True)
+                if stem.endswith("_" + slug(r, empty="x"))), None)
+    if run is not None:
+        stem = stem[: -len(slug(run, empty="x")) - 1]
+    if stem.startswith(study):
+        stem = stem[len(study):]
+    what = " ".join(stem.replace("_", " ").replace("-", " ").split())
+    return what, run
+
+
+def _caption(fig: str, study: str, view_runs: list[str], by_run: Mapping[str, "Run"], device: str) -> str:
+    what, run = _figure_runs(fig, study, view_runs)
+    title = f"{study}{': ' + what if what else ''}"
+    if run is None:
+        return f"{title}, {device}, from run{'s' if len(view_runs) > 1 else ''} {', '.join(view_runs)}."
+    r = by_run.get(run)
+    when = f", started {r.started[:16].replace('T', ' ')} UTC" if r is not None and r.started else ""
+    ref = ", reference run" if r is not None and r.reference else ""
+    cpu = " CPU smoke test: timings here are not measurements." if is_cpu(device) else ""
+    return f"{title}, {device}, run {run}{when}{ref}.{cpu}"
+
+
+def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
+                    by_run: Mapping[str, "Run"], csvs: _Csvs) -> None:
+    from .studies import Summary
+
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    result = study.summarize(rows.reset_index(drop=True), fig_dir)
+    if isinstance(result, str):
+        result = Summary(text=result)
+    view.text = result.text
+    for caption, df in getattr(result, "tables", []):
+        csv = csvs.write(df, study.name, view.device, view.kind, caption)
+        view.tables.append((caption, _table_html(df), csv))
+    view.figures, view.svgs = _figures_in(result.figures, fig_dir, out_dir)
+    view.captions = {f: _caption(f, study.name, view.runs, by_run, view.device) for f in view.figures}
+
+
+def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: _Csvs) -> Comparison | None:
+    """The newest run of ``study`` on ``device`` against the run before it; None with one run."""
+    from .compare import compare_tables, summary_line
+
+    order = _runs_newest_first(g, starts)
+    if len(order) < 2:
+        return None
+    newer, older = order[0], order[1]
+    cmp = compare_tables(g[g["run"].astype(str) == older], g[g["run"].astype(str) == newer], study=study)
+    cmp = cmp.rename(columns={"a": older, "b": newer})
+    c = Comparison(device=device, newer=newer, older=older,
+                   line=f"{newer} against {older}: {summary_line(cmp)}.")
+    if not len(cmp):
+        return c
+    flagged = cmp[cmp["flag"] != ""]
+    c.flagged = len(flagged)
+    c.csv = csvs.write(cmp, "compare", study, device)
+    if len(flagged):
+        show = flagged.drop(columns=["study"]).head(COMPARE_ROWS)
+        show = show[[col for col in show.columns if not (show[col].astype(str).isin(["", "-"])).all()]]
+        c.table = _table_html(show)
+    return c
+
 
 def _summarize(study: Any, runs: list[Run], out_dir: Path,
                loaded: Mapping[tuple[str, str], Any] | None = None,
-               devices: set[str] | None = None) -> StudySection:
-    from .studies import Summary
-
+               devices: set[str] | None = None, csvs: _Csvs | None = None) -> StudySection:
+    """A study's section: one view of the newest run(s) per device and one of its older runs,
+    each summarized by the study on its own rows; verdict diffs of the older runs; the newest
+    run against the one before it per device."""
     holders = list(dict.fromkeys(r.logical_name for r in runs if study.name in r.tables))
     section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[])
     devices = set(devices or ())
@@ -430,6 +620,8 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
         section.text = "No run holds a table for this study yet (make sweep)."
         section.missing_devices = sorted(devices)
         return section
+    out_dir = out_dir.resolve()
+    csvs = csvs or _Csvs(out_dir)
     try:
         problems: list[TableProblem] = []
         table = study_table(study.name, runs, problems=problems, loaded=loaded)
@@ -440,199 +632,94 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
             return section
         present = set(table["run"].astype(str))
         section.runs = [name for name in holders if name in present]
-        if "device" in table.columns:
-            section.missing_devices = sorted(devices - {str(d) for d in table["device"].dropna().unique()})
-        out_dir = out_dir.resolve()
-        fig_dir = out_dir / study.name
-        fig_dir.mkdir(parents=True, exist_ok=True)
-        result = study.summarize(table, fig_dir)
-        if isinstance(result, str):
-            result = Summary(text=result)
-        section.text = result.text
-        section.tables = [(caption, _table_html(df)) for caption, df in getattr(result, "tables", [])]
-        section.figures, section.svgs = _figures_in(result.figures, fig_dir, out_dir)
+        section.missing_devices = sorted(devices - {str(d) for d in table["device"].dropna().unique()})
+        starts = _starts(runs)
+        by_run = {r.logical_name: r for r in runs}
+        newest = newest_mask(table, starts)
+        order = _device_order(table, starts)
+        any_gpu = any(not is_cpu(d) for d in order)
+        for dev in order:
+            on_dev = table["device"].astype(str) == dev
+            slug_dev = _slug(dev)
+            for kind, rows in (("newest", table[on_dev & newest]), ("older", table[on_dev & ~newest])):
+                if not len(rows):
+                    continue
+                view = View(kind=kind, device=dev, runs=_runs_newest_first(rows, starts),
+                            folded=kind == "older" or (is_cpu(dev) and any_gpu))
+                if kind == "older":
+                    view.diffs = _verdict_diffs(study.name, rows, table[on_dev & newest], starts)
+                try:
+                    _summarize_view(study, view, rows, out_dir / study.name / f"{slug_dev}-{kind}", out_dir,
+                                    by_run, csvs)
+                except Exception:  # noqa: BLE001 - one view failing leaves the others
+                    view.error = traceback.format_exc()
+                section.views.append(view)
+            cmp = _comparison(study.name, dev, table[on_dev], starts, csvs)
+            if cmp is not None:
+                section.comparisons.append(cmp)
+        failed = [v.error for v in section.views if v.error]
+        if failed:
+            section.error = failed[0]
+        lead = next((v for v in section.views if not v.error), None)
+        section.text = lead.text if lead else ""
+        for v in section.views:
+            section.figures += v.figures
+            section.svgs.update(v.svgs)
+            section.tables += [(c, h) for c, h, _ in v.tables]
     except Exception:  # noqa: BLE001 - one broken study must not hide the others
         section.error = traceback.format_exc()
     return section
 
 
-# --------------------------------------------------------------------------- norm bandwidth
+def _slug(text: str) -> str:
+    from .provenance import slug
 
-NORM_BW_BENCHMARK = "norm_bandwidth"
-NORM_BW_TITLE = "Norm bandwidth (committed benchmark)"
-NORM_BW_DIRNAME = "norm_bandwidth"
-LAUNCH_BOUND_PCT = 50.0      # below this share of the copy ceiling a call is launch/latency bound
+    return slug(text, empty="x")
 
 
-def _benchmark_date(doc: Mapping[str, Any], path: Path) -> str:
-    if doc.get("date"):
-        return str(doc["date"])
-    m = re.search(r"(?<!\d)(\d{4})(\d{2})(\d{2})(?!\d)", path.stem)
-    return f"{m.group(1)}-{m.group(2)}-{m.group(3)}" if m else "undated"
+# --------------------------------------------------------------------------- benchmarks
 
 
-def _norm_bw_records(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The full-size records (``n_valid`` null) with the keys the figures need, checked."""
-    results = doc.get("results")
-    if not isinstance(results, list) or not results:
-        raise ValueError("no 'results' list of measurements")
-    out = []
-    for i, r in enumerate(results):
-        if not isinstance(r, dict):
-            raise ValueError(f"results[{i}] is not an object")
-        if r.get("n_valid") is not None:
-            continue
-        missing = [k for k in ("impl", "n_rows", "p50_us", "floor_us", "pct_floor") if r.get(k) is None]
-        if missing:
-            raise ValueError(f"results[{i}] lacks {missing}")
-        rec = dict(r)
-        for k in ("p50_us", "floor_us", "pct_floor"):
-            rec[k] = float(r[k])
-            if not math.isfinite(rec[k]):
-                raise ValueError(f"results[{i}].{k} is not a finite number: {r[k]!r}")
-        rec["n_rows"] = int(r["n_rows"])
-        rec["rows"] = str(r.get("rows") or r["n_rows"])
-        rec["impl"] = str(r["impl"])
-        out.append(rec)
-    if not out:
-        raise ValueError("no full-size measurement (every record has n_valid set)")
-    return out
+def benchmark_sections(results_dir: Path | str, out_dir: Path,
+                       benchmarks: Mapping[str, Any] | None = None) -> list[BenchmarkSection]:
+    """Every registered benchmark (`workbench.benchmarks.discover`) with its committed result
+    files: each ``<results_dir>/reference/*.json`` whose object has ``"benchmark": <name>`` is
+    drawn by that benchmark's summarize into ``<out_dir>/<name>/``; a file named like the
+    benchmark's ``files`` that is not JSON shows its error there."""
+    import fnmatch
 
+    from .benchmarks import BenchmarkPanel, discover
 
-def _norm_bw_figures(recs, device: str, date: str, sm_copy_gbs: float | None, out_dir: Path, stem: str):
-    import matplotlib.pyplot as plt
-
-    from .studies.plotting import save_figure
-
-    sizes = sorted({(r["n_rows"], r["rows"]) for r in recs})
-    labels = [label for _, label in sizes]
-    impls = list(dict.fromkeys(r["impl"] for r in recs))
-    by = {(r["impl"], r["n_rows"]): r for r in recs}
-    x = list(range(len(sizes)))
-    width = 0.8 / max(len(impls), 1)
-    paths: list[Path] = []
-
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(sizes) + 3), 4.2))
-    top = 100.0
-    for i, impl in enumerate(impls):
-        xs, ys = [], []
-        for j, (n, _) in enumerate(sizes):
-            r = by.get((impl, n))
-            if r is not None:
-                xs.append(j - 0.4 + width * (i + 0.5))
-                ys.append(r["pct_floor"])
-        bars = ax.bar(xs, ys, width=width * 0.92, label=impl)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
-        top = max([top, *ys])
-    ceiling = (f"SM-copy ceiling ({sm_copy_gbs:.0f} GB/s)" if sm_copy_gbs is not None
-               else "SM-copy ceiling")
-    ax.axhline(100.0, color="black", linestyle="--", linewidth=1, label=ceiling)
-    ax.set_xticks(x, labels)
-    ax.set_xlabel("pixel rows (images x rows per image)")
-    ax.set_ylabel("% of copy ceiling (higher is better)")
-    ax.set_ylim(0, top * 1.15)
-    ax.set_title(f"Norm bandwidth, uint8 rows -> bf16, on {device} ({date})", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", ncol=2)
-    ax.grid(axis="y", alpha=0.3)
-    paths += save_figure(fig, out_dir, f"{stem}_pct")
-
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(sizes) + 3), 3.6))
-    for impl in impls:
-        pts = [(j, by[(impl, n)]["p50_us"]) for j, (n, _) in enumerate(sizes) if (impl, n) in by]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-    floors = [(j, next(r["floor_us"] for r in recs if r["n_rows"] == n)) for j, (n, _) in enumerate(sizes)]
-    ax.plot([p[0] for p in floors], [p[1] for p in floors], color="black", marker="_", markersize=18,
-            linestyle=":", linewidth=1, label="byte floor")
-    ax.set_yscale("log")
-    ax.set_xticks(x, labels)
-    ax.set_xlabel("pixel rows (images x rows per image)")
-    ax.set_ylabel("p50 time per call (µs, lower is better)")
-    ax.set_title(f"Norm p50 time on {device} ({date})", fontsize=10)
-    ax.margins(x=0.08)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(axis="y", which="both", alpha=0.3)
-    paths += save_figure(fig, out_dir, f"{stem}_p50")
-    return paths
-
-
-def norm_bandwidth_finding(recs, device: str, date: str) -> str:
-    """Two or three sentences from the full-size records: the implementation closest to the copy
-    ceiling at the largest row count, eager's share there, and the smallest size's best share
-    (launch-bound where it is low)."""
-    sizes = sorted({(r["n_rows"], r["rows"]) for r in recs})
-    (n_big, big), (n_small, small) = sizes[-1], sizes[0]
-    at_big = [r for r in recs if r["n_rows"] == n_big]
-    best = max(at_big, key=lambda r: r["pct_floor"])
-    s1 = (f"On {device} ({date}), {best['impl']} comes closest to the SM-copy ceiling at {big} rows: "
-          f"{best['pct_floor']:.1f}% ({best['p50_us']:.1f} µs against a {best['floor_us']:.1f} µs byte floor)")
-    eager = next((r for r in at_big if r["impl"] == "eager"), None)
-    if eager is not None and eager is not best:
-        s1 += f"; eager reaches {eager['pct_floor']:.1f}% there ({eager['p50_us']:.1f} µs)."
-    else:
-        s1 += "."
-    parts = [s1]
-    if n_small != n_big:
-        sb = max((r for r in recs if r["n_rows"] == n_small), key=lambda r: r["pct_floor"])
-        if sb["pct_floor"] < LAUNCH_BOUND_PCT:
-            parts.append(f"At {small} rows the best is {sb['impl']} at only {sb['pct_floor']:.1f}% "
-                         f"({sb['p50_us']:.1f} µs against {sb['floor_us']:.1f} µs): a call that small is "
-                         f"bound by launch and latency, not by memory bandwidth.")
-        else:
-            parts.append(f"Even at {small} rows the best, {sb['impl']}, reaches {sb['pct_floor']:.1f}% "
-                         f"of the ceiling.")
-    return " ".join(parts)
-
-
-def _norm_bw_panel(path: Path, doc: Mapping[str, Any], out_dir: Path) -> BenchmarkPanel:
-    device = str(doc.get("device") or "unknown device")
-    date = _benchmark_date(doc, path)
-    panel = BenchmarkPanel(source=path.name, device=device, date=date)
-    try:
-        recs = _norm_bw_records(doc)
-        sm = doc.get("sm_copy_gbs")
-        sm = float(sm) if isinstance(sm, (int, float)) and not isinstance(sm, bool) else None
-        fig_dir = out_dir / NORM_BW_DIRNAME
-        from .studies.plotting import slug
-
-        paths = _norm_bw_figures(recs, device, date, sm, fig_dir, slug(path.stem))
-        panel.figures, panel.svgs = _figures_in(paths, fig_dir, out_dir)
-        text = norm_bandwidth_finding(recs, device, date)
-        versions = ", ".join(f"{k} {doc[k]}" for k in ("torch", "triton") if doc.get(k))
-        copy = doc.get("copy_gbs")
-        extra = []
-        if sm is not None:
-            extra.append(f"SM-copy ceiling {sm:.0f} GB/s")
-        if isinstance(copy, (int, float)) and not isinstance(copy, bool):
-            extra.append(f"eager copy_ {float(copy):.0f} GB/s (for reference)")
-        if versions:
-            extra.append(versions)
-        panel.text = text + ("\n\n" + "; ".join(extra) + "." if extra else "")
-    except Exception as e:  # noqa: BLE001 - a bad file shows an error line, not a failed report
-        panel.error = _one_line(f"{path.name}: {type(e).__name__}: {e}")
-    return panel
-
-
-def norm_bandwidth_section(results_dir: Path | str, out_dir: Path) -> BenchmarkSection:
-    """The committed norm bandwidth benchmark(s): every ``<results_dir>/reference/*.json`` whose
-    object has ``"benchmark": "norm_bandwidth"``, drawn into ``<out_dir>/norm_bandwidth/``."""
-    section = BenchmarkSection(title=NORM_BW_TITLE)
+    benchmarks = discover() if benchmarks is None else benchmarks
     ref = Path(results_dir) / REFERENCE_DIRNAME
     files = sorted(ref.glob("*.json")) if ref.is_dir() else []
     out_dir = Path(out_dir).resolve()
-    for path in files:
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:       # cannot tell what it holds: say so
-            section.panels.append(BenchmarkPanel(
-                source=path.name, error=_one_line(f"{path.name}: unreadable JSON ({e})")))
-            continue
-        if not isinstance(doc, dict) or doc.get("benchmark") != NORM_BW_BENCHMARK:
-            continue
-        section.panels.append(_norm_bw_panel(path, doc, out_dir))
-    if not section.panels:
-        section.note = (f"No committed norm bandwidth benchmark: no {REFERENCE_DIRNAME}/*.json with "
-                        f'"benchmark": "{NORM_BW_BENCHMARK}" under {results_dir}.')
-    return section
+    sections = []
+    for bench in sorted(benchmarks.values(), key=lambda b: (b.order, b.name)):
+        sec = BenchmarkSection(name=bench.name, title=bench.title)
+        for path in files:
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError, RecursionError) as e:   # cannot tell what it holds: say so
+                if fnmatch.fnmatch(path.name, bench.files):
+                    sec.panels.append(BenchmarkPanel(
+                        source=path.name, error=_one_line(f"{path.name}: unreadable JSON ({e})")))
+                continue
+            if not isinstance(doc, dict) or doc.get("benchmark") != bench.name:
+                continue
+            fig_dir = out_dir / _slug(bench.name)
+            panel = bench.summarize(path, doc, fig_dir)
+            panel.figures, svgs = _figures_in(panel.figures, fig_dir, out_dir) if panel.figures else ([], {})
+            sec.svgs.update(svgs)
+            for f in panel.figures:
+                what, _ = _figure_runs(f, "", [])
+                sec.captions[f] = (f"{bench.title}: {what}, {panel.device or 'unknown device'}, "
+                                   f"{panel.date}, from {REFERENCE_DIRNAME}/{panel.source}.")
+            sec.panels.append(panel)
+        if not sec.panels:
+            sec.note = bench.missing
+        sections.append(sec)
+    return sections
 
 
 # --------------------------------------------------------------------------- build
@@ -913,38 +1000,46 @@ def _write_failure(out_dir: Path, e: OSError) -> str:
 
 
 def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_dir: Path,
-                out_dir: Path) -> tuple[list[StudySection], BenchmarkSection, list[TableProblem]]:
-    """The whole report, written into the empty folder ``tmp`` (links computed for ``out_dir``),
-    its marker written last, listing every file."""
+                out_dir: Path, benchmarks: Mapping[str, Any] | None = None
+                ) -> tuple[list[StudySection], list[BenchmarkSection], list[TableProblem]]:
+    """The whole report, written into the empty folder ``tmp``: figures, a CSV beside every
+    table, copies of what the page links (run records, executed notebooks), its marker written
+    last, listing every file. Nothing on the page points outside the folder."""
     _write_marker(tmp, results_dir, files=None)     # ours from the start, for the cleanup
     loaded, problems = load_tables(runs, studies)
     note_table_devices(runs, loaded)
     devices = known_devices(runs)
-    sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices)
+    csvs = _Csvs(tmp.resolve())
+    sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices, csvs=csvs)
                 for s in sorted(studies.values(), key=_study_rank)]
-    bandwidth = norm_bandwidth_section(results_dir, tmp)
+    bench = benchmark_sections(results_dir, tmp, benchmarks)
     by_run: dict[str, list[str]] = {}
     for p in problems:
         by_run.setdefault(p.run, []).append(f"{p.study}: {p.reason}")
+    links = _copy_linked(tmp, runs)
+    runs_csv = csvs.write(_runs_frame(runs, by_run), "runs")
     page = render_html(runs, sections, no_study=not studies, results_dir=results_dir,
-                       out_dir=out_dir, bandwidth=bandwidth, table_problems=by_run)
+                       out_dir=out_dir, benchmarks=bench, table_problems=by_run, links=links,
+                       runs_csv=runs_csv)
     atomic_write_text(tmp / "index.html", page)
     files, _ = _walk_files(tmp)
     files.pop(REPORT_MARKER, None)
     _write_marker(tmp, results_dir, files=files)
-    return sections, bandwidth, problems
+    return sections, bench, problems
 
 
 def build_report(results_dir: Path | str | None = None, out_dir: Path | str | None = None,
-                 studies: Mapping[str, Any] | None = None) -> ReportResult:
+                 studies: Mapping[str, Any] | None = None,
+                 benchmarks: Mapping[str, Any] | None = None) -> ReportResult:
     """Write ``<out_dir>/index.html`` (default ``<results_dir>/report``) and return what it shows.
 
-    ``studies`` defaults to the registry (``workbench.studies.discover()``). ``out_dir`` is
-    replaced as a whole, so it must be new, empty, or a folder the report wrote
-    (`check_report_dir`; UnsafeOutDir otherwise, before anything is read or written). The
-    report is built in a temporary folder beside it and swapped in at the end: a failure at
-    any step (ReportError for a folder that cannot be written, a full disk) leaves the previous
-    report and every run folder as they were. Only reads the results folder.
+    ``studies`` defaults to the registry (``workbench.studies.discover()``), ``benchmarks`` to
+    ``workbench.benchmarks.discover()``. ``out_dir`` is replaced as a whole, so it must be new,
+    empty, or a folder the report wrote (`check_report_dir`; UnsafeOutDir otherwise, before
+    anything is read or written). The report is built in a temporary folder beside it and
+    swapped in at the end: a failure at any step (ReportError for a folder that cannot be
+    written, a full disk) leaves the previous report and every run folder as they were. Only
+    reads the results folder.
     """
     results_dir = Path(results_dir) if results_dir is not None else results_root()
     out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIRNAME
@@ -963,7 +1058,7 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
         tmp.mkdir()
         made = True
         with _FolderLock(tmp, wait=False):        # another build's cleanup leaves it alone
-            sections, bandwidth, problems = _build_into(tmp, runs, studies, results_dir, out_dir)
+            sections, bench, problems = _build_into(tmp, runs, studies, results_dir, out_dir, benchmarks)
             _swap_in(tmp, out_dir, results_dir)
         made = False
     except OSError as e:
@@ -973,30 +1068,100 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
             shutil.rmtree(tmp, ignore_errors=True)
     return ReportResult(index=out_dir / "index.html", runs=runs, sections=sections,
                         no_study=not studies, table_problems=[str(p) for p in problems],
-                        bandwidth=bandwidth)
+                        benchmarks=bench)
+
+
+# --------------------------------------------------------------------------- what the page links, copied in
+
+RUNS_DIRNAME = "runs"                # <report>/runs/<run folder>/: copies of what the page links
+_SCRIPT = re.compile(r"<script\b.*?</script\s*>", re.I | re.S)
+_EXTERNAL_LINK = re.compile(r"<link\b[^>]*\bhref\s*=\s*[\"']?\s*(?:[a-z][a-z0-9+.-]*:|//)[^>]*>", re.I)
+_EXTERNAL_SRC = re.compile(r"<(?:img|iframe|source|embed|object)\b[^>]*\b(?:src|data)\s*=\s*[\"']?\s*"
+                           r"(?:https?:|//)[^>]*>", re.I)
+LOCALIZED_NOTE = ("<!-- copied into the workbench report: scripts and external stylesheets removed, so the "
+                  "page loads nothing from outside the report folder (math shows as TeX source) -->\n")
+
+
+def localize_html(text: str) -> str:
+    """An executed notebook's HTML export, made self-contained: every ``<script>`` (nbconvert's
+    templates load require.js, MathJax and widget managers from CDNs) and every stylesheet,
+    image or frame from another host removed. The outputs themselves are embedded and stay."""
+    text = _SCRIPT.sub("", text)
+    text = _EXTERNAL_LINK.sub("", text)
+    text = _EXTERNAL_SRC.sub("", text)
+    return LOCALIZED_NOTE + text
+
+
+def _copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:
+    """Copies of each run's meta.json and executed notebooks' HTML (localized) under
+    ``runs/<run folder>/``: {(run folder name, "meta.json" | study): path relative to ``root``}."""
+    links: dict[tuple[str, str], str] = {}
+    for r in runs:
+        dest = root / RUNS_DIRNAME / r.name
+        meta = r.path / META_NAME
+        wanted = [("meta.json", meta)] if meta.is_file() else []
+        wanted += [(study, r.path / f"{study}.html") for study in r.tables if (r.path / f"{study}.html").is_file()]
+        for key, src in wanted:
+            try:
+                text = src.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            dest.mkdir(parents=True, exist_ok=True)
+            target = dest / src.name
+            atomic_write_text(target, text if key == "meta.json" else localize_html(text))
+            links[(r.name, key)] = target.relative_to(root).as_posix()
+    return links
+
+
+def _runs_frame(runs: list[Run], table_problems: Mapping[str, list[str]]):
+    import pandas as pd
+
+    rows = []
+    for r in _newest_first(runs):
+        rows.append({"run": r.name, "reference": r.reference, "device": r.device, "git": r.git,
+                     "started_utc": r.started, "duration_s": r.duration_s,
+                     "status": r.error or ("finished" if r.finished else "unfinished"),
+                     "failed": "; ".join(open_failures(r.recorded)) if not r.error else "",
+                     "tables": ", ".join(r.tables),
+                     "unreadable_tables": "; ".join(table_problems.get(r.name) or [])})
+    return pd.DataFrame(rows, columns=["run", "reference", "device", "git", "started_utc", "duration_s",
+                                       "status", "failed", "tables", "unreadable_tables"])
+
+
+def _newest_first(runs: list[Run]) -> list[Run]:
+    return sorted(runs, key=lambda r: (r.started, r.name), reverse=True)
 
 
 # --------------------------------------------------------------------------- HTML
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; padding: 0 1rem;
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 80rem; padding: 0 1rem;
        color: #1d1d1f; line-height: 1.45; }
 h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
+h3 { font-size: 1rem; margin: 1.2rem 0 0.4rem; }
 table { border-collapse: collapse; font-size: 0.9rem; width: 100%; }
 th, td { text-align: left; padding: 0.3rem 0.6rem; border-bottom: 1px solid #eee; vertical-align: top; }
 th { background: #f5f5f7; }
 .notice { background: #fff8e1; border: 1px solid #f0c36d; padding: 0.8rem 1rem; border-radius: 4px; }
+.keys { background: #f5f9ff; border: 1px solid #c9dcf5; padding: 0.4rem 1rem 0.6rem; border-radius: 4px; }
+.keys li { margin: 0.25rem 0; }
 .ref { background: #e8f0fe; border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; }
+.cpu { background: #fff3e0; border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; }
 .muted { color: #6e6e73; font-size: 0.85rem; }
 .problem { color: #a50e0e; font-size: 0.85rem; }
-figcaption { font-size: 0.8rem; }
+figcaption { font-size: 0.8rem; color: #3a3a3c; }
 pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; }
-figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+.figs { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 0.6rem 1rem; }
+figure { margin: 0.4rem 0; } figure img { max-width: 100%; max-height: 360px; border: 1px solid #eee; }
 code { background: #f5f5f7; padding: 0 0.2rem; }
-.tablebox { overflow-x: auto; margin: 1rem 0; } .caption { font-weight: 600; margin-bottom: 0.3rem; }
+.tablebox { overflow-x: auto; margin: 0.6rem 0; } .caption { font-weight: 600; }
 table.data { font-size: 0.8rem; width: auto; } table.data td { text-align: right; white-space: nowrap; }
+details { margin: 0.5rem 0; } details > summary { cursor: pointer; }
+details.fold { border-left: 3px solid #ddd; padding-left: 0.8rem; }
+ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
 .toc { font-size: 0.9rem; }
 """
+TABLE_OPEN_ROWS = 8                  # a key-number table with more rows than this starts folded
 
 
 def _e(x: Any) -> str:
@@ -1009,18 +1174,8 @@ def _href(rel: str) -> str:
     return _e(urllib.parse.quote(rel, safe="/"))
 
 
-def _rel_link(target: Path, out_dir: Path) -> str | None:
-    try:
-        return Path(os.path.relpath(target.resolve(), out_dir.resolve())).as_posix()
-    except ValueError:
-        return None
-
-
-def _table_link(r: Run, study: str, out_dir: Path) -> str:
-    """The study's name, linked to the run's HTML export of its executed notebook when there is one."""
-    page = r.path / f"{study}.html"
-    link = _rel_link(page, out_dir) if page.is_file() else None
-    return f'<a href="{_href(link)}">{_e(study)}</a>' if link else _e(study)
+def _link(rel: str | None, text: str) -> str:
+    return f'<a href="{_href(rel)}">{_e(text)}</a>' if rel else _e(text)
 
 
 def _unfinished(r: Run) -> str:
@@ -1033,17 +1188,18 @@ def _unfinished(r: Run) -> str:
             f"{_e(r.name)}</code> (make report resumes it when the code is the same)")
 
 
-def _runs_table(runs: list[Run], out_dir: Path,
-                table_problems: Mapping[str, list[str]] | None = None) -> str:
+def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]] | None = None,
+                links: Mapping[tuple[str, str], str] | None = None, csv: str = "") -> str:
+    """Every run folder, newest first, folded (its CSV beside it); what could not be used, what
+    failed and what a run warned about stay visible below."""
     if not runs:
         return "<p>No run folder found yet (a run folder holds a <code>meta.json</code>).</p>"
     table_problems = table_problems or {}
+    links = links or {}
     rows = []
-    for r in runs:
-        # the run's meta.json (provenance, parameters) opens readably in a browser; a folder would not
-        meta = r.path / META_NAME
-        link = _rel_link(meta if meta.is_file() else r.path, out_dir)
-        name = f'<a href="{_href(link)}">{_e(r.name)}</a>' if link else _e(r.name)
+    for r in _newest_first(runs):
+        # the run's meta.json (provenance, parameters), copied into the report folder
+        name = _link(links.get((r.name, "meta.json")), r.name)
         if r.reference:
             name += ' <span class="ref">reference</span>'
         if r.error:
@@ -1071,7 +1227,7 @@ def _runs_table(runs: list[Run], out_dir: Path,
             status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
                        f"table{'s' if len(bad) > 1 else ''} unreadable</span>")
         dur = f"{r.duration_s:.1f} s" if r.duration_s is not None else ""
-        tables = ", ".join(_table_link(r, t, out_dir) for t in r.tables) or '<span class="muted">none</span>'
+        tables = ", ".join(_link(links.get((r.name, t)), t) for t in r.tables) or '<span class="muted">none</span>'
         rows.append(
             f"<tr><td>{name}</td><td>{_e(r.device)}</td><td><code>{_e(r.git)}</code></td>"
             f"<td>{_e(r.started)}</td><td>{dur}</td><td>{status}</td><td>{tables}</td></tr>")
@@ -1087,9 +1243,14 @@ def _runs_table(runs: list[Run], out_dir: Path,
                         *(w for x in _listed(r.recorded.get("resumed")) for w in _listed(_mapped(x).get("warnings")))]]
     if warned:
         listing += "<p>Warnings a run recorded:</p><ul>" + "".join(warned) + "</ul>"
-    return ("<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
+    n_ref = sum(r.reference for r in runs)
+    summary = (f"{len(runs)} run folder{'s' if len(runs) != 1 else ''} ({n_ref} reference), newest first: "
+               "device, commit, status, tables (each run's name opens its meta.json)")
+    csv_link = f' · <a href="{_href(csv)}">CSV</a>' if csv else ""
+    return (f'<details class="fold"><summary>{_e(summary)}{csv_link}</summary>'
+            "<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
             "<th>duration</th><th>status</th><th>tables</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>" + listing)
+            + "".join(rows) + "</tbody></table></details>" + listing)
 
 
 def _paragraphs(text: str) -> str:
@@ -1107,22 +1268,90 @@ def _table_html(df) -> str:
         c: fmt for c in df.columns if df[c].dtype.kind == "f"}, escape=True)
 
 
-def _figure_html(src: str, alt: str, svg: str | None = None) -> str:
-    cap = f'<figcaption><a href="{_href(svg)}">SVG</a></figcaption>' if svg else ""
-    return f'<figure><img src="{_href(src)}" alt="{_e(alt)}">{cap}</figure>'
+def _figure_html(src: str, alt: str, caption: str = "", svg: str | None = None) -> str:
+    """A figure: the PNG (a link to itself at full size), its caption (what it shows, which run)
+    and its SVG where one was saved."""
+    bits = [_e(caption)] if caption else []
+    if svg:
+        bits.append(f'<a href="{_href(svg)}">SVG</a>')
+    cap = f"<figcaption>{' · '.join(bits)}</figcaption>" if bits else ""
+    return f'<figure><a href="{_href(src)}"><img src="{_href(src)}" alt="{_e(alt)}"></a>{cap}</figure>'
+
+
+def _figures_html(figs: list[str], svgs: Mapping[str, str], captions: Mapping[str, str], alt: str) -> str:
+    if not figs:
+        return ""
+    return ('<div class="figs">' + "".join(_figure_html(f, alt, captions.get(f, ""), svgs.get(f)) for f in figs)
+            + "</div>")
+
+
+def _tables_html(tables: list[tuple[str, str, str]]) -> str:
+    out = []
+    for caption, table, csv in tables:
+        head = f'<span class="caption">{_e(caption)}</span> · <a href="{_href(csv)}">CSV</a>'
+        if table.count("<tr") - 1 > TABLE_OPEN_ROWS:
+            out.append(f'<details class="tablebox"><summary>{head}</summary>{table}</details>')
+        else:
+            out.append(f'<div class="tablebox"><p>{head}</p>{table}</div>')
+    return "".join(out)
+
+
+CPU_NOTE = ("CPU smoke test: its verdicts, memory models and planner padding hold on any machine; its "
+            "timings are not measurements")
+
+
+def _view_body(name: str, v: View) -> str:
+    out = []
+    if v.error:
+        out.append(f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>')
+    out.append(_paragraphs(v.text))
+    out.append(_tables_html(v.tables))
+    out.append(_figures_html(v.figures, v.svgs, v.captions, f"{name} figure"))
+    return "".join(out)
+
+
+def _runs_words(runs: list[str]) -> str:
+    return f"run{'s' if len(runs) > 1 else ''} {', '.join(runs)}"
+
+
+def _view_html(name: str, v: View) -> str:
+    if v.kind == "older":
+        diffs = ("<ul class='diffs'>" + "".join(f"<li>{_e(d)}</li>" for d in v.diffs) + "</ul>") if v.diffs else ""
+        what = "verdicts above; their findings and figures" if v.diffs else "their findings and figures"
+        return (f"<p class='muted'>Older runs on {_e(v.device)} ({len(v.runs)}), against the newest:</p>{diffs}"
+                if v.diffs else "") + (
+            f'<details class="fold"><summary>Older runs on {_e(v.device)}: {len(v.runs)} '
+            f"({_e(what)})</summary><p class='muted'>{_e(_runs_words(v.runs))}</p>{_view_body(name, v)}</details>")
+    head = f"{_e(v.device)}: newest {_e(_runs_words(v.runs))}"
+    if v.folded:
+        return (f'<details class="fold"><summary><span class="cpu">CPU</span> {head}. {_e(CPU_NOTE)}.</summary>'
+                f"{_view_body(name, v)}</details>")
+    note = f"<p class='muted'>{_e(CPU_NOTE)}.</p>" if v.cpu else ""
+    return f"<h3>{head}</h3>{note}{_view_body(name, v)}"
+
+
+def _comparison_html(c: Comparison) -> str:
+    csv = f' · <a href="{_href(c.csv)}">CSV of every value</a>' if c.csv else ""
+    out = f"<p class='muted'>Compared on {_e(c.device)}: {_e(c.line)}{csv}</p>"
+    if c.table:
+        out += (f'<details class="fold"><summary>The {c.flagged} flagged value{"s" if c.flagged != 1 else ""}'
+                f'{" (first " + str(COMPARE_ROWS) + ")" if c.flagged > COMPARE_ROWS else ""}</summary>'
+                f'<div class="tablebox">{c.table}</div></details>')
+    return out
 
 
 def _section_html(s: StudySection) -> str:
     out = [f'<h2 id="{_e(s.name)}">{_e(s.name)}</h2>']
     if s.question:
         out.append(f"<p><em>{_e(s.question)}</em></p>")
-    if s.error:
+    if s.error and not any(v.error for v in s.views):
         out.append(f'<p>The summary failed:</p><pre class="error">{_e(s.error)}</pre>')
-    out.append(_paragraphs(s.text))
-    for caption, table in s.tables:
-        out.append(f'<div class="tablebox"><p class="caption">{_e(caption)}</p>{table}</div>')
-    for fig in s.figures:
-        out.append(_figure_html(fig, f"{s.name} figure", s.svgs.get(fig)))
+    if not s.views:
+        out.append(_paragraphs(s.text))
+    for v in s.views:
+        out.append(_view_html(s.name, v))
+    for c in s.comparisons:
+        out.append(_comparison_html(c))
     for line in s.table_problems:
         out.append(f'<p class="problem">{_e(line)}</p>')
     for dev in s.missing_devices:
@@ -1133,7 +1362,7 @@ def _section_html(s: StudySection) -> str:
 
 
 def _benchmark_html(b: BenchmarkSection) -> str:
-    out = [f'<h2 id="{_e(NORM_BW_DIRNAME)}">{_e(b.title)}</h2>']
+    out = [f'<h2 id="{_e(b.name)}">{_e(b.title)}</h2>']
     if b.note:
         out.append(f'<p class="muted">{_e(b.note)}</p>')
     many = len(b.panels) > 1
@@ -1143,37 +1372,78 @@ def _benchmark_html(b: BenchmarkSection) -> str:
         if p.error:
             out.append(f'<p class="problem">{_e(p.error)}</p>')
         out.append(_paragraphs(p.text))
-        for fig in p.figures:
-            out.append(_figure_html(fig, f"norm bandwidth, {p.device}", p.svgs.get(fig)))
+        out.append(_figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}"))
         if not p.error:
             out.append(f'<p class="muted">From <code>{_e(REFERENCE_DIRNAME)}/{_e(p.source)}</code>.</p>')
     return "\n".join(out)
 
 
+def _first_paragraph(text: str) -> str:
+    return next((p.strip() for p in text.split("\n\n") if p.strip()), "")
+
+
+def key_findings(sections: list[StudySection], benchmarks: list[BenchmarkSection] = ()) -> dict[str, list[tuple[str, str, str]]]:
+    """{device: [(section anchor, source, first paragraph of its newest finding)]}, GPUs first
+    (each in the order its sections come), CPUs after."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for s in sections:
+        for v in s.views:
+            if v.kind == "newest" and not v.error and _first_paragraph(v.text):
+                out.setdefault(v.device, []).append((s.name, _runs_words(v.runs), _first_paragraph(v.text)))
+    for b in benchmarks:
+        for p in b.panels:
+            if not p.error and _first_paragraph(p.text):
+                out.setdefault(p.device, []).append((b.name, f"{REFERENCE_DIRNAME}/{p.source}",
+                                                     _first_paragraph(p.text)))
+    return dict(sorted(out.items(), key=lambda kv: is_cpu(kv[0])))
+
+
+def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
+    if not keys:
+        return ""
+    out = ['<div class="keys" id="key-findings"><h2>Key findings: the newest run per device</h2>']
+    gpu = any(not is_cpu(d) for d in keys)
+    for dev, items in keys.items():
+        lis = "".join(f'<li><a href="#{_href(anchor)}">{_e(anchor)}</a> <span class="muted">({_e(src)})</span>: '
+                      f"{_e(text)}</li>" for anchor, src, text in items)
+        if is_cpu(dev) and gpu:
+            out.append(f'<details><summary><span class="cpu">CPU</span> {_e(dev)}: {_e(CPU_NOTE)}.</summary>'
+                       f"<ul>{lis}</ul></details>")
+        else:
+            out.append(f"<h3>{_e(dev)}</h3><ul>{lis}</ul>")
+    out.append("</div>")
+    return "".join(out)
+
+
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
-                results_dir: Path, out_dir: Path, bandwidth: BenchmarkSection | None = None,
-                table_problems: Mapping[str, list[str]] | None = None) -> str:
+                results_dir: Path, out_dir: Path, benchmarks: list[BenchmarkSection] | None = None,
+                table_problems: Mapping[str, list[str]] | None = None,
+                links: Mapping[tuple[str, str], str] | None = None, runs_csv: str = "") -> str:
     now = iso_utc(timespec="seconds")
+    benchmarks = list(benchmarks or [])
     body = [
         "<h1>Vision-encoder input-normalization workbench: report</h1>",
         f'<p class="muted">Built {_e(now)} from <code>{_e(results_dir)}</code>: '
-        f"{len(runs)} run folder(s), {sum(r.reference for r in runs)} of them reference runs.</p>",
+        f"{len(runs)} run folder(s), {sum(r.reference for r in runs)} of them reference runs. "
+        "Newest run per device first; older runs and CPU smoke tests are folded. This folder holds "
+        "everything the page links, so it can be zipped and shared.</p>",
     ]
     if no_study:
         body.append(f'<p class="notice"><strong>{_e(NO_STUDY_MESSAGE[0].upper() + NO_STUDY_MESSAGE[1:])}.</strong> '
                     "Study modules register themselves in <code>workbench/studies/</code>; "
                     "once one exists, <code>make report</code> runs it and summarizes it here.</p>")
-    toc = [f'<a href="#{_href(s.name)}">{_e(s.name)}</a>' for s in sections]
-    if bandwidth is not None:
-        toc.append(f'<a href="#{_e(NORM_BW_DIRNAME)}">norm bandwidth</a>')
+    toc = ['<a href="#key-findings">key findings</a>'] if sections or benchmarks else []
+    toc += [f'<a href="#{_href(s.name)}">{_e(s.name)}</a>' for s in sections]
+    toc += [f'<a href="#{_href(b.name)}">{_e(b.name.replace("_", " "))}</a>' for b in benchmarks]
     toc.append('<a href="#runs">runs</a>')
     body.append(f'<p class="toc">Sections: {" · ".join(toc)}</p>')
+    body.append(_key_findings_html(key_findings(sections, benchmarks)))
     for s in sections:
         body.append(_section_html(s))
-    if bandwidth is not None:
-        body.append(_benchmark_html(bandwidth))
+    for b in benchmarks:
+        body.append(_benchmark_html(b))
     body.append('<h2 id="runs">Runs</h2>')
-    body.append(_runs_table(runs, out_dir, table_problems))
+    body.append(_runs_table(runs, table_problems, links, runs_csv))
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{REPORT_TITLE}</title>"
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
