@@ -8,7 +8,16 @@ from workbench.config import PRESETS
 
 def test_binding_preset_names_exist():
     assert set(wb.PRESET_NAMES) == {"qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b",
-                                    "qwen2.5-vl-72b", "tiny-qwen2-vl", "tiny-qwen2.5-vl"}
+                                    "qwen2.5-vl-72b", "tiny-qwen2-vl", "tiny-qwen2.5-vl",
+                                    "qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "qwen3-vl-30b-a3b",
+                                    "qwen3-vl-235b-a22b", "tiny-qwen3-vl", "qwen3.5-9b", "tiny-qwen3.5",
+                                    "glm-4.1v-9b", "glm-4.5v", "tiny-glm4v"}
+    # real checkpoints first, then the tiny ones; the original presets keep their order
+    names = list(wb.PRESET_NAMES)
+    assert [n for n in names if n.startswith(("qwen2-", "qwen2.5-"))] == [
+        "qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen2.5-vl-72b"]
+    tiny = [n.startswith("tiny-") for n in names]
+    assert tiny == sorted(tiny)
 
 
 @pytest.mark.parametrize("name, out", [("qwen2-vl-2b", 1536), ("qwen2-vl-7b", 3584), ("qwen2.5-vl-3b", 2048),
@@ -46,21 +55,104 @@ def test_to_hf_matches_the_config(name):
     cfg = wb.VisionConfig.preset(name)
     hf = cfg.to_hf()
     assert hf.depth == cfg.depth and hf.num_heads == cfg.heads
+    assert (hf.patch_size, hf.spatial_merge_size, hf.temporal_patch_size) == (cfg.patch_size, cfg.merge_size,
+                                                                              cfg.temporal_patch_size)
     if cfg.family == "qwen2-vl":
         assert type(hf).__name__ == "Qwen2VLVisionConfig"
         assert (hf.embed_dim, hf.hidden_size, hf.mlp_ratio * hf.embed_dim) == (cfg.width, cfg.out_hidden,
                                                                                 cfg.mlp_hidden)
-    else:
+    elif cfg.family == "qwen2.5-vl":
         assert type(hf).__name__ == "Qwen2_5_VLVisionConfig"
         assert (hf.hidden_size, hf.out_hidden_size, hf.intermediate_size) == (cfg.width, cfg.out_hidden,
                                                                                cfg.mlp_hidden)
         assert list(hf.fullatt_block_indexes) == list(cfg.fullatt_blocks)
+    elif cfg.family in ("qwen3-vl", "qwen3.5"):
+        assert type(hf).__name__ == {"qwen3-vl": "Qwen3VLVisionConfig", "qwen3.5": "Qwen3_5VisionConfig"}[cfg.family]
+        assert (hf.hidden_size, hf.out_hidden_size, hf.intermediate_size) == (cfg.width, cfg.out_hidden,
+                                                                               cfg.mlp_hidden)
+        assert hf.num_position_embeddings == cfg.num_position_embeddings and hf.hidden_act == "gelu_pytorch_tanh"
+        assert list(getattr(hf, "deepstack_visual_indexes", [])) == list(cfg.deepstack_indexes)
+    else:
+        assert type(hf).__name__ == "Glm4vVisionConfig"
+        assert (hf.hidden_size, hf.out_hidden_size, hf.intermediate_size) == (cfg.width, cfg.out_hidden,
+                                                                               cfg.merger_hidden)
+        assert (hf.image_size // hf.patch_size) ** 2 == cfg.num_position_embeddings
+        assert hf.rms_norm_eps == cfg.eps and hf.attention_bias is False
+
+
+@pytest.mark.parametrize("name, out, deepstack", [
+    ("qwen3-vl-2b", 2048, (5, 11, 17)), ("qwen3-vl-4b", 2560, (5, 11, 17)), ("qwen3-vl-8b", 4096, (8, 16, 24)),
+    ("qwen3-vl-30b-a3b", 2048, (8, 16, 24)), ("qwen3-vl-235b-a22b", 4096, (8, 16, 24)), ("qwen3.5-9b", 4096, ()),
+])
+def test_qwen3_presets_have_the_published_sizes(name, out, deepstack):
+    cfg = wb.VisionConfig.preset(name)
+    tower = (24, 1024, 4096) if deepstack[:1] == (5,) else (27, 1152, 4304)
+    assert (cfg.depth, cfg.width, cfg.mlp_hidden) == tower and cfg.heads == 16
+    assert (cfg.out_hidden, cfg.deepstack_indexes) == (out, deepstack)
+    assert cfg.embed_width == out * (1 + len(deepstack))
+    assert (cfg.patch_size, cfg.patch_dim, cfg.num_position_embeddings) == (16, 1536, 2304)
+    assert cfg.image_mean == cfg.image_std == (0.5, 0.5, 0.5) and cfg.rescale_factor == 1 / 255
+    assert (cfg.min_pixels, cfg.max_pixels) == (65536, 16777216)
+
+
+@pytest.mark.parametrize("name, merger", [("glm-4.1v-9b", 13696), ("glm-4.5v", 10944)])
+def test_glm_presets_have_the_published_sizes(name, merger):
+    cfg = wb.VisionConfig.preset(name)
+    assert (cfg.depth, cfg.width, cfg.heads, cfg.head_dim, cfg.out_hidden, cfg.mlp_hidden) == (24, 1536, 12, 128,
+                                                                                               4096, 4096)
+    assert (cfg.merger_hidden, cfg.num_position_embeddings, cfg.patch_size, cfg.eps) == (merger, 576, 14, 1e-5)
+    assert cfg.embed_width == 4096 and cfg.image_mean == wb.VisionConfig.preset("qwen2-vl-7b").image_mean
+    # the processor's bounds cover both temporal copies of a frame: per frame they are halved
+    assert (2 * cfg.min_pixels, 2 * cfg.max_pixels) == (12544, 9633792)
 
 
 def test_reduced_keeps_full_attention_blocks_for_qwen25():
     cfg = wb.VisionConfig.preset("qwen2.5-vl-7b").reduced(16)
     assert cfg.depth == 16 and cfg.fullatt_blocks == (7, 15)
     assert wb.VisionConfig.preset("qwen2.5-vl-7b").reduced(2).fullatt_blocks == (1,)
+
+
+def test_reduced_spreads_the_deepstack_layers():
+    cfg = wb.VisionConfig.preset("qwen3-vl-8b")
+    assert cfg.reduced(16).deepstack_indexes == (4, 9, 14)
+    assert cfg.reduced(4).deepstack_indexes == (1, 2, 3) and cfg.reduced(4).embed_width == 4 * 4096
+    # two layers landing on one block merge: the output narrows with them
+    assert cfg.reduced(2).deepstack_indexes == (0, 1) and cfg.reduced(2).embed_width == 3 * 4096
+    assert wb.VisionConfig.preset("glm-4.1v-9b").reduced(3).depth == 3
+
+
+@pytest.mark.parametrize("preset, change, match", [
+    ("tiny-qwen3-vl", dict(deepstack_indexes=(2, 1)), r"deepstack_indexes=\(2, 1\) must be increasing block indices"),
+    ("tiny-qwen3-vl", dict(deepstack_indexes=(1, 4)), r"in 0\.\.3 \(depth=4\)"),
+    ("tiny-qwen3-vl", dict(deepstack_indexes=[1.5]), r"deepstack_indexes=\(1\.5,\) must be a tuple"),
+    ("tiny-qwen3-vl", dict(num_position_embeddings=250), r"num_position_embeddings=250 must be a positive square"),
+    ("tiny-qwen3-vl", dict(num_position_embeddings=0), r"num_position_embeddings=0 must be a positive square"),
+    ("tiny-qwen3-vl", dict(merger_hidden=8), r"merger_hidden=8: the qwen3-vl tower has no use for it"),
+    ("tiny-qwen3.5", dict(deepstack_indexes=(0,)), r"deepstack_indexes=\(0,\): the qwen3.5 tower has no use"),
+    ("tiny-glm4v", dict(merger_hidden=0), r"merger_hidden=0 must be a positive integer"),
+    ("tiny-glm4v", dict(mlp_hidden=64), r"mlp_hidden=64 must equal out_hidden=48"),
+    ("tiny-qwen2-vl", dict(num_position_embeddings=64), r"num_position_embeddings=64: the qwen2-vl tower has no"),
+    ("tiny-qwen2.5-vl", dict(deepstack_indexes=(1,)), r"deepstack_indexes=\(1,\): the qwen2.5-vl tower"),
+    ("tiny-glm4v", dict(num_position_embeddings=-4), r"num_position_embeddings=-4 must be a non-negative integer"),
+])
+def test_family_specific_fields_are_checked(preset, change, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(PRESETS[preset], **change)
+
+
+def test_unknown_family_lists_the_registered_ones():
+    with pytest.raises(ValueError, match=r"family='llava' is not one of \('qwen2-vl', 'qwen2.5-vl', 'qwen3-vl', "
+                                         r"'qwen3.5', 'glm4v'\)"):
+        wb.VisionConfig("x", family="llava")
+
+
+def test_config_module_imports_no_torch():
+    """The family registry (towers, torch) loads on first use, not when workbench.config is imported."""
+    import subprocess
+    import sys
+    code = "import sys, workbench.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_normalization_constants():
