@@ -19,7 +19,28 @@ def no_user_results(tmp_path_factory):
     deletes the variable with monkeypatch."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(RESULTS_ENV, str(tmp_path_factory.mktemp("default-results")))
+        # nor the user's cache folder (the command line keeps a copy of the studies' declarations there)
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         yield
+
+
+@pytest.fixture
+def stubs(tmp_path_factory, monkeypatch):
+    """The stub studies of tests/stub_study.py (stub_a, stub_b), registered for this test only,
+    each with a minimal notebook (for papermill mode); the registry is as it was afterwards. The
+    test gets a cache folder of its own: a copy of the declarations saved without the stubs
+    (another test's) must not refuse them, nor one saved with them outlive the test."""
+    import stub_study
+    from workbench.studies import STUDIES, register
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("stub-cache")))
+    folder = tmp_path_factory.mktemp("stub-notebooks")
+    before = {n: STUDIES[n] for n in stub_study.NAMES if n in STUDIES}
+    made = {n: register(stub_study.make(n, stub_study.notebook(folder / f"{n}.ipynb", n))) for n in stub_study.NAMES}
+    yield made
+    for n in made:
+        STUDIES.pop(n, None)
+    STUDIES.update(before)
 
 
 @pytest.fixture

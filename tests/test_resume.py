@@ -1,6 +1,10 @@
 """A run's state is read back from its folder, and `sweep --resume` finishes whatever is left, down
 to the executed notebook, its HTML and the figures; a finished run is a record that a resume never
-rewrites. Every case here was a way to lose or freeze a run."""
+rewrites. Every case here was a way to lose or freeze a run.
+
+The sweeps here run the stub study of tests/stub_study.py (the `stubs` fixture): what is checked
+is the sweep's stages and records, which do not depend on what a study measures; the one real
+end-to-end sweep (real studies, killed and resumed) is in tests/test_sweep_faults.py."""
 from __future__ import annotations
 
 import json
@@ -17,7 +21,7 @@ from workbench.sweep import interrupted_run
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "results" / "reference"
-SMALL = ["--studies", "fp32_memory", "--set", "budgets=[1024]", "--set", 'norms=["eager"]']
+SMALL = ["--studies", "stub_a", "--set", "sizes=[3,5]"]
 
 
 def _sweep(results: Path, *extra: str) -> Path:
@@ -39,27 +43,27 @@ def _files(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
-def test_a_run_killed_after_its_last_table_is_finished_by_resume(tmp_path, capsys):
+def test_a_run_killed_after_its_last_table_is_finished_by_resume(stubs, tmp_path, capsys):
     run = _sweep(tmp_path, "--direct")
-    table = (run / "fp32_memory.parquet").read_bytes()
+    table = (run / "stub_a.parquet").read_bytes()
     shutil.rmtree(run / "figures")
     _unfinish(run)
     state = run_state(run, prov.read_meta(run))
-    assert not state.finished and state.left == {"fp32_memory": ["figures"]}
+    assert not state.finished and state.left == {"stub_a": ["figures"]}
     assert interrupted_run(tmp_path, "cpu") in (run, None)   # None where the tree is dirty
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
-    assert "fp32_memory (figures)" in capsys.readouterr().out
+    assert "stub_a (figures)" in capsys.readouterr().out
     meta = prov.read_meta(run)
-    assert meta["finished_at"] and meta["failures"] == [] and meta["resumed"][-1]["stages"] == {"fp32_memory": ["figures"]}
+    assert meta["finished_at"] and meta["failures"] == [] and meta["resumed"][-1]["stages"] == {"stub_a": ["figures"]}
     assert run_state(run, meta).left == {}
-    assert (run / "fp32_memory.parquet").read_bytes() == table           # the table was not measured again
-    assert sorted(json.loads((run / "figures" / ".fp32_memory.drawn").read_text())) == sorted(
+    assert (run / "stub_a.parquet").read_bytes() == table           # the table was not measured again
+    assert sorted(json.loads((run / "figures" / ".stub_a.drawn").read_text())) == sorted(
         p.name for p in (run / "figures").iterdir() if not p.name.startswith("."))
     assert interrupted_run(tmp_path, "cpu") is None                       # make report sweeps again, not resumes
     assert not (run / ".lock").exists()
 
 
-def test_an_unfinished_run_with_nothing_left_is_recorded_as_finished(tmp_path):
+def test_an_unfinished_run_with_nothing_left_is_recorded_as_finished(stubs, tmp_path):
     run = _sweep(tmp_path, "--direct")
     _unfinish(run)
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
@@ -68,24 +72,24 @@ def test_an_unfinished_run_with_nothing_left_is_recorded_as_finished(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_notebook_that_raised_after_saving_its_table_is_executed_again_on_the_recorded_table(tmp_path, monkeypatch):
+def test_a_notebook_that_raised_after_saving_its_table_is_executed_again_on_the_recorded_table(stubs, tmp_path, monkeypatch):
     monkeypatch.setenv(PROGRESS_ENV, "1")          # the sweep sets it for its kernels; keep ours as it was
     run = _sweep(tmp_path)
-    nb = run / "fp32_memory.ipynb"
+    nb = run / "stub_a.ipynb"
     assert notebook_done(nb)
-    table = (run / "fp32_memory.parquet").stat()
+    table = (run / "stub_a.parquet").stat()
     doc = json.loads(nb.read_text())
     doc["metadata"]["papermill"]["exception"] = True      # as papermill records a cell that raised
     nb.write_text(json.dumps(doc))
-    (run / "fp32_memory.html").unlink()
+    (run / "stub_a.html").unlink()
     shutil.rmtree(run / "figures")
     _unfinish(run)
-    assert run_state(run, prov.read_meta(run)).left == {"fp32_memory": ["notebook", "html", "figures"]}
+    assert run_state(run, prov.read_meta(run)).left == {"stub_a": ["notebook", "html", "figures"]}
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
     assert notebook_done(nb) and "loaded, not measured again" in nb.read_text()
-    after = (run / "fp32_memory.parquet").stat()
+    after = (run / "stub_a.parquet").stat()
     assert (after.st_ino, after.st_mtime_ns) == (table.st_ino, table.st_mtime_ns)
-    assert (run / "fp32_memory.html").is_file() and (run / "figures" / ".fp32_memory.drawn").is_file()
+    assert (run / "stub_a.html").is_file() and (run / "figures" / ".stub_a.drawn").is_file()
     assert run_state(run, prov.read_meta(run)).left == {}
 
 
@@ -101,9 +105,9 @@ def test_a_finished_reference_run_is_refused_and_left_untouched(tmp_path):
     assert _files(run) == before and not (run / ".lock").exists()
 
 
-def test_resume_finished_keeps_every_recorded_field_and_appends_itself(tmp_path):
+def test_resume_finished_keeps_every_recorded_field_and_appends_itself(stubs, tmp_path):
     run = _sweep(tmp_path, "--direct")
-    (run / "fp32_memory.parquet").unlink()
+    (run / "stub_a.parquet").unlink()
     before = prov.read_meta(run)
     with pytest.raises(SystemExit, match="--resume-finished"):
         cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name])
@@ -111,15 +115,15 @@ def test_resume_finished_keeps_every_recorded_field_and_appends_itself(tmp_path)
     after = prov.read_meta(run)
     assert {k: v for k, v in after.items() if k != "resumed"} == before
     (entry,) = after["resumed"]
-    assert entry["studies"] == ["fp32_memory"] and entry["failures"] == [] and entry["finished_at"]
-    assert (run / "fp32_memory.parquet").is_file() and not (run / ".lock").exists()
+    assert entry["studies"] == ["stub_a"] and entry["failures"] == [] and entry["finished_at"]
+    assert (run / "stub_a.parquet").is_file() and not (run / ".lock").exists()
 
 
-def test_a_run_that_finished_with_failures_resumes_and_keeps_its_record(tmp_path):
+def test_a_run_that_finished_with_failures_resumes_and_keeps_its_record(stubs, tmp_path):
     run = _sweep(tmp_path, "--direct")
-    (run / "fp32_memory.parquet").unlink()
+    (run / "stub_a.parquet").unlink()
     meta = prov.read_meta(run)
-    meta["failures"] = ["fp32_memory: RuntimeError: out of memory (simulated)"]
+    meta["failures"] = ["stub_a: RuntimeError: out of memory (simulated)"]
     prov.write_meta(run, meta, overwrite=True)
     assert open_failures(meta) == meta["failures"]
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
@@ -139,38 +143,38 @@ def test_resume_of_a_garbage_meta_json_names_the_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_every_stage_has_a_file_that_says_it_is_done(tmp_path, monkeypatch):
+def test_every_stage_has_a_file_that_says_it_is_done(stubs, tmp_path, monkeypatch):
     monkeypatch.setenv(PROGRESS_ENV, "1")
     run = _sweep(tmp_path)
     state = run_state(run, prov.read_meta(run))
-    assert not state.direct and set(state.studies["fp32_memory"].done) == set(STAGES)
+    assert not state.direct and set(state.studies["stub_a"].done) == set(STAGES)
     assert state.left == {}
 
 
-def test_the_report_shows_what_an_interrupted_run_lacks_and_no_mended_failure(tmp_path):
+def test_the_report_shows_what_an_interrupted_run_lacks_and_no_mended_failure(stubs, tmp_path):
     from workbench.report import build_report
     run = _sweep(tmp_path, "--direct")
     shutil.rmtree(run / "figures")
     _unfinish(run)
     page = build_report(tmp_path).index.read_text()
-    assert "interrupted (left: fp32_memory (figures))" in page
+    assert "interrupted (left: stub_a (figures))" in page
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
     meta = prov.read_meta(run)
-    meta["failures"] = ["fp32_memory: RuntimeError: simulated"]
+    meta["failures"] = ["stub_a: RuntimeError: simulated"]
     prov.write_meta(run, meta, overwrite=True)
     assert "1 failed" in build_report(tmp_path).index.read_text()
-    (run / "fp32_memory.parquet").unlink()
+    (run / "stub_a.parquet").unlink()
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
     page = build_report(tmp_path).index.read_text()
     assert "1 failed" not in page and "simulated" not in page
 
 
-def test_report_refuses_a_user_folder_before_sweeping(tmp_path, capsys):
+def test_report_refuses_a_user_folder_before_sweeping(stubs, tmp_path, capsys):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     with pytest.raises(SystemExit) as e:
-        cli.main(["report", "--results", str(tmp_path / "results"), "--out", str(mine), "--studies", "fp32_memory"])
+        cli.main(["report", "--results", str(tmp_path / "results"), "--out", str(mine), "--studies", "stub_a"])
     assert "refusing to write the report into" in str(e.value) and "notes.txt" in str(e.value)
     assert (mine / "notes.txt").read_text() == "keep me" and not (tmp_path / "results").exists()
 

@@ -1,30 +1,32 @@
 """Sweeps beyond one process: --shard I/N (job arrays; the report merges the shards of one run)
-and --gpus (one worker process per GPU, each pinned with CUDA_VISIBLE_DEVICES)."""
+and --gpus (one worker process per GPU, each pinned with CUDA_VISIBLE_DEVICES).
+
+The sweeps here run the stub studies of tests/stub_study.py (the `stubs` fixture) through
+`cli.main` in this process: sharding, merging, resuming and the workers' plumbing do not depend on
+what a study measures. The one real end-to-end sweep is in tests/test_sweep_faults.py."""
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import stub_study
+from workbench import cli
 from workbench.cli import parse_gpus, parse_shard
-from workbench.sweep import longest_first, shard_studies
-from workbench.workers import EMULATE_GPUS_ENV, one_gpu_warnings
 from workbench.report import find_runs, load_tables
 from workbench.studies import discover, wide
+from workbench.sweep import longest_first, shard_studies
+from workbench.workers import EMULATE_GPUS_ENV, STUDY_MODULES_ENV, one_gpu_warnings, study_modules
 
-ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--direct", "--studies", "fp32_memory,padding_waste", "--set", "fp32_memory.budgets=[1024]",
-        "--set", "padding_waste.max_items=[1]", "--set", "padding_waste.n_items=2",
-        "--set", 'padding_waste.budget_sets=["pow2","planner"]']
+FAST = ["--direct", "--studies", "stub_a,stub_b", "--set", "stub_a.sizes=[1,2,3]", "--set", "stub_b.sizes=[7]"]
 
 
-def _sweep(results: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "workbench", "sweep", "--results", str(results), *FAST, *extra],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
-    assert p.returncode == 0, p.stdout + p.stderr
-    return p
+def _sweep(results: Path, *extra: str) -> None:
+    assert cli.main(["sweep", "--results", str(results), *FAST, *extra]) == 0
+
+
+def _runs(results: Path) -> list[Path]:
+    return sorted(d for d in results.iterdir() if d.is_dir())
 
 
 @pytest.mark.parametrize("text, message", [("1/1", "0 <= I < N"), ("a/2", "I/N"), ("2", "I/N"), ("-1/2", "0 <= I")])
@@ -40,15 +42,18 @@ def test_bad_gpu_lists_are_refused(text):
 
 
 def test_shards_partition_the_studies_whatever_the_order_given():
-    studies = list(discover().values())
-    for n in (1, 2, 3, 7):
+    studies = [stub_study.make(f"s{k}") for k in (3, 0, 6, 1, 5, 2, 4)]
+    for n in (1, 2, 3, 7, 9):
         parts = [shard_studies(studies[::-1], i, n) for i in range(n)]
         names = [s.name for p in parts for s in p]
         assert sorted(names) == sorted(s.name for s in studies) and len(set(names)) == len(names)
+        # study k in name order goes to shard k % n: the same partition in every task of an array
+        assert [[s.name for s in p] for p in parts] == [[f"s{k}" for k in range(7) if k % n == i] for i in range(n)]
 
 
 def test_gpu_workers_take_the_longest_studies_first_by_earlier_runs(tmp_path):
-    studies = {s.name: s for s in discover().values()}
+    studies = {n: stub_study.make(n) for n in ("cast_cost", "correctness", "fp32_memory", "padding_waste",
+                                                 "encoder_latency")}
     chosen = [studies[n] for n in ("cast_cost", "correctness", "fp32_memory", "padding_waste")]
 
     def run(name, profile, seconds):
@@ -68,87 +73,106 @@ def test_gpu_workers_take_the_longest_studies_first_by_earlier_runs(tmp_path):
     assert fresh[0] == "encoder_latency"                                      # never timed: first
 
 
-def _deterministic(table, study):
-    """The metrics of a study that do not depend on timing: model bytes, padded fractions, FLOPs."""
+def _values(table):
+    """What a stub's table holds apart from where it ran: (study, size) -> value."""
     w = wide(table.drop(columns=["run", "reference", "run_date", "device"], errors="ignore"))
-    keep = {"fp32_memory": ["model_bytes", "trace_matches"],
-            "padding_waste": ["padded_frac_expected", "padded_frac", "matmul_flops_padding", "graphs"]}[study]
-    params = [c for c in w.columns if c in ("norm", "budget", "buffer", "scope", "mix", "budget_set", "case",
-                                            "max_items", "max_graphs", "in_dtype", "buffer_dtype")]
-    cols = [c for c in keep if c in w.columns]
-    return w[params + cols].dropna(subset=cols, how="all").sort_values(params).reset_index(drop=True)
+    return w[["study", "size", "double"]].sort_values(["study", "size"]).reset_index(drop=True)
 
 
-@pytest.mark.slow
-def test_a_sweep_sharded_two_ways_and_merged_equals_the_unsharded_one(tmp_path):
+def test_a_sweep_sharded_two_ways_and_merged_equals_the_unsharded_one(stubs, tmp_path, monkeypatch, capsys):
     whole, sharded = tmp_path / "whole", tmp_path / "sharded"
     _sweep(whole)
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4242")
     for i in (0, 1):    # as two tasks of a job array would, with the array's id as the group
-        _sweep(sharded, "--shard", f"{i}/2", env={"SLURM_ARRAY_JOB_ID": "4242"})
+        _sweep(sharded, "--shard", f"{i}/2")
     runs = find_runs(sharded)
     assert len(runs) == 2 and {r.logical_name for r in runs} == {"4242 (2 shards)"}
     assert sorted(r.shard["index"] for r in runs) == [0, 1]
-    assert sorted(s for r in runs for s in r.tables) == ["fp32_memory", "padding_waste"]   # disjoint
-    loaded, problems = load_tables(runs, ["fp32_memory", "padding_waste"])
+    assert sorted(s for r in runs for s in r.tables) == ["stub_a", "stub_b"]   # disjoint
+    assert {r.name.rsplit("-", 1)[1] for r in runs} == {"shard0of2", "shard1of2"}
+    loaded, problems = load_tables(runs, ["stub_a", "stub_b"])
     assert not problems
     (ref_run,) = find_runs(whole)
-    ref, _ = load_tables([ref_run], ["fp32_memory", "padding_waste"])
-    for study in ("fp32_memory", "padding_waste"):
+    ref, _ = load_tables([ref_run], ["stub_a", "stub_b"])
+    for study in ("stub_a", "stub_b"):
         merged = [df for (run, s), df in loaded.items() if s == study]
         assert len(merged) == 1 and set(merged[0]["run"]) == {"4242 (2 shards)"}
-        a, b = _deterministic(merged[0], study), _deterministic(ref[(ref_run.name, study)], study)
+        a, b = _values(merged[0]), _values(ref[(ref_run.name, study)])
         assert len(a) > 0
         assert a.equals(b), (a, b)
+    # a shard with no study says so and makes no folder
+    capsys.readouterr()
+    assert cli.main(["sweep", "--results", str(tmp_path / "empty"), "--direct", "--studies", "stub_a",
+                     "--shard", "1/2"]) == 0
+    assert "shard 1/2 has no study" in capsys.readouterr().out and not (tmp_path / "empty").exists()
     # the report summarizes the shards as one run
-    subprocess.run([sys.executable, "-m", "workbench", "report", "--no-sweep", "--results", str(sharded)], cwd=ROOT,
-                   check=True, capture_output=True, timeout=600)
+    assert cli.main(["report", "--no-sweep", "--results", str(sharded)]) == 0
     page = (sharded / "report" / "index.html").read_text()
     assert "4242 (2 shards)" in page and "shard 0/2 of 4242" in page and "shard 1/2 of 4242" in page
 
 
-@pytest.mark.slow
-def test_a_second_copy_of_a_study_in_one_shard_group_is_listed_not_merged(tmp_path):
+def test_a_second_copy_of_a_study_in_one_shard_group_is_listed_not_merged(stubs, tmp_path):
     for _ in range(2):   # shard 0/1 twice under one group: the same study twice in one logical run
         _sweep(tmp_path, "--shard", "0/1", "--group", "g1")
     runs = find_runs(tmp_path)
-    loaded, problems = load_tables(runs, ["fp32_memory"])
-    assert len(loaded) == 1 and len(problems) == 1 and "already has a fp32_memory table" in problems[0].reason
+    loaded, problems = load_tables(runs, ["stub_a"])
+    assert len(loaded) == 1 and len(problems) == 1 and "already has a stub_a table" in problems[0].reason
 
 
-@pytest.mark.slow
-def test_gpus_run_one_worker_per_gpu_each_pinned_and_record_the_placement(tmp_path):
-    # the worker plumbing on a CPU host: two pretend GPUs, each worker on the CPU
-    p = _sweep(tmp_path, "--gpus", "0,1", "--profile", "cpu", env={EMULATE_GPUS_ENV: "2"})
-    assert "on GPUs [0, 1]" in p.stdout
-    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+def test_the_workers_import_the_modules_that_define_the_studies(stubs):
+    real = discover()["fp32_memory"]
+    modules, roots = study_modules([stubs["stub_a"], real, stubs["stub_b"]])
+    assert modules == ["stub_study"] and roots == [str(Path(stub_study.__file__).resolve().parent)]
+    assert study_modules([real]) == ([], [])          # the package's own studies: nothing to add
+
+
+@pytest.mark.timeout(900)
+def test_gpus_run_one_worker_per_gpu_each_pinned_and_record_the_placement(stubs, tmp_path, monkeypatch, capsys):
+    # the worker plumbing on a CPU host: two pretend GPUs, each worker a process on the CPU
+    monkeypatch.setenv(EMULATE_GPUS_ENV, "2")
+    _sweep(tmp_path, "--gpus", "0,1", "--profile", "cpu")
+    assert "on GPUs [0, 1]" in capsys.readouterr().out
+    assert STUDY_MODULES_ENV not in os.environ              # set for the workers only
+    (run,) = _runs(tmp_path)
     meta = json.loads((run / "meta.json").read_text())
     assert meta["params"]["gpus"] == [0, 1] and meta["finished_at"] and not meta["failures"]
     assert meta["params"]["gpus_emulated"] is True
     placement = meta["placement"]
-    assert set(placement) == {"fp32_memory", "padding_waste"}
+    assert set(placement) == {"stub_a", "stub_b"}
     assert {v["gpu"] for v in placement.values()} <= {"0", "1"}      # CUDA_VISIBLE_DEVICES of its worker
     share = str(max(1, len(os.sched_getaffinity(0)) // 2))          # each worker's share of the cores
     assert {v["threads"] for v in placement.values()} == {os.environ.get("OMP_NUM_THREADS", share)}
-    assert (run / "fp32_memory.parquet").is_file() and (run / "padding_waste.parquet").is_file()
+    assert (run / "stub_a.parquet").is_file() and (run / "stub_b.parquet").is_file()
     assert not (run / ".claims").exists()
-    assert set(meta["study_seconds"]) == {"fp32_memory", "padding_waste"}    # for the next --gpus order
+    assert set(meta["study_seconds"]) == {"stub_a", "stub_b"}    # for the next --gpus order
 
 
-@pytest.mark.slow
-def test_a_killed_shard_resumes_only_what_is_missing(tmp_path):
+@pytest.mark.timeout(900)
+def test_a_study_that_fails_in_a_gpu_worker_is_recorded_and_the_other_runs(stubs, tmp_path, monkeypatch):
+    monkeypatch.setenv(EMULATE_GPUS_ENV, "2")
+    assert cli.main(["sweep", "--results", str(tmp_path), *FAST, "--set", "stub_b.fail=true",
+                     "--gpus", "0,1", "--profile", "cpu"]) == 1
+    (run,) = _runs(tmp_path)
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["failures"] == ["stub_b: RuntimeError: stub_b fails on purpose"]
+    assert (run / "stub_a.parquet").is_file() and not (run / "stub_b.parquet").exists()
+    assert set(meta["study_seconds"]) == {"stub_a"} and set(meta["placement"]) == {"stub_a", "stub_b"}
+
+
+def test_a_killed_shard_resumes_only_what_is_missing(stubs, tmp_path, capsys):
     _sweep(tmp_path, "--shard", "0/1", "--group", "g2")
-    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
-    kept = run / "fp32_memory.parquet"
+    (run,) = _runs(tmp_path)
+    kept = run / "stub_a.parquet"
     before = kept.stat().st_mtime_ns
-    (run / "padding_waste.parquet").unlink()        # as if the shard was killed during that study
+    (run / "stub_b.parquet").unlink()        # as if the shard was killed during that study
     meta = json.loads((run / "meta.json").read_text())
     meta.pop("finished_at")
     (run / "meta.json").write_text(json.dumps(meta))
-    p = subprocess.run([sys.executable, "-m", "workbench", "sweep", "--results", str(tmp_path), "--resume", run.name],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "resuming" in p.stdout and "padding_waste" in p.stdout
-    assert kept.stat().st_mtime_ns == before and (run / "padding_waste.parquet").is_file()
+    capsys.readouterr()
+    assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
+    out = capsys.readouterr().out
+    assert "resuming" in out and "stub_b" in out
+    assert kept.stat().st_mtime_ns == before and (run / "stub_b.parquet").is_file()
     meta = json.loads((run / "meta.json").read_text())
     assert meta["params"]["shard"]["group"] == "g2" and meta["finished_at"]
 

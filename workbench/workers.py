@@ -21,6 +21,11 @@ EMULATE_GPUS_ENV = "WORKBENCH_EMULATE_GPUS"
 
 CLAIMS_DIR = ".claims"
 
+# The modules outside workbench.studies that define the selected studies (a user's own study
+# module, a test's stub), comma-separated: a worker imports them before it looks its studies up,
+# so a study registered there runs under --gpus too. The sweep sets it for its workers.
+STUDY_MODULES_ENV = "WORKBENCH_STUDY_MODULES"
+
 
 def check_gpus(gpus: list[int] | tuple[int, ...] | None, profile: str) -> None:
     """SystemExit unless every GPU of ``gpus`` is on this host (or emulated) and ``profile`` runs on GPUs."""
@@ -55,6 +60,43 @@ def one_gpu_warnings(selected: list, plan: dict, device: str) -> list[str]:
     return out
 
 
+def study_modules(selected: list) -> tuple[list[str], list[str]]:
+    """(modules, import roots) of the selected studies defined outside workbench.studies: what a
+    worker must import (each module registers its studies) and where it finds them. A study
+    defined in ``__main__`` (a script, a notebook) has no module a worker could import: the worker
+    then reports it as not registered."""
+    import importlib
+
+    modules: list[str] = []
+    roots: list[str] = []
+    for study in selected:
+        name = getattr(study.run, "__module__", None) or ""
+        if not name or name == "__main__" or name.split(".")[0] == "workbench" or name in modules:
+            continue
+        file = getattr(sys.modules.get(name) or importlib.import_module(name), "__file__", None)
+        if not file:
+            continue
+        path = Path(file).resolve()
+        if path.name == "__init__.py":
+            path = path.parent
+        modules.append(name)
+        root = str(path.parents[name.count(".")])
+        if root not in roots:
+            roots.append(root)
+    return modules, roots
+
+
+def _study_registry() -> dict:
+    """The studies a worker knows: the package's, and those the modules named by the sweep register."""
+    import importlib
+
+    from .studies import discover
+
+    for name in filter(None, os.environ.get(STUDY_MODULES_ENV, "").split(",")):
+        importlib.import_module(name)
+    return discover()
+
+
 def _claim(run_dir: Path, study: str) -> bool:
     """Take ``study`` for this worker: exactly one process can create its claim file."""
     try:
@@ -74,16 +116,19 @@ def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
 
     from .provenance import atomic_write_text, read_meta
     from .stages import finish_study
-    from .studies import discover
 
     params = read_meta(run_dir).get("params") or {}
     plan, device = params.get("studies") or {}, params.get("device") or "cpu"
-    studies = discover()
+    studies = _study_registry()
     for name in names:
         if not _claim(run_dir, name):
             continue
         t0 = time.perf_counter()
-        failures, warnings = finish_study(studies[name], plan[name], device, run_dir, direct, kernel)
+        if name in studies:
+            failures, warnings = finish_study(studies[name], plan[name], device, run_dir, direct, kernel)
+        else:
+            failures, warnings = [f"{name}: not registered in the worker process (a study defined in a script "
+                                  f"or notebook cannot run under --gpus: define it in an importable module)"], []
         record = {"study": name, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid(),
                   "threads": os.environ.get("OMP_NUM_THREADS", ""),
                   "seconds": round(time.perf_counter() - t0, 1), "failures": failures, "warnings": warnings}
@@ -102,6 +147,7 @@ def execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
     shutil.rmtree(claims, ignore_errors=True)       # a killed sweep's claims mean nothing now
     claims.mkdir()
     order = ",".join(s.name for s in selected)
+    modules, roots = study_modules(selected)
     procs = []
     for g in gpus:
         cmd = [sys.executable, "-m", "workbench", "worker", str(run_dir), "--studies", order, "--kernel", kernel]
@@ -112,6 +158,9 @@ def execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
         # core in every worker, the workers oversubscribe the host and every study runs slower
         # (results/reference/README.md has by how much); an OMP_NUM_THREADS the user set wins
         env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(gpus))))
+        if modules:
+            env[STUDY_MODULES_ENV] = ",".join(modules)
+            env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [os.environ.get("PYTHONPATH")])])
         procs.append((g, subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT))))
     codes = {g: p.wait() for g, p in procs}
     failures: list[str] = []
