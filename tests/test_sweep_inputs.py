@@ -119,12 +119,18 @@ def test_a_disk_that_refuses_the_run_folder_ends_in_a_message(tmp_path, monkeypa
 
 
 def test_results_that_is_a_file_ends_in_a_message_without_traceback(tmp_path):
+    """Through the console entry point in a subprocess (the other command-line tests call cli.main
+    in this process): a refusal is a message on stderr and exit code 1, never a traceback."""
     target = tmp_path / "afile"
     target.write_text("mine")
     p = subprocess.run([sys.executable, "-m", "workbench", "sweep", "--direct", "--results", str(target),
                         "--studies", "fp32_memory", "--set", "budgets=[1024]"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode != 0 and "Traceback" not in p.stderr and str(target) in p.stderr, p.stderr
+                       text=True, timeout=600)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip() == f"--results {target} is a file, not a folder; give the folder that holds the run folders"
+    assert target.read_text() == "mine"
+    with pytest.raises(SystemExit, match=f"--results {target} is a file, not a folder"):    # in process too
+        cli.main(["report", "--no-sweep", "--results", str(target)])
     assert target.read_text() == "mine"
 
 
