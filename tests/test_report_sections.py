@@ -280,3 +280,182 @@ def test_no_norm_bandwidth_json_is_one_line(tmp_path):
     page = result.index.read_text(encoding="utf-8")
     assert "No committed norm bandwidth benchmark" in page
     assert not (result.index.parent / "norm_bandwidth").exists()
+
+
+# --------------------------------------------------------------------------- newest first, folded, shareable
+
+
+def naming_study(name: str = "demo", table_rows: int = 0) -> Study:
+    """A study whose finding names the runs it was given and saves one figure per run (named
+    ``<name>_values_<run>``, as the studies name theirs); with ``table_rows``, a key-number table."""
+
+    def summarize(table: pd.DataFrame, out_dir: Path) -> Summary:
+        import matplotlib.pyplot as plt
+
+        figs = []
+        for run, g in table.groupby("run"):
+            fig, ax = plt.subplots(figsize=(2, 2))
+            ax.plot(g["value"].to_numpy(), marker="o")
+            figs += save_figure(fig, out_dir, f"{name}_values_{run}")[:1]
+        tables = []
+        if table_rows:
+            tables.append(("Key numbers", pd.DataFrame({"size": range(table_rows),
+                                                        "value_us": [1.5 * i for i in range(table_rows)]})))
+        runs = ", ".join(sorted(table["run"].unique()))
+        return Summary(text=f"{name} on {', '.join(sorted(table['device'].unique()))} from {runs}.",
+                       figures=figs, tables=tables)
+
+    return Study(name=name, notebook=f"notebooks/{name}.ipynb", run=lambda **k: None,
+                 summarize=summarize, params=ParamSpec(), question=f"what does {name} show")
+
+
+def verdict_table(device: str, ok: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"placement": [f"p{i}" for i in range(len(ok))], "device": device, "metric": "ok",
+                         "value": ok, "unit": "bool"})
+
+
+@pytest.fixture
+def three_runs(tmp_path, base_meta):
+    """An old and a new H200 run (reference) and a newer CPU run, each with a verdict table."""
+    old = make_run(tmp_path, base_meta, "old", "NVIDIA H200", {"demo": verdict_table("NVIDIA H200", [1, 1, 0])},
+                   reference=True, started="2030-01-01T00:00:00.000Z")
+    new = make_run(tmp_path, base_meta, "new", "NVIDIA H200", {"demo": verdict_table("NVIDIA H200", [1, 0, 0])},
+                   reference=True, started="2030-01-02T00:00:00.000Z")
+    same = make_run(tmp_path, base_meta, "same", "NVIDIA H200", {"demo": verdict_table("NVIDIA H200", [1, 0, 0])},
+                    reference=True, started="2030-01-01T12:00:00.000Z")
+    cpu = make_run(tmp_path, base_meta, "cpu", "cpu: test", {"demo": verdict_table("cpu: test", [1, 1, 1])},
+                   started="2030-01-03T00:00:00.000Z")
+    return tmp_path, old, same, new, cpu
+
+
+def test_newest_run_per_device_first_older_and_cpu_runs_folded(three_runs):
+    root, old, same, new, cpu = three_runs
+    result = rep.build_report(root, studies={"demo": naming_study()})
+    s = section(result, "demo")
+    assert [(v.device, v.kind, v.folded, v.runs) for v in s.views] == [
+        ("NVIDIA H200", "newest", False, [new.name]),
+        ("NVIDIA H200", "older", True, [same.name, old.name]),           # newest first
+        ("cpu: test", "newest", True, [cpu.name])]                       # the CPU after the GPU, folded
+    assert s.text == f"demo on NVIDIA H200 from {new.name}."
+
+    page = result.index.read_text(encoding="utf-8")
+    keys = page[page.index('id="key-findings"'):page.index('<h2 id="demo">')]
+    assert keys.index("NVIDIA H200") < keys.index("cpu: test")           # key findings: GPU first
+    assert f"demo on NVIDIA H200 from {new.name}." in keys
+    assert "<details>" in keys[keys.index("cpu: test") - 80:]            # the CPU's key finding folded
+    sec = section_html(page, "demo")
+    open_part = sec[:sec.index("<details")]
+    assert f"<p>demo on NVIDIA H200 from {new.name}.</p>" in open_part
+    assert f"_values_{new.name}" in open_part                             # the newest figure shown
+    for run in (old, same, cpu):                                          # the others only when unfolded
+        assert f"_values_{run.name}" not in open_part and f"_values_{run.name}" in sec
+    folded = re.findall(r"<details.*?</details>", sec, flags=re.S)
+    assert any(f"_values_{old.name}" in d for d in folded) and any(f"_values_{cpu.name}" in d for d in folded)
+
+
+def test_older_runs_are_summarized_as_verdict_changes(three_runs):
+    root, old, same, new, cpu = three_runs
+    result = rep.build_report(root, studies={"demo": naming_study()})
+    (older,) = [v for v in section(result, "demo").views if v.kind == "older"]
+    by_run = {line.split(":")[0]: line for line in older.diffs}
+    assert by_run[same.name] == f"{same.name}: unchanged (3 verdicts shared with {new.name})"
+    assert by_run[old.name].startswith(f"{old.name}: 1 of 3 verdicts differ from {new.name}: ")
+    assert "placement=p1" in by_run[old.name] and "WRONG -> ok" not in by_run[old.name]
+    assert "ok [placement=p1]: ok -> WRONG" in by_run[old.name]
+    page = result.index.read_text(encoding="utf-8")
+    assert html.escape(by_run[same.name]) in section_html(page, "demo")
+    # and the newest against the run before it, with every value in a CSV
+    (cmp,) = section(result, "demo").comparisons
+    assert (cmp.newer, cmp.older) == (new.name, same.name) and "0 verdict changes" in cmp.line
+    assert (result.index.parent / cmp.csv).is_file()
+
+
+def test_a_csv_beside_every_table(tmp_path, base_meta):
+    make_run(tmp_path, base_meta, "gpu", "NVIDIA H200", {"demo": long_table("NVIDIA H200")})
+    result = rep.build_report(tmp_path, studies={"demo": naming_study(table_rows=3)})
+    out = result.index.parent
+    page = result.index.read_text(encoding="utf-8")
+    tables = page.count("<table")
+    csvs = re.findall(r'<a href="([^"/]+\.csv)">CSV', page)
+    assert tables == 2 and len(csvs) == 2                        # the key numbers and the runs
+    for csv in csvs:
+        assert (out / csv).is_file() and (out / csv).parent == result.index.parent   # beside the page
+    key = pd.read_csv(out / csvs[0])
+    assert key.columns.tolist() == ["size", "value_us"] and key["value_us"].tolist() == [0.0, 1.5, 3.0]
+    runs = pd.read_csv(out / csvs[1])
+    assert runs["run"].tolist() == [r.name for r in result.runs] and "device" in runs
+
+
+def _references(page: str) -> list[tuple[str, str, str]]:
+    """(tag, attribute, value) of every href and src on a page."""
+    from html.parser import HTMLParser
+
+    refs = []
+
+    class P(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            refs.extend((tag, k, v) for k, v in attrs if k in ("href", "src") and v is not None)
+
+    P().feed(page)
+    return refs
+
+
+def test_nothing_links_out_of_the_report_folder_and_no_script_comes_from_outside(tmp_path, base_meta):
+    from urllib.parse import unquote, urlsplit
+
+    run = make_run(tmp_path, base_meta, "gpu", "NVIDIA H200", {"demo": long_table("NVIDIA H200")})
+    (run / "demo.html").write_text(
+        '<html><head><script src="https://cdnjs.cloudflare.com/require.min.js"></script>'
+        '<link rel="stylesheet" href="https://cdn.example/x.css"><script>var x = 1;</script></head>'
+        "<body><p>executed notebook</p><img src='data:image/png;base64,AAAA'></body></html>")
+    (tmp_path / "reference").mkdir(exist_ok=True)
+    shutil.copy(NORM_BW_JSON, tmp_path / "reference" / NORM_BW_JSON.name)
+    result = rep.build_report(tmp_path, studies={"demo": naming_study(table_rows=2)})
+    out = result.index.parent.resolve()
+    pages = [result.index] + sorted(out.rglob("*.html"))
+    assert any(p.name == "demo.html" for p in pages)                   # the notebook's page, copied in
+    for page_path in pages:
+        page = page_path.read_text(encoding="utf-8")
+        assert "<script" not in page.lower(), page_path                   # no script at all, so none from outside
+        for tag, attr, value in _references(page):
+            if value.startswith("#") or value.startswith("data:"):
+                continue
+            parts = urlsplit(value)
+            assert not parts.scheme and not parts.netloc, (page_path, value)
+            target = (page_path.parent / unquote(parts.path)).resolve()
+            assert out in target.parents and target.is_file(), (page_path, value)
+    main = result.index.read_text(encoding="utf-8")
+    assert "executed notebook" not in main and 'href="runs/' in main
+    assert "executed notebook" in (out / rep.RUNS_DIRNAME / run.name / "demo.html").read_text()
+
+
+def test_the_report_discovers_benchmarks_and_names_none(tmp_path):
+    from workbench import benchmarks
+
+    source = Path(rep.__file__).read_text(encoding="utf-8")
+    assert "norm_bandwidth" not in source and "norm_bw" not in source
+    assert nbw.NAME in benchmarks.discover()
+
+    def summarize(path, doc, out_dir):
+        return benchmarks.BenchmarkPanel(source=path.name, device=doc["device"], date="2030-01-01",
+                                         text=f"{doc['device']} did {doc['value']}.")
+
+    fake = benchmarks.Benchmark(name="fake_bench", title="Fake bench", summarize=summarize, files="fake-*.json")
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "fake-1.json").write_text('{"benchmark": "fake_bench", "device": "GPU X", "value": 3}')
+    (tmp_path / "reference" / "fake-2.json").write_text('{"benchmark": ')
+    result = rep.build_report(tmp_path, studies={}, benchmarks={"fake_bench": fake})
+    b = result.benchmark("fake_bench")
+    assert [p.source for p in b.panels] == ["fake-1.json", "fake-2.json"]
+    assert b.panels[0].text == "GPU X did 3." and "unreadable JSON" in b.panels[1].error
+    page = result.index.read_text(encoding="utf-8")
+    assert '<h2 id="fake_bench">Fake bench</h2>' in page and "GPU X did 3." in page
+
+
+def test_the_benchmark_summary_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, workbench.benchmarks as b; b.discover(); "
+            "import workbench.benchmarks.norm_bandwidth_summary; assert 'torch' not in sys.modules, 'torch'")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

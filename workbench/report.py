@@ -11,9 +11,19 @@ table format is left out and named, with the reason, in its study's section and 
 it does not blank the study. Each study section also says, one line per device, for which of the
 devices seen in any run the study has no data.
 
-The committed norm bandwidth benchmark (``results/reference/*.json`` with
-``"benchmark": "norm_bandwidth"``) gets its own section: % of the SM-copy ceiling and p50 times
-per implementation and row count, with a finding generated from the numbers. Nothing here runs a
+The page reads newest first: a key-findings block (the opening of each study's finding for the
+newest run of every device, GPUs first), then per study one view per device: the newest run (the
+newest per device and family where the table has a ``family`` column) summarized on its own and
+shown, the older runs of that device summarized together and folded (``<details>``), with each
+older run's verdicts against the newest ("unchanged", or the cells that changed), and the newest
+run against the one before it (workbench.compare). CPU runs are smoke tests: folded wherever a GPU
+run exists. Every figure gets a caption from its file name and run; every table shown gets a CSV
+beside the page. Committed benchmarks (``results/reference/*.json``) are drawn by the benchmarks
+that registered themselves (workbench.benchmarks); this module names none.
+
+Everything the page links is inside the report folder, so it can be zipped and shared: figures,
+CSVs, and copies of each run's meta.json and executed notebooks' HTML (``runs/<run>/``; scripts
+and external stylesheets removed, so nothing loads from outside the folder). Nothing here runs a
 model.
 
 Nothing is lost to a report. A run folder's meta.json is read with
@@ -1378,8 +1388,20 @@ def _benchmark_html(b: BenchmarkSection) -> str:
     return "\n".join(out)
 
 
+KEY_FINDING_CHARS = 360              # a key finding: the finding's opening sentences, about this long
+
+
 def _first_paragraph(text: str) -> str:
-    return next((p.strip() for p in text.split("\n\n") if p.strip()), "")
+    """The finding's first paragraph, cut after the sentence that passes KEY_FINDING_CHARS (the
+    whole finding is in its section)."""
+    first = next((p.strip() for p in text.split("\n\n") if p.strip()), "")
+    if len(first) <= KEY_FINDING_CHARS:
+        return first
+    ends = [m.end() for m in re.finditer(r"[.:;] (?=[A-Z(])", first)]
+    cut = next((e for e in ends if e >= KEY_FINDING_CHARS * 3 // 4), None)
+    if cut is None or cut > 2 * KEY_FINDING_CHARS:
+        cut = first.rfind(" ", 0, KEY_FINDING_CHARS) + 1 or KEY_FINDING_CHARS
+    return first[:cut].rstrip(" ;:") + " …"
 
 
 def key_findings(sections: list[StudySection], benchmarks: list[BenchmarkSection] = ()) -> dict[str, list[tuple[str, str, str]]]:
