@@ -78,3 +78,41 @@ def test_without_saved_declarations_help_imports_the_studies_and_saves_them(tmp_
         with pytest.raises(SystemExit) as fast:
             cli._resolve_plan(sets, declared, list(declared.values()), "cpu")
         assert str(fast.value) == str(full.value)
+
+
+def _kernel(tmp_path: Path, monkeypatch, python: str) -> None:
+    import json
+
+    d = tmp_path / "share" / "jupyter" / "kernels" / cli.PROJECT_KERNEL
+    d.mkdir(parents=True)
+    (d / "kernel.json").write_text(json.dumps({
+        "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python (workbench)", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "share" / "jupyter"))
+
+
+def test_sweeps_run_in_the_project_kernel_where_it_runs_this_interpreter(tmp_path, monkeypatch):
+    _kernel(tmp_path, monkeypatch, sys.executable)
+    assert cli.default_kernel() == "workbench"
+    args = cli.build_parser().parse_args(["sweep", "--direct"])
+    assert args.kernel is None                       # resolved when the plan is made
+
+
+def test_sweeps_fall_back_to_python3_without_the_project_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "nothing"))
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "nothing-either"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "no-prefix"))
+    assert cli.default_kernel() == "python3"
+
+
+def test_a_project_kernel_of_another_interpreter_is_not_used(tmp_path, monkeypatch):
+    _kernel(tmp_path, monkeypatch, str(tmp_path / "other-env" / "bin" / "python"))
+    assert cli.default_kernel() == "python3"
+
+
+def test_the_notebooks_declare_the_project_kernel():
+    import json
+
+    for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
+        spec = json.loads(nb.read_text(encoding="utf-8"))["metadata"]["kernelspec"]
+        assert spec["name"] == cli.PROJECT_KERNEL and spec["display_name"] == "Python (workbench)", nb.name

@@ -295,7 +295,7 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     check_gpus(gpus, profile)
     name = parse_name(args.name) or profile
     return SweepPlan(studies=tuple(selected), params=params, profile=profile, results=args.results, name=name,
-                     mode="direct" if args.direct else "papermill", kernel=args.kernel,
+                     mode="direct" if args.direct else "papermill", kernel=args.kernel or default_kernel(),
                      gpus=tuple(gpus) if gpus else None, gpus_emulated=bool(gpus and os.environ.get(EMULATE_GPUS_ENV)),
                      shard=shard, group=shard_group(args.group, name) if shard is not None else None)
 
@@ -318,7 +318,7 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
     if not studies:
         result = SweepResult(None, note=NO_STUDY_MESSAGE)
     elif resume:
-        result = resume_sweep(resume, args.results, studies, kernel=args.kernel, gpus=parse_gpus(args.gpus),
+        result = resume_sweep(resume, args.results, studies, kernel=args.kernel or default_kernel(), gpus=parse_gpus(args.gpus),
                               resume_finished=args.resume_finished)
     else:
         result = run_sweep(sweep_plan(args, studies))
@@ -459,8 +459,9 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--direct", action="store_true",
                    help="call the studies' run functions in this process instead of executing "
                         "their notebooks with papermill")
-    g.add_argument("--kernel", default="python3",
-                   help="Jupyter kernel for papermill (default: %(default)s, this interpreter)")
+    g.add_argument("--kernel", default=None,
+                   help=f"Jupyter kernel for papermill (default: the project's kernel {PROJECT_KERNEL!r}, which "
+                        f"make lab registers, where it runs this interpreter; else {FALLBACK_KERNEL!r})")
     g.add_argument("--resume", metavar="RUN",
                    help="finish an interrupted run folder (a path, or a folder name under --results): only "
                         "the studies without a table run, with the parameters its meta.json recorded")
@@ -481,6 +482,30 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--group", metavar="NAME",
                    help="with --shard: the name the shards of one run share (default: $WORKBENCH_RUN_GROUP, "
                         "else $SLURM_ARRAY_JOB_ID, else <UTC date>-<git sha>-<name>)")
+
+
+PROJECT_KERNEL = "workbench"          # "Python (workbench)": `make lab` registers it inside the venv
+FALLBACK_KERNEL = "python3"           # what a fresh venv (CI, a GPU host's bundle) has
+
+
+def default_kernel() -> str:
+    """The kernel papermill runs the notebooks in: the project's kernel where it is registered and
+    starts this very interpreter (a kernel of that name from another environment would measure
+    another install), else python3. Never fails: no jupyter_client, no kernel, a broken spec all
+    give python3."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+        try:
+            spec = KernelSpecManager().get_kernel_spec(PROJECT_KERNEL)
+        except NoSuchKernel:
+            return FALLBACK_KERNEL
+        exe = spec.argv[0] if spec.argv else ""
+        same = exe in ("python", "python3") or (
+            os.path.exists(exe) and os.path.samefile(exe, sys.executable))
+        return PROJECT_KERNEL if same else FALLBACK_KERNEL
+    except Exception:  # noqa: BLE001 - the kernel choice must never stop a sweep
+        return FALLBACK_KERNEL
 
 
 def _params_epilog() -> str:
