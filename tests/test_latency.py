@@ -153,7 +153,7 @@ def test_presentation_and_summary(latency_table, tmp_path):
     # as the report calls it: all runs concatenated, with run and reference columns
     both = [latency_table.assign(run="a", reference=False), latency_table.assign(run="b", reference=True)]
     import pandas as pd
-    summary = s.summarize(pd.concat(both, ignore_index=True), tmp_path)
+    summary = s.STUDY.summarize(pd.concat(both, ignore_index=True), tmp_path)
     assert len(summary.figures) == 6 and all((tmp_path / Path(f).name).exists() for f in summary.figures)
     assert len(summary.tables) == 2 and "reference" in summary.text
 

@@ -38,7 +38,7 @@ from .params import PROFILES, Param, ParamError, ParamSpec
 from .tables import TableError, check_table, load_table, tidy, wide, write_study_table
 
 __all__ = ["PROFILES", "Param", "ParamError", "ParamSpec", "Study", "Summary", "STUDIES", "register",
-           "discover", "default_profile", "profile_of", "notebook_params", "run_and_save", "save_table", "TableError",
+           "discover", "default_profile", "profile_of", "RunSetup", "begin_run", "notebook_params", "run_and_save", "save_table", "TableError",
            "check_table", "load_table", "tidy", "wide", "write_study_table"]
 
 
@@ -78,7 +78,9 @@ class Study:
     footprint: Callable[[Mapping[str, Any], str], Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.summarize is None:
+        # the generic summary, bound to this study (also when dataclasses.replace copied another
+        # study's: it must read this one's declaration)
+        if self.summarize is None or getattr(self.summarize, "__func__", None) is Study._summarize:
             if self.findings is None:
                 raise ValueError(f"study {self.name!r} declares neither findings nor summarize")
             object.__setattr__(self, "summarize", self._summarize)
@@ -146,6 +148,37 @@ def profile_of(device: Any) -> str:
     if name == "auto" or device is None:
         return default_profile()
     return "gpu" if name.startswith("cuda") else "cpu"
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What every run function starts from: the device, the resolved parameters (the device's
+    profile supplies the defaults) and the device label its table rows carry."""
+
+    device: Any                                 # torch.device
+    params: dict[str, Any]
+    label: str
+
+    @property
+    def dtype(self):
+        """The tower dtype of the ``dtype`` parameter."""
+        from ..encoder import resolve_dtype
+        return resolve_dtype(self.params["dtype"])
+
+    def config(self, preset: str | None = None):
+        """The ``preset`` parameter's config (or ``preset``'s) at the ``depth`` parameter."""
+        from ..config import VisionConfig
+        return VisionConfig.preset(preset or self.params["preset"], self.params["depth"])
+
+
+def begin_run(spec: ParamSpec, study: str, device: Any, params: Mapping[str, Any]) -> RunSetup:
+    """A run function's first step: ``device`` resolved ('auto' -> CUDA where present), then
+    ``params`` checked against ``spec`` for that device's profile (ParamError)."""
+    from ..encoder import resolve_device
+    from ..formatting import device_label
+
+    dev = resolve_device(device)
+    return RunSetup(dev, spec.resolve(params, profile_of(dev), study=study), device_label(dev))
 
 
 _NOTEBOOK_STARTED: dict[str, Any] = {}

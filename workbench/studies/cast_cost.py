@@ -31,17 +31,17 @@ import torch
 from ..ceilings import copy_ceiling_gbs, matmul_tflops
 from ..config import PRESET_NAMES, VisionConfig
 from ..dtypes import dtype_name
-from ..encoder import build_encoder, resolve_device, resolve_dtype
+from ..encoder import build_encoder
 from ..floors import floor_us, flop_floor_us, tower_flops
-from ..formatting import device_label, fmt_bytes, fmt_us
+from ..formatting import fmt_bytes, fmt_us
 from ..norms import REAL_NORMS, make_norm, normalize_reference
 from ..timing import time_us
 from ..towers.common import budget_padding, filling_grid
 from ..ulps import bf16_ulps
-from . import Study, profile_of, register
+from . import Study, begin_run, register
 from .footprint import Footprint, largest_budget
 from .params import Param, ParamSpec, ascending_unique, fractions
-from .plotting import labelled_runs, plain_log_ticks, run_label
+from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -170,11 +170,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Measure every (design, norm, budget, fill) cell; returns the tidy long table.
 
     params: see PARAMS (defaults: the device's profile)."""
-    dev = resolve_device(device)
-    p = PARAMS.resolve(params, profile_of(dev), study="cast_cost")
-    dt = resolve_dtype(p["dtype"])
-    cfg = VisionConfig.preset(p["preset"], p["depth"])
-    label = device_label(dev)
+    s = begin_run(PARAMS, "cast_cost", device, params)
+    dev, p, dt, cfg, label = s.device, s.params, s.dtype, s.config(), s.label
     gbs = copy_ceiling_gbs(dev)
     # what one tiny kernel costs as a graph replay: the latency below which no staging can go
     tiny = torch.zeros(1, device=dev)
@@ -329,53 +326,54 @@ def key_numbers(table: pd.DataFrame, fill: float = 0.75) -> dict[str, pd.DataFra
 def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
     """The finding per device: the cheapest correct design per budget and what the others cost."""
     w = wide(table)
-    parts = []
-    for dev, g in labelled_runs(w):
-        at = g[np.isclose(g.fill, fill)]
-        if at.empty:
-            at = g[g.fill == g.fill.max()]
-        ok = at[at.max_err_ulp <= 1]
-        pct = int(round(at["fill"].iloc[0] * 100))
-        text = (f"On {dev} ({pct}% valid rows; copy ceiling {g.copy_gbs.iloc[0]:.0f} GB/s measured in the run; "
-                f"{len(ok)}/{len(at)} design outputs within 1 bf16 ulp of float64, checked before timing). "
-                "Cheapest correct design per budget: ")
-        best_per = []
-        for budget, b in ok.groupby("budget"):
-            r = b.sort_values("staging_us").iloc[0]
-            best_per.append(f"{budget} tokens: {cell_name(r.design, r.norm)}, {fmt_us(r.staging_us)} "
-                            f"({r.ratio_to_floor:.2f}x its byte floor, {fmt_bytes(r['bytes'])}, "
-                            f"{r.share_of_replay:.2%} of the replay)")
-        text += "; ".join(best_per) + "."
-        top = ok[ok.budget == ok.budget.max()]
-        best = top.sort_values("staging_us").iloc[0]
+    return per_run(w, lambda dev, g: _run_finding(dev, g, fill))
 
-        def cost(mask, what):
-            c = top[mask]
-            if c.empty:
-                return None
-            r = c.sort_values("staging_us").iloc[0]
-            return (f"{what} ({cell_name(r.design, r.norm)}) +{fmt_us(r.staging_us - best.staging_us)} and "
-                    f"+{fmt_bytes(r['bytes'] - best['bytes'])} per replay")
-        costs = [cost(top.design == "uint8_buffer", "the engines' uint8 buffer over all rows"),
-                 cost(top.design == "bf16_buffer", "a bf16 buffer (cast every replay)"),
-                 cost(top.design == "fp32_buffer", "the legacy fp32 buffer"),
-                 cost(top.norm == "eager", "an eager fp32 norm")]
-        costs = [c for c in costs if c]
-        if costs:
-            text += (f" Against it at {int(best.budget)} tokens (one image per replay): " + "; ".join(costs) + ".")
-        if "replay_floor_us" in g:
-            r = top.sort_values("staging_us").iloc[0]
-            text += (f" The tower replay itself ({fmt_us(r.replay_us)} at {int(r.budget)} tokens) runs at "
-                     f"{r.replay_us / r.replay_floor_us:.1f}x its FLOP floor ({g.matmul_tflops.iloc[0]:.3g} "
-                     "TFLOP/s measured), so the input's share would grow by that factor in a tower at its floor.")
-        if "launch_us" in g:
-            text += (f" One tiny kernel replayed alone takes {fmt_us(g.launch_us.iloc[0])} here: the smallest "
-                     "budgets are bound by that latency, not by bytes.")
-        if str(dev).startswith("cpu"):
-            text += (" CPU times are host times on cache-resident data: a smoke test of the wiring, not of "
-                     "bandwidth (ratios below 1x the DRAM floor are the caches).")
-        parts.append(text)
-    return "\n\n".join(parts)
+
+def _run_finding(dev: str, g: pd.DataFrame, fill: float) -> str:
+    at = g[np.isclose(g.fill, fill)]
+    if at.empty:
+        at = g[g.fill == g.fill.max()]
+    ok = at[at.max_err_ulp <= 1]
+    pct = int(round(at["fill"].iloc[0] * 100))
+    text = (f"On {dev} ({pct}% valid rows; copy ceiling {g.copy_gbs.iloc[0]:.0f} GB/s measured in the run; "
+            f"{len(ok)}/{len(at)} design outputs within 1 bf16 ulp of float64, checked before timing). "
+            "Cheapest correct design per budget: ")
+    best_per = []
+    for budget, b in ok.groupby("budget"):
+        r = b.sort_values("staging_us").iloc[0]
+        best_per.append(f"{budget} tokens: {cell_name(r.design, r.norm)}, {fmt_us(r.staging_us)} "
+                        f"({r.ratio_to_floor:.2f}x its byte floor, {fmt_bytes(r['bytes'])}, "
+                        f"{r.share_of_replay:.2%} of the replay)")
+    text += "; ".join(best_per) + "."
+    top = ok[ok.budget == ok.budget.max()]
+    best = top.sort_values("staging_us").iloc[0]
+
+    def cost(mask, what):
+        c = top[mask]
+        if c.empty:
+            return None
+        r = c.sort_values("staging_us").iloc[0]
+        return (f"{what} ({cell_name(r.design, r.norm)}) +{fmt_us(r.staging_us - best.staging_us)} and "
+                f"+{fmt_bytes(r['bytes'] - best['bytes'])} per replay")
+    costs = [cost(top.design == "uint8_buffer", "the engines' uint8 buffer over all rows"),
+             cost(top.design == "bf16_buffer", "a bf16 buffer (cast every replay)"),
+             cost(top.design == "fp32_buffer", "the legacy fp32 buffer"),
+             cost(top.norm == "eager", "an eager fp32 norm")]
+    costs = [c for c in costs if c]
+    if costs:
+        text += (f" Against it at {int(best.budget)} tokens (one image per replay): " + "; ".join(costs) + ".")
+    if "replay_floor_us" in g:
+        r = top.sort_values("staging_us").iloc[0]
+        text += (f" The tower replay itself ({fmt_us(r.replay_us)} at {int(r.budget)} tokens) runs at "
+                 f"{r.replay_us / r.replay_floor_us:.1f}x its FLOP floor ({g.matmul_tflops.iloc[0]:.3g} "
+                 "TFLOP/s measured), so the input's share would grow by that factor in a tower at its floor.")
+    if "launch_us" in g:
+        text += (f" One tiny kernel replayed alone takes {fmt_us(g.launch_us.iloc[0])} here: the smallest "
+                 "budgets are bound by that latency, not by bytes.")
+    if str(dev).startswith("cpu"):
+        text += (" CPU times are host times on cache-resident data: a smoke test of the wiring, not of "
+                 "bandwidth (ratios below 1x the DRAM floor are the caches).")
+    return text
 
 
 def footprint(p, device: str) -> Footprint:

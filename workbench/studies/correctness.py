@@ -17,14 +17,14 @@ import torch
 from ..config import PRESET_NAMES, VisionConfig
 from ..dtypes import dtype_name
 from ..dtypes import resolve_dtype as dtype_of
-from ..encoder import PATHS, PLACEMENT_TABLE, STUDY_PLACEMENTS, build_encoder, resolve_device, resolve_dtype
+from ..encoder import PATHS, PLACEMENT_TABLE, STUDY_PLACEMENTS, build_encoder
 from ..formatting import device_label
 from ..norms import NORMS, normalize_reference
 from ..preprocess import Video, preprocess
 from ..reference import cos_min, rel_err
 from ..runner import EncoderGraphRunner
 from ..samples import SAMPLE_NAMES, sample_images, sample_video
-from . import Study, profile_of, register
+from . import Study, begin_run, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import progress as show_progress
@@ -132,11 +132,10 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     CPU, NCCL with one GPU per rank; skipped with a note when fewer GPUs are visible). hazard:
     also run the NaN padding / pool check.
     """
-    p = PARAMS.resolve(params, profile_of(resolve_device(device)), study="correctness")
+    s = begin_run(PARAMS, "correctness", device, params)
     (families, depth, dtype, placements, norms, paths, buffer_dtypes, max_pixels, budgets, max_items,
-     dp_world_size, hazard, seed) = (p[k] for k in PARAMS.names)
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype)
+     dp_world_size, hazard, seed) = (s.params[k] for k in PARAMS.names)
+    dev, dt = s.device, s.dtype
     tol = TOLERANCE[dt]
     rows = []
     for fam in families:

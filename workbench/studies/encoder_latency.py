@@ -42,9 +42,9 @@ import torch
 from ..ceilings import attention_tflops, matmul_tflops
 from ..config import PRESET_NAMES, VisionConfig
 from ..dtypes import dtype_name
-from ..encoder import build_encoder, resolve_device, resolve_dtype
+from ..encoder import build_encoder
 from ..floors import flop_floor_us, tower_flops
-from ..formatting import device_label, fmt_us
+from ..formatting import fmt_us
 from ..kernel_profile import kernel_breakdown
 from ..norms import REAL_NORMS
 from ..preprocess import PatchBatch, normalize_rows
@@ -52,10 +52,10 @@ from ..reference import cos_min, hf_embeddings, hf_vision_model, rel_err
 from ..runner import PHASES, EncoderGraphRunner
 from ..timing import cpu_time_us
 from ..towers.common import init_checkpoint_like
-from . import Study, profile_of, register
+from . import Study, begin_run, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import labelled_runs, plain_log_ticks, run_label
+from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -258,10 +258,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Time every (preset, tokens, images) cell on the three paths; returns the tidy long table.
 
     params: see PARAMS (defaults: the device's profile)."""
-    dev = resolve_device(device)
-    p = PARAMS.resolve(params, profile_of(dev), study="encoder_latency")
-    dt = resolve_dtype(p["dtype"])
-    label = device_label(dev)
+    s = begin_run(PARAMS, "encoder_latency", device, params)
+    dev, p, dt, label = s.device, s.params, s.dtype, s.label
     tflops = matmul_tflops(dev)
     gen = torch.Generator().manual_seed(p["seed"])
     rows: list[dict] = []
@@ -493,83 +491,84 @@ def _cell(r) -> str:
 def findings(table: pd.DataFrame) -> str:
     """The finding per device: checks, where graphs win and by how much, where they lose, how the
     graph path compares with transformers and with the floor, and where its time goes."""
-    parts = []
-    for dev, g in labelled_runs(table):
-        w = wide(g)
-        gr = w[w.path == "graph"]
-        tr = w[w.path == "transformers"]
-        n_cells = len(gr)
-        ok_graph = int(gr.ok.fillna(False).astype(bool).sum()) if "ok" in gr else 0
-        bit = int(gr.bit_equal.fillna(False).astype(bool).sum()) if "bit_equal" in gr else 0
-        text = (f"On {dev} ({', '.join(sorted(map(str, w.dtype.unique())))}; matmul rate "
-                f"{w.matmul_tflops.iloc[0]:.3g} TFLOP/s measured in the run): the graph output equals eager in "
-                f"{ok_graph}/{n_cells} cells ({bit} bit-equal, worst rel_err {gr.rel_err.max():.1e})")
-        if len(tr):
-            agree = int(tr.ok.fillna(False).astype(bool).sum())
-            text += (f"; ours agrees with transformers in {agree}/{len(tr)} cells (smallest row cosine "
-                     f"{tr.cos_min.min():.6f})")
-        text += ". Only checked paths are timed."
-        timed = gr[gr.p50_ms.notna()] if "p50_ms" in gr else gr.iloc[0:0]
-        if len(timed):
-            win = timed[timed.speedup > 1].sort_values("speedup", ascending=False)
-            lose = timed[timed.speedup <= 1].sort_values("speedup")
-            if len(win):
-                best = win.iloc[0]
-                text += (f" CUDA graphs win in {len(win)}/{len(timed)} cells, most at {_cell(best)}: "
-                         f"{best.speedup:.2f}x over eager ({fmt_us(best.p50_ms * 1e3)} vs "
-                         f"{fmt_us(best.p50_ms * best.speedup * 1e3)}); median gain {win.speedup.median():.2f}x.")
-            if len(lose):
-                text += (f" They lose or tie in {len(lose)} cell(s): " + "; ".join(
-                    f"{_cell(r)} ({r.speedup:.2f}x)" for r in lose.head(4).itertuples()) + ".")
-            else:
-                text += " They lose in no cell."
-            by_tok = timed.groupby("tokens").speedup.median()
-            text += " Median graph speedup by tokens: " + ", ".join(
-                f"{int(t)}: {s:.2f}x" for t, s in by_tok.items()) + "."
-            vs = (timed.speedup_vs_transformers.dropna() if "speedup_vs_transformers" in timed
-                  else pd.Series(dtype=float))
-            if len(vs):
-                text += (f" Against transformers' own tower the graph path is {vs.min():.2f}-{vs.max():.2f}x "
-                         f"(faster in {int((vs > 1).sum())}/{len(vs)} cells).")
-            big = timed[timed.tokens == timed.tokens.max()]
-            small = timed[timed.tokens == timed.tokens.min()]
-            text += (f" The graph path runs at {big.x_floor.min():.1f}-{big.x_floor.max():.1f}x the FLOP floor at "
-                     f"{int(big.tokens.iloc[0])} tokens and {small.x_floor.min():.0f}-{small.x_floor.max():.0f}x at "
-                     f"{int(small.tokens.iloc[0])}, where launches and host work, not FLOPs, set the time.")
-            if "x_practical_floor" in timed and timed.x_practical_floor.notna().any():
-                pf = timed[timed.tokens >= 1024] if (timed.tokens >= 1024).any() else big
-                within = int((pf.x_practical_floor <= 1.25).sum())
-                text += (f" Against the practical floor (matmul FLOPs at the matmul rate plus attention FLOPs at the "
-                         f"fastest attention kernel's rate for the cell's shapes, both measured in the run) the graph "
-                         f"path runs at {pf.x_practical_floor.min():.2f}-{pf.x_practical_floor.max():.2f}x from "
-                         f"{int(pf.tokens.min())} tokens ({within}/{len(pf)} cells within 1.25x).")
-            kcols = [f"kernel_{c}_ms" for c in KERNEL_CATS]
-            if all(c in timed for c in kcols) and timed[kcols].notna().all(axis=1).any():
-                kb = timed[timed[kcols].notna().all(axis=1)]
-                for label, cell in (("smallest", kb[kb.tokens == kb.tokens.min()]),
-                                    ("largest", kb[kb.tokens == kb.tokens.max()])):
-                    sh = (cell[kcols].sum() / cell[kcols].sum().sum()).sort_values(ascending=False)
-                    text += (f" At the {label} token count ({int(cell.tokens.iloc[0])}) the tower's device time is "
-                             + ", ".join(f"{v:.0%} {k[len('kernel_'):-len('_ms')]}" for k, v in sh.head(3).items())
-                             + f" ({int(cell.kernels_per_call.median())} kernels per forward).")
-            if "replay_ms" in timed and timed.replay_ms.notna().any():
-                ph = timed[timed.replay_ms.notna()]
-                host = ph[["plan_ms", "metadata_ms", "staging_ms", "copy_out_ms"]].sum(axis=1) / ph.phases_ms
-                r = ph.loc[host.idxmax()]
-                if "prepare_uncached_ms" in r and pd.notna(r.prepare_uncached_ms):
-                    text += (f" Host metadata for a shape seen for the first time takes "
-                             f"{fmt_us(ph.prepare_uncached_ms.min() * 1e3)}-{fmt_us(ph.prepare_uncached_ms.max() * 1e3)}"
-                             f" (prepared uncached); the runner caches it per grid and budget, so a repeated shape "
-                             f"costs only the copy ({fmt_us(ph.metadata_ms.min() * 1e3)}-"
-                             f"{fmt_us(ph.metadata_ms.max() * 1e3)}).")
-                text += (f" Outside the replay (plan, metadata, staging, copy-out) the graph path spends "
-                         f"{host.min():.0%}-{host.max():.0%} of its phase-timed calls, most at {_cell(r)} "
-                         f"(metadata {fmt_us(r.metadata_ms * 1e3)}, staging {fmt_us(r.staging_ms * 1e3)}).")
-        if str(dev).startswith("cpu"):
-            text += (" On a CPU the graph backend is emulated (the same static buffers and call path, replayed "
-                     "eagerly): the differences are the runner's host overhead, not CUDA-graph gains.")
-        parts.append(text)
-    return "\n\n".join(parts)
+    return per_run(table, lambda dev, g: _run_finding(dev, g))
+
+
+def _run_finding(dev: str, g: pd.DataFrame) -> str:
+    w = wide(g)
+    gr = w[w.path == "graph"]
+    tr = w[w.path == "transformers"]
+    n_cells = len(gr)
+    ok_graph = int(gr.ok.fillna(False).astype(bool).sum()) if "ok" in gr else 0
+    bit = int(gr.bit_equal.fillna(False).astype(bool).sum()) if "bit_equal" in gr else 0
+    text = (f"On {dev} ({', '.join(sorted(map(str, w.dtype.unique())))}; matmul rate "
+            f"{w.matmul_tflops.iloc[0]:.3g} TFLOP/s measured in the run): the graph output equals eager in "
+            f"{ok_graph}/{n_cells} cells ({bit} bit-equal, worst rel_err {gr.rel_err.max():.1e})")
+    if len(tr):
+        agree = int(tr.ok.fillna(False).astype(bool).sum())
+        text += (f"; ours agrees with transformers in {agree}/{len(tr)} cells (smallest row cosine "
+                 f"{tr.cos_min.min():.6f})")
+    text += ". Only checked paths are timed."
+    timed = gr[gr.p50_ms.notna()] if "p50_ms" in gr else gr.iloc[0:0]
+    if len(timed):
+        win = timed[timed.speedup > 1].sort_values("speedup", ascending=False)
+        lose = timed[timed.speedup <= 1].sort_values("speedup")
+        if len(win):
+            best = win.iloc[0]
+            text += (f" CUDA graphs win in {len(win)}/{len(timed)} cells, most at {_cell(best)}: "
+                     f"{best.speedup:.2f}x over eager ({fmt_us(best.p50_ms * 1e3)} vs "
+                     f"{fmt_us(best.p50_ms * best.speedup * 1e3)}); median gain {win.speedup.median():.2f}x.")
+        if len(lose):
+            text += (f" They lose or tie in {len(lose)} cell(s): " + "; ".join(
+                f"{_cell(r)} ({r.speedup:.2f}x)" for r in lose.head(4).itertuples()) + ".")
+        else:
+            text += " They lose in no cell."
+        by_tok = timed.groupby("tokens").speedup.median()
+        text += " Median graph speedup by tokens: " + ", ".join(
+            f"{int(t)}: {s:.2f}x" for t, s in by_tok.items()) + "."
+        vs = (timed.speedup_vs_transformers.dropna() if "speedup_vs_transformers" in timed
+              else pd.Series(dtype=float))
+        if len(vs):
+            text += (f" Against transformers' own tower the graph path is {vs.min():.2f}-{vs.max():.2f}x "
+                     f"(faster in {int((vs > 1).sum())}/{len(vs)} cells).")
+        big = timed[timed.tokens == timed.tokens.max()]
+        small = timed[timed.tokens == timed.tokens.min()]
+        text += (f" The graph path runs at {big.x_floor.min():.1f}-{big.x_floor.max():.1f}x the FLOP floor at "
+                 f"{int(big.tokens.iloc[0])} tokens and {small.x_floor.min():.0f}-{small.x_floor.max():.0f}x at "
+                 f"{int(small.tokens.iloc[0])}, where launches and host work, not FLOPs, set the time.")
+        if "x_practical_floor" in timed and timed.x_practical_floor.notna().any():
+            pf = timed[timed.tokens >= 1024] if (timed.tokens >= 1024).any() else big
+            within = int((pf.x_practical_floor <= 1.25).sum())
+            text += (f" Against the practical floor (matmul FLOPs at the matmul rate plus attention FLOPs at the "
+                     f"fastest attention kernel's rate for the cell's shapes, both measured in the run) the graph "
+                     f"path runs at {pf.x_practical_floor.min():.2f}-{pf.x_practical_floor.max():.2f}x from "
+                     f"{int(pf.tokens.min())} tokens ({within}/{len(pf)} cells within 1.25x).")
+        kcols = [f"kernel_{c}_ms" for c in KERNEL_CATS]
+        if all(c in timed for c in kcols) and timed[kcols].notna().all(axis=1).any():
+            kb = timed[timed[kcols].notna().all(axis=1)]
+            for label, cell in (("smallest", kb[kb.tokens == kb.tokens.min()]),
+                                ("largest", kb[kb.tokens == kb.tokens.max()])):
+                sh = (cell[kcols].sum() / cell[kcols].sum().sum()).sort_values(ascending=False)
+                text += (f" At the {label} token count ({int(cell.tokens.iloc[0])}) the tower's device time is "
+                         + ", ".join(f"{v:.0%} {k[len('kernel_'):-len('_ms')]}" for k, v in sh.head(3).items())
+                         + f" ({int(cell.kernels_per_call.median())} kernels per forward).")
+        if "replay_ms" in timed and timed.replay_ms.notna().any():
+            ph = timed[timed.replay_ms.notna()]
+            host = ph[["plan_ms", "metadata_ms", "staging_ms", "copy_out_ms"]].sum(axis=1) / ph.phases_ms
+            r = ph.loc[host.idxmax()]
+            if "prepare_uncached_ms" in r and pd.notna(r.prepare_uncached_ms):
+                text += (f" Host metadata for a shape seen for the first time takes "
+                         f"{fmt_us(ph.prepare_uncached_ms.min() * 1e3)}-{fmt_us(ph.prepare_uncached_ms.max() * 1e3)}"
+                         f" (prepared uncached); the runner caches it per grid and budget, so a repeated shape "
+                         f"costs only the copy ({fmt_us(ph.metadata_ms.min() * 1e3)}-"
+                         f"{fmt_us(ph.metadata_ms.max() * 1e3)}).")
+            text += (f" Outside the replay (plan, metadata, staging, copy-out) the graph path spends "
+                     f"{host.min():.0%}-{host.max():.0%} of its phase-timed calls, most at {_cell(r)} "
+                     f"(metadata {fmt_us(r.metadata_ms * 1e3)}, staging {fmt_us(r.staging_ms * 1e3)}).")
+    if str(dev).startswith("cpu"):
+        text += (" On a CPU the graph backend is emulated (the same static buffers and call path, replayed "
+                 "eagerly): the differences are the runner's host overhead, not CUDA-graph gains.")
+    return text
 
 
 def footprint(p, device: str) -> Footprint:

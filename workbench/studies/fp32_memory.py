@@ -31,15 +31,15 @@ import torch
 from ..config import PRESET_NAMES, VisionConfig
 from ..cuda_memory import captured_memory, eager_peak_bytes
 from ..dtypes import dtype_name
-from ..encoder import build_encoder, resolve_device
-from ..formatting import device_label, fmt_bytes
+from ..encoder import build_encoder
+from ..formatting import fmt_bytes
 from ..memory_model import count_allocations, pool_model, trace_peak_bytes
 from ..norms import NORMS, make_norm
 from ..towers.common import budget_padding, filling_grid
-from . import Study, profile_of, register
+from . import Study, begin_run, register
 from .footprint import Footprint, largest_budget
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import labelled_runs, plain_log_ticks, run_label
+from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -111,11 +111,10 @@ def _config(p: dict) -> VisionConfig:
 
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Model (every device) and measure (CUDA) every cell; returns the tidy long table."""
-    dev = resolve_device(device)
-    p = PARAMS.resolve(params, profile_of(dev), study="fp32_memory")
+    s = begin_run(PARAMS, "fp32_memory", device, params)
+    dev, p, label = s.device, s.params, s.label
     cfg = _config(p)
     cuda = dev.type == "cuda"
-    label = device_label(dev)
     common = dict(study="fp32_memory", preset=p["preset"], family=cfg.family, depth=cfg.depth,
                   dtype="bfloat16", device=label)
     rows = []
@@ -274,44 +273,45 @@ def plot_tower(g: pd.DataFrame):
 
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
-    parts = []
-    for dev, g in labelled_runs(w):
-        n = g[g.scope == "norm"]
-        biggest = n.budget.max()
-        top = n[(n.budget == biggest) & (n.buffer_dtype == n.buffer_dtype.iloc[0])].set_index("norm")
-        fused = [x for x in top.index if x.startswith("triton")]
-        lines = [f"On {dev}, the normalization captured alone at {biggest} tokens ({biggest * 4} rows, "
-                 f"{top.buffer_dtype.iloc[0]} buffer): "
-                 + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'model_bytes'])}" for x in top.index)
-                 + " of pool (model). Its fp32 temporaries: "
-                 + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'temp_bytes'])}" for x in top.index)
-                 + (f"; the fused kernels ({', '.join(fused)}) keep fp32 in registers and add "
-                    f"{fmt_bytes(top.loc[fused, 'temp_bytes'].max())}." if fused else ".")]
-        if "trace_matches" in n:
-            lines.append(f"The modelled allocation trace equals the counted one (dispatch mode, meta device) in "
-                         f"{int(n.trace_matches.fillna(False).sum())}/{len(n)} cells.")
-        if "pool_bytes" in n and n.pool_bytes.notna().any():
-            err = n.model_error.abs().replace(np.inf, np.nan).fillna(np.inf)
-            worst = n.loc[err.idxmax()]
-            lines.append(f"Measured pool bytes vs the allocator model: worst {err.max():.1%} "
-                         f"({worst.norm}, {worst.buffer_dtype}, {int(worst.budget)} tokens); "
-                         f"{int((err <= 0.05).sum())}/{len(n)} cells within 5%.")
-            tw = g[(g.scope == "tower") & (g.budget == biggest)]
-            if len(tw):
-                lines.append(f"Inside the captured {int(tw.depth.iloc[0])}-block tower at {biggest} tokens the norm "
-                             "adds (vs the tower without it): " + ", ".join(
-                                 f"{r.norm}/{r.buffer_dtype} {fmt_bytes(r.pool_bytes)}" for r in tw.itertuples())
-                             + ": freed temporaries are partly reused by the tower's own allocations.")
-            rn = g[(g.scope == "runner") & (g.budget == biggest)]
-            if len(rn) and rn.peak_bytes.notna().any():
-                lines.append("The runner placement keeps the norm out of the pool; its transient peak outside "
-                             "the graph: " + ", ".join(f"{r.norm} {fmt_bytes(r.peak_bytes)}" for r in rn.itertuples())
-                             + ".")
-        else:
-            lines.append("No CUDA measurement on this device: graph-pool bytes exist only on a GPU "
-                         "(see the reference run).")
-        parts.append(" ".join(lines))
-    return "\n\n".join(parts)
+    return per_run(w, lambda dev, g: _run_finding(dev, g))
+
+
+def _run_finding(dev: str, g: pd.DataFrame) -> str:
+    n = g[g.scope == "norm"]
+    biggest = n.budget.max()
+    top = n[(n.budget == biggest) & (n.buffer_dtype == n.buffer_dtype.iloc[0])].set_index("norm")
+    fused = [x for x in top.index if x.startswith("triton")]
+    lines = [f"On {dev}, the normalization captured alone at {biggest} tokens ({biggest * 4} rows, "
+             f"{top.buffer_dtype.iloc[0]} buffer): "
+             + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'model_bytes'])}" for x in top.index)
+             + " of pool (model). Its fp32 temporaries: "
+             + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'temp_bytes'])}" for x in top.index)
+             + (f"; the fused kernels ({', '.join(fused)}) keep fp32 in registers and add "
+                f"{fmt_bytes(top.loc[fused, 'temp_bytes'].max())}." if fused else ".")]
+    if "trace_matches" in n:
+        lines.append(f"The modelled allocation trace equals the counted one (dispatch mode, meta device) in "
+                     f"{int(n.trace_matches.fillna(False).sum())}/{len(n)} cells.")
+    if "pool_bytes" in n and n.pool_bytes.notna().any():
+        err = n.model_error.abs().replace(np.inf, np.nan).fillna(np.inf)
+        worst = n.loc[err.idxmax()]
+        lines.append(f"Measured pool bytes vs the allocator model: worst {err.max():.1%} "
+                     f"({worst.norm}, {worst.buffer_dtype}, {int(worst.budget)} tokens); "
+                     f"{int((err <= 0.05).sum())}/{len(n)} cells within 5%.")
+        tw = g[(g.scope == "tower") & (g.budget == biggest)]
+        if len(tw):
+            lines.append(f"Inside the captured {int(tw.depth.iloc[0])}-block tower at {biggest} tokens the norm "
+                         "adds (vs the tower without it): " + ", ".join(
+                             f"{r.norm}/{r.buffer_dtype} {fmt_bytes(r.pool_bytes)}" for r in tw.itertuples())
+                         + ": freed temporaries are partly reused by the tower's own allocations.")
+        rn = g[(g.scope == "runner") & (g.budget == biggest)]
+        if len(rn) and rn.peak_bytes.notna().any():
+            lines.append("The runner placement keeps the norm out of the pool; its transient peak outside "
+                         "the graph: " + ", ".join(f"{r.norm} {fmt_bytes(r.peak_bytes)}" for r in rn.itertuples())
+                         + ".")
+    else:
+        lines.append("No CUDA measurement on this device: graph-pool bytes exist only on a GPU "
+                     "(see the reference run).")
+    return " ".join(lines)
 
 
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -39,9 +39,9 @@ import torch
 from ..config import PRESET_NAMES, VisionConfig
 from ..cuda_memory import pool_segment_bytes
 from ..dtypes import dtype_name
-from ..encoder import build_encoder, resolve_device, resolve_dtype
+from ..encoder import build_encoder
 from ..floors import tower_flops
-from ..formatting import device_label, fmt_us
+from ..formatting import fmt_us
 from ..norms import REAL_NORMS, make_norm
 from ..budgets import Budgets
 from ..planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets, running_max
@@ -49,10 +49,10 @@ from ..preprocess import PatchBatch, preprocess
 from ..runner import EncoderGraphRunner, default_budgets
 from ..samples import MIX_NAMES, image_mix, mix_distribution
 from ..timing import cpu_time_us, cuda_event_ms, time_us
-from . import Study, profile_of, register
+from . import Study, begin_run, register
 from .footprint import Footprint, itemsize, tower_bytes
 from .params import Param, ParamSpec
-from .plotting import labelled_runs, plain_log_ticks, run_label
+from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -215,11 +215,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     params: see PARAMS (defaults: the device's profile)."""
     from ..reference import rel_err
 
-    dev = resolve_device(device)
-    p = PARAMS.resolve(params, profile_of(dev), study="padding_waste")
-    dt = resolve_dtype(p["dtype"])
-    cfg = VisionConfig.preset(p["preset"], p["depth"])
-    label = device_label(dev)
+    s = begin_run(PARAMS, "padding_waste", device, params)
+    dev, p, dt, cfg, label = s.device, s.params, s.dtype, s.config(), s.label
     common = dict(study="padding_waste", preset=p["preset"], family=cfg.family, depth=cfg.depth,
                   dtype=dtype_name(dt), device=label)
     enc = build_encoder(cfg, placement="tower", norm=p["norm"], dtype=dt, device=dev, seed=p["seed"],
@@ -427,48 +424,49 @@ def plot_curve(g: pd.DataFrame):
 
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
-    parts = []
-    for dev, g in labelled_runs(w):
-        exp = g[g.case == "expected"]
-        text = f"On {dev}: "
-        cmp = []
-        for mix, e in exp.groupby("mix", sort=False):
-            s = e.set_index("budget_set")
-            if "pow2" in s.index and "planner" in s.index:
-                a, b = s.loc["pow2"], s.loc["planner"]
-                cmp.append(f"{mix} {a.padded_frac_expected:.0%} -> {b.padded_frac_expected:.0%}")
-        if cmp:
-            text += ("padded fraction of single-item replays, powers of two -> the planner with the same number "
-                     "of graphs: " + "; ".join(cmp) + ".")
-        runs = g[g.case == "runner"]
-        if not runs.empty:
-            worst = runs.sort_values("padded_frac", ascending=False).iloc[0]
-            text += (f" Through the runner on drawn items the worst cell is {worst.mix} / {worst.budget_set} at "
-                     f"max_items={int(worst.max_items)}: {worst.padded_frac:.0%} of replayed rows are padding, "
-                     f"{fmt_us(worst.norm_us_padding)} of norm time and {worst.flops_padding_frac:.0%} of the tower's "
-                     "FLOPs spent on them.")
-            miss = runs[runs.misses > 0]
-            if not miss.empty:
-                r = miss.sort_values("misses", ascending=False).iloc[0]
-                text += (f" {int(r.misses)} of {int(r['items'])} items of {r.mix} ran eagerly (graph misses) at "
-                         f"max_items={int(r.max_items)}: a video's frames each count as one sequence.")
-            bad = runs[runs.rel_err_vs_eager > 0.05]
-            text += (f" Runner output vs eager: max rel_err {runs.rel_err_vs_eager.max():.2g}"
-                     + (f" ({len(bad)} cells above 0.05!)." if len(bad) else "."))
-        edge = g[g.case == "edge"]
-        if not edge.empty:
-            slow = edge[edge.edge_replay_ms > edge.eager_ms]
-            r = edge.assign(x=edge.edge_replay_ms / edge.prev_full_replay_ms).sort_values("x").iloc[-1]
-            text += (f" An item one token over a power of two replays in the next budget at up to "
-                     f"{r.x:.2f}x the smaller full budget ({int(r.valid_tokens)} tokens: {r.edge_replay_ms:.3g} ms vs "
-                     f"{r.prev_full_replay_ms:.3g} ms)")
-            text += (f"; at {len(slow)} of {len(edge)} steps that padded replay is slower than eager."
-                     if len(slow) else "; eager is slower at every step.")
-        if str(dev).startswith("cpu"):
-            text += (" CPU: the runner is emulated (replays run eagerly), so times are host times of a tiny tower; "
-                     "padding fractions and FLOPs are exact.")
-        parts.append(text)
-    return "\n\n".join(parts)
+    return per_run(w, lambda dev, g: _run_finding(dev, g))
+
+
+def _run_finding(dev: str, g: pd.DataFrame) -> str:
+    exp = g[g.case == "expected"]
+    text = f"On {dev}: "
+    cmp = []
+    for mix, e in exp.groupby("mix", sort=False):
+        s = e.set_index("budget_set")
+        if "pow2" in s.index and "planner" in s.index:
+            a, b = s.loc["pow2"], s.loc["planner"]
+            cmp.append(f"{mix} {a.padded_frac_expected:.0%} -> {b.padded_frac_expected:.0%}")
+    if cmp:
+        text += ("padded fraction of single-item replays, powers of two -> the planner with the same number "
+                 "of graphs: " + "; ".join(cmp) + ".")
+    runs = g[g.case == "runner"]
+    if not runs.empty:
+        worst = runs.sort_values("padded_frac", ascending=False).iloc[0]
+        text += (f" Through the runner on drawn items the worst cell is {worst.mix} / {worst.budget_set} at "
+                 f"max_items={int(worst.max_items)}: {worst.padded_frac:.0%} of replayed rows are padding, "
+                 f"{fmt_us(worst.norm_us_padding)} of norm time and {worst.flops_padding_frac:.0%} of the tower's "
+                 "FLOPs spent on them.")
+        miss = runs[runs.misses > 0]
+        if not miss.empty:
+            r = miss.sort_values("misses", ascending=False).iloc[0]
+            text += (f" {int(r.misses)} of {int(r['items'])} items of {r.mix} ran eagerly (graph misses) at "
+                     f"max_items={int(r.max_items)}: a video's frames each count as one sequence.")
+        bad = runs[runs.rel_err_vs_eager > 0.05]
+        text += (f" Runner output vs eager: max rel_err {runs.rel_err_vs_eager.max():.2g}"
+                 + (f" ({len(bad)} cells above 0.05!)." if len(bad) else "."))
+    edge = g[g.case == "edge"]
+    if not edge.empty:
+        slow = edge[edge.edge_replay_ms > edge.eager_ms]
+        r = edge.assign(x=edge.edge_replay_ms / edge.prev_full_replay_ms).sort_values("x").iloc[-1]
+        text += (f" An item one token over a power of two replays in the next budget at up to "
+                 f"{r.x:.2f}x the smaller full budget ({int(r.valid_tokens)} tokens: {r.edge_replay_ms:.3g} ms vs "
+                 f"{r.prev_full_replay_ms:.3g} ms)")
+        text += (f"; at {len(slow)} of {len(edge)} steps that padded replay is slower than eager."
+                 if len(slow) else "; eager is slower at every step.")
+    if str(dev).startswith("cpu"):
+        text += (" CPU: the runner is emulated (replays run eagerly), so times are host times of a tiny tower; "
+                 "padding fractions and FLOPs are exact.")
+    return text
 
 
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -114,3 +114,9 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled
     except ImportError:
         bar = text_bar
     return bar(iterable, total=total, desc=desc)
+
+
+def per_run(table: pd.DataFrame, paragraph) -> str:
+    """A finding: ``paragraph(source label, rows of one run)`` for every run of ``table``
+    (`labelled_runs`), joined as paragraphs."""
+    return "\n\n".join(paragraph(dev, g) for dev, g in labelled_runs(table))
