@@ -459,3 +459,19 @@ def test_the_benchmark_summary_imports_no_torch():
     code = ("import sys, workbench.benchmarks as b; b.discover(); "
             "import workbench.benchmarks.norm_bandwidth_summary; assert 'torch' not in sys.modules, 'torch'")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_a_real_notebook_export_loses_its_cdn_scripts():
+    """nbconvert's HTML template loads require.js and MathJax from a CDN; the copy in the report
+    loads nothing from outside its folder."""
+    nbconvert = pytest.importorskip("nbconvert")
+    import nbformat
+
+    body, _ = nbconvert.HTMLExporter().from_notebook_node(
+        nbformat.read(str(REPO / "notebooks" / "cast_cost.ipynb"), as_version=4))
+    assert re.search(r"<script[^>]*src=\"https?://", body)            # what the export holds
+    out = rep.localize_html(body)
+    assert "<script" not in out.lower()
+    assert not re.search(r"(?:src|href)\s*=\s*[\"']?\s*(?:https?:)?//", out, flags=re.I)
+    assert not re.search(r"@import|url\(\s*[\"']?(?:https?:)?//", out, flags=re.I)
+    assert "cast_cost" in out                                          # the notebook itself is kept
