@@ -245,6 +245,10 @@ def test_norm_bandwidth_section_from_the_committed_json(tmp_path):
         assert f'<a href="{Path(src).with_suffix(".svg").as_posix()}">SVG</a>' in sec
         assert (out / Path(src).with_suffix(".svg")).is_file()
 
+    caps = re.findall(r"<figcaption>([^<]*) · <a", sec)          # what each figure shows, from which file
+    assert len(caps) == 2 and all("NVIDIA H200" in c and NORM_BW_JSON.name in c for c in caps)
+    assert any("SM-copy ceiling" in c for c in caps) and any("byte floor" in c for c in caps)
+
     (panel,) = result.benchmark(nbw.NAME).panels
     assert panel.error is None and panel.device == "NVIDIA H200" and panel.date == "2026-11-30"
     doc = json.loads(NORM_BW_JSON.read_text())

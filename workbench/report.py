@@ -721,10 +721,11 @@ def benchmark_sections(results_dir: Path | str, out_dir: Path,
             panel = bench.summarize(path, doc, fig_dir)
             panel.figures, svgs = _figures_in(panel.figures, fig_dir, out_dir) if panel.figures else ([], {})
             sec.svgs.update(svgs)
+            own = getattr(panel, "captions", None) or {}
             for f in panel.figures:
-                what, _ = _figure_runs(f, "", [])
-                sec.captions[f] = (f"{bench.title}: {what}, {panel.device or 'unknown device'}, "
-                                   f"{panel.date}, from {REFERENCE_DIRNAME}/{panel.source}.")
+                what = own.get(Path(f).name) or f"{bench.title}: {_figure_runs(f, _slug(Path(path).stem), [])[0]}"
+                sec.captions[f] = (f"{what}; {panel.device or 'unknown device'}, {panel.date}, from "
+                                   f"{REFERENCE_DIRNAME}/{panel.source}.")
             sec.panels.append(panel)
         if not sec.panels:
             sec.note = bench.missing

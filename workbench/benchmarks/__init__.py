@@ -31,6 +31,7 @@ class BenchmarkPanel:
     text: str = ""
     figures: list[Path] = field(default_factory=list)
     error: str | None = None        # one line: why this file could not be shown
+    captions: dict[str, str] = field(default_factory=dict)   # figure file name -> what it shows
 
 
 @dataclass(frozen=True)

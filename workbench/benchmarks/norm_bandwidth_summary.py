@@ -158,6 +158,10 @@ def summarize(path: Path, doc: Mapping[str, Any], out_dir: Path) -> BenchmarkPan
         sm = doc.get("sm_copy_gbs")
         sm = float(sm) if isinstance(sm, (int, float)) and not isinstance(sm, bool) else None
         panel.figures = figures(recs, device, date, sm, Path(out_dir), slug(path.stem))
+        what = {"_pct": "share of the SM-copy ceiling per implementation and row count (higher is better)",
+                "_p50": "p50 time per call against the byte floor (log scale, lower is better)"}
+        panel.captions = {f.name: f"Norm bandwidth, uint8 rows -> bf16: {text}" for f in panel.figures
+                          for end, text in what.items() if f.stem.endswith(end)}
         text = finding(recs, device, date)
         versions = ", ".join(f"{k} {doc[k]}" for k in ("torch", "triton") if doc.get(k))
         copy = doc.get("copy_gbs")
