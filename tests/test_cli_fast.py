@@ -116,3 +116,12 @@ def test_the_notebooks_declare_the_project_kernel():
     for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
         spec = json.loads(nb.read_text(encoding="utf-8"))["metadata"]["kernelspec"]
         assert spec["name"] == cli.PROJECT_KERNEL and spec["display_name"] == "Python (workbench)", nb.name
+
+
+def test_a_study_registered_in_this_process_is_neither_saved_nor_refused(stubs):
+    cli.write_declarations(cli.registered_studies())
+    declared = cli.saved_declarations()
+    assert "correctness" in declared and not set(stubs) & set(declared)
+    args = cli.build_parser().parse_args(["sweep", "--studies", ",".join(stubs)])
+    cli.precheck(args)                      # the registry of this process decides, not a saved copy
+    assert set(stubs) <= set(s.name for s in cli._select(cli.registered_studies(), args.studies))

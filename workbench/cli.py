@@ -183,10 +183,25 @@ def declarations_path() -> Path:
     return Path(base) / "workbench" / f"declarations-{_source_hash()}.json"
 
 
+def _in_package(study) -> bool:
+    """Whether ``study`` is one of this package's (what `discover` finds in a fresh process); a
+    study a caller or a test registered in its own process is not saved for other processes."""
+    return str(getattr(study.run, "__module__", "")).startswith(__package__ + ".studies.")
+
+
+def _studies_loaded() -> bool:
+    """The studies are imported in this process already: the registry itself is as quick as a
+    saved copy, and holds what this process registered besides the package's own."""
+    return __package__ + ".studies" in sys.modules
+
+
 def write_declarations(studies: dict) -> Path | None:
-    """Save the registered studies' declarations for the fast path; None where it cannot be written."""
+    """Save the package's registered studies' declarations for the fast path; None where it cannot
+    be written."""
     doc = {"version": DECLARATIONS_VERSION, "studies": {}}
     for name, study in studies.items():
+        if not _in_package(study):
+            continue
         params = []
         for p in study.params:
             params.append({"name": p.name, "kind": p.kind, "cpu": p.default("cpu"), "gpu": p.default("gpu"),
@@ -272,8 +287,8 @@ def precheck(args: argparse.Namespace) -> None:
     parse_gpus(getattr(args, "gpus", None))
     parse_shard(getattr(args, "shard", None))
     parse_name(getattr(args, "name", None))
-    if getattr(args, "resume", None):
-        return
+    if getattr(args, "resume", None) or _studies_loaded():
+        return                                  # the full check follows at once
     declared = saved_declarations()
     if not declared:
         return
@@ -509,7 +524,7 @@ def default_kernel() -> str:
 
 
 def _params_epilog() -> str:
-    declared = saved_declarations()
+    declared = None if _studies_loaded() else saved_declarations()
     if declared:
         described = {name: d.describe for name, d in declared.items()}
     else:
