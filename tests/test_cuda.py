@@ -58,7 +58,8 @@ def test_cuda_graph_replay_matches_eager(preset, placement):
     cfg = dataclasses.replace(wb.VisionConfig.preset(preset).reduced(4), max_pixels=448 * 448)
     enc = wb.build_encoder(cfg, placement=placement, norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=2)
     batch = wb.preprocess(items(), cfg)
-    runner = EncoderGraphRunner(enc, budgets=[64, 128, 256, 512, 1024], buffer_dtype=torch.bfloat16, max_items=8)
+    runner = EncoderGraphRunner(enc, budgets=[64, 128, 256, 512, 1024], buffer_dtype=torch.bfloat16, max_items=8,
+                                policy="always")
     assert runner.backend == "cuda"
     eager = enc.encode(batch)
     graph = enc.encode(batch, path="cudagraph", runner=runner)
@@ -173,7 +174,7 @@ def test_cuda_dense_attention_matches_flash_and_float32(seqs, rows):
 def test_cuda_exact_fit_graphs_match_eager_and_read_no_stale_memory(preset):
     cfg = wb.VisionConfig.preset(preset).reduced(4)
     enc = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=4)
-    runner = EncoderGraphRunner(enc, budgets=[256, 1024], buffer_dtype=torch.uint8, max_items=4)
+    runner = EncoderGraphRunner(enc, budgets=[256, 1024], buffer_dtype=torch.uint8, max_items=4, policy="always")
     assert set(runner.graphs[1024].exact) == {1} and runner.graphs[256].exact[1] is not None
     runner.poison_pool()
     gen = torch.Generator().manual_seed(9)

@@ -160,3 +160,55 @@ def test_cuda_backend_needs_a_cuda_encoder():
     enc = wb.build_encoder("tiny-qwen2-vl", placement="tower", norm="eager", dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="emulated"):
         EncoderGraphRunner(enc, budgets=[64], backend="cuda")
+
+
+# ---- policy 'auto': replay a pack only where its graph is predicted faster than eager ----------
+
+def test_a_policy_outside_the_choices_is_refused_by_name(items):
+    enc = wb.build_encoder(small_cfg("tiny-qwen2-vl"), placement="tower", norm="eager", dtype=torch.float32,
+                           device="cpu", seed=0)
+    with pytest.raises(ValueError, match=r"unknown policy 'sometimes'; valid: \('auto', 'always'\)"):
+        EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4, policy="sometimes")
+    # the emulated backend replays eager work: its costs say nothing of a GPU graph, so auto acts as always
+    runner = EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4)
+    assert runner.policy == "always" and runner.costs is None and "policy='always'" in repr(runner)
+
+
+def test_pack_costs_interpolate_eager_time_and_compare_it_with_the_replay():
+    from workbench.runner import PackCosts
+    c = PackCosts(replay_ms={64: 1.0, 256: 3.0, 1024: 10.0}, eager_tokens=(64, 256, 1024),
+                  eager_points_ms=(2.0, 4.0, 16.0))
+    assert c.eager_ms(10) == 2.0                       # flat below the smallest measured size
+    assert c.eager_ms(160) == pytest.approx(3.0)       # linear between 64 and 256
+    assert c.eager_ms(2048) == pytest.approx(32.0)     # the last segment continued above 1024
+    assert not c.prefer_eager(64, 64)                  # a full small budget: the graph wins
+    assert c.prefer_eager(1024, 600)                   # 600 tokens padded into 1024: eager is cheaper
+    assert not c.prefer_eager(1024, 1000)
+    one = PackCosts(replay_ms={64: 1.0}, eager_tokens=(64,), eager_points_ms=(2.0,))
+    assert one.eager_ms(32) == 2.0 and one.eager_ms(128) == pytest.approx(4.0)
+
+
+def test_packs_the_costs_send_eagerly_equal_the_eager_path_and_are_recorded(items):
+    from workbench.runner import PackCosts
+    cfg = small_cfg("tiny-qwen2.5-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=3)
+    batch = batch_for(enc, items)
+    runner = EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4)
+    measured = PackCosts.measure(runner)            # measures on any backend; only the decision needs a GPU
+    assert set(measured.replay_ms) == set(BUDGETS) and len(measured.eager_tokens) <= PackCosts.EAGER_SIZES
+    assert measured.eager_tokens[0] == BUDGETS[0] and measured.eager_tokens[-1] == BUDGETS[-1]
+    # a cost table in which the largest budget loses to eager and the others win
+    runner.costs = PackCosts(replay_ms={8: 0.0, 16: 0.0, 24: 0.0, 32: 1e9}, eager_tokens=(8, 32),
+                             eager_points_ms=(1.0, 1.0))
+    phases: dict = {}
+    out = runner.encode(batch, phases=phases)
+    st = runner.stats_frame()
+    assert {"eager", "graph_ms", "eager_ms"} <= set(st.columns)
+    packs = st[~st.miss]
+    assert (packs[packs.eager].budget == 32).all() and (packs[~packs.eager].budget < 32).all()
+    assert packs.eager.any() and (~packs.eager).any() and (packs[packs.eager].padded_rows == 0).all()
+    assert packs.eager_ms.notna().all() and packs.graph_ms.notna().all() and st[st.miss].eager_ms.isna().all()
+    assert "eager" in phases
+    with torch.no_grad():
+        ref = enc.encode(batch, path="eager")
+    assert rel_err(out, ref) < 1e-5

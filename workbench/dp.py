@@ -3,7 +3,7 @@
 Every rank holds the same encoder and the same batch metadata. Items are assigned largest first
 (by patch rows) to the least-loaded rank; each rank encodes its own items (eagerly or through its
 graph runner); the per-rank outputs are padded to the longest rank, all-gathered, unpadded and put
-back into item order, so every rank returns the full [N/4, out_hidden] embedding.
+back into item order, so every rank returns the full [N/4, embed_width] embedding.
 
 Under torchrun, call `encode_dp` directly; `workbench.launch.launch(fn, world_size)` starts the
 ranks as local processes instead (no torchrun needed), which is what a notebook or a test uses
@@ -34,7 +34,7 @@ def balance(item_rows: list[int], world_size: int) -> list[list[int]]:
 
 
 def encode_dp(enc, batch: PatchBatch, local_path: str = "eager", runner=None, group=None) -> torch.Tensor:
-    """This rank's share of `batch`, encoded and gathered: full [N/4, out_hidden] in item order."""
+    """This rank's share of `batch`, encoded and gathered: full [N/4, embed_width] in item order."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("path 'dp' needs an initialized torch.distributed process group: run under torchrun "
                            "or use workbench.launch.launch(fn, world_size) to start local ranks")
@@ -51,13 +51,13 @@ def encode_dp(enc, batch: PatchBatch, local_path: str = "eager", runner=None, gr
     wire = enc.dtype if nccl else torch.float32
     dev = enc.device if nccl else torch.device("cpu")
     _check_same_batch(enc, batch, dev, group, world)
-    padded = torch.zeros(longest, enc.cfg.out_hidden, dtype=wire, device=dev)
+    padded = torch.zeros(longest, enc.cfg.embed_width, dtype=wire, device=dev)
     if assign[rank]:
         local = enc.encode(batch.select(assign[rank]), path=local_path, runner=runner)
         padded[: counts[rank]] = local.to(device=dev, dtype=wire)
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded, group=group)
-    out = torch.empty(batch.n_rows // unit, enc.cfg.out_hidden, dtype=enc.dtype, device=enc.device)
+    out = torch.empty(batch.n_rows // unit, enc.cfg.embed_width, dtype=enc.dtype, device=enc.device)
     for r, items in enumerate(assign):
         batch.place_tokens(out, items, gathered[r][: counts[r]].to(device=enc.device, dtype=enc.dtype), unit)
     return out
@@ -76,7 +76,7 @@ def _check_same_batch(enc, batch: PatchBatch, dev, group, world: int) -> None:
     rows = batch.item_rows
     # 7 bytes: the digest fits an int64 without a sign flip
     digest = hashlib.blake2b(repr((rows, str(enc.dtype))).encode(), digest_size=7).digest()
-    mine = torch.tensor([len(rows), batch.n_rows, enc.cfg.merge_unit, enc.cfg.out_hidden,
+    mine = torch.tensor([len(rows), batch.n_rows, enc.cfg.merge_unit, enc.cfg.embed_width,
                          int.from_bytes(digest, "little")], dtype=torch.int64, device=dev)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
@@ -87,7 +87,7 @@ def _check_same_batch(enc, batch: PatchBatch, dev, group, world: int) -> None:
     same_totals = all(m[:4] == metas[0][:4] for m in metas)
     what = ("the same totals, but different per-item sizes or encoder dtypes" if same_totals
             else "different items or encoder shapes")
-    lines = "\n".join(f"  rank {r}: {m[0]} items, {m[1]} patch rows, merge_unit {m[2]}, out_hidden {m[3]}"
+    lines = "\n".join(f"  rank {r}: {m[0]} items, {m[1]} patch rows, merge_unit {m[2]}, embed_width {m[3]}"
                       for r, m in enumerate(metas))
     who = f"rank {odd[0]} differs" if len(odd) == 1 else f"ranks {', '.join(map(str, odd))} differ"
     raise ValueError(f"dp ranks were given different batches: {who} from rank 0 ({what}); every rank must "
@@ -113,7 +113,7 @@ def encode_job(spec: dict) -> torch.Tensor:
     if spec.get("local_path", "eager") == "cudagraph":
         runner = EncoderGraphRunner(enc, budgets=spec.get("budgets", [64, 256, 1024]),
                                     buffer_dtype=spec.get("buffer_dtype", torch.bfloat16),
-                                    max_items=spec.get("max_items", 16))
+                                    max_items=spec.get("max_items", 16), policy=spec.get("policy", "always"))
     return encode_dp(enc, batch, local_path=spec.get("local_path", "eager"), runner=runner)
 
 

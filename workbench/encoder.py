@@ -230,7 +230,7 @@ class VisionEncoder(nn.Module):
                 f"(build_encoder(..., check_inputs=False) skips this check)")
 
     def encode(self, batch: PatchBatch, path: str = "eager", runner=None, **kw) -> torch.Tensor:
-        """Merged embeddings [N/4, out_hidden] in item order, on this encoder's device.
+        """Merged embeddings [N/4, embed_width] in item order, on this encoder's device.
 
         path: one of PATHS. `cudagraph` uses `runner` (a wb.EncoderGraphRunner over this encoder)
         or builds a default one; `dp` shards items over torch.distributed ranks (kw go to it).

@@ -176,7 +176,7 @@ def _output_bytes(cfg, budget: int, dtype) -> int:
     import torch
 
     from .memory_model import PoolModel
-    return PoolModel.round_size(budget * cfg.out_hidden * torch.empty((), dtype=dtype).element_size())
+    return PoolModel.round_size(budget * cfg.embed_width * torch.empty((), dtype=dtype).element_size())
 
 
 def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | None = None,
@@ -185,7 +185,7 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     budgets reserves.
 
     The runner captures every budget into one shared pool, largest first, and keeps each graph's
-    static output ([budget, out_hidden] in the tower dtype). A capture's intermediates are freed
+    static output ([budget, embed_width] in the tower dtype). A capture's intermediates are freed
     back to the pool and reused by the next (smaller) capture, so the model is
 
         pool = capture_pool_bytes(largest budget) + sum over the other budgets of their output

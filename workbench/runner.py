@@ -16,6 +16,14 @@ runner's own normalization (placement `runner`) and the tower's first op (placem
 
 Backends: ``cuda`` (torch.cuda.CUDAGraph capture and replay) and ``emulated`` (the same static
 buffers, padding and call path, replayed eagerly: the placement bugs reproduce on a CPU).
+
+Policies (`POLICIES`): ``always`` replays every pack that fits a budget, as the engines do;
+``auto`` (the default) replays a pack only where its graph is predicted faster than running the
+same pack eagerly, from costs the runner measures on its own device at construction
+(`PackCosts`): a pack of 1232 tokens padded into a 2048-token graph does ~1.7x the work of the
+pack, and the replay can lose to eager. The decision of every pack is recorded in `stats`. On the
+emulated backend ``auto`` acts as ``always``: an emulated replay is eager work, its costs say
+nothing about a GPU graph, and the emulation exists to reproduce the graph path.
 """
 from __future__ import annotations
 
@@ -35,9 +43,10 @@ from .encoder import BUFFER_DTYPES, VisionEncoder, register_path
 from .norms import replaying
 from .budgets import Budgets
 from .preprocess import PatchBatch
-from .towers.common import budget_padding, remember
+from .towers.common import budget_padding, filling_grid, remember
 
 BACKENDS = ("auto", "cuda", "emulated")
+POLICIES = ("auto", "always")
 
 
 @dataclass
@@ -50,6 +59,64 @@ class ReplayRecord:
     padded_rows: int       # pixel rows that were padding
     miss: bool = False     # True: the item was larger than every budget and ran eagerly
     exact: bool = False    # True: the budget's exact-fit graph ran (one image filling it, dense attention)
+    eager: bool = False    # True: policy 'auto' ran the pack eagerly (predicted faster than its replay)
+    graph_ms: float = math.nan   # policy 'auto': the predicted replay time of the budget
+    eager_ms: float = math.nan   # policy 'auto': the predicted eager time of the pack
+
+
+@dataclass
+class PackCosts:
+    """What policy 'auto' decides from, measured by the runner on its device at construction:
+    each budget's replay (its general graph, host wall time with the device synchronized, as
+    an encode call sees it) and the eager encode of one image of a few sizes (at most
+    `EAGER_SIZES` of the budgets, spread from the smallest to the largest), interpolated
+    linearly in tokens between them, flat below the smallest and along the last segment above
+    the largest. Construction time is bounded: (1 + `REPS`) replays per budget and (1 + `REPS`)
+    eager calls per measured size, so at most about 4 x (4 x the largest budget's eager time +
+    the sum of the replay times), which `seconds` records."""
+
+    replay_ms: dict[int, float]
+    eager_tokens: tuple[int, ...]
+    eager_points_ms: tuple[float, ...]
+    seconds: float = 0.0
+
+    EAGER_SIZES = 4
+    REPS = 3
+
+    def eager_ms(self, tokens: int) -> float:
+        xs, ys = self.eager_tokens, self.eager_points_ms
+        if tokens <= xs[0] or len(xs) == 1:
+            return ys[0] if tokens <= xs[0] else ys[-1] * tokens / xs[-1]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if tokens <= x1:
+                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        return ys[-1] + (ys[-1] - ys[-2]) * (tokens - xs[-1]) / (xs[-1] - xs[-2])
+
+    def prefer_eager(self, budget: int, tokens: int) -> bool:
+        """Whether a pack of ``tokens`` merged tokens runs faster eagerly than in ``budget``'s graph."""
+        return self.eager_ms(tokens) < self.replay_ms[budget]
+
+    @classmethod
+    @torch.inference_mode()
+    def measure(cls, runner: "EncoderGraphRunner") -> "PackCosts":
+        from .timing import cpu_time_us
+
+        t0 = time.perf_counter()
+        enc, cfg = runner.encoder, runner.encoder.cfg
+        replay = {}
+        for b, cap in runner.graphs.items():
+            replay[b] = cpu_time_us(lambda: runner.replay(cap), reps=cls.REPS, warmup=1)["p50_us"] / 1e3
+        budgets = runner.budgets
+        k = min(cls.EAGER_SIZES, len(budgets))
+        picks = sorted({budgets[round(i * (len(budgets) - 1) / max(1, k - 1))] for i in range(k)})
+        dtype = torch.uint8 if enc.input_kind == "uint8" else torch.float32
+        points = []
+        for tokens in picks:
+            # one image filling `tokens` (zeros are in range for either input kind)
+            batch = PatchBatch(torch.zeros(tokens * cfg.merge_unit, cfg.patch_dim, dtype=dtype, device=runner.device),
+                               filling_grid(cfg, tokens))
+            points.append(cpu_time_us(lambda: enc.encode_eager(batch), reps=cls.REPS, warmup=1)["p50_us"] / 1e3)
+        return cls(replay, tuple(picks), tuple(points), time.perf_counter() - t0)
 
 
 @dataclass
@@ -57,7 +124,7 @@ class _Captured:
     budget: int
     pixels: torch.Tensor          # view of the shared static input buffer, [4*budget, 1176]
     meta: object                  # TowerMetadata with static device tensors
-    out: torch.Tensor | None = None   # static output [budget, out_hidden]
+    out: torch.Tensor | None = None   # static output [budget, embed_width]
     graph: object = None          # torch.cuda.CUDAGraph for backend 'cuda'
     exact: dict = dataclasses.field(default_factory=dict)  # S -> exact-fit variant for S equal sequences
 
@@ -150,7 +217,8 @@ class EncoderGraphRunner:
     """
 
     def __init__(self, encoder, budgets=(64, 128, 256, 512, 1024), buffer_dtype=torch.bfloat16,
-                 max_items: int = 16, backend: str = "auto", warmup: int = 2, exact_fit: bool = True):
+                 max_items: int = 16, backend: str = "auto", warmup: int = 2, exact_fit: bool = True,
+                 policy: str = "auto"):
         if not isinstance(encoder, VisionEncoder):
             raise TypeError(f"encoder must be a wb.VisionEncoder (from wb.build_encoder), got {type(encoder).__name__}")
         self.encoder = encoder
@@ -172,6 +240,9 @@ class EncoderGraphRunner:
                              f"{names(encoder.spec.buffer_dtypes)}")
         if not isinstance(exact_fit, bool):
             raise ValueError(f"exact_fit must be True or False, got {exact_fit!r}")
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; valid: {POLICIES} ('auto': replay a pack only where its "
+                             f"graph is predicted faster than eager; 'always': replay every pack, as engines do)")
         self.buffer_dtype, self.max_items, self.backend, self.warmup = buffer_dtype, max_items, backend, warmup
         self.exact_fit = exact_fit
         self._host_meta: dict = {}
@@ -188,6 +259,11 @@ class EncoderGraphRunner:
             for b in reversed(self.budgets):
                 self.graphs[b] = self._capture(b)
                 self._exact_graph(self.graphs[b], 1)
+        # the policy in force: 'auto' measures its costs on a real graph backend only (module docstring)
+        self.policy = "always" if backend == "emulated" else policy
+        self.costs = None
+        if self.policy == "auto":
+            self.costs = PackCosts.measure(self)
 
     # ---- construction ------------------------------------------------------------------------
     # the largest budget a default runner captures; larger items run eagerly (misses)
@@ -348,11 +424,11 @@ class EncoderGraphRunner:
 
     @torch.inference_mode()
     def encode(self, batch: PatchBatch, pad_value: float = 0.0, phases: dict | None = None) -> torch.Tensor:
-        """Merged embeddings [N/4, out_hidden] in item order; appends ReplayRecords to `stats`.
+        """Merged embeddings [N/4, embed_width] in item order; appends ReplayRecords to `stats`.
 
         pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check).
         phases: a dict to add each phase's seconds to (keys `PHASES`, plus ``miss`` when an item
-        runs eagerly); the device is synchronized before and after each phase, so the times are
+        misses every budget and ``eager`` when policy 'auto' runs a pack eagerly); the device is synchronized before and after each phase, so the times are
         wall times of finished work. None (the default) times nothing and never synchronizes."""
         self.encoder.check_batch(batch)
         self.check_pad_value(pad_value)  # before any replay, so a bad value leaves no partial stats
@@ -361,12 +437,21 @@ class EncoderGraphRunner:
         with phase("plan"):
             packs, misses = self.plan(batch)
         with phase("copy_out"):
-            out = torch.empty(batch.n_rows // unit, self.encoder.cfg.out_hidden, dtype=self.encoder.dtype,
+            out = torch.empty(batch.n_rows // unit, self.encoder.cfg.embed_width, dtype=self.encoder.dtype,
                               device=self.device)
         for budget, idx in packs:
             with phase("plan"):
                 sub = batch.select(idx, copy=False)
                 frames = [h * w for t, h, w in sub.grid_thw.tolist() for _ in range(t)]
+            predicted = {}
+            if self.costs is not None:
+                tokens = sub.n_rows // unit
+                predicted = dict(graph_ms=self.costs.replay_ms[budget], eager_ms=self.costs.eager_ms(tokens))
+                if self.costs.prefer_eager(budget, tokens):
+                    with phase("eager"):
+                        batch.place_tokens(out, idx, self.encoder.encode_eager(sub), unit)
+                    self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, 0, eager=True, **predicted))
+                    continue
             cap = self.graphs[budget]
             with phase("metadata"):
                 cap.meta.copy_(self.host_metadata(sub.grid_thw, budget))
@@ -380,7 +465,8 @@ class EncoderGraphRunner:
                 result = self.replay(variant if exact else cap)
             with phase("copy_out"):
                 batch.place_tokens(out, idx, result, unit)
-            self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, budget * unit - sub.n_rows, exact=exact))
+            self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, budget * unit - sub.n_rows, exact=exact,
+                                           **predicted))
         for i in misses:
             with phase("miss"):
                 sub = batch.select([i])
@@ -400,7 +486,8 @@ class EncoderGraphRunner:
 
     def __repr__(self) -> str:
         return (f"EncoderGraphRunner(placement={self.encoder.placement!r}, budgets={self.budgets}, "
-                f"buffer_dtype={self.buffer_dtype}, max_items={self.max_items}, backend={self.backend!r})")
+                f"buffer_dtype={self.buffer_dtype}, max_items={self.max_items}, backend={self.backend!r}, "
+                f"policy={self.policy!r})")
 
 
 def default_runner(encoder, batch: PatchBatch) -> "EncoderGraphRunner":

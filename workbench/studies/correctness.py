@@ -161,7 +161,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             if path == "eager":
                 out = enc.encode(batch)
             else:
-                runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=dtype_of(buf),
+                runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=dtype_of(buf), policy="always",
                                             max_items=max_items)
                 out = enc.encode(batch, path="cudagraph", runner=runner)
                 st = runner.stats_frame()
@@ -219,7 +219,8 @@ def _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common):
     out = []
     for norm in norms:
         enc = _build(cfg, "tower", norm, dt, dev, seed)
-        runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=torch.bfloat16, max_items=max_items)
+        runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=torch.bfloat16, max_items=max_items,
+                                    policy="always")
         clean = runner.encode(raw).float().cpu()
         runner.poison_pool()
         poisoned = runner.encode(raw, pad_value=float("nan")).float().cpu()

@@ -233,7 +233,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     # 1. the replay table: every budget of the pow2 and geometric ladders, full; and the edge cases
     lat: dict[int, float] = {}
     with torch.inference_mode():
-        ladder = EncoderGraphRunner(enc, table_budgets, buffer_dtype=torch.uint8, max_items=1)
+        ladder = EncoderGraphRunner(enc, table_budgets, buffer_dtype=torch.uint8, max_items=1, policy="always")
         for b in table_budgets:
             _stage(ladder, b, _item_batch(cfg, b, gen))
             t = _replay_ms(ladder, b, p["reps"])
@@ -277,7 +277,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             for m in p["max_items"]:
                 rb = list(Budgets.of(budgets).holding(m))
                 with torch.inference_mode():
-                    runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m)
+                    runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m, policy="always")
                     pool = _pool_bytes(runner)
                     out = runner.encode(batch)
                     stats = runner.stats_frame()
