@@ -21,7 +21,7 @@ EMULATE_GPUS_ENV = "WORKBENCH_EMULATE_GPUS"
 
 CLAIMS_DIR = ".claims"
 
-# The modules outside workbench.studies that define the selected studies (a user's own study
+# The modules outside the workbench package that define the selected studies (a user's own study
 # module, a test's stub), comma-separated: a worker imports them before it looks its studies up,
 # so a study registered there runs under --gpus too. The sweep sets it for its workers.
 STUDY_MODULES_ENV = "WORKBENCH_STUDY_MODULES"
@@ -61,19 +61,17 @@ def one_gpu_warnings(selected: list, plan: dict, device: str) -> list[str]:
 
 
 def study_modules(selected: list) -> tuple[list[str], list[str]]:
-    """(modules, import roots) of the selected studies defined outside workbench.studies: what a
-    worker must import (each module registers its studies) and where it finds them. A study
-    defined in ``__main__`` (a script, a notebook) has no module a worker could import: the worker
-    then reports it as not registered."""
-    import importlib
-
+    """(modules, import roots) of the selected studies defined outside the workbench package (the
+    module of each one's run function): what a worker must import (each module registers its
+    studies when imported) and where it finds them. A study defined in ``__main__`` (a script, a
+    notebook) has no module a worker could import: the worker reports it as not registered."""
     modules: list[str] = []
     roots: list[str] = []
     for study in selected:
         name = getattr(study.run, "__module__", None) or ""
         if not name or name == "__main__" or name.split(".")[0] == "workbench" or name in modules:
             continue
-        file = getattr(sys.modules.get(name) or importlib.import_module(name), "__file__", None)
+        file = getattr(sys.modules.get(name), "__file__", None)
         if not file:
             continue
         path = Path(file).resolve()
