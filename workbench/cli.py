@@ -442,8 +442,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 1
     if only:
         print(f"studies in one run only (not compared): {', '.join(only)}")
-    for study, g in df.groupby("study", sort=True):
-        print(f"{study}: {summary_line(g)}")
+    for study in shared:
+        g = df[df["study"] == study]
+        print(f"{study}: {summary_line(g)}" + ("" if len(g) else " (no cell measured in both: other "
+                                                                 "presets, sizes or parameters)"))
     if args.csv:
         df.to_csv(args.csv, index=False)
         print(f"compare: every value written to {args.csv}")
