@@ -479,3 +479,23 @@ def test_a_real_notebook_export_loses_its_cdn_scripts():
     assert not re.search(r"(?:src|href)\s*=\s*[\"']?\s*(?:https?:)?//", out, flags=re.I)
     assert not re.search(r"@import|url\(\s*[\"']?(?:https?:)?//", out, flags=re.I)
     assert "cast_cost" in out                                          # the notebook itself is kept
+
+
+def test_a_summary_that_says_what_its_figures_show_is_quoted_in_the_caption(tmp_path, base_meta):
+    """The studies' Summary does not carry captions yet; where one does ({file name: words}), the
+    report uses its words and adds the run."""
+    study = naming_study()
+    inner = study.summarize
+
+    def summarize(table, out_dir):
+        s = inner(table, out_dir)
+        s.captions = {Path(f).name: "Values per size, one line per run" for f in s.figures}
+        return s
+
+    run = make_run(tmp_path, base_meta, "gpu", "NVIDIA H200", {"demo": long_table("NVIDIA H200")})
+    result = rep.build_report(tmp_path, studies={"demo": Study(
+        name="demo", notebook="notebooks/demo.ipynb", run=lambda **k: None, summarize=summarize,
+        params=ParamSpec())})
+    (view,) = section(result, "demo").views
+    (caption,) = view.captions.values()
+    assert caption.startswith(f"Values per size, one line per run, NVIDIA H200, run {run.name}")

@@ -565,9 +565,13 @@ def _figure_runs(fig: str, study: str, runs: list[str]) -> tuple[str, str | None
     return what, run
 
 
-def _caption(fig: str, study: str, view_runs: list[str], by_run: Mapping[str, "Run"], device: str) -> str:
+def _caption(fig: str, study: str, view_runs: list[str], by_run: Mapping[str, "Run"], device: str,
+             shows: str | None = None) -> str:
+    """What a figure shows (the study's words where its Summary gives them, else its file name's)
+    and which run it belongs to: device, run, start time, reference; CPU figures say they are not
+    measurements."""
     what, run = _figure_runs(fig, study, view_runs)
-    title = f"{study}{': ' + what if what else ''}"
+    title = shows.rstrip(". ") if shows else f"{study}{': ' + what if what else ''}"
     if run is None:
         return f"{title}, {device}, from run{'s' if len(view_runs) > 1 else ''} {', '.join(view_runs)}."
     r = by_run.get(run)
@@ -590,7 +594,10 @@ def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
         csv = csvs.write(df, study.name, view.device, view.kind, caption)
         view.tables.append((caption, _table_html(df), csv))
     view.figures, view.svgs = _figures_in(result.figures, fig_dir, out_dir)
-    view.captions = {f: _caption(f, study.name, view.runs, by_run, view.device) for f in view.figures}
+    # a Summary may say what each figure shows ({file name: words}); the run and device are added here
+    own = getattr(result, "captions", None) or {}
+    view.captions = {f: _caption(f, study.name, view.runs, by_run, view.device, own.get(Path(f).name))
+                     for f in view.figures}
 
 
 def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: _Csvs) -> Comparison | None:
