@@ -15,6 +15,7 @@ import types
 # public name -> the submodule that defines it
 _EXPORTS = {
     "VisionConfig": "config", "PRESET_NAMES": "config",
+    "load_vision_weights": "checkpoints",
     "DTYPES": "encoder", "PATHS": "encoder", "PLACEMENTS": "encoder", "STUDY_PLACEMENTS": "encoder",
     "VisionEncoder": "encoder", "build_encoder": "encoder",
     "NORMS": "norms", "make_norm": "norms",

@@ -255,6 +255,14 @@ class VisionConfig:
                             f"got {type(cfg_or_name).__name__} {reprlib.repr(cfg_or_name)}")
         return cfg_or_name
 
+    @classmethod
+    def from_pretrained(cls, folder, name: str | None = None) -> "VisionConfig":
+        """The config of a local transformers model folder (config.json's vision_config and
+        preprocessor_config.json), see `workbench.checkpoints.read_vision_config`: a run on a
+        checkpoint normalizes with the checkpoint's constants. Loaded by name like the family
+        registry (the checkpoint reader sits above this module)."""
+        return importlib.import_module("workbench.checkpoints").read_vision_config(folder, name=name)
+
     def to_hf(self):
         """The matching transformers vision config (Qwen2VLVisionConfig, Qwen3VLVisionConfig, ...)."""
         return self.spec.to_hf(self)

@@ -27,6 +27,7 @@ class Family:
     tower: type | None = None
     presets: tuple[dict, ...] = ()
     hf_class: tuple[str, str] = ("", "")
+    model_types: tuple[str, ...] = ()      # config.json `model_type` of the checkpoints of this family
 
     # ---- configuration -----------------------------------------------------------------------
     def validate(self, cfg) -> list[str]:
@@ -67,6 +68,16 @@ class Family:
         module, cls = self.hf_class
         return getattr(importlib.import_module(module), cls)
 
+    def from_hf(self, vc: dict) -> dict:
+        """VisionConfig fields (architecture only) from a checkpoint's config.json ``vision_config``
+        dict; a missing key or a value the tower cannot run is a ValueError naming it."""
+        raise NotImplementedError
+
+    def frame_pixels(self, shortest_edge: int, longest_edge: int, temporal_patch_size: int) -> tuple[int, int]:
+        """(min_pixels, max_pixels) per frame from the processor's ``size`` bounds (the Qwen
+        processors bound each frame's pixels; GLM's overrides this)."""
+        return shortest_edge, longest_edge
+
     def hf_embeddings(self, model, pixels, grid_thw):
         """transformers' output in our tower's form: the merged embedding [N/4, embed_width]."""
         out = model(pixels, grid_thw)
@@ -95,3 +106,28 @@ def check_position_table(cfg) -> list[str]:
 def norm_params(width: int, kind: str) -> int:
     """Parameters of one norm: LayerNorm has a bias, RMSNorm not."""
     return 2 * width if kind == "layer" else width
+
+
+# ---- reading a checkpoint's vision_config -------------------------------------------------------
+
+def need(vc: dict, key: str):
+    """``vc[key]``, or a ValueError naming the missing key (the caller adds the file)."""
+    if key not in vc:
+        raise ValueError(f"vision_config has no {key!r}")
+    return vc[key]
+
+
+def expect(vc: dict, key: str, want, default) -> None:
+    """A setting the tower hard-codes (an activation, a bias): refuse a checkpoint that differs."""
+    got = vc.get(key, default)
+    if got != want:
+        raise ValueError(f"vision_config {key}={got!r}: this tower supports only {want!r}")
+
+
+def hf_common(vc: dict) -> dict:
+    """The fields every family's vision_config spells alike: depth, heads, patching, rotary theta."""
+    rope = vc.get("rope_parameters") or vc.get("rope_scaling") or {}
+    return dict(depth=need(vc, "depth"), heads=need(vc, "num_heads"), patch_size=need(vc, "patch_size"),
+                temporal_patch_size=vc.get("temporal_patch_size", 2), merge_size=vc.get("spatial_merge_size", 2),
+                in_channels=vc.get("in_channels", vc.get("in_chans", 3)),
+                rope_theta=float(rope.get("rope_theta", vc.get("rope_theta", 10000.0))))

@@ -49,7 +49,7 @@ from torch import nn
 from ..config import VisionConfig
 from .common import (GatedMLP, RMSNorm, TowerMetadata, VisionAttention, VisionBlock, VisionTower, add_norm,
                      interpolated_positions, position_taps)
-from .family import Family, check_position_table, check_unused
+from .family import Family, check_position_table, check_unused, expect, hf_common, need
 
 # transformers' Glm4vVisionPatchMerger builds its LayerNorm with torch's default eps
 MERGER_LN_EPS = 1e-5
@@ -156,6 +156,7 @@ class Glm4vFamily(Family):
     name = "glm4v"
     tower = Glm4vVisionTower
     hf_class = ("transformers.models.glm4v.modeling_glm4v", "Glm4vVisionModel")
+    model_types = ("glm4v", "glm4v_moe", "glm46v")
     presets = (
         dict(name="glm-4.1v-9b", merger_hidden=13696, **GLM_TOWER),
         dict(name="glm-4.5v", merger_hidden=10944, **GLM_TOWER),
@@ -199,6 +200,20 @@ class Glm4vFamily(Family):
             temporal_patch_size=cfg.temporal_patch_size, out_hidden_size=cfg.out_hidden,
             intermediate_size=cfg.merger_hidden,
             rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta})
+
+    def from_hf(self, vc: dict) -> dict:
+        expect(vc, "hidden_act", "silu", "silu")
+        expect(vc, "attention_bias", False, False)
+        common = hf_common(vc)
+        side = need(vc, "image_size") // common["patch_size"]
+        out = need(vc, "out_hidden_size")
+        return dict(common, width=need(vc, "hidden_size"), mlp_hidden=out, out_hidden=out,
+                    merger_hidden=need(vc, "intermediate_size"), num_position_embeddings=side * side,
+                    eps=float(vc.get("rms_norm_eps", 1e-5)))
+
+    def frame_pixels(self, shortest_edge, longest_edge, temporal_patch_size):
+        """GLM's smart_resize bounds the pixels of a frame's temporal_patch_size copies together."""
+        return shortest_edge // temporal_patch_size, longest_edge // temporal_patch_size
 
     def hf_embeddings(self, model, pixels, grid_thw):
         """transformers' Glm4vVisionModel indexes the grid once per frame (a (t, h, w) row with

@@ -17,7 +17,7 @@ from torch import nn
 from ..config import VisionConfig
 from .common import (GatedMLP, PatchMerger, RMSNorm, TowerMetadata, VisionAttention, VisionBlock, VisionTower,
                      pad_offsets)
-from .family import Family, check_unused, norm_params
+from .family import Family, check_unused, expect, hf_common, need, norm_params
 from .qwen2_vl import qwen_merger_params
 
 class Qwen25VLBlock(VisionBlock):
@@ -99,6 +99,7 @@ class Qwen25VLFamily(Family):
     name = "qwen2.5-vl"
     tower = Qwen25VisionTower
     hf_class = ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel")
+    model_types = ("qwen2_5_vl",)
     presets = (
         dict(name="qwen2.5-vl-3b", mlp_hidden=3420, out_hidden=2048),
         dict(name="qwen2.5-vl-7b", mlp_hidden=3420, out_hidden=3584),
@@ -152,6 +153,13 @@ class Qwen25VLFamily(Family):
             fullatt_block_indexes=list(cfg.fullatt_blocks),
             rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta},
         )
+
+
+    def from_hf(self, vc: dict) -> dict:
+        expect(vc, "hidden_act", "silu", "silu")
+        return dict(hf_common(vc), width=need(vc, "hidden_size"), mlp_hidden=need(vc, "intermediate_size"),
+                    out_hidden=need(vc, "out_hidden_size"), window_size=need(vc, "window_size"),
+                    fullatt_blocks=tuple(need(vc, "fullatt_block_indexes")))
 
 
 FAMILY = Qwen25VLFamily()

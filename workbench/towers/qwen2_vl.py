@@ -11,7 +11,7 @@ from torch import nn
 from .. import fused as fk
 from ..config import VisionConfig
 from .common import PatchMerger, TowerMetadata, VisionAttention, VisionBlock, VisionTower
-from .family import Family, check_unused, norm_params
+from .family import Family, check_unused, expect, hf_common, need, norm_params
 
 
 class QuickGELU(nn.Module):
@@ -60,6 +60,7 @@ class Qwen2VLFamily(Family):
     name = "qwen2-vl"
     tower = Qwen2VisionTower
     hf_class = ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VisionTransformerPretrainedModel")
+    model_types = ("qwen2_vl",)
     presets = (
         dict(name="qwen2-vl-2b", mlp_hidden=5120, out_hidden=1536),
         dict(name="qwen2-vl-7b", mlp_hidden=5120, out_hidden=3584),
@@ -95,6 +96,14 @@ class Qwen2VLFamily(Family):
             spatial_merge_size=cfg.merge_size, temporal_patch_size=cfg.temporal_patch_size,
             rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta},
         )
+
+
+    def from_hf(self, vc: dict) -> dict:
+        expect(vc, "hidden_act", "quick_gelu", "quick_gelu")
+        width = need(vc, "embed_dim")
+        # Qwen2-VL's vision "hidden_size" is the merger output (the language model's width)
+        return dict(hf_common(vc), width=width, mlp_hidden=width * need(vc, "mlp_ratio"),
+                    out_hidden=need(vc, "hidden_size"))
 
 
 FAMILY = Qwen2VLFamily()

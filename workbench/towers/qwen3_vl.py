@@ -58,7 +58,7 @@ from torch import nn
 from ..config import VisionConfig
 from .common import (TowerMetadata, VisionAttention, VisionBlock, VisionTower, add_norm, interpolated_positions,
                      position_taps)
-from .family import Family, check_position_table, check_unused, norm_params
+from .family import Family, check_position_table, check_unused, expect, hf_common, need, norm_params
 
 QWEN3_PROCESSOR = dict(patch_size=16, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
                        min_pixels=65536, max_pixels=16777216)
@@ -174,6 +174,7 @@ class Qwen3VLFamily(Family):
     tower = Qwen3VLVisionTower
     hf_class = ("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLVisionModel")
     hf_config = ("transformers.models.qwen3_vl.configuration_qwen3_vl", "Qwen3VLVisionConfig")
+    model_types = ("qwen3_vl", "qwen3_vl_moe")
     presets = (
         dict(name="qwen3-vl-2b", out_hidden=2048, deepstack_indexes=(5, 11, 17), **TOWER_24),
         dict(name="qwen3-vl-4b", out_hidden=2560, deepstack_indexes=(5, 11, 17), **TOWER_24),
@@ -222,6 +223,12 @@ class Qwen3VLFamily(Family):
         if cfg.deepstack_indexes or self.name == "qwen3-vl":
             kw["deepstack_visual_indexes"] = list(cfg.deepstack_indexes)
         return getattr(importlib.import_module(module), name)(**kw)
+
+    def from_hf(self, vc: dict) -> dict:
+        expect(vc, "hidden_act", "gelu_pytorch_tanh", "gelu_pytorch_tanh")
+        return dict(hf_common(vc), width=need(vc, "hidden_size"), mlp_hidden=need(vc, "intermediate_size"),
+                    out_hidden=need(vc, "out_hidden_size"), num_position_embeddings=need(vc, "num_position_embeddings"),
+                    deepstack_indexes=tuple(vc.get("deepstack_visual_indexes", ())))
 
     def hf_embeddings(self, model, pixels, grid_thw):
         out = model(pixels, grid_thw)
