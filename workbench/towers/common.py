@@ -218,8 +218,8 @@ def position_taps(grid: list[tuple[int, int, int]], merge: int, side: int, mode:
     edge clamped to it, what GLM-4.1V's `grid_sample(bicubic, border)` computes. The coordinates
     are computed in float64 and rounded once to ``dtype``."""
     pos = merge_block_positions(grid, merge).to(torch.float64)                  # [n_valid, 2] (h, w)
-    size = torch.tensor([(h, w) for t, h, w in grid for _ in range(t * h * w)], dtype=torch.float64)
-    size = size.view(-1, 2)
+    size = torch.tensor([(h, w) for t, h, w in grid], dtype=torch.float64).view(-1, 2)
+    size = size.repeat_interleave(torch.tensor([t * h * w for t, h, w in grid]), dim=0)   # each row's frame
     if mode == "bilinear":
         src = pos * (side - 1) / (size - 1).clamp_min(1)
         offsets = torch.arange(0, 2)

@@ -49,6 +49,7 @@ All: 16 heads, patch 16, temporal patch 2, merge 2, num_position_embeddings 2304
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 
 import torch
@@ -175,6 +176,7 @@ class Qwen3VLFamily(Family):
     hf_class = ("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLVisionModel")
     hf_config = ("transformers.models.qwen3_vl.configuration_qwen3_vl", "Qwen3VLVisionConfig")
     model_types = ("qwen3_vl", "qwen3_vl_moe")
+    deepstack = True        # the transformers config takes deepstack_visual_indexes
     presets = (
         dict(name="qwen3-vl-2b", out_hidden=2048, deepstack_indexes=(5, 11, 17), **TOWER_24),
         dict(name="qwen3-vl-4b", out_hidden=2560, deepstack_indexes=(5, 11, 17), **TOWER_24),
@@ -210,7 +212,6 @@ class Qwen3VLFamily(Family):
         return (1 + len(cfg.deepstack_indexes)) * (m * m + m * cfg.out_hidden)
 
     def to_hf(self, cfg):
-        import importlib
         if cfg.eps != 1e-6:
             raise ValueError(f"transformers' {self.hf_class[1]} fixes every LayerNorm eps at 1e-6; eps={cfg.eps}")
         module, name = self.hf_config
@@ -220,7 +221,7 @@ class Qwen3VLFamily(Family):
                   temporal_patch_size=cfg.temporal_patch_size, out_hidden_size=cfg.out_hidden,
                   num_position_embeddings=cfg.num_position_embeddings,
                   rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta})
-        if cfg.deepstack_indexes or self.name == "qwen3-vl":
+        if self.deepstack:
             kw["deepstack_visual_indexes"] = list(cfg.deepstack_indexes)
         return getattr(importlib.import_module(module), name)(**kw)
 
