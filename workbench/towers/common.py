@@ -249,10 +249,16 @@ def position_taps(grid: list[tuple[int, int, int]], merge: int, side: int, mode:
 
 def interpolated_positions(table: torch.Tensor, meta: "TowerMetadata", dtype: torch.dtype) -> torch.Tensor:
     """[n_rows, width] in ``dtype``: each row's weighted sum of table rows (`position_taps`),
-    accumulated in the weights' precision (fp32, fp64 for an fp64 tower) as transformers does, in
-    one fixed-shape gather (no [rows, taps, width] intermediate)."""
-    w = meta.pos_weight
-    return F.embedding_bag(meta.pos_index, table.to(w.dtype), per_sample_weights=w, mode="sum").to(dtype)
+    accumulated in the weights' precision (fp32, fp64 for an fp64 tower) as transformers does.
+
+    One gather and one multiply-add per tap over [n_rows, width]: fixed shapes, plain indexing
+    (graph-capturable, deterministic), and no [rows, taps, width] intermediate (16 taps for GLM)."""
+    index, weight = meta.pos_index, meta.pos_weight
+    table = table.to(weight.dtype)
+    out = torch.zeros(index.shape[0], table.shape[1], dtype=weight.dtype, device=table.device)
+    for k in range(index.shape[1]):
+        out.addcmul_(F.embedding(index[:, k], table), weight[:, k, None])
+    return out.to(dtype)
 
 
 class GatedMLP(nn.Module):
