@@ -61,8 +61,8 @@ def test_runner_without_misses_has_no_miss_phase_and_refuses_a_non_dict():
 @pytest.fixture(scope="module")
 def latency_table():
     from workbench.studies import encoder_latency
-    return encoder_latency.run(device="cpu", progress=False, tokens=[16, 32], images=[1, 4], reps=2, warmup=0,
-                               breakdown=True)
+    return encoder_latency.run(device="cpu", progress=False, presets=TINY, tokens=[16, 32], images=[1, 4], reps=2,
+                               warmup=0, breakdown=True, mixes=[])
 
 
 def test_latency_table_holds_to_the_schema_and_has_the_metrics(latency_table):
@@ -166,7 +166,8 @@ def test_a_wrong_graph_output_is_never_timed(monkeypatch):
             return super().encode(batch, pad_value, phases) + 1.0
 
     monkeypatch.setattr(s, "EncoderGraphRunner", Broken)
-    t = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0)
+    t = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0,
+              mixes=[])
     w = wide(t)
     g = w[w.path == "graph"].iloc[0]
     assert not g.ok and g.rel_err > 0.01 and np.isnan(g.p50_ms) and np.isnan(g.get("replay_ms", np.nan))
@@ -178,11 +179,11 @@ def test_a_disagreement_with_transformers_times_nothing_and_reference_can_be_ski
     from workbench.studies import encoder_latency as s
     monkeypatch.setitem(s.COS_MIN, torch.float32, 1.5)     # no cosine reaches it
     w = wide(s.run(device="cpu", progress=False, presets=["tiny-qwen2.5-vl"], tokens=[16], images=[2], reps=1,
-                   warmup=0))
+                   warmup=0, mixes=[]))
     assert not w.ok.any() and "p50_ms" not in w
     monkeypatch.undo()
     w = wide(s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1,
-                   warmup=0, reference=False))
+                   warmup=0, reference=False, mixes=[]))
     assert set(w.path) == {"eager", "graph"} and w.p50_ms.notna().all()
 
 
@@ -192,7 +193,9 @@ def test_a_disagreement_with_transformers_times_nothing_and_reference_can_be_ski
     (dict(dtype="float16"), "dtype='float16' is not a valid choice; valid: float32, bfloat16"),
     (dict(tokens=[64, 16]), "strictly ascending"),
     (dict(tokens=[64, 100], images=[1, 3]), "not divisible: [(64, 3), (100, 3)]"),
-    (dict(nope=1), "valid: presets, depth, tokens, images, dtype, norm, fused, breakdown, reference, reps, warmup, seed"),
+    (dict(nope=1), "valid: presets, depth, tokens, images, dtype, norm, fused, breakdown, reference, reps, warmup, "
+                   "mixes, mix_items, engine_max_budget, seed"),
+    (dict(mixes=["beaches"]), "mixes='beaches' is not a valid choice; valid: phone_photos"),
 ], ids=lambda v: str(v)[:30])
 def test_a_bad_param_is_refused_naming_valid_choices(overrides, message):
     from workbench.studies import encoder_latency as s
@@ -243,3 +246,27 @@ def test_the_breakdown_categories_are_the_profilers():
     from workbench.kernel_profile import KERNEL_CATEGORIES
     from workbench.studies.encoder_latency import KERNEL_CATS
     assert sorted(KERNEL_CATS) == sorted([c for c, _ in KERNEL_CATEGORIES] + ["elementwise"])
+
+
+def test_realistic_batches_time_every_strategy_checked_against_eager(tmp_path):
+    """The mix cells: transformers, eager and three runners on a batch drawn from an image mix,
+    each output checked against eager before it is timed, with the runners' packing recorded."""
+    from workbench.studies import encoder_latency as s
+    t = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0,
+              mixes=["photos"], mix_items=[2], engine_max_budget=256)
+    check_table(t)
+    m = wide(s.mix_cells(t))
+    assert set(m.path) == set(s.MIX_PATHS) and (m.mix == "photos").all() and (m.images == 2).all()
+    assert m.ok.astype(bool).all() and (m.image_p50_ms > 0).all()
+    runners = m[m.path.str.startswith("graph_")].set_index("path")
+    # the engines' budgets up to 256 (64, 128, 256), the photos (176-378 tokens) partly missing them
+    assert runners.loc["graph_engine", "largest_budget"] == 256 and runners.loc["graph_engine", "budgets_n"] == 3
+    assert (runners.replays + runners.eager_packs + runners.misses >= 1).all()
+    assert (runners.rel_err <= s.GRAPH_TOL[torch.float32]).all()
+    # the exact-fit presentation is untouched by the mix rows; the mix table and figure read them
+    assert set(wide(s.exact_cells(t)).path) == set(s.LATENCY_PATHS)
+    table = s.mix_table(t)
+    assert len(table) == 1 and table.fastest.iloc[0] in s.MIX_PATHS
+    assert "Realistic batches (1 cells" in s.findings(t)
+    summary = s.STUDY.summarize(t.assign(run="a", reference=False), tmp_path)
+    assert any("encoder_latency_mixes" in str(f) for f in summary.figures)

@@ -206,7 +206,8 @@ def write_declarations(studies: dict) -> Path | None:
         for p in study.params:
             params.append({"name": p.name, "kind": p.kind, "cpu": p.default("cpu"), "gpu": p.default("gpu"),
                            "choices": list(p.choices) if p.choices is not None else None,
-                           "optional": p.optional, "minimum": p.minimum, "cap": p.cap, "help": p.help})
+                           "optional": p.optional, "minimum": p.minimum, "cap": p.cap, "help": p.help,
+                           "empty_ok": p.empty_ok})
         doc["studies"][name] = {"params": params, "describe": study.params.describe("  ")}
     path = declarations_path()
     try:
@@ -265,7 +266,8 @@ def saved_declarations() -> dict[str, _Declared] | None:
             spec = params.ParamSpec(*(params.Param(
                 name=p["name"], kind=p["kind"], cpu=p["cpu"], gpu=p["gpu"],
                 choices=tuple(p["choices"]) if p["choices"] is not None else None, optional=p["optional"],
-                minimum=p["minimum"], cap=p["cap"], help=p["help"]) for p in d["params"]))
+                minimum=p["minimum"], cap=p["cap"], help=p["help"], empty_ok=p.get("empty_ok", False))
+                for p in d["params"]))
             out[name] = _Declared(name, spec, d["describe"])
         return out
     except Exception:  # noqa: BLE001 - any doubt: import the studies instead

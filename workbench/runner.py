@@ -155,12 +155,32 @@ def capture_stream(device) -> "torch.cuda.Stream":
 
 
 def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
-    """Powers of two from `smallest` up to the first one >= max_tokens (the engines' scheme)."""
+    """Powers of two from `smallest` up to the first one >= max_tokens (the default runner's budgets;
+    `engine_budgets` is the engines' rule for a configured largest budget)."""
     max_tokens = limits.integer(max_tokens, "max_tokens", cap="budget_tokens")
     out = [limits.integer(smallest, "smallest", cap="budget_tokens")]
     while out[-1] < max_tokens:
         out.append(out[-1] * 2)
     return out
+
+
+def engine_budgets(largest: int, smallest: int = 64) -> list[int]:
+    """The serving engines' budget rule (vLLM's encoder CUDA graphs): budgets double from the
+    model's smallest (64 merged tokens for the Qwen towers) up to the configured largest, which is
+    always appended; `engine_max_items` gives their default items per replay."""
+    largest = limits.integer(largest, "largest", cap="budget_tokens")
+    out = [limits.integer(smallest, "smallest", cap="budget_tokens")]
+    while out[-1] * 2 < largest:
+        out.append(out[-1] * 2)
+    if out[-1] != largest:
+        out.append(largest)
+    return sorted(set(out))
+
+
+def engine_max_items(budgets) -> int:
+    """The engines' default items per replay for ``budgets``: min(largest / smallest, smallest)."""
+    b = Budgets.of(budgets)
+    return max(1, min(b[-1] // b[0], b[0]))
 
 
 # the phases of `EncoderGraphRunner.encode(..., phases={})`, in the order they run per pack
@@ -423,14 +443,20 @@ class EncoderGraphRunner:
         self.input_buffer.zero_()
 
     @torch.inference_mode()
-    def encode(self, batch: PatchBatch, pad_value: float = 0.0, phases: dict | None = None) -> torch.Tensor:
+    def encode(self, batch: PatchBatch, pad_value: float = 0.0, phases: dict | None = None,
+               policy: str | None = None) -> torch.Tensor:
         """Merged embeddings [N/4, embed_width] in item order; appends ReplayRecords to `stats`.
 
         pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check).
         phases: a dict to add each phase's seconds to (keys `PHASES`, plus ``miss`` when an item
         misses every budget and ``eager`` when policy 'auto' runs a pack eagerly); the device is synchronized before and after each phase, so the times are
-        wall times of finished work. None (the default) times nothing and never synchronizes."""
+        wall times of finished work. None (the default) times nothing and never synchronizes.
+        policy: 'always' replays every pack for this call whatever the runner's policy (one runner,
+        both behaviours); None: the runner's."""
         self.encoder.check_batch(batch)
+        if policy not in (None, *POLICIES):
+            raise ValueError(f"unknown policy {policy!r}; valid: {POLICIES} or None (the runner's, {self.policy!r})")
+        costs = None if policy == "always" else self.costs
         self.check_pad_value(pad_value)  # before any replay, so a bad value leaves no partial stats
         phase = _PhaseClock(phases, self.device)
         unit = self.encoder.cfg.merge_unit
@@ -444,10 +470,10 @@ class EncoderGraphRunner:
                 sub = batch.select(idx, copy=False)
                 frames = [h * w for t, h, w in sub.grid_thw.tolist() for _ in range(t)]
             predicted = {}
-            if self.costs is not None:
+            if costs is not None:
                 tokens = sub.n_rows // unit
-                predicted = dict(graph_ms=self.costs.replay_ms[budget], eager_ms=self.costs.eager_ms(tokens))
-                if self.costs.prefer_eager(budget, tokens):
+                predicted = dict(graph_ms=costs.replay_ms[budget], eager_ms=costs.eager_ms(tokens))
+                if costs.prefer_eager(budget, tokens):
                     with phase("eager"):
                         batch.place_tokens(out, idx, self.encoder.encode_eager(sub), unit)
                     self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, 0, eager=True, **predicted))

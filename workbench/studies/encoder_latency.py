@@ -24,6 +24,17 @@ the floor, the tower's FLOPs (matmul + full-attention + window-attention blocks,
 `workbench.floors.tower_flops`) at the matmul rate measured in the same run
 (`workbench.ceilings.matmul_tflops`: bf16 on CUDA, fp32 on a CPU), and each time as a multiple of it.
 
+Realistic batches (``mixes`` x ``mix_items``): ``n`` items drawn from a named image mix
+(`workbench.samples.image_mix(mix, n, seed, resized=True)`, preprocessed for the preset), encoded
+by transformers, eager, and three runners over the same batch: ``graph_engine``, the engines'
+budgets (`runner.engine_budgets`: doubling from 64 up to ``engine_max_budget``, which is
+appended; their default items per replay) replaying every pack (policy ``always``);
+``graph_planner``, `plan_budgets` for the mix's distribution with as many graphs, replaying every
+pack; ``graph_auto``, the engines' budgets with policy ``auto`` (a pack replays only where its
+graph is predicted faster than eager). Times are per image (p50 and p90 of the call / n); beside
+them each runner's replays, padded rows, eager packs and misses, and every output checked against
+eager before it is timed.
+
 Every cell is checked once before it is timed: the graph output against the eager output (bit-equal
 or within the dtype's tolerance) and ours against transformers (row-wise cosine). A path whose
 check fails is not timed: a latency is never reported for a wrong result (the failed check stays in
@@ -49,7 +60,11 @@ from ..kernel_profile import kernel_breakdown
 from ..norms import REAL_NORMS
 from ..preprocess import PatchBatch, normalize_rows
 from ..reference import cos_min, hf_embeddings, hf_vision_model, rel_err
-from ..runner import PHASES, EncoderGraphRunner
+from ..budgets import Budgets
+from ..planner import plan_budgets
+from ..preprocess import preprocess
+from ..runner import PHASES, EncoderGraphRunner, engine_budgets, engine_max_items
+from ..samples import MIX_NAMES, image_mix
 from ..timing import cpu_time_us
 from ..towers.common import init_checkpoint_like
 from . import Study, begin_run, register
@@ -99,6 +114,12 @@ PARAMS = ParamSpec(
     Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
     Param("reps", "int", cap="reps", cpu=5, gpu=10, minimum=1, help="timed calls per path and cell"),
     Param("warmup", "int", cap="reps", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
+    Param("mixes", "list[str]", cpu=["photos"], gpu=["screenshots", "documents", "phone_photos", "charts", "video_clips"],
+          choices=MIX_NAMES, empty_ok=True, help="image mixes for the realistic-batch cells ([] for none)"),
+    Param("mix_items", "list[int]", cap="items", cpu=[2], gpu=[1, 4], minimum=1, rule=ascending_unique,
+          help="items per realistic batch, drawn from each mix"),
+    Param("engine_max_budget", "int", cap="budget_tokens", cpu=512, gpu=16384, minimum=64,
+          help="the largest budget of the engines' rule (realistic-batch cells)"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
     check=_divisible,
 )
@@ -114,7 +135,12 @@ METRICS = {
     "practical_floor_ms": "ms", "x_practical_floor": "x", "attn_tflops_full": "TFLOP/s",
     "attn_tflops_window": "TFLOP/s", "kernels_per_call": "count", "fused": "bool", "exact_fit": "bool",
     "prepare_uncached_ms": "ms", **{f"kernel_{c}_ms": "ms" for c in KERNEL_CATS},
+    # realistic-batch cells (case "mix"), per image
+    "image_p50_ms": "ms", "image_p90_ms": "ms", "replays": "count", "padded_rows": "count", "misses": "count",
+    "eager_packs": "count", "valid_rows": "count", "budgets_n": "count", "largest_budget": "tokens",
+    "runner_s": "s",
 }
+MIX_PATHS = ("transformers", "eager", "graph_engine", "graph_planner", "graph_auto")
 PHASE_METRICS = tuple(f"{p}_ms" for p in PHASES)
 
 
@@ -254,6 +280,64 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
     return out
 
 
+def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, reps: int,
+                warmup: int) -> dict[str, dict]:
+    """Check, then time, eager, transformers and every runner of ``runners`` (strategy ->
+    (runner, policy)) on one realistic batch; metrics per strategy, times per image."""
+    dev, dt, n = enc.device, enc.dtype, batch.n_items
+    hf_pixels = normalize_rows(batch.pixels, cfg) if hf is not None else None
+    if hf_pixels is not None and dev.type == "cuda":
+        hf_pixels = hf_pixels.pin_memory()
+    grid_dev = batch.grid_thw.to(dev)
+    calls = {"eager": lambda: enc.encode(batch, path="eager")}
+    if hf is not None:
+        calls["transformers"] = lambda: hf_embeddings(hf, hf_pixels.to(dev, non_blocking=True), grid_dev)
+    for name, (runner, policy) in runners.items():
+        calls[name] = (lambda r=runner, pol=policy: r.encode(batch, policy=pol))
+    out: dict[str, dict] = {}
+    with torch.inference_mode():
+        ref = calls["eager"]()
+        for name, call in calls.items():
+            m: dict = {}
+            if name in runners:
+                runner = runners[name][0]
+                runner.reset_stats()
+                got = call()
+                st = runner.stats_frame()
+                packs = st[~st.miss]
+                m.update(replays=int((~packs.eager).sum()), eager_packs=int(packs.eager.sum()),
+                         misses=int(st.miss.sum()), padded_rows=int(st.padded_rows.sum()),
+                         valid_rows=int(st.valid_rows.sum()), budgets_n=len(runner.budgets),
+                         largest_budget=int(runner.budgets[-1]))
+                err = rel_err(got, ref)
+                m.update(rel_err=err, bit_equal=bool(torch.equal(got, ref)),
+                         ok=bool(torch.equal(got, ref) or err <= GRAPH_TOL.get(dt, 2e-2)))
+            elif name == "transformers":
+                hf_out = call()
+                c = cos_min(ref, hf_out)
+                m.update(cos_min=c, rel_err=rel_err(ref, hf_out), ok=bool(np.isfinite(c) and c >= COS_MIN.get(dt, 0.99)))
+                del hf_out
+            else:
+                m["ok"] = True
+            if m["ok"]:
+                t = cpu_time_us(call, reps=reps, warmup=warmup)
+                m.update(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3,
+                         image_p50_ms=t["p50_us"] / 1e3 / n, image_p90_ms=t["p90_us"] / 1e3 / n)
+            out[name] = m
+    return out
+
+
+def _mix_runners(enc, cfg: VisionConfig, mix: str, p: dict, engine) -> dict:
+    """The planner's runner for ``mix`` beside the shared engine-budget runner (``engine``, built
+    with policy auto once per preset: its 'always' calls are the engines' behaviour)."""
+    eb = engine.budgets
+    planned = plan_budgets(mix, max_graphs=len(eb), cfg=cfg)
+    items = engine_max_items(planned)
+    planner = EncoderGraphRunner(enc, budgets=list(Budgets.of(planned).holding(items)), buffer_dtype=torch.uint8,
+                                 max_items=items, policy="always")
+    return {"graph_engine": (engine, "always"), "graph_planner": (planner, "always"), "graph_auto": (engine, None)}
+
+
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Time every (preset, tokens, images) cell on the three paths; returns the tidy long table.
 
@@ -264,7 +348,9 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     gen = torch.Generator().manual_seed(p["seed"])
     rows: list[dict] = []
     cells = [(t, i) for t in p["tokens"] for i in p["images"]]
-    bar = show_progress(total=len(p["presets"]) * (len(cells) + 1), desc="encoder_latency", enabled=progress)
+    mix_cells = len(p["mixes"]) * len(p["mix_items"])
+    bar = show_progress(total=len(p["presets"]) * (len(cells) + 1 + mix_cells), desc="encoder_latency",
+                        enabled=progress)
     for preset in p["presets"]:
         cfg = VisionConfig.preset(preset, p["depth"])
         torch.manual_seed(p["seed"])
@@ -289,7 +375,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             res = measure_cell(enc, hf, cfg, batch, tokens, images, p["reps"], p["warmup"], p["breakdown"])
             eager_p50 = res["eager"].get("p50_ms", float("nan"))
             hf_p50 = res.get("transformers", {}).get("p50_ms", float("nan"))
-            common = dict(study="encoder_latency", preset=preset, family=cfg.family, depth=cfg.depth,
+            common = dict(study="encoder_latency", case="exact", preset=preset, family=cfg.family, depth=cfg.depth,
                           dtype=dtype_name(dt), norm=p["norm"], device=label, tokens=tokens, images=images,
                           tokens_per_image=per, grid="x".join(map(str, grid_for(per, cfg))))
             for path in LATENCY_PATHS:
@@ -309,6 +395,33 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     m["build_s"] = build_s
                 rows.append({**common, "path": path, **m})
             bar.update()
+        if p["mixes"]:
+            t0 = time.perf_counter()
+            eb = engine_budgets(p["engine_max_budget"])
+            engine = EncoderGraphRunner(enc, budgets=eb, buffer_dtype=torch.uint8, max_items=engine_max_items(eb))
+            engine_s = time.perf_counter() - t0
+            for mix in p["mixes"]:
+                for n in p["mix_items"]:
+                    batch = preprocess(image_mix(mix, n, seed=p["seed"], resized=True), cfg)
+                    if dev.type == "cuda":
+                        batch = PatchBatch(batch.pixels.pin_memory(), batch.grid_thw)
+                    t0 = time.perf_counter()
+                    runners = _mix_runners(enc, cfg, mix, p, engine)
+                    planner_s = time.perf_counter() - t0
+                    res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"])
+                    runners = None
+                    common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
+                                  depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], device=label, mix=mix,
+                                  images=n, tokens=batch.n_rows // cfg.merge_unit)
+                    for path, m in res.items():
+                        if path in ("graph_engine", "graph_auto"):
+                            m["runner_s"] = engine_s
+                        elif path == "graph_planner":
+                            m["runner_s"] = planner_s
+                        rows.append({**common, "path": path, **m})
+                    _release(dev)
+                    bar.update()
+            engine = None
         del enc, hf
         _release(dev)
     bar.close()
@@ -323,9 +436,20 @@ PHASE_COLORS = {"plan": "#b0bec5", "metadata": "#ffb74d", "staging": "#4fc3f7", 
                 "copy_out": "#81c784"}
 
 
+def exact_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the exact-fit cells (case 'exact'; runs made before the realistic batches have
+    no case column and only those)."""
+    return table if "case" not in table else table[table["case"].isna() | (table["case"] == "exact")]
+
+
+def mix_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the realistic-batch cells (case 'mix')."""
+    return table.iloc[0:0] if "case" not in table else table[table["case"] == "mix"]
+
+
 def latency_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per (device, preset, tokens, images, path): the closing table of the study."""
-    w = wide(table)
+    w = wide(exact_cells(table))
     cols = ["run", "reference", "device", "preset", "tokens", "images", "path", "p50_ms", "p90_ms", "floor_ms",
             "x_floor", "speedup", "speedup_vs_transformers", *PHASE_METRICS, "rel_err", "cos_min", "bit_equal", "ok"]
     cols = [c for c in cols if c in w]
@@ -349,7 +473,7 @@ def _panels(n: int, width: float = 5.2, height: float = 4.0):
 def plot_latency(g: pd.DataFrame):
     """Per preset, p50 ms per encode call vs merged tokens (log-log): eager, graph, transformers and
     the FLOP floor; solid lines one image per call, dashed the packed batch of several images."""
-    w = wide(g)
+    w = wide(exact_cells(g))
     presets = list(dict.fromkeys(w.preset))
     fig, axes = _panels(len(presets))
     imgs = sorted(w.images.unique())
@@ -425,7 +549,7 @@ def plot_phases(g: pd.DataFrame):
     """The graph path split into its phases (median per phase, calls with the device synchronized
     around each phase): each bar is one (preset, tokens) cell, stacked as shares of the phases'
     sum, labelled with that sum and the unsynchronized p50; one panel per images value."""
-    w = wide(g)
+    w = wide(exact_cells(g))
     w = w[(w.path == "graph")]
     if "replay_ms" in w:
         w = w[w.replay_ms.notna()]
@@ -443,7 +567,7 @@ def plot_kernels(g: pd.DataFrame):
     """Device time of one tower forward by kernel category (profiled: the kernels a graph replay
     runs), one bar per (preset, tokens) cell, as shares, labelled with the total and the kernel
     count; one panel per images value."""
-    w = wide(g)
+    w = wide(exact_cells(g))
     w = w[(w.path == "graph")]
     parts = {c: f"kernel_{c}_ms" for c in KERNEL_CATS if f"kernel_{c}_ms" in w}
     w = w[w[list(parts.values())].notna().all(axis=1)] if parts else w.iloc[0:0]
@@ -457,7 +581,7 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per device: preset x tokens x images, the p50 of each path and the floor in ms, the graph
     path's speedup over eager and over transformers, and each path as a multiple of the floor."""
     out = {}
-    for dev, g in labelled_runs(table):
+    for dev, g in labelled_runs(exact_cells(table)):
         w = wide(g)
         idx = ["preset", "tokens", "images"]
         p50 = w.pivot_table(index=idx, columns="path", values="p50_ms", aggfunc="first")
@@ -495,6 +619,12 @@ def findings(table: pd.DataFrame) -> str:
 
 
 def _run_finding(dev: str, g: pd.DataFrame) -> str:
+    text = _exact_finding(dev, exact_cells(g))
+    mixed = mix_cells(g)
+    return text + (" " + _mix_finding(mixed) if len(mixed) else "")
+
+
+def _exact_finding(dev: str, g: pd.DataFrame) -> str:
     w = wide(g)
     gr = w[w.path == "graph"]
     tr = w[w.path == "transformers"]
@@ -571,10 +701,87 @@ def _run_finding(dev: str, g: pd.DataFrame) -> str:
     return text
 
 
+MIX_STYLE = {"transformers": ("C2", "transformers (SDPA)"), "eager": ("C0", "eager (ours)"),
+             "graph_engine": ("C3", "graph, engines' budgets"), "graph_planner": ("C1", "graph, planner budgets"),
+             "graph_auto": ("C4", "graph, policy auto")}
+
+
+def mix_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per realistic batch (device, preset, mix, items): each strategy's per-image p50,
+    the fastest strategy, and policy auto against the faster of eager and the engines' graphs
+    and against transformers (ratios > 1: auto is slower)."""
+    w = wide(mix_cells(table))
+    if w.empty:
+        return pd.DataFrame()
+    idx = [c for c in ("run", "device", "preset", "mix", "images") if c in w]
+    t = w.pivot_table(index=idx, columns="path", values="image_p50_ms", aggfunc="first")
+    t = t[[p for p in MIX_PATHS if p in t]]
+    out = t.copy()
+    out["fastest"] = t.idxmin(axis=1)
+    if {"graph_auto", "eager", "graph_engine"} <= set(t):
+        out["auto / best of eager, engine graph"] = t["graph_auto"] / t[["eager", "graph_engine"]].min(axis=1)
+        out["engine graph / eager"] = t["graph_engine"] / t["eager"]
+    if {"graph_auto", "transformers"} <= set(t):
+        out["auto / transformers"] = t["graph_auto"] / t["transformers"]
+    return out.reset_index()
+
+
+def plot_mixes(g: pd.DataFrame):
+    """Per preset, per-image p50 (ms) of every strategy on each realistic batch (mix x items);
+    None when the run has no realistic-batch cells."""
+    w = wide(mix_cells(g))
+    if w.empty or "image_p50_ms" not in w:
+        return None
+    presets = list(dict.fromkeys(w.preset))
+    cells = w[["mix", "images"]].drop_duplicates().sort_values(["mix", "images"])
+    fig, axes = _panels(len(presets), width=6.0, height=1.0 + 0.55 * len(cells))
+    paths = [p for p in MIX_PATHS if p in set(w.path)]
+    h = 0.8 / max(1, len(paths))
+    for ax, preset in zip(axes.flat, presets):
+        d = w[w.preset == preset]
+        for k, path in enumerate(paths):
+            color, name = MIX_STYLE[path]
+            vals = [d[(d.mix == c.mix) & (d.images == c.images) & (d.path == path)].image_p50_ms
+                    for c in cells.itertuples()]
+            vals = [float(v.iloc[0]) if len(v) else np.nan for v in vals]
+            ax.barh(np.arange(len(cells)) + k * h, vals, height=h, color=color, label=name)
+        ax.set_yticks(np.arange(len(cells)) + h * (len(paths) - 1) / 2,
+                      [f"{c.mix} x{int(c.images)}" for c in cells.itertuples()], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("p50 per image (ms)")
+        ax.set_title(preset, fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.suptitle(f"Realistic batches: per-image time of each strategy ({run_label(g)})", fontsize=11)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=3, frameon=False)
+    return fig
+
+
+def _mix_finding(g: pd.DataFrame) -> str:
+    t = mix_table(g)
+    if t.empty or "auto / best of eager, engine graph" not in t:
+        return ""
+    ratio = t["auto / best of eager, engine graph"].dropna()
+    lose = t[t["engine graph / eager"] > 1]
+    text = (f"Realistic batches ({len(t)} cells, items drawn from {', '.join(sorted(t.mix.unique()))}): the engines' "
+            f"budgets replay slower than eager in {len(lose)}/{len(t)} cells"
+            + (f", by up to {lose['engine graph / eager'].max():.2f}x ({lose.sort_values('engine graph / eager').iloc[-1].mix})"
+               if len(lose) else "")
+            + f"; policy auto is within 5% of the faster of eager and the engines' graphs in "
+              f"{int((ratio <= 1.05).sum())}/{len(ratio)} cells (worst {ratio.max():.2f}x)")
+    if "auto / transformers" in t:
+        vs = t["auto / transformers"].dropna()
+        text += f" and faster than transformers in {int((vs < 1).sum())}/{len(vs)} (worst {vs.max():.2f}x of its time)"
+    wins = t.fastest.value_counts()
+    return text + ". Fastest per cell: " + ", ".join(f"{k} {v}" for k, v in wins.items()) + "."
+
+
 def footprint(p, device: str) -> Footprint:
     """The largest cell of the largest preset: its rows through our tower, and through
-    transformers' with the same weights when the reference is timed."""
-    tokens = max(p["tokens"])
+    transformers' with the same weights when the reference is timed; with realistic batches, the
+    engines' largest budget replayed."""
+    tokens = max(max(p["tokens"]), p["engine_max_budget"] if p["mixes"] else 0)
 
     def cell(name: str) -> Footprint:
         cfg = VisionConfig.preset(name, p["depth"])
@@ -592,7 +799,8 @@ STUDY = register(Study(
     findings=findings,
     figures=(("encoder_latency", plot_latency),
              ("encoder_latency_phases", lambda g: plot_phases(g) if (g.metric == "replay_ms").any() else None),
-             ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None)),
+             ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None),
+             ("encoder_latency_mixes", plot_mixes)),
     key_numbers=key_numbers,
     key_caption="Encoder latency on {device}: p50 per encode call (ms) of each path, the FLOP floor and the practical "
                 "floor, the graph path's speedup, and times as multiples of the floors",

@@ -94,7 +94,8 @@ class Param:
     cap: the name of the `workbench.limits` cap on each number (a size knob without one could ask
     for more memory than any machine has; the cap can be raised on purpose, see limits);
     rule: an extra check ``rule(value) -> None`` that raises ValueError with a clear message.
-    A list holds at most ``limits.list_items`` values.
+    A list holds at most ``limits.list_items`` values; it may be empty only with ``empty_ok`` (an
+    axis of cells the study can leave out).
     """
 
     name: str
@@ -107,6 +108,7 @@ class Param:
     cap: str | None = None
     help: str = ""
     rule: Callable[[Any], None] | None = field(default=None, compare=False)
+    empty_ok: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -176,7 +178,7 @@ class Param:
                     value = [v.strip() for v in text.split(",") if v.strip()]
             elif not isinstance(value, (list, tuple)):
                 value = [value]
-            if not value:
+            if not value and not self.empty_ok:
                 raise ParamError(f"{self.name}: the list is empty; valid: {self._valid()}")
             # before looking at the values: a list of a million is refused at once
             _checked(limits.check, "list_items", len(value), f"{self.name}: a list of {len(value)} values",
