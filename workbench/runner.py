@@ -465,6 +465,8 @@ class EncoderGraphRunner:
         with phase("copy_out"):
             out = torch.empty(batch.n_rows // unit, self.encoder.cfg.embed_width, dtype=self.encoder.dtype,
                               device=self.device)
+        eager_packs: list[ReplayRecord] = []
+        eager_items: list[int] = []
         for budget, idx in packs:
             with phase("plan"):
                 sub = batch.select(idx, copy=False)
@@ -474,9 +476,8 @@ class EncoderGraphRunner:
                 tokens = sub.n_rows // unit
                 predicted = dict(graph_ms=costs.replay_ms[budget], eager_ms=costs.eager_ms(tokens))
                 if costs.prefer_eager(budget, tokens):
-                    with phase("eager"):
-                        batch.place_tokens(out, idx, self.encoder.encode_eager(sub), unit)
-                    self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, 0, eager=True, **predicted))
+                    eager_packs.append(ReplayRecord(budget, len(idx), sub.n_rows, 0, eager=True, **predicted))
+                    eager_items += idx
                     continue
             cap = self.graphs[budget]
             with phase("metadata"):
@@ -493,6 +494,18 @@ class EncoderGraphRunner:
                 batch.place_tokens(out, idx, result, unit)
             self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, budget * unit - sub.n_rows, exact=exact,
                                            **predicted))
+        if eager_items:
+            # the packs policy 'auto' sends eagerly run as one eager call over their items in batch
+            # order (the whole batch when it is all of them: no gather, no scatter)
+            with phase("eager"):
+                items = sorted(eager_items)
+                whole = len(items) == batch.n_items
+                result = self.encoder.encode_eager(batch if whole else batch.select(items, copy=False))
+                if whole:
+                    out = result
+                else:
+                    batch.place_tokens(out, items, result, unit)
+            self.stats += eager_packs
         for i in misses:
             with phase("miss"):
                 sub = batch.select([i])
