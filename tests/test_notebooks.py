@@ -121,4 +121,8 @@ def test_a_papermill_sweep_exports_readable_html_that_the_report_links(tmp_path)
     subprocess.run([sys.executable, "-m", "workbench", "report", "--no-sweep", "--results", str(tmp_path)],
                    cwd=ROOT, check=True, capture_output=True, timeout=600)
     page = (tmp_path / "report" / "index.html").read_text()
-    assert f'href="../{run.name}/fp32_memory.html"' in page and f'href="../{run.name}/meta.json"' in page
+    # the page links copies inside the report folder (shareable on its own), never ../
+    assert f'href="runs/{run.name}/fp32_memory.html"' in page and f'href="runs/{run.name}/meta.json"' in page
+    assert 'href="../' not in page
+    copied = (tmp_path / "report" / "runs" / run.name / "fp32_memory.html").read_text()
+    assert "what normalization parks in the CUDA-graph pool" in copied and "<script" not in copied

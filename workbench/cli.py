@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .notebook_run import sync_notebook
+from .notebook_run import FALLBACK_KERNEL, PROJECT_KERNEL, default_kernel, sync_notebook
 from .provenance import collect_meta, results_root
 from .report import NO_STUDY_MESSAGE, build_report
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, resume_sweep, reusable_run,
@@ -501,30 +501,6 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--group", metavar="NAME",
                    help="with --shard: the name the shards of one run share (default: $WORKBENCH_RUN_GROUP, "
                         "else $SLURM_ARRAY_JOB_ID, else <UTC date>-<git sha>-<name>)")
-
-
-PROJECT_KERNEL = "workbench"          # "Python (workbench)": `make lab` registers it inside the venv
-FALLBACK_KERNEL = "python3"           # what a fresh venv (CI, a GPU host's bundle) has
-
-
-def default_kernel() -> str:
-    """The kernel papermill runs the notebooks in: the project's kernel where it is registered and
-    starts this very interpreter (a kernel of that name from another environment would measure
-    another install), else python3. Never fails: no jupyter_client, no kernel, a broken spec all
-    give python3."""
-    try:
-        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-        try:
-            spec = KernelSpecManager().get_kernel_spec(PROJECT_KERNEL)
-        except NoSuchKernel:
-            return FALLBACK_KERNEL
-        exe = spec.argv[0] if spec.argv else ""
-        same = exe in ("python", "python3") or (
-            os.path.exists(exe) and os.path.samefile(exe, sys.executable))
-        return PROJECT_KERNEL if same else FALLBACK_KERNEL
-    except Exception:  # noqa: BLE001 - the kernel choice must never stop a sweep
-        return FALLBACK_KERNEL
 
 
 def _params_epilog() -> str:

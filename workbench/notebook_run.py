@@ -102,3 +102,27 @@ def sync_notebook(study: Any, check: bool = False) -> bool:
         doc["cells"][i]["source"] = lines
         path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return True
+
+
+PROJECT_KERNEL = "workbench"          # "Python (workbench)": `make lab` registers it inside the venv
+FALLBACK_KERNEL = "python3"           # what a fresh venv (CI, a GPU host's bundle) has
+
+
+def default_kernel() -> str:
+    """The kernel papermill runs the notebooks in: the project's kernel where it is registered and
+    starts this very interpreter (a kernel of that name from another environment would measure
+    another install), else python3. Never fails: no jupyter_client, no kernel, a broken spec all
+    give python3."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+        try:
+            spec = KernelSpecManager().get_kernel_spec(PROJECT_KERNEL)
+        except NoSuchKernel:
+            return FALLBACK_KERNEL
+        exe = spec.argv[0] if spec.argv else ""
+        same = exe in ("python", "python3") or (
+            os.path.exists(exe) and os.path.samefile(exe, sys.executable))
+        return PROJECT_KERNEL if same else FALLBACK_KERNEL
+    except Exception:  # noqa: BLE001 - the kernel choice must never stop a sweep
+        return FALLBACK_KERNEL

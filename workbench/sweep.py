@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .notebook_run import default_kernel
 from .provenance import MetaError, RunLock, collect_meta, finish_meta, load_meta, new_run_dir, write_meta
 from .stages import finish_study
 from .workers import execute_on_gpus, one_gpu_warnings
@@ -32,7 +33,7 @@ class SweepPlan:
     results: Path                     # the folder the run folder goes into
     name: str                         # the run folder's name suffix
     mode: str = "papermill"           # or "direct": the studies' run functions in this process
-    kernel: str = "python3"           # Jupyter kernel for papermill
+    kernel: str | None = None         # Jupyter kernel for papermill (None: notebook_run.default_kernel())
     gpus: tuple[int, ...] | None = None   # one worker process per GPU
     gpus_emulated: bool = False       # the GPUs are pretended (workers.EMULATE_GPUS_ENV)
     shard: tuple[int, int] | None = None  # (index, count): run only that shard of the studies
@@ -114,8 +115,8 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         print(f"sweep: profile {plan.profile}, {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} "
               + (f"(shard {plan.shard[0]}/{plan.shard[1]}) " if plan.shard else "")
               + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run_dir}")
-        outcome = _execute(studies, params, plan.device, run_dir, plan.direct, plan.kernel, plan.profile,
-                           plan.gpus)
+        outcome = _execute(studies, params, plan.device, run_dir, plan.direct, plan.kernel or default_kernel(),
+                           plan.profile, plan.gpus)
         _record(run_dir, meta, outcome)
     finally:
         # a complete run keeps no lock file; one with failures keeps it for --resume to take
@@ -139,7 +140,7 @@ def _load_run_meta(run_dir: Path, what: str) -> dict:
         raise SystemExit(f"{what}: {e}") from None
 
 
-def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str = "python3",
+def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str | None = None,
                  gpus: tuple[int, ...] | list[int] | None = None, resume_finished: bool = False) -> SweepResult:
     """Finish the run folder ``run`` (a path, or a folder name under ``results``): take every study
     its meta.json planned through the stages it has not reached (table, executed notebook, HTML,
@@ -201,7 +202,8 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str =
             entry["note"] = f"resumed with other code than the run started with ({(meta.get('git') or {}).get('short')})"
             print(f"sweep: warning: {entry['note']}", file=sys.stderr)
         print(f"sweep: resuming {run_dir}: {state.describe_left()}")
-        outcome = _execute([studies[n] for n in left], plan, device, run_dir, state.direct, kernel, profile, gpus)
+        outcome = _execute([studies[n] for n in left], plan, device, run_dir, state.direct,
+                           kernel or default_kernel(), profile, gpus)
         if state.finished:
             # what the run recorded stays; the resume is one more entry
             entry.update(failures=outcome.failures, warnings=outcome.warnings, study_seconds=outcome.seconds,

@@ -11,8 +11,8 @@ A study answers one question (its ``question``, which the report prints) and has
   measures, and returns one tidy long table (workbench.studies.tables): parameter columns with
   ``device`` among them, then ``metric``, ``value``, ``unit``. It never plots nor writes files.
 - a **summary declaration**: ``findings(table) -> str`` (a short written finding that names the
-  device), ``figures`` (``(stem, plot)`` pairs: ``plot(rows of one run) -> Figure | None``, saved
-  per run as PNG and SVG), ``key_numbers(table) -> {device: DataFrame}`` with its ``key_caption``,
+  device), ``figures`` (``(stem, plot, caption)``: ``plot(rows of one run) -> Figure | None``,
+  saved per run as PNG and SVG, the caption saying what it shows), ``key_numbers(table) -> {device: DataFrame}`` with its ``key_caption``,
   and ``prepare(table) -> table`` where the study reshapes its table first. From them
   `Study.summarize(table, out_dir) -> Summary` turns the tables of every run found under results/
   into the report's section (a study with needs of its own may pass ``summarize`` instead).
@@ -52,6 +52,7 @@ class Summary:
     text: str
     figures: list[Path] = field(default_factory=list)
     tables: list[tuple[str, Any]] = field(default_factory=list)   # (caption, pandas DataFrame) to show
+    captions: dict[str, str] = field(default_factory=dict)         # figure file name -> what it shows
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class Study:
     question: str = ""
     # the summary declaration (module docstring); `summarize` is built from it unless given
     findings: Callable[[Any], str] | None = None
-    figures: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
+    # (stem, plot[, caption]): plot(rows of one run) -> Figure | None; caption: what it shows
+    figures: tuple[tuple, ...] = ()
     key_numbers: Callable[[Any], Mapping[str, Any]] | None = None
     key_caption: str = ""                       # formatted with device=...
     prepare: Callable[[Any], Any] | None = None
@@ -93,8 +95,8 @@ class Study:
             table = self.prepare(table)
         tables = ([(self.key_caption.format(device=dev), t) for dev, t in self.key_numbers(table).items()]
                   if self.key_numbers is not None else [])
-        return Summary(text=self.findings(table), figures=figures_by_run(table, out_dir, self.figures),
-                       tables=tables)
+        figures, captions = figures_by_run(table, out_dir, self.figures)
+        return Summary(text=self.findings(table), figures=figures, tables=tables, captions=captions)
 
     def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:
         return 1 if self.gpus is None else int(self.gpus(params, device))

@@ -387,7 +387,10 @@ STUDY = register(Study(
     notebook="notebooks/cast_cost.ipynb",
     run=run,
     findings=findings,
-    figures=(("cast_cost", plot_staging), ("cast_cost_fill", plot_fill)),
+    figures=(("cast_cost", plot_staging, "Staging time per replay of each input design (copy + norm) per budget, "
+              "beside its byte floor"),
+             ("cast_cost_fill", plot_fill, "Staging time against the share of valid rows at one budget: which designs "
+              "pay for padding")),
     key_numbers=key_numbers,
     key_caption="Staging per replay at 75% valid rows on {device} (copy + norm in one graph, p50; x floor = time / "
                 "(bytes moved / copy ceiling))",

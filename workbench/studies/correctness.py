@@ -433,7 +433,10 @@ STUDY = register(Study(
     params=PARAMS,
     prepare=_cells_wide,
     findings=findings,
-    figures=(("correctness_matrix", matrix_figure), ("correctness_rel_err", rel_err_figure)),
+    figures=(("correctness_matrix", matrix_figure, "Placement x path verdicts per family (green right for every "
+              "norm, red wrong for every norm, amber norm-dependent), worst relative error in each cell"),
+             ("correctness_rel_err", rel_err_figure, "Relative error of every cell against the float64 reference, "
+              "by placement, with the tolerance")),
     footprint=footprint,
     question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
              "leak into real rows",

@@ -797,10 +797,14 @@ STUDY = register(Study(
     notebook="notebooks/encoder_latency.ipynb",
     run=run,
     findings=findings,
-    figures=(("encoder_latency", plot_latency),
-             ("encoder_latency_phases", lambda g: plot_phases(g) if (g.metric == "replay_ms").any() else None),
-             ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None),
-             ("encoder_latency_mixes", plot_mixes)),
+    figures=(("encoder_latency", plot_latency, "p50 per encode call against merged tokens: eager, CUDA graph and "
+              "transformers, with the FLOP and practical floors"),
+             ("encoder_latency_phases", lambda g: plot_phases(g) if (g.metric == "replay_ms").any() else None,
+              "Where the graph path's time goes: plan, metadata, staging, replay and copy-out"),
+             ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None,
+              "The tower's device time by kernel category (one forward, profiled)"),
+             ("encoder_latency_mixes", plot_mixes, "Realistic batches: per-image time of transformers, eager, the "
+              "engines' budgets, planner budgets and policy auto")),
     key_numbers=key_numbers,
     key_caption="Encoder latency on {device}: p50 per encode call (ms) of each path, the FLOP floor and the practical "
                 "floor, the graph path's speedup, and times as multiples of the floors",

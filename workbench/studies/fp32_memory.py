@@ -346,7 +346,10 @@ STUDY = register(Study(
     notebook="notebooks/fp32_memory.ipynb",
     run=run,
     findings=findings,
-    figures=(("fp32_memory_pool", plot_pool), ("fp32_memory_tower", plot_tower)),
+    figures=(("fp32_memory_pool", plot_pool, "Graph-pool bytes of the norm captured alone against budget rows: "
+              "the allocator model as lines, CUDA measurements as circles, fp32 temporaries dotted"),
+             ("fp32_memory_tower", plot_tower, "What each norm adds to the pool of the captured tower, and the "
+              "runner placement's transient peak")),
     key_numbers=key_numbers,
     key_caption="Graph-pool bytes of the norm captured alone on {device} (model: allocation trace through the "
                 "caching-allocator model; error = measured / model - 1)",

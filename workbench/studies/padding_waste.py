@@ -500,9 +500,14 @@ STUDY = register(Study(
     notebook="notebooks/padding_waste.ipynb",
     run=run,
     findings=findings,
-    figures=(("padding_waste", plot_padding), ("padding_waste_replay", plot_replay),
+    figures=(("padding_waste", plot_padding, "Padded fraction of replayed rows per mix and budget set: bars for "
+              "single items (exact), markers for the runner on drawn items"),
+             ("padding_waste_replay", plot_replay, "Replay time per budget, and an item one token over each power of "
+              "two replayed in the next budget against the smaller full budget and eager"),
              # runs before the curve existed lack it
-             ("padding_waste_curve", lambda g: plot_curve(g) if "case" in g and (g["case"] == "curve").any() else None)),
+             ("padding_waste_curve", lambda g: plot_curve(g) if "case" in g and (g["case"] == "curve").any() else None,
+              "The planner's expected padded fraction against the number of graphs it may use, with the powers of "
+              "two and the geometric ladder")),
     key_numbers=key_numbers,
     key_caption="Padding per mix and budget set on {device} (single items: exact from the mix's distribution; "
                 "runner: measured on drawn items)",

@@ -63,17 +63,22 @@ def labelled_runs(table: pd.DataFrame) -> Iterable[tuple[str, pd.DataFrame]]:
         yield source_label(g, run), g
 
 
-def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots) -> list[Path]:
-    """Per run of ``table`` (`groups_by_run`), every ``(stem, plot)`` of ``plots`` in order:
-    ``plot(rows)`` saved as ``<stem>_<run>`` (`save_figure`); a plot that gives None has nothing to
-    show for that run. Returns the PNG paths, the ones the report shows."""
-    figs = []
+def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots) -> tuple[list[Path], dict[str, str]]:
+    """Per run of ``table`` (`groups_by_run`), every ``(stem, plot[, caption])`` of ``plots`` in
+    order: ``plot(rows)`` saved as ``<stem>_<run>`` (`save_figure`); a plot that gives None has
+    nothing to show for that run. Returns the PNG paths (the ones the report shows) and
+    {PNG file name: caption} for the plots that have one (what the figure shows; the report adds
+    the run and device)."""
+    figs, captions = [], {}
     for run, g in groups_by_run(table):
-        for stem, plot in plots:
+        for stem, plot, *caption in plots:
             fig = plot(g)
             if fig is not None:
-                figs += save_figure(fig, out_dir, f"{stem}_{run}")[:1]
-    return figs
+                png = save_figure(fig, out_dir, f"{stem}_{run}")[0]
+                figs.append(png)
+                if caption:
+                    captions[png.name] = caption[0]
+    return figs, captions
 
 
 def plain_log_ticks(axis) -> None:
