@@ -93,8 +93,7 @@ def test_fused_tower_matches_transformers_in_fp32(preset):
     cfg = dataclasses.replace(wb.VisionConfig.preset(preset), max_pixels=56 * 84)
     enc = wb.build_encoder(cfg, placement="processor", norm="eager", dtype=torch.float32, device="cpu", seed=7,
                            fused=True)
-    x = torch.empty(0)
-    assert enc.visual.fused_for(x)
+    assert enc.visual.kernels.fused
     images = wb.random_images(2, seed=int(torch.randint(0, 1000, (1,))), min_side=28, max_side=84)
     batch = wb.preprocess(images, cfg, normalize=True)
     hf = hf_vision_model(cfg, dtype=torch.float64)
@@ -112,10 +111,15 @@ def test_fused_choice_is_validated_and_auto_stays_plain_on_cpu():
     with pytest.raises(ValueError, match="fused must be one of"):
         wb.build_encoder(cfg, placement="tower", norm="eager", device="cpu", fused="yes")
     enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu")
-    assert enc.visual.fused == "auto" and not enc.visual.fused_for(torch.empty(0))
-    enc64 = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float64, device="cpu", fused=True)
+    assert enc.visual.fused == "auto" and not enc.visual.kernels.fused and enc.visual.kernels.backend == "loop"
+    # resolved once, at the door: a choice the tower cannot run fails when it is built
     with pytest.raises(ValueError, match="float64 tower needs fused=False"):
-        enc64.visual.fused_for(torch.empty(0, dtype=torch.float64))
+        wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float64, device="cpu", fused=True)
+    with pytest.raises(ValueError, match="attention backend 'varlen' needs CUDA"):
+        wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", attn_backend="varlen")
+    # resolved again after a move or a cast
+    enc.visual.to(torch.float64)
+    assert enc.visual.kernels.backend == "loop" and not enc.visual.kernels.fused
 
 
 def test_swiglu_weights_are_padded_views_that_loads_write_through():

@@ -281,6 +281,7 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
                          f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
     enc = VisionEncoder(cfg, spec, make_norm(norm, cfg, check_values=check_inputs), dtype, dev,
                         attn_backend=attn_backend, check_inputs=check_inputs, fused=fused)
+    enc.visual.resolve_kernels()     # an attention backend or fused choice this device cannot run fails here
     if seed is not None:
         # init_random draws in fp32 and copy_ rounds into the tower dtype: the same weights a
         # fp32 init followed by a cast would give, without two extra casts of every parameter

@@ -133,7 +133,6 @@ def _check_max_graphs(max_graphs) -> int:
 def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: int) -> tuple[int, int]:
     import torch
 
-    from .fused import FUSED_DTYPES as fused_dtypes
     from .memory_model import count_allocations, pool_model
     from .norms import make_norm
     from .towers import build_tower
@@ -143,13 +142,10 @@ def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: 
     with torch.device("meta"):
         tower = build_tower(cfg, input_norm=input_norm, device_norm=norm is not None, attn_backend="auto")
     tower = tower.to(device="meta", dtype=dtype)
-    # the attention path a CUDA tower of this dtype takes (attention.resolve_backend on CUDA):
-    # flash varlen for fp16/bf16, dense masked SDPA otherwise; both have meta kernels
-    backend = "varlen" if dtype in (torch.float16, torch.bfloat16) else "masked"
-    tower.backend_for = lambda x: backend
-    # and the block kernels it runs: fused for fp16/bf16 ('auto' on CUDA), plain torch otherwise
-    fused_on = dtype in fused_dtypes
-    tower.fused_for = lambda x: fused_on
+    # the kernels a CUDA tower of this dtype runs ('auto' resolved for CUDA): flash varlen
+    # attention and the fused block kernels for fp16/bf16, dense masked SDPA and plain torch
+    # otherwise; all have meta kernels
+    tower.resolve_kernels(device="cuda")
     meta = tower.prepare_capture(budget, max_items, device="meta")     # what the runner captures with
     pixels = torch.empty(rows, cfg.patch_dim, dtype=buffer_dtype, device="meta")
     with torch.inference_mode():

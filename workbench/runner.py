@@ -329,8 +329,7 @@ class EncoderGraphRunner:
             return None
         if n_seqs not in cap.exact:
             rows = cap.pixels.shape[0]
-            probe = torch.empty(0, dtype=self.encoder.dtype, device=self.device)
-            if rows % n_seqs or not use_dense(self.tower.backend_for(probe), rows // n_seqs):
+            if rows % n_seqs or not use_dense(self.tower.kernels.backend, rows // n_seqs):
                 return None
             with torch.inference_mode():
                 cap.exact[n_seqs] = self._capture(cap.budget, share=cap, dense_seqlen=rows // n_seqs)

@@ -180,7 +180,7 @@ def practical_rates(cfg: VisionConfig, seq_rows: int, n_seqs: int, dev: torch.de
     Qwen2.5-VL the same rows as whole windows of (window_merged x merge_size)^2 rows, as
     `tower_flops` counts them (None for Qwen2-VL)."""
     full = attention_tflops(seq_rows, n_seqs, cfg.heads, cfg.head_dim, dev, dtype)[0]
-    if cfg.family != "qwen2.5-vl":
+    if cfg.spec.full_attention_blocks(cfg) == cfg.depth:      # no window attention in this family
         return full, None
     win = cfg.window_merged ** 2 * cfg.merge_unit
     n_win = -(-seq_rows // win) * n_seqs
@@ -357,8 +357,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         t0 = time.perf_counter()
         enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"],
                                fused=False if p["fused"] == "off" else "auto")
-        probe = torch.empty(0, dtype=dt, device=dev)
-        fused_on = bool(enc.visual.fused_for(probe))
+        fused_on = enc.visual.kernels.fused
         _release(dev)
         build_s = time.perf_counter() - t0
         bar.update()

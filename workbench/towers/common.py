@@ -75,6 +75,16 @@ class TowerMetadata:
         return self
 
 
+@dataclass(frozen=True)
+class Kernels:
+    """What a tower's forward runs, resolved once (`VisionTower.resolve_kernels`): the concrete
+    attention backend (one of attention.ATTN_BACKENDS but 'auto') and whether the fused Triton
+    block kernels run."""
+
+    backend: str
+    fused: bool
+
+
 def check_fused(fused):
     """``fused`` if it is one of FUSED_CHOICES ('auto', True, False), else ValueError naming it."""
     if not (isinstance(fused, bool) or (isinstance(fused, str) and fused == "auto")):   # 1 is not True here
@@ -516,6 +526,7 @@ class VisionTower(nn.Module):
                         lambda: self.prepare(grid_thw, **kw))
 
     def _apply(self, fn, recurse=True):
+        self.__dict__.pop("_kernels", None)      # resolved again for the new device or dtype
         self.__dict__.pop("_meta_cache", None)   # device or dtype changes: drop cached tables
         return super()._apply(fn, recurse)
 
@@ -541,12 +552,12 @@ class VisionTower(nn.Module):
         `tap(i, x)`, whose [N/4, out_hidden] features follow the head's output along the hidden
         axis, in block order.
 
-        Fused (`fused_for`): each block's residual sums ride in the next norm's kernel (the last one
+        Fused (`kernels`): each block's residual sums ride in the next norm's kernel (the last one
         in the head's, or in a tap's), and the rotary and MLP activations are one kernel each."""
-        backend = self.backend_for(x)
+        backend, fused = self.kernels.backend, self.kernels.fused
         taps = self.taps
         features = []
-        if not self.fused_for(x):
+        if not fused:
             for i, blk in enumerate(self.blocks):
                 x = blk(x, *self.block_attention(i, meta), meta.cos, meta.sin, backend)
                 if i in taps:
@@ -581,13 +592,31 @@ class VisionTower(nn.Module):
         """`head` of x + delta, the residual sum in the head's first kernel."""
         return self.merger.forward_fused(x, delta)
 
-    def fused_for(self, x: torch.Tensor) -> bool:
-        """Whether the blocks run the fused kernels for activations like ``x`` (see `fused`)."""
+    def resolve_kernels(self, device=None, dtype: torch.dtype | None = None) -> "Kernels":
+        """The concrete attention backend and fused choice for ``device`` and ``dtype`` (default:
+        the tower's own), from what the tower was built with (``attn_backend``, ``fused``); an
+        explicit choice the device or dtype cannot run is a ValueError here. Resolved once: the
+        forward uses the result until the tower moves or changes dtype. A target other than the
+        tower's own (a CUDA tower modelled on the meta device) is kept likewise."""
+        device = self.device if device is None else torch.device(device)
+        dtype = self.dtype if dtype is None else dtype
+        backend = resolve_backend(self.attn_backend, device, dtype)
         if self.fused == "auto":
-            return x.device.type == "cuda" and x.dtype in fk.FUSED_DTYPES and fk.available(x.device)
-        if self.fused and x.dtype == torch.float64:
+            fused = device.type == "cuda" and dtype in fk.FUSED_DTYPES and fk.available(device)
+        elif self.fused and dtype == torch.float64:
             raise ValueError("the fused kernels compute in float32; a float64 tower needs fused=False (or 'auto')")
-        return bool(self.fused)
+        else:
+            fused = bool(self.fused)
+        kernels = Kernels(backend, fused)
+        self.__dict__["_kernels"] = kernels
+        return kernels
+
+    @property
+    def kernels(self) -> "Kernels":
+        """The kernels the forward runs (`resolve_kernels`, for the tower's device and dtype unless
+        resolved for another target)."""
+        kernels = self.__dict__.get("_kernels")
+        return kernels if kernels is not None else self.resolve_kernels()
 
     def forward(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """pixels [N, patch_dim] (uint8 for a device-normalizing tower, else float) -> merged
@@ -598,9 +627,6 @@ class VisionTower(nn.Module):
         if pixels.shape[0] != meta.n_rows:
             raise ValueError(f"pixels have {pixels.shape[0]} rows but grid_thw adds up to {meta.n_rows}")
         return self.forward_prepared(pixels.to(self.device), meta)
-
-    def backend_for(self, x: torch.Tensor) -> str:
-        return resolve_backend(self.attn_backend, x.device, x.dtype)
 
     # ---- weights ---------------------------------------------------------------------------
     def init_random(self, seed: int = 0, std: float = 0.02) -> "VisionTower":
