@@ -280,3 +280,22 @@ def test_the_folder_config_is_a_plain_config(saved):
     # GLM's processor bounds cover a frame's two temporal copies
     assert (cfg.min_pixels, cfg.max_pixels) == (12544 // 2, (1 << 21) // 2)
     shutil.rmtree(saved)
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl"])
+def test_build_encoder_from_a_folder_loads_its_config_constants_and_weights(family, photos, tmp_path, seed):
+    """wb.build_encoder(folder): the folder's config and processor constants, its vision tensors
+    instead of random ones, and the device norm (placement tower) on raw pixels gives the
+    embeddings of the model that saved it."""
+    visual = save_model(family, tmp_path, seed)
+    enc = wb.build_encoder(str(tmp_path), placement="tower", norm="eager", dtype=torch.float32, device="cpu")
+    assert enc.cfg == wb.VisionConfig.from_pretrained(tmp_path)
+    raw = wb.preprocess([photos["coffee"], photos["rocket"]], enc.cfg)
+    normalized = wb.preprocess([photos["coffee"], photos["rocket"]], enc.cfg, normalize=True)
+    out = enc.encode(raw)
+    ref = hf_embeddings(visual, normalized.pixels, normalized.grid_thw)
+    assert rel_err(out, ref) < 1e-5
+    # a preset's architecture with the folder's weights: the same tensors, named by weights=
+    again = wb.build_encoder(enc.cfg, placement="processor", norm="eager", dtype=torch.float32, device="cpu",
+                             weights=tmp_path)
+    assert rel_err(again.encode(normalized), ref) < 1e-5

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
 from . import limits
-from .config import VisionConfig
+from .config import PRESET_NAMES, VisionConfig
 from .dtypes import dtype_name
 from .dtypes import resolve_dtype as _resolve_dtype
 from .norms import InputNorm, check_norm_name, interpreting, make_norm
@@ -252,10 +254,15 @@ class VisionEncoder(nn.Module):
         return self.get_image_features(pixels, batch.grid_thw)
 
 
-def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str = "triton_rows",
+def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower", norm: str = "triton_rows",
                   dtype=torch.bfloat16, device="auto", attn_backend: str = "auto", seed: int | None = 0,
-                  check_inputs: bool = True, fused="auto") -> VisionEncoder:
-    """Outer model with `.visual` for `cfg` (a VisionConfig or a preset name).
+                  check_inputs: bool = True, fused="auto", weights: str | os.PathLike | None = None) -> VisionEncoder:
+    """Outer model with `.visual` for `cfg`: a VisionConfig, a preset name, or a local transformers
+    model folder (its config.json and preprocessor_config.json give the config, its safetensors
+    the vision tower's weights: `workbench.checkpoints`).
+
+    weights: a model folder whose vision tensors to load (default: the folder ``cfg`` names, if it
+    names one); without, the weights are random (seeded, see ``seed``).
 
     placement: one of PLACEMENTS (or 'double'); norm: one of NORMS; dtype: tower dtype; device:
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
@@ -264,6 +271,10 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values
     outside the normalized range or not finite); False is the engines' behaviour, for studies.
     """
+    if isinstance(cfg, os.PathLike) or (isinstance(cfg, str) and cfg not in PRESET_NAMES
+                                        and Path(cfg).expanduser().is_dir()):
+        weights = cfg if weights is None else weights
+        cfg = VisionConfig.from_pretrained(cfg)
     cfg = VisionConfig.coerce(cfg)
     # checked before anything uses them (norm.startswith below, the tower build): a None or a typo
     # must name itself and the choices, not surface as an AttributeError from deep inside
@@ -282,7 +293,10 @@ def build_encoder(cfg: VisionConfig | str, placement: str = "tower", norm: str =
     enc = VisionEncoder(cfg, spec, make_norm(norm, cfg, check_values=check_inputs), dtype, dev,
                         attn_backend=attn_backend, check_inputs=check_inputs, fused=fused)
     enc.visual.resolve_kernels()     # an attention backend or fused choice this device cannot run fails here
-    if seed is not None:
+    if weights is not None:
+        from .checkpoints import load_vision_weights
+        load_vision_weights(enc.visual, weights)
+    elif seed is not None:
         # init_random draws in fp32 and copy_ rounds into the tower dtype: the same weights a
         # fp32 init followed by a cast would give, without two extra casts of every parameter
         enc.visual.init_random(seed)
