@@ -171,21 +171,10 @@ def load_vision_weights(tower, folder):
             for k in ks:
                 ckpt_shapes[k] = tuple(f.get_slice(keys[k]).get_shape())
     ckpt_shapes = {k: s for k, s in ckpt_shapes.items() if not k.endswith("inv_freq")}
-    missing = sorted(set(own) - set(ckpt_shapes))
-    unexpected = sorted(set(ckpt_shapes) - set(own))
-    shapes = sorted(f"{keys[k]}: checkpoint {ckpt_shapes[k]} vs tower {tuple(own[k].shape)}"
-                    for k in set(own) & set(ckpt_shapes) if ckpt_shapes[k] != tuple(own[k].shape))
-    if missing or unexpected or shapes:
-        def show(xs):
-            return ", ".join(xs[:12]) + (f" (+{len(xs) - 12} more)" if len(xs) > 12 else "")
-        parts = []
-        if missing:
-            parts.append(f"vision tensors missing from the checkpoint: {show(missing)}")
-        if unexpected:
-            parts.append(f"not in the {tower.cfg.family} tower {tower.cfg.name!r}: {show(unexpected)}")
-        if shapes:
-            parts.append(f"shape mismatch: {show(shapes)}")
-        raise CheckpointError(f"{path}: " + "; ".join(parts) + "; nothing was loaded")
+    problem = tower.state_mismatch(ckpt_shapes, missing="vision tensors missing from the checkpoint",
+                                   name=lambda k: keys[k])
+    if problem:
+        raise CheckpointError(f"{path}: {problem}; nothing was loaded")
     state = {}
     for file, ks in by_file.items():
         with safe_open(str(file), framework="pt") as f:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..registry import register_once
+
 __all__ = ["Benchmark", "BenchmarkPanel", "BENCHMARKS", "register", "discover"]
 
 
@@ -61,12 +63,8 @@ BENCHMARKS: dict[str, Benchmark] = {}
 
 
 def register(benchmark: Benchmark) -> Benchmark:
-    old = BENCHMARKS.get(benchmark.name)
-    if old is not None and old is not benchmark and (
-            getattr(old.summarize, "__module__", None) != getattr(benchmark.summarize, "__module__", None)):
-        raise ValueError(f"benchmark {benchmark.name!r} is registered twice")
-    BENCHMARKS[benchmark.name] = benchmark
-    return benchmark
+    """Add ``benchmark`` to BENCHMARKS (`workbench.registry.register_once`)."""
+    return register_once(BENCHMARKS, benchmark, "benchmark", "summarize")
 
 
 def discover() -> dict[str, Benchmark]:

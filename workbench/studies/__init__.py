@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..registry import register_once
+
 from .params import PROFILES, Param, ParamError, ParamSpec
 from .tables import TableError, check_table, load_table, tidy, wide, write_study_table
 
@@ -118,12 +120,7 @@ STUDIES: dict[str, Study] = {}
 def register(study: Study) -> Study:
     """Add ``study`` to STUDIES. Registering the same name twice from different objects is an
     error (re-importing the same module is not)."""
-    old = STUDIES.get(study.name)
-    if old is not None and old is not study and (
-            getattr(old.run, "__module__", None) != getattr(study.run, "__module__", None)):
-        raise ValueError(f"study {study.name!r} is registered twice")
-    STUDIES[study.name] = study
-    return study
+    return register_once(STUDIES, study, "study", "run")
 
 
 def discover() -> dict[str, Study]:

@@ -400,8 +400,16 @@ class PatchMerger(nn.Module):
 
 
 class VisionBlock(nn.Module):
-    """A pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)). A family gives norm1, norm2, attn
-    and its MLP twice: `mlp_out(h)` in plain torch ops, `mlp_fused(h)` with the fused kernels."""
+    """A pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)). A family gives the norm kind
+    ('layer' or 'rms'), its MLP module and attention options, and runs its MLP twice: `mlp_out(h)`
+    in plain torch ops, `mlp_fused(h)` with the fused kernels."""
+
+    def __init__(self, cfg: VisionConfig, norm_kind: str, mlp: nn.Module, **attn_kw):
+        super().__init__()
+        self.norm1, self.norm2 = (nn.LayerNorm(cfg.width, eps=cfg.eps) if norm_kind == "layer"
+                                  else RMSNorm(cfg.width, cfg.eps) for _ in range(2))
+        self.attn = VisionAttention(cfg, **attn_kw)
+        self.mlp = mlp
 
     def mlp_out(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -502,7 +510,15 @@ class VisionTower(nn.Module):
         meta = self._prepare_family(meta, grid, n_window_segments, max_window_seqlen)
         return meta.to(self.device if device is None else device)
 
+    # towers with a learned position table resampled to each grid: 'bilinear' or 'bicubic' taps
+    # (`position_taps`), host metadata like the rotary tables; None: no table
+    position_resampling: str | None = None
+
     def _prepare_family(self, meta, grid, n_window_segments, max_window_seqlen) -> TowerMetadata:
+        if self.position_resampling is not None:
+            dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+            meta.pos_index, meta.pos_weight = position_taps(grid, self.cfg.merge_size, self.table_side,
+                                                            self.position_resampling, meta.n_rows, dtype)
         return meta
 
     def prepare_capture(self, budget: int, max_items: int, device=None) -> TowerMetadata:
@@ -629,6 +645,28 @@ class VisionTower(nn.Module):
         return self.forward_prepared(pixels.to(self.device), meta)
 
     # ---- weights ---------------------------------------------------------------------------
+    def state_mismatch(self, shapes: dict[str, tuple], missing: str = "missing from the checkpoint",
+                       name=lambda k: k) -> str | None:
+        """What keeps checkpoint tensors of ``shapes`` (tower key -> shape) from loading into this
+        tower: missing, unexpected and mis-shaped keys (``name`` gives a key as the checkpoint
+        spells it), or None when they fit."""
+        own = {k: tuple(v.shape) for k, v in self.state_dict().items() if not k.startswith("input_norm.")}
+        absent = sorted(set(own) - set(shapes))
+        unexpected = sorted(set(shapes) - set(own))
+        wrong = sorted(f"{name(k)}: checkpoint {shapes[k]} vs tower {own[k]}"
+                       for k in set(own) & set(shapes) if tuple(shapes[k]) != own[k])
+        if not (absent or unexpected or wrong):
+            return None
+
+        def show(xs):
+            return ", ".join(xs[:12]) + (f" (+{len(xs) - 12} more)" if len(xs) > 12 else "")
+        parts = [f"{missing}: {show(absent)}"] if absent else []
+        if unexpected:
+            parts.append(f"not in the {self.cfg.family} tower {self.cfg.name!r}: {show(unexpected)}")
+        if wrong:
+            parts.append(f"shape mismatch: {show(wrong)}")
+        return "; ".join(parts)
+
     def init_random(self, seed: int = 0, std: float = 0.02) -> "VisionTower":
         """Checkpoint-like random weights drawn on the host (`init_checkpoint_like`); returns the tower."""
         init_checkpoint_like(self, seed, std)
@@ -644,21 +682,9 @@ class VisionTower(nn.Module):
             sd = {k[len(p):]: v for k, v in sd.items()}
         sd = {k: v for k, v in sd.items() if not k.endswith("inv_freq")}
         own = {k: v for k, v in self.state_dict().items() if not k.startswith("input_norm.")}
-        missing = sorted(set(own) - set(sd))
-        unexpected = sorted(set(sd) - set(own))
-        shapes = sorted(f"{k}: checkpoint {tuple(sd[k].shape)} vs tower {tuple(own[k].shape)}"
-                        for k in set(own) & set(sd) if tuple(sd[k].shape) != tuple(own[k].shape))
-        if missing or unexpected or shapes:
-            def show(xs):
-                return ", ".join(xs[:12]) + (f" (+{len(xs) - 12} more)" if len(xs) > 12 else "")
-            parts = []
-            if missing:
-                parts.append(f"missing from the checkpoint: {show(missing)}")
-            if unexpected:
-                parts.append(f"not in the {self.cfg.family} tower {self.cfg.name!r}: {show(unexpected)}")
-            if shapes:
-                parts.append(f"shape mismatch: {show(shapes)}")
-            raise ValueError("state dict does not fit: " + "; ".join(parts))
+        problem = self.state_mismatch({k: tuple(v.shape) for k, v in sd.items()})
+        if problem:
+            raise ValueError("state dict does not fit: " + problem)
         with torch.no_grad():
             for k, v in own.items():
                 v.copy_(sd[k])

@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import VisionConfig
-from .common import (GatedMLP, RMSNorm, TowerMetadata, VisionAttention, VisionBlock, VisionTower, add_norm,
-                     interpolated_positions, position_taps)
+from .common import (GatedMLP, RMSNorm, TowerMetadata, VisionBlock, VisionTower, add_norm,
+                     interpolated_positions)
 from .family import Family, check_position_table, check_unused, expect, hf_common, need
 
 # transformers' Glm4vVisionPatchMerger builds its LayerNorm with torch's default eps
@@ -61,11 +61,7 @@ GLM_TOWER = dict(depth=24, width=1536, heads=12, mlp_hidden=4096, out_hidden=409
 
 class Glm4vBlock(VisionBlock):
     def __init__(self, cfg: VisionConfig):
-        super().__init__()
-        self.norm1 = RMSNorm(cfg.width, cfg.eps)
-        self.norm2 = RMSNorm(cfg.width, cfg.eps)
-        self.attn = VisionAttention(cfg, qkv_bias=False, proj_bias=False)
-        self.mlp = GatedMLP(cfg.width, cfg.mlp_hidden, bias=False)
+        super().__init__(cfg, "rms", GatedMLP(cfg.width, cfg.mlp_hidden, bias=False), qkv_bias=False, proj_bias=False)
 
     def mlp_out(self, h):
         return self.mlp(h)
@@ -120,6 +116,7 @@ class Glm4vMerger(GatedMLP):
 class Glm4vVisionTower(VisionTower):
     family = "glm4v"
     patch_bias = True
+    position_resampling = "bicubic"
 
     def __init__(self, cfg: VisionConfig, **kw):
         super().__init__(cfg, **kw)
@@ -131,12 +128,6 @@ class Glm4vVisionTower(VisionTower):
         self.downsample = MergeConv(cfg.width, cfg.out_hidden, cfg.merge_size)
         self.merger = Glm4vMerger(cfg.out_hidden, cfg.merger_hidden)
         self.table_side = math.isqrt(cfg.num_position_embeddings)
-
-    def _prepare_family(self, meta, grid, n_window_segments, max_window_seqlen) -> TowerMetadata:
-        dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        meta.pos_index, meta.pos_weight = position_taps(grid, self.cfg.merge_size, self.table_side, "bicubic",
-                                                        meta.n_rows, dtype)
-        return meta
 
     def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
         """pixels [n_rows, patch_dim] -> merged embeddings [n_rows/4, out_hidden], fixed shapes only."""

@@ -15,18 +15,14 @@ import torch
 from torch import nn
 
 from ..config import VisionConfig
-from .common import (GatedMLP, PatchMerger, RMSNorm, TowerMetadata, VisionAttention, VisionBlock, VisionTower,
+from .common import (GatedMLP, PatchMerger, RMSNorm, TowerMetadata, VisionBlock, VisionTower,
                      pad_offsets)
 from .family import Family, check_unused, expect, hf_common, need, norm_params
-from .qwen2_vl import qwen_merger_params
+from .qwen2_vl import qwen_merger_macs, qwen_merger_params
 
 class Qwen25VLBlock(VisionBlock):
     def __init__(self, cfg: VisionConfig):
-        super().__init__()
-        self.norm1 = RMSNorm(cfg.width, cfg.eps)
-        self.norm2 = RMSNorm(cfg.width, cfg.eps)
-        self.attn = VisionAttention(cfg)
-        self.mlp = GatedMLP(cfg.width, cfg.mlp_hidden, bias=True)
+        super().__init__(cfg, "rms", GatedMLP(cfg.width, cfg.mlp_hidden, bias=True))
 
     def mlp_out(self, h):
         return self.mlp(h)
@@ -137,8 +133,7 @@ class Qwen25VLFamily(Family):
         return cfg.patch_dim * w + cfg.depth * (4 * w * w + 3 * w * cfg.mlp_hidden)
 
     def token_macs(self, cfg) -> int:
-        m = cfg.width * cfg.merge_unit
-        return m * m + m * cfg.out_hidden
+        return qwen_merger_macs(cfg)
 
     def full_attention_blocks(self, cfg) -> int:
         return len(cfg.fullatt_blocks)

@@ -10,7 +10,7 @@ from torch import nn
 
 from .. import fused as fk
 from ..config import VisionConfig
-from .common import PatchMerger, TowerMetadata, VisionAttention, VisionBlock, VisionTower
+from .common import PatchMerger, TowerMetadata, VisionBlock, VisionTower
 from .family import Family, check_unused, expect, hf_common, need, norm_params
 
 
@@ -21,14 +21,11 @@ class QuickGELU(nn.Module):
 
 class Qwen2VLBlock(VisionBlock):
     def __init__(self, cfg: VisionConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.eps)
-        self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.eps)
-        self.attn = VisionAttention(cfg)
-        self.mlp = nn.Module()
-        self.mlp.fc1 = nn.Linear(cfg.width, cfg.mlp_hidden)
-        self.mlp.act = QuickGELU()
-        self.mlp.fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
+        mlp = nn.Module()
+        mlp.fc1 = nn.Linear(cfg.width, cfg.mlp_hidden)
+        mlp.act = QuickGELU()
+        mlp.fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
+        super().__init__(cfg, "layer", mlp)
 
     def mlp_out(self, h):
         return self.mlp.fc2(self.mlp.act(self.mlp.fc1(h)))
@@ -48,6 +45,12 @@ class Qwen2VisionTower(VisionTower):
     def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
         """pixels [n_rows, 1176] -> merged embeddings [n_rows/4, out_hidden], fixed shapes only."""
         return self.run_blocks(self.patch_embed(self.embed_input(pixels, meta)), meta)
+
+
+def qwen_merger_macs(cfg) -> int:
+    """Multiply-adds per merged token of a Qwen merger: Linear(4w, 4w) and Linear(4w, out)."""
+    m = cfg.width * cfg.merge_unit
+    return m * m + m * cfg.out_hidden
 
 
 def qwen_merger_params(cfg, norm_kind: str) -> int:
@@ -81,8 +84,7 @@ class Qwen2VLFamily(Family):
         return cfg.patch_dim * w + cfg.depth * (4 * w * w + 2 * w * cfg.mlp_hidden)
 
     def token_macs(self, cfg) -> int:
-        m = cfg.width * cfg.merge_unit
-        return m * m + m * cfg.out_hidden
+        return qwen_merger_macs(cfg)
 
     def to_hf(self, cfg):
         from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig

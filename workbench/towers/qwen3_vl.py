@@ -57,9 +57,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import VisionConfig
-from .common import (TowerMetadata, VisionAttention, VisionBlock, VisionTower, add_norm, interpolated_positions,
-                     position_taps)
+from .common import (TowerMetadata, VisionBlock, VisionTower, add_norm, interpolated_positions)
 from .family import Family, check_position_table, check_unused, expect, hf_common, need, norm_params
+from .qwen2_vl import qwen_merger_macs
 
 QWEN3_PROCESSOR = dict(patch_size=16, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
                        min_pixels=65536, max_pixels=16777216)
@@ -77,13 +77,10 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 class Qwen3VLBlock(VisionBlock):
     def __init__(self, cfg: VisionConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.eps)
-        self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.eps)
-        self.attn = VisionAttention(cfg)
-        self.mlp = nn.Module()
-        self.mlp.linear_fc1 = nn.Linear(cfg.width, cfg.mlp_hidden)
-        self.mlp.linear_fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
+        mlp = nn.Module()
+        mlp.linear_fc1 = nn.Linear(cfg.width, cfg.mlp_hidden)
+        mlp.linear_fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
+        super().__init__(cfg, "layer", mlp)
 
     def mlp_out(self, h):
         return self.mlp.linear_fc2(gelu_tanh(self.mlp.linear_fc1(h)))
@@ -131,6 +128,7 @@ class Qwen3VLMerger(nn.Module):
 class Qwen3VLVisionTower(VisionTower):
     family = "qwen3-vl"
     patch_bias = True
+    position_resampling = "bilinear"
 
     def __init__(self, cfg: VisionConfig, **kw):
         super().__init__(cfg, **kw)
@@ -141,12 +139,6 @@ class Qwen3VLVisionTower(VisionTower):
                                                    for _ in cfg.deepstack_indexes)
         self.taps = {b: k for k, b in enumerate(cfg.deepstack_indexes)}     # block -> deepstack merger
         self.table_side = math.isqrt(cfg.num_position_embeddings)
-
-    def _prepare_family(self, meta, grid, n_window_segments, max_window_seqlen) -> TowerMetadata:
-        dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        meta.pos_index, meta.pos_weight = position_taps(grid, self.cfg.merge_size, self.table_side, "bilinear",
-                                                        meta.n_rows, dtype)
-        return meta
 
     def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
         """pixels [n_rows, patch_dim] -> [n_rows/4, embed_width] (merged | deepstack...), fixed shapes."""
@@ -208,8 +200,7 @@ class Qwen3VLFamily(Family):
         return cfg.patch_dim * w + cfg.depth * (4 * w * w + 2 * w * cfg.mlp_hidden)
 
     def token_macs(self, cfg) -> int:
-        m = cfg.width * cfg.merge_unit
-        return (1 + len(cfg.deepstack_indexes)) * (m * m + m * cfg.out_hidden)
+        return (1 + len(cfg.deepstack_indexes)) * qwen_merger_macs(cfg)
 
     def to_hf(self, cfg):
         if cfg.eps != 1e-6:
