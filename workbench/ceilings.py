@@ -17,18 +17,9 @@ import statistics
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import default_triton_mode
 from .attention import dense_attention, flash_varlen, varlen_attention
-from .norms import jitted
 from .timing import cpu_time_us, cuda_event_ms, graph_replay_us, require_cuda, time_us
-
-default_triton_mode()   # before Triton is imported: the interpreter on machines without CUDA
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - triton is a dependency; the CPU helpers still work
-    triton = None
-    tl = None
+from .triton_support import jitted, tl, triton
 
 # (BLOCK int32 elements per program, num_warps): 16-byte vector loads/stores in every case;
 # the best of these is the ceiling, so one unlucky shape does not lower it
@@ -46,7 +37,7 @@ _JITTED: dict = {}
 
 
 def _copy_kernel():
-    """The jitted SM copy kernel (see `workbench.norms.jitted`)."""
+    """The jitted SM copy kernel (see `workbench.triton_support.jitted`)."""
     # n stays specialized (no do_not_specialize): knowing n % 16 == 0 lets the masked accesses vectorize
     return jitted(_JITTED, "copy", lambda: {"copy": (_sm_copy_kernel, {})},
                   "the SM copy kernel needs the `triton` package")

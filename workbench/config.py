@@ -12,7 +12,6 @@ use, so ``import workbench.config`` stays light and imports nothing above it.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import math
 import numbers

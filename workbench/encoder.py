@@ -28,7 +28,8 @@ from . import limits
 from .config import PRESET_NAMES, VisionConfig
 from .dtypes import dtype_name
 from .dtypes import resolve_dtype as _resolve_dtype
-from .norms import InputNorm, check_norm_name, interpreting, make_norm
+from .norms import InputNorm, check_norm_name, make_norm
+from .triton_support import interpreting
 from .preprocess import PatchBatch
 from .towers import build_tower
 from .towers.common import check_fused

@@ -30,15 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import default_triton_mode
-from .norms import interpreting, jitted
-
-default_triton_mode()
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - triton is a dependency; the unfused path still works
-    triton = tl = None
+from .triton_support import interpreting, jitted, tl, triton
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 NORM_KINDS = ("layer", "rms")
@@ -154,7 +146,7 @@ _JITTED: dict = {}
 
 
 def _kernel(name: str):
-    """The jitted fused kernel `name` (see `workbench.norms.jitted`)."""
+    """The jitted fused kernel `name` (see `workbench.triton_support.jitted`)."""
     return jitted(_JITTED, name, lambda: {"rotary": (_rotary_kernel, {}), "rotary_tiled": (_rotary_tiled_kernel, {}),
                                           "add_norm": (_add_norm_kernel, {}),
                                           "quick_gelu": (_quick_gelu_kernel, {}), "silu_mul": (_silu_mul_kernel, {})},

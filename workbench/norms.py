@@ -43,7 +43,6 @@ Without the interpreter the Triton norms need CUDA tensors.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 from torch import nn
@@ -113,15 +112,7 @@ def _is_capturing() -> bool:
 # could only assume 1. Program bases are computed in int64 scalars so N * D may exceed 2**31,
 # while the per-element offsets stay int32 (64-bit vector index math is measurably slower).
 
-from . import default_triton_mode
-
-default_triton_mode()   # before Triton is imported: the interpreter on machines without CUDA
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - triton is a hard dependency; eager/identity still work
-    triton = None
-    tl = None
+from .triton_support import jitted, tl, triton
 
 if tl is not None:
     def _channel_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
@@ -197,33 +188,12 @@ if tl is not None:
 _JITTED: dict = {}
 
 
-def jitted(table: dict, name: str, kernels, missing: str):
-    """Kernel ``name`` from ``table``, which the first call fills with every kernel of ``kernels()``
-    (name -> (plain function, triton.jit options)) wrapped by triton.jit, so TRITON_INTERPRET is
-    honoured then, and with ``interpreted``. ``missing``: the error without Triton."""
-    if triton is None:
-        raise RuntimeError(missing)
-    if not table:
-        table["interpreted"] = interpreting()
-        for key, (fn, options) in kernels().items():
-            table[key] = triton.jit(fn, **options)
-    return table[name]
-
-
 def _kernel(name: str):
     """The jitted norm kernel `name` (see `jitted`)."""
     fixed_rows = dict(do_not_specialize=["n_rows"])
     return jitted(_JITTED, name, lambda: {"channel": (_channel_kernel, fixed_rows), "flat": (_flat_kernel, fixed_rows),
                                           "rows": (_rows_kernel, fixed_rows)},
                   "the Triton norms need the `triton` package; eager and identity do not")
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET, as Triton reads it)."""
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def _is_pow2(v) -> bool:
