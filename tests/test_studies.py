@@ -268,10 +268,15 @@ def test_every_study_table_holds_to_the_schema(cast_table):
     for table in (t, cast_table):
         checked = check_table(table)
         assert list(checked.columns[-3:]) == ["metric", "value", "unit"] and "device" in checked
-    assert set(STUDIES) >= {"correctness", "cast_cost", "fp32_memory"}
+    from workbench.studies import discover
+    assert set(discover()) >= {"correctness", "cast_cost", "fp32_memory"}
     w = wide(t)
-    assert set(w.placement) == {"tower", "none"} and w.ok.dtype == bool
+    cells = w[w.case == "embedding"]
+    assert set(w.placement) == {"tower", "none"} and cells.ok.astype(bool).tolist() == cells.ok.tolist()
     assert math.isfinite(w.rel_err.max())
+    # the kernel-choice cells: every item alone against the same item in the mixed batch
+    kc = w[w.case == "kernel_choice"]
+    assert len(kc) == t.n_items.iloc[0] and (kc.rel_err < 1e-4).all() and kc.kernels.str.contains("alone").all()
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen2-vl", "tiny-qwen2.5-vl"])

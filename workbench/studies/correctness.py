@@ -113,7 +113,8 @@ PARAMS = ParamSpec(
 )
 
 METRICS = {"rel_err": "relative", "cos_min": "cosine", "ok": "bool", "replays": "count", "misses": "count",
-           "padded_rows": "rows", "rows_changed": "rows", "ranks_agree": "bool"}
+           "padded_rows": "rows", "rows_changed": "rows", "ranks_agree": "bool", "rel_err_ref": "relative",
+           "bit_equal": "bool"}
 
 
 def _check_budgets_cover(p: dict) -> None:
@@ -139,7 +140,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     tol = TOLERANCE[dt]
     rows = []
     for fam in families:
-        cfg = dataclasses.replace(VisionConfig.preset(fam, depth), max_pixels=max_pixels)
+        base = VisionConfig.preset(fam, depth)    # the cap below the preset's floor lowers the floor too
+        cfg = dataclasses.replace(base, max_pixels=max_pixels, min_pixels=min(base.min_pixels, max_pixels))
         items = study_items(max_pixels)
         raw = preprocess(items, cfg)
         nrm = preprocess(items, cfg, normalize=True)
@@ -174,6 +176,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             rows += _dp_rows(cfg, items, placements, norms, dt, dev, seed, dp_world_size, common, ref, tol)
         if hazard:
             rows += _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common)
+        rows += _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref)
     return tidy(pd.DataFrame(rows), METRICS)
 
 
@@ -230,6 +233,40 @@ def _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common):
         out.append(dict(common, case="nan_padding", placement="tower", norm=norm, path="cudagraph",
                         buffer_dtype="bfloat16", rel_err=diff, cos_min=cos_min(poisoned, clean) if finite else
                         float("nan"), ok=finite and changed == 0, rows_changed=changed, backend=runner.backend))
+    return out
+
+
+def _attention_kernel(enc, batch) -> str:
+    """The attention kernel the eager path runs full attention with for ``batch``: dense cuDNN when
+    every sequence has the same length of at least DENSE_MIN_ROWS rows (varlen backend), else the
+    backend's own (flash varlen, masked SDPA or the per-sequence loop)."""
+    from ..attention import use_dense
+
+    meta = enc.visual.prepare_cached(batch.grid_thw)
+    return "dense" if use_dense(enc.visual.kernels.backend, meta.dense_seqlen) else enc.visual.kernels.backend
+
+
+def _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref):
+    """The same item encoded alone and inside the study's mixed batch (placement tower, eager): on
+    CUDA a single image of at least DENSE_MIN_ROWS rows runs dense cuDNN attention and the mixed
+    batch flash varlen, the choice graph and eager paths also make by packing. ``rel_err`` is item
+    alone vs item in the batch: a kernel choice, shown beside the verdicts' tolerance; the item's
+    own error against the float64 reference is ``rel_err_ref``."""
+    norm = next((n for n in norms if n != "identity"), norms[0])
+    enc = _build(cfg, "tower", norm, dt, dev, seed)
+    with torch.no_grad():
+        together = enc.encode(raw).float().cpu()
+        unit = cfg.merge_unit
+        out = []
+        for i, sl in enumerate(raw.item_slices):
+            one = raw.select([i])
+            alone = enc.encode(one).float().cpu()
+            rows = slice(sl.start // unit, sl.stop // unit)
+            out.append(dict(common, case="kernel_choice", placement="tower", norm=norm, path="eager",
+                            buffer_dtype="-", item=i, kernels=f"{_attention_kernel(enc, one)} alone, "
+                            f"{_attention_kernel(enc, raw)} in the batch",
+                            rel_err=rel_err(alone, together[rows]), rel_err_ref=rel_err(alone, ref[rows]),
+                            bit_equal=bool(torch.equal(alone, together[rows]))))
     return out
 
 
@@ -384,6 +421,15 @@ def findings(df: pd.DataFrame) -> str:
         parts.append("The identity implementation (a forgotten normalization, cast only) is wrong wherever the "
                      "device norm is relied on" + (f"; it is right only for {', '.join(ok_places)}, where the "
                                                    "processor already normalized" if ok_places else "") + ".")
+    kc = df[df.case == "kernel_choice"] if "case" in df else df.iloc[0:0]
+    for (dev, dtype), g in kc.groupby(["device", "dtype"]):
+        tol = float(d[(d.device == dev) & (d.dtype == dtype)].tolerance.min()) if len(d) else float("nan")
+        kinds = ", ".join(sorted(set(g.kernels)))
+        parts.append(f"On {dev} ({dtype}), the same item encoded alone and inside the mixed batch (placement tower, "
+                     f"eager; attention {kinds}): {int(g.bit_equal.astype(bool).sum())}/{len(g)} bit-equal, largest "
+                     f"difference rel_err {g.rel_err.max():.1e} against a verdict tolerance of {tol:.0e}: the kernels "
+                     f"a batch's shapes select (attention kernel, GEMM tiling by row count), not wiring; alone the "
+                     f"item stays within {g.rel_err_ref.max():.1e} of float64.")
     hz = df[df.case == "nan_padding"]
     if len(hz):
         leaks = hz[~hz.ok.astype(bool)]
