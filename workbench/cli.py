@@ -411,7 +411,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         else:
             failures = _sweep(args, resume).failures
     try:
-        result = build_report(args.results, args.out)
+        result = build_report(args.results, args.out, log=lambda line: print(line, flush=True))
     except ReportError as e:
         raise SystemExit(f"report: {e}") from None
     if result.no_study and args.no_sweep:

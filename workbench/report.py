@@ -1018,7 +1018,7 @@ def _write_failure(out_dir: Path, e: OSError) -> str:
 
 
 def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_dir: Path,
-                out_dir: Path, benchmarks: Mapping[str, Any] | None = None
+                out_dir: Path, benchmarks: Mapping[str, Any] | None = None, log=None
                 ) -> tuple[list[StudySection], list[BenchmarkSection], list[TableProblem]]:
     """The whole report, written into the empty folder ``tmp``: figures, a CSV beside every
     table, copies of what the page links (run records, executed notebooks), its marker written
@@ -1028,8 +1028,12 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
     note_table_devices(runs, loaded)
     devices = known_devices(runs)
     csvs = _Csvs(tmp.resolve())
-    sections = [_summarize(s, runs, tmp, loaded=loaded, devices=devices, csvs=csvs)
-                for s in sorted(studies.values(), key=_study_rank)]
+    sections = []
+    ordered = sorted(studies.values(), key=_study_rank)
+    for i, s in enumerate(ordered, 1):
+        if log is not None:
+            log(f"report: {s.name} ({i}/{len(ordered)})")
+        sections.append(_summarize(s, runs, tmp, loaded=loaded, devices=devices, csvs=csvs))
     bench = benchmark_sections(results_dir, tmp, benchmarks)
     by_run: dict[str, list[str]] = {}
     for p in problems:
@@ -1048,7 +1052,7 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
 
 def build_report(results_dir: Path | str | None = None, out_dir: Path | str | None = None,
                  studies: Mapping[str, Any] | None = None,
-                 benchmarks: Mapping[str, Any] | None = None) -> ReportResult:
+                 benchmarks: Mapping[str, Any] | None = None, log=None) -> ReportResult:
     """Write ``<out_dir>/index.html`` (default ``<results_dir>/report``) and return what it shows.
 
     ``studies`` defaults to the registry (``workbench.studies.discover()``), ``benchmarks`` to
@@ -1057,7 +1061,8 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
     anything is read or written). The report is built in a temporary folder beside it and
     swapped in at the end: a failure at any step (ReportError for a folder that cannot be
     written, a full disk) leaves the previous report and every run folder as they were. Only
-    reads the results folder.
+    reads the results folder. ``log``: called with a line as each study's section starts (the
+    command line prints them).
     """
     results_dir = Path(results_dir) if results_dir is not None else results_root()
     out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIRNAME
@@ -1076,7 +1081,7 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
         tmp.mkdir()
         made = True
         with _FolderLock(tmp, wait=False):        # another build's cleanup leaves it alone
-            sections, bench, problems = _build_into(tmp, runs, studies, results_dir, out_dir, benchmarks)
+            sections, bench, problems = _build_into(tmp, runs, studies, results_dir, out_dir, benchmarks, log)
             _swap_in(tmp, out_dir, results_dir)
         made = False
     except OSError as e:

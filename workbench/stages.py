@@ -6,11 +6,58 @@ A sweep runs this for every study it plans, a resume for every study that has a 
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .notebook_run import export_html, run_notebook, save_run_figures
+
+
+@contextmanager
+def console_progress(name: str):
+    """While a study runs (in this process or in its notebook's kernel, which inherits the
+    variable), its progress bars write their count to a file (`plotting.PROGRESS_FILE_ENV`); a
+    thread prints it on the console as plain lines (every 10% or 30 s), so a log shows how far
+    the study has come without a bar's escape codes."""
+    from .studies.plotting import PROGRESS_FILE_ENV
+
+    path = Path(tempfile.gettempdir()) / f"workbench-progress-{os.getpid()}-{name}.json"
+    old = os.environ.get(PROGRESS_FILE_ENV)
+    os.environ[PROGRESS_FILE_ENV] = str(path)
+    stop = threading.Event()
+
+    def watch():
+        shown, at = (None, -1), time.monotonic()
+        while not stop.wait(2.0):
+            try:
+                d = json.loads(path.read_text())
+                done, total, desc = int(d["done"]), d.get("total"), d.get("desc") or name
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            pct = int(100 * done / total) if total else -1
+            if (desc, pct) != shown and (desc != shown[0] or pct >= shown[1] + 10 or time.monotonic() - at > 30):
+                print(f"sweep: {desc}: {done}/{total if total else '?'}", flush=True)
+                shown, at = (desc, pct), time.monotonic()
+
+    thread = threading.Thread(target=watch, daemon=True, name=f"progress-{name}")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        if old is None:
+            os.environ.pop(PROGRESS_FILE_ENV, None)
+        else:
+            os.environ[PROGRESS_FILE_ENV] = old
+        for p in (path, Path(f"{path}.tmp")):
+            p.unlink(missing_ok=True)
 
 
 def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: bool,
@@ -29,11 +76,12 @@ def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: b
         state.done["html"] = False        # the notebook runs again: so does its readable copy
     try:
         if measure:
-            if direct:
-                from .studies.tables import write_study_table
-                write_study_table(study.run(device=device, progress=False, **params), table)
-            else:
-                run_notebook(study, params, device, run_dir, kernel)
+            with console_progress(study.name):
+                if direct:
+                    from .studies.tables import write_study_table
+                    write_study_table(study.run(device=device, progress=False, **params), table)
+                else:
+                    run_notebook(study, params, device, run_dir, kernel)
         if not table.is_file():
             raise RuntimeError(f"the study wrote no {table.name}")
     except Exception as e:  # noqa: BLE001 - record it, go on with the other studies

@@ -102,13 +102,66 @@ def source_label(g: pd.DataFrame, run: str) -> str:
 
 
 PROGRESS_ENV = "WORKBENCH_PROGRESS"
+# a file the sweep names per study: every bar of the study writes its count there, so the sweep can
+# say on the console how far a study in a notebook (another process) has come
+PROGRESS_FILE_ENV = "WORKBENCH_PROGRESS_FILE"
+
+
+class _CountingBar:
+    """A bar that also writes {"done", "total", "desc"} to ``path`` (at most every half second,
+    and at close); iteration and ``update``/``close`` pass through to ``bar``."""
+
+    def __init__(self, bar, iterable, total, desc, path):
+        self.bar, self.iterable, self.desc, self.path = bar, iterable, desc, path
+        self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
+        self.n, self._written = 0, 0.0
+
+    def _write(self, force: bool = False) -> None:
+        import json
+        import time
+
+        now = time.monotonic()
+        if not force and now - self._written < 0.5:
+            return
+        self._written = now
+        try:
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump({"done": self.n, "total": self.total, "desc": self.desc}, fh)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass      # progress is a courtesy: it never stops a study
+
+    def __iter__(self):
+        for item in self.bar:
+            yield item
+            self.n += 1
+            self._write()
+        self._write(force=True)
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+        self.n += n
+        self._write()
+
+    def close(self) -> None:
+        self.bar.close()
+        self._write(force=True)
 
 
 def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled: bool = True):
     """A tqdm progress bar for long study work. Off when ``enabled`` is False or
     ``$WORKBENCH_PROGRESS`` is 0 (the sweep sets it for notebooks it executes: papermill shows
     cell progress, and bar fragments would litter the executed notebook); a notebook widget where
-    ipywidgets is installed, plain text otherwise (never tqdm's "IProgress not found" warning)."""
+    ipywidgets is installed, plain text otherwise (never tqdm's "IProgress not found" warning).
+    With ``$WORKBENCH_PROGRESS_FILE`` set (the sweep, per study) the count also goes to that file,
+    shown or not."""
+    bar = _bar(iterable, total=total, desc=desc, enabled=enabled)
+    path = os.environ.get(PROGRESS_FILE_ENV)
+    return _CountingBar(bar, iterable, total, desc, path) if path else bar
+
+
+def _bar(iterable=None, *, total: int | None = None, desc: str = "", enabled: bool = True):
     from tqdm.std import tqdm as text_bar
 
     if not enabled or os.environ.get(PROGRESS_ENV) == "0":
