@@ -272,3 +272,12 @@ def test_realistic_batches_time_every_strategy_checked_against_eager(tmp_path):
     assert "Realistic batches (1 cells" in s.findings(t)
     summary = s.STUDY.summarize(t.assign(run="a", reference=False), tmp_path)
     assert any("encoder_latency_mixes" in str(f) for f in summary.figures)
+
+
+def test_a_cpu_figure_never_calls_the_emulated_runner_a_cuda_graph(latency_table):
+    import matplotlib
+    matplotlib.use("Agg")
+    from workbench.studies import encoder_latency as s
+    fig = s.plot_latency(latency_table)
+    labels = {lab for ax in fig.axes for lab in ax.get_legend_handles_labels()[1]}
+    assert not any("CUDA" in lab for lab in labels) and any("emulated" in lab for lab in labels)

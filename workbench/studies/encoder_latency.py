@@ -476,6 +476,8 @@ def plot_latency(g: pd.DataFrame):
     presets = list(dict.fromkeys(w.preset))
     fig, axes = _panels(len(presets))
     imgs = sorted(w.images.unique())
+    # a CPU has no CUDA graphs: its runner replays the same buffers eagerly (backend emulated)
+    emulated = not w.device.astype(str).str.contains("NVIDIA|cuda", case=False).any()
     styles = ["-", "--", ":", "-."]
     for ax, preset in zip(axes.flat, presets):
         d = w[w.preset == preset]
@@ -483,6 +485,8 @@ def plot_latency(g: pd.DataFrame):
             ls = styles[k % len(styles)]
             di = d[d.images == n_img]
             for path, (color, marker, name) in PATH_STYLE.items():
+                if path == "graph" and emulated:
+                    name = "graph runner (ours, emulated)"
                 c = di[di.path == path].sort_values("tokens")
                 if "p50_ms" not in c or c.p50_ms.isna().all():
                     continue
