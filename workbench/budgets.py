@@ -12,18 +12,6 @@ import numbers
 from . import limits
 
 
-def _is_int(v) -> bool:
-    if isinstance(v, bool):
-        return False
-    if isinstance(v, int):
-        return True
-    try:                          # numpy integers, without importing numpy here
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy comes with torch and pandas
-        return False
-    return isinstance(v, np.integer)
-
-
 class Budgets(tuple):
     """Ascending, distinct budgets in merged tokens, each within the ``budget_tokens`` cap, at most
     ``budgets`` of them. Make one with `Budgets.of`; a Budgets is a tuple (``b[-1]`` is the
@@ -45,7 +33,7 @@ class Budgets(tuple):
         values = list(budgets)
         if not values:
             raise ValueError(f"{what} is empty; give at least one budget in merged tokens, e.g. [64, 128, 256]")
-        bad = [b for b in values if not _is_int(b) or b < 1]
+        bad = [b for b in values if not limits.is_integer(b) or b < 1]
         if bad:
             raise ValueError(f"{what} must be positive integers (merged tokens); bad values: {bad[:8]}")
         limits.check("budgets", len(values), f"{what}: a list of {len(values)} budgets")

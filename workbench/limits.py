@@ -116,12 +116,17 @@ def check(name: str, value: int, what: str) -> int:
     return value
 
 
+def is_integer(value) -> bool:
+    """An integer (numpy integers too), not a bool: a bool is not a count."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def integer(value, what: str, minimum: int = 1, cap: str | None = None) -> int:
     """``value`` as an int when it is an integer (numpy integers too; a bool is not a count) of at
     least ``minimum`` and, with ``cap``, within that cap; ValueError (LimitError above the cap)
     naming ``what`` and the value otherwise. NaN, inf and 2.0 are refused here, not later as a raw
     TypeError from `range` or an allocation."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    if not is_integer(value) or value < minimum:
         kind = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
         bound = f" (at most {getattr(current(), cap):,}, limit {cap!r})" if cap else ""
         raise ValueError(f"{what}={value!r} must be {kind}{bound}")

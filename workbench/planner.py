@@ -38,10 +38,6 @@ __all__ = ["plan_budgets", "expected_padding", "geometric_budgets", "graph_pool_
 # ---------------------------------------------------------------------------------------------
 # inputs
 # ---------------------------------------------------------------------------------------------
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _distribution(mix, cfg=None) -> tuple[np.ndarray, np.ndarray]:
     """(ascending distinct token counts int64, probabilities float64 summing to 1)."""
     if isinstance(mix, str):
@@ -61,7 +57,7 @@ def _distribution(mix, cfg=None) -> tuple[np.ndarray, np.ndarray]:
         pairs = [(t, 1.0) for t in items]
     if not pairs:
         raise ValueError("mix is empty: give at least one item (merged-token count)")
-    bad = [t for t, _ in pairs if not _is_int(t) or t <= 0]
+    bad = [t for t, _ in pairs if not limits.is_integer(t) or t <= 0]
     if bad:
         raise ValueError(f"token counts must be positive integers (merged tokens per item); bad: {bad[:8]}")
     acc: dict[int, float] = {}
@@ -96,7 +92,7 @@ def _latency_fn(latency) -> Callable[[np.ndarray], np.ndarray]:
         raise TypeError(f"latency must be a non-empty mapping budget -> replay time or a callable "
                         f"tokens -> time, got {latency!r}")
     keys = list(latency)
-    bad = [k for k in keys if not _is_int(k) or k <= 0]
+    bad = [k for k in keys if not limits.is_integer(k) or k <= 0]
     if bad:
         raise ValueError(f"latency table keys must be positive integer budgets (merged tokens); bad: {bad}")
     xs = np.array(sorted(int(k) for k in keys), dtype=np.float64)
@@ -121,7 +117,7 @@ def _latency_fn(latency) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def _check_max_graphs(max_graphs) -> int:
-    if not _is_int(max_graphs) or max_graphs < 1:
+    if not limits.is_integer(max_graphs) or max_graphs < 1:
         raise ValueError(f"max_graphs must be an integer >= 1 (the most budgets to capture), got {max_graphs!r}")
     return limits.check("budgets", int(max_graphs), f"max_graphs={int(max_graphs)} budgets")
 

@@ -327,7 +327,7 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
     return out
 
 
-def _mix_runners(enc, cfg: VisionConfig, mix: str, p: dict, engine) -> dict:
+def _mix_runners(enc, cfg: VisionConfig, mix: str, engine) -> dict:
     """The planner's runner for ``mix`` beside the shared engine-budget runner (``engine``, built
     with policy auto once per preset: its 'always' calls are the engines' behaviour)."""
     eb = engine.budgets
@@ -405,7 +405,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     if dev.type == "cuda":
                         batch = PatchBatch(batch.pixels.pin_memory(), batch.grid_thw)
                     t0 = time.perf_counter()
-                    runners = _mix_runners(enc, cfg, mix, p, engine)
+                    runners = _mix_runners(enc, cfg, mix, engine)
                     planner_s = time.perf_counter() - t0
                     res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"])
                     runners = None
