@@ -92,7 +92,7 @@ $(STAMP): pyproject.toml
 test: setup ## run the test suite: the fast set; FULL=1 adds the slow tests, as CI does (PYTEST_ARGS="...")
 	"$(VPY)" -m pytest -q $(if $(filter 1,$(FULL)),,-m "not slow") $(PYTEST_ARGS)
 
-report: setup ## the main job: run the default sweep for this hardware, then build results/report/index.html
+report: setup ## the main job: reuse this commit's newest finished default sweep (or run one), then build results/report/index.html
 	"$(VPY)" -m workbench report $(REPORT_ARGS)
 
 sweep: setup ## run the studies' notebooks into a new results/<run>/ folder (pass SWEEP_ARGS="...")
