@@ -219,9 +219,16 @@ def test_cast_cost_measures_every_design_and_checks_it_first(cast_table):
     assert (w.max_err_ulp <= 1).all()                  # every design's output is right before timing
     assert (w.staging_us > 0).all() and (w.floor_us > 0).all() and (w.share_of_replay < 1).all()
     assert np.allclose(w.ratio_to_floor, w.staging_us / w.floor_us)
-    # bytes follow the design: the bf16 buffer moves more than the uint8 one, valid-only less
-    at = w[(w.fill == 0.5) & (w.norm == "eager")].set_index("design")
-    assert at.loc["bf16_buffer", "bytes"] > at.loc["uint8_buffer", "bytes"] > at.loc["uint8_valid", "bytes"]
+    # one tower per family by default, each its own cells with its own row width
+    from workbench.config import TINY_PRESET_PER_FAMILY, VisionConfig
+    assert sorted(w.preset.unique()) == sorted(TINY_PRESET_PER_FAMILY)
+    assert w.family.nunique() == len(TINY_PRESET_PER_FAMILY)
+    for preset, g in w.groupby("preset"):
+        # bytes follow the design: the bf16 buffer moves more than the uint8 one, valid-only less
+        at = g[(g.fill == 0.5) & (g.norm == "eager")].set_index("design")
+        assert at.loc["bf16_buffer", "bytes"] > at.loc["uint8_buffer", "bytes"] > at.loc["uint8_valid", "bytes"]
+        d = VisionConfig.preset(preset).patch_dim
+        assert (at.min_bytes == at.valid_rows * d * 3).all()       # uint8 in, bf16 out: the row width counts
     assert (w.device.str.startswith("cpu")).all()
     assert "Cheapest correct design per budget" in cast_cost.findings(cast_table)
 
@@ -247,7 +254,10 @@ def test_fp32_memory_models_every_cell_on_the_cpu():
     from workbench.studies import fp32_memory
     t = fp32_memory.run(device="cpu", progress=False)
     check_table(t)
+    from workbench.config import TINY_PRESET_PER_FAMILY
+    assert sorted(t.preset.unique()) == sorted(TINY_PRESET_PER_FAMILY)
     w = wide(t)
+    w = w[w.preset == "tiny-qwen2.5-vl"]         # the norm scope is modelled at that family's row width D
     n = w[w.scope == "norm"]
     assert n.trace_matches.all()
     big = n[(n.budget == 16384) & (n.buffer_dtype == "uint8")].set_index("norm")

@@ -280,15 +280,19 @@ def _presets() -> dict[str, VisionConfig]:
     return {c.name: c for c in made}
 
 
-_LAZY = ("PRESETS", "PRESET_NAMES", "FAMILIES")
+_LAZY = ("PRESETS", "PRESET_NAMES", "FAMILIES", "TINY_PRESET_PER_FAMILY", "REAL_PRESET_PER_FAMILY")
 
 
 def _lazy(name: str):
-    """PRESETS (name -> VisionConfig), PRESET_NAMES and FAMILIES (the family names), built once on
-    first use from the family registry (which imports torch)."""
+    """PRESETS (name -> VisionConfig), PRESET_NAMES, FAMILIES (the family names) and the presets
+    that stand for the families in the studies' CPU and GPU defaults (`Family.study_presets`),
+    built once on first use from the family registry (which imports torch)."""
     if "PRESETS" not in globals():
         presets = _presets()
-        globals().update(PRESETS=presets, PRESET_NAMES=tuple(presets), FAMILIES=tuple(families()))
+        fams = families().values()
+        globals().update(PRESETS=presets, PRESET_NAMES=tuple(presets), FAMILIES=tuple(families()),
+                         TINY_PRESET_PER_FAMILY=[f.study_presets[0] for f in fams if f.study_presets[0]],
+                         REAL_PRESET_PER_FAMILY=[f.study_presets[1] for f in fams if f.study_presets[1]])
     return globals()[name]
 
 

@@ -266,6 +266,7 @@ class StudySection:
     tables: list[tuple[str, str]] = field(default_factory=list)  # (caption, HTML) of key numbers, every view
     views: list[View] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
+    per_preset: bool = False        # its finding has a paragraph per tower (family): each is a key finding
 
 
 @dataclass
@@ -631,7 +632,8 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
     each summarized by the study on its own rows; verdict diffs of the older runs; the newest
     run against the one before it per device."""
     holders = list(dict.fromkeys(r.logical_name for r in runs if study.name in r.tables))
-    section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[])
+    section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[],
+                           per_preset=bool(getattr(study, "per_preset", False)))
     devices = set(devices or ())
     if not holders:
         section.text = "No run holds a table for this study yet (make sweep)."
@@ -1423,8 +1425,13 @@ def key_findings(sections: list[StudySection], benchmarks: list[BenchmarkSection
     out: dict[str, list[tuple[str, str, str]]] = {}
     for s in sections:
         for v in s.views:
-            if v.kind == "newest" and not v.error and _first_paragraph(v.text):
-                out.setdefault(v.device, []).append((s.name, _runs_words(v.runs), _first_paragraph(v.text)))
+            if v.kind != "newest" or v.error:
+                continue
+            # one paragraph per tower where the study measures each on its own (one per family)
+            paragraphs = [p for p in v.text.split("\n\n") if p.strip()] if s.per_preset else [v.text]
+            for p in paragraphs:
+                if _first_paragraph(p):
+                    out.setdefault(v.device, []).append((s.name, _runs_words(v.runs), _first_paragraph(p)))
     for b in benchmarks:
         for p in b.panels:
             if not p.error and _first_paragraph(p.text):

@@ -40,7 +40,7 @@ from .params import PROFILES, Param, ParamError, ParamSpec
 from .tables import TableError, check_table, load_table, tidy, wide, write_study_table
 
 __all__ = ["PROFILES", "Param", "ParamError", "ParamSpec", "Study", "Summary", "STUDIES", "register",
-           "discover", "default_profile", "profile_of", "RunSetup", "begin_run", "notebook_params", "run_and_save", "save_table", "TableError",
+           "discover", "preset_parts", "default_profile", "profile_of", "RunSetup", "begin_run", "notebook_params", "run_and_save", "save_table", "TableError",
            "check_table", "load_table", "tidy", "wide", "write_study_table"]
 
 
@@ -74,6 +74,12 @@ class Study:
     summarize: Callable[[Any, Path], Summary | str] | None = None
     # where its section goes in the report: correctness first, then what the right placements cost
     order: float = float("inf")
+    # the list parameter whose elements are independent cells (each can run on its own, on another
+    # host of a sharded sweep: workbench.sweep); None: the study is one cell
+    cells: str | None = None
+    # its table holds one tower per preset: the report gives each family its own view and summarizes
+    # every preset of a run on its own (figures, key numbers, finding)
+    per_preset: bool = False
     # GPUs one run of the study uses with these resolved params on this device ("cuda" / "cpu");
     # None: one. `sweep --gpus` gives each study one GPU and warns about those that want more.
     gpus: Callable[[Mapping[str, Any], str], int] | None = None
@@ -97,8 +103,13 @@ class Study:
             table = self.prepare(table)
         tables = ([(self.key_caption.format(device=dev), t) for dev, t in self.key_numbers(table).items()]
                   if self.key_numbers is not None else [])
-        figures, captions = figures_by_run(table, out_dir, self.figures)
-        return Summary(text=self.findings(table), figures=figures, tables=tables, captions=captions)
+        out = Summary(text=self.findings(table), tables=tables)
+        # a study of one tower per preset draws each preset's figures on their own
+        for preset, heading, rows in preset_parts(table) if self.per_preset else [("", "", table)]:
+            figures, captions = figures_by_run(rows, out_dir, self.figures, suffix=preset)
+            out.figures += figures
+            out.captions.update({f: heading + c for f, c in captions.items()})
+        return out
 
     def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:
         return 1 if self.gpus is None else int(self.gpus(params, device))
@@ -112,6 +123,21 @@ class Study:
     def resolve(self, profile: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The profile's defaults with ``overrides`` applied, every value checked (ParamError)."""
         return self.params.resolve(overrides, profile, study=self.name)
+
+
+def preset_parts(table: Any) -> list[tuple[str, str, Any]]:
+    """(preset, heading, rows) per preset of a table that holds several (heading: 'Family,
+    preset: ' where there are several, else empty), in family then preset order."""
+    if "preset" not in table or table["preset"].nunique() < 2:
+        return [("", "", table)]
+    keys = table[["family", "preset"]].drop_duplicates() if "family" in table else table[["preset"]].drop_duplicates()
+    keys = keys.sort_values(list(keys.columns))
+    out = []
+    for key in keys.itertuples(index=False):
+        fam = getattr(key, "family", "")
+        out.append((str(key.preset), f"{fam + ', ' if fam else ''}{key.preset}: ",
+                    table[table["preset"] == key.preset]))
+    return out
 
 
 STUDIES: dict[str, Study] = {}
@@ -168,6 +194,17 @@ class RunSetup:
         """The ``preset`` parameter's config (or ``preset``'s) at the ``depth`` parameter."""
         from ..config import VisionConfig
         return VisionConfig.preset(preset or self.params["preset"], self.params["depth"])
+
+    def per_preset(self, measure: Callable[["RunSetup"], Any]) -> Any:
+        """``measure(setup)`` once per element of the ``presets`` parameter, each seeing that one
+        as ``params["preset"]``; their tables concatenated in that order (a study whose presets
+        are independent cells)."""
+        import dataclasses
+
+        import pandas as pd
+
+        return pd.concat([measure(dataclasses.replace(self, params={**self.params, "preset": preset}))
+                          for preset in self.params["presets"]], ignore_index=True)
 
 
 def begin_run(spec: ParamSpec, study: str, device: Any, params: Mapping[str, Any]) -> RunSetup:

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from ..ceilings import copy_ceiling_gbs, matmul_tflops
-from ..config import PRESET_NAMES, VisionConfig
+from ..config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY, VisionConfig
 from ..dtypes import dtype_name
 from ..encoder import build_encoder
 from ..floors import floor_us, flop_floor_us, tower_flops
@@ -39,7 +39,7 @@ from ..timing import time_us
 from ..towers.common import budget_padding, filling_grid
 from ..ulps import bf16_ulps
 from . import Study, begin_run, register
-from .footprint import Footprint, largest_budget
+from .footprint import Footprint, largest, largest_budget
 from .params import Param, ParamSpec, ascending_unique, fractions
 from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
 from .plotting import progress as show_progress
@@ -49,8 +49,8 @@ DESIGNS = ("bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fp32_buffer"
 LEGACY_NORM = "(cpu)"       # fp32_buffer: normalized on the CPU; its norm column is the tower's cast
 
 PARAMS = ParamSpec(
-    Param("preset", "str", cpu="tiny-qwen2.5-vl", gpu="qwen2.5-vl-7b", choices=PRESET_NAMES,
-          help="tower whose replay the staging is compared with"),
+    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY, choices=PRESET_NAMES,
+          help="towers whose replay the staging is compared with (each its own cells)"),
     Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1,
           help="blocks of that tower (None: the preset's depth)"),
     Param("dtype", "str", cpu="bfloat16", choices=("bfloat16",), help="tower dtype (bf16, as served)"),
@@ -63,6 +63,7 @@ PARAMS = ParamSpec(
           help="norm implementations"),
     Param("reps", "int", cap="reps", cpu=5, gpu=30, minimum=1, help="timed repetitions per measurement"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
+    renamed={"preset": "presets"},
 )
 
 METRICS = {
@@ -167,10 +168,14 @@ def _tower_replay_us(cfg, dtype, dev, budget, reps, seed) -> float:
 
 
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
-    """Measure every (design, norm, budget, fill) cell; returns the tidy long table.
+    """Measure every (preset, design, norm, budget, fill) cell; returns the tidy long table.
 
     params: see PARAMS (defaults: the device's profile)."""
-    s = begin_run(PARAMS, "cast_cost", device, params)
+    return begin_run(PARAMS, "cast_cost", device, params).per_preset(lambda s: _measure(s, progress))
+
+
+def _measure(s, progress: bool) -> pd.DataFrame:
+    """One preset's cells (``s.params["preset"]``)."""
     dev, p, dt, cfg, label = s.device, s.params, s.dtype, s.config(), s.label
     gbs = copy_ceiling_gbs(dev)
     # what one tiny kernel costs as a graph replay: the latency below which no staging can go
@@ -182,7 +187,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     cells = list(_cells(p["designs"], p["norms"]))
     replay = {}
     bar = show_progress(total=len(cells) * len(p["budgets"]) * len(p["fills"]) + len(p["budgets"]),
-                        desc="cast_cost", enabled=progress)
+                        desc=f"cast_cost {p['preset']}", enabled=progress)
     for budget in p["budgets"]:
         replay[budget] = _tower_replay_us(cfg, dt, dev, budget, p["reps"], p["seed"])
         bar.update()
@@ -232,7 +237,7 @@ def table_at(table: pd.DataFrame, fill: float = 0.75) -> pd.DataFrame:
     """One row per (device, budget, design, norm) at ``fill``: the closing table of the study."""
     w = wide(table)
     w = w[np.isclose(w.fill, fill)]
-    cols = ["run", "reference", "device", "budget", "design", "norm", "staging_us", "staging_p90_us", "copy_us", "norm_us", "bytes",
+    cols = ["run", "reference", "device", "family", "preset", "budget", "design", "norm", "staging_us", "staging_p90_us", "copy_us", "norm_us", "bytes",
             "floor_us", "ratio_to_floor", "share_of_replay", "replay_us", "max_err_ulp"]
     cols = [c for c in cols if c in w]
     return w[cols].sort_values([c for c in ("run", "device", "budget", "staging_us") if c in cols]).reset_index(
@@ -309,13 +314,14 @@ def key_numbers(table: pd.DataFrame, fill: float = 0.75) -> dict[str, pd.DataFra
     """Per device, the designs (rows, cheapest first at the largest budget) x budgets: staging
     p50 in us, its ratio to the byte floor, and the bytes moved (MiB), at ``fill``."""
     out = {}
-    for dev, g in labelled_runs(table_at(table, fill)):
+    for dev, g in labelled_runs(table_at(table, fill), by_preset=True):
         g = g.assign(cell=[cell_name(a, b) for a, b in zip(g.design, g.norm)])
         parts = {}
         for budget, b in g.groupby("budget"):
             b = b.set_index("cell")
             parts[f"{budget} tok: us"] = b.staging_us
-            parts[f"{budget} tok: x floor"] = b.ratio_to_floor
+            if not str(b.device.iloc[0]).startswith("cpu"):     # a CPU has no byte floor to compare with
+                parts[f"{budget} tok: x floor"] = b.ratio_to_floor
             parts[f"{budget} tok: MiB"] = b["bytes"] / 2**20
         t = pd.DataFrame(parts)
         last = [c for c in t.columns if c.endswith(": us")][-1]
@@ -326,7 +332,7 @@ def key_numbers(table: pd.DataFrame, fill: float = 0.75) -> dict[str, pd.DataFra
 def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
     """The finding per device: the cheapest correct design per budget and what the others cost."""
     w = wide(table)
-    return per_run(w, lambda dev, g: _run_finding(dev, g, fill))
+    return per_run(w, lambda dev, g: _run_finding(dev, g, fill), by_preset=True)
 
 
 def _run_finding(dev: str, g: pd.DataFrame, fill: float) -> str:
@@ -379,13 +385,16 @@ def _run_finding(dev: str, g: pd.DataFrame, fill: float) -> str:
 def footprint(p, device: str) -> Footprint:
     """The largest budget: its source rows, their float64 reference, the eager norm's fp32
     temporaries, a bf16 buffer and output; and the tower replayed over the full budget."""
-    return largest_budget(VisionConfig.preset(p["preset"], p["depth"]), p, 1 + 8 + 8 + 2 + 2, device)
+    return largest(largest_budget(VisionConfig.preset(preset, p["depth"]), p, 1 + 8 + 8 + 2 + 2, device, preset)
+                   for preset in p["presets"])
 
 STUDY = register(Study(
     name="cast_cost",
     order=2,
     notebook="notebooks/cast_cost.ipynb",
     run=run,
+    cells="presets",
+    per_preset=True,
     findings=findings,
     figures=(("cast_cost", plot_staging, "Staging time per replay of each input design (copy + norm) per budget, "
               "beside its byte floor"),

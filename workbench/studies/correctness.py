@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import PRESET_NAMES, VisionConfig
+from ..config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY, VisionConfig
 from ..dtypes import dtype_name
 from ..dtypes import resolve_dtype as dtype_of
 from ..encoder import PATHS, PLACEMENT_TABLE, STUDY_PLACEMENTS, build_encoder
@@ -90,7 +90,7 @@ def _encode_dp_cells(spec: dict) -> dict:
 
 
 PARAMS = ParamSpec(
-    Param("families", "list[str]", cpu=["tiny-qwen2-vl", "tiny-qwen2.5-vl"], gpu=["qwen2-vl-7b", "qwen2.5-vl-7b"],
+    Param("families", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY,
           choices=PRESET_NAMES, help="presets (one tower each)"),
     Param("depth", "int", cap="depth", cpu=None, gpu=4, optional=True, minimum=1,
           help="blocks per tower, real width kept (None: the preset's depth)"),
@@ -103,7 +103,7 @@ PARAMS = ParamSpec(
     Param("buffer_dtypes", "list[str]", cpu=["bfloat16", "uint8", "float32"],
           choices=("bfloat16", "uint8", "float32"), help="graph input buffer dtypes (cudagraph path)"),
     Param("max_pixels", "int", cap="frame_pixels", cpu=112 * 112, gpu=448 * 448, minimum=56 * 56, help="processor cap on image size"),
-    Param("budgets", "list[int]", cap="budget_tokens", cpu=[16, 32, 64, 128], gpu=[64, 128, 256, 512, 1024], minimum=1,
+    Param("budgets", "list[int]", cap="budget_tokens", cpu=[16, 64], gpu=[64, 128, 256, 512, 1024], minimum=1,
           rule=ascending_unique, help="graph budgets in merged tokens"),
     Param("max_items", "int", cap="items", cpu=8, minimum=1, help="most sequences one replay holds"),
     Param("dp_world_size", "int", cap="world_size", cpu=2, minimum=1, help="ranks of the dp path"),
@@ -476,6 +476,7 @@ STUDY = register(Study(
     order=1,
     notebook="notebooks/correctness.ipynb",
     run=run,
+    cells="families",
     params=PARAMS,
     prepare=_cells_wide,
     findings=findings,

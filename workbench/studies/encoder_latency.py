@@ -799,6 +799,7 @@ STUDY = register(Study(
     order=5,
     notebook="notebooks/encoder_latency.ipynb",
     run=run,
+    cells="presets",
     findings=findings,
     figures=(("encoder_latency", plot_latency, "p50 per encode call against merged tokens: eager, CUDA graph and "
               "transformers, with the FLOP and practical floors"),

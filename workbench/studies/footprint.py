@@ -61,13 +61,13 @@ def rows_bytes(cfg, rows: int, bytes_per_element: float) -> int:
     return int(rows * cfg.patch_dim * bytes_per_element)
 
 
-def largest_budget(cfg, p, pixel_bytes: float, device: str) -> Footprint:
+def largest_budget(cfg, p, pixel_bytes: float, device: str, preset: str) -> Footprint:
     """The largest of ``p["budgets"]``: its pixel rows (``pixel_bytes`` per element, summed over
     every copy kept) and the bf16 tower over all of them as one sequence."""
     budget = max(p["budgets"])
     rows = budget * cfg.merge_unit
     need = rows_bytes(cfg, rows, pixel_bytes) + tower_bytes(cfg, rows, rows, 2, device)
-    return Footprint(need, f"budget {budget} tokens, {p['preset']}")
+    return Footprint(need, f"budget {budget} tokens, {preset}")
 
 
 def largest(footprints) -> Footprint:

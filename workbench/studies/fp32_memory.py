@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import PRESET_NAMES, VisionConfig
+from ..config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY, VisionConfig
 from ..cuda_memory import captured_memory, eager_peak_bytes
 from ..dtypes import dtype_name
 from ..encoder import build_encoder
@@ -37,7 +37,7 @@ from ..memory_model import count_allocations, pool_model, trace_peak_bytes
 from ..norms import NORMS, make_norm
 from ..towers.common import budget_padding, filling_grid
 from . import Study, begin_run, register
-from .footprint import Footprint, largest_budget
+from .footprint import Footprint, largest, largest_budget
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
 from .plotting import progress as show_progress
@@ -47,7 +47,7 @@ BUFFERS = {dtype_name(d): d for d in (torch.uint8, torch.bfloat16)}   # the grap
 OUT_DTYPE = torch.bfloat16
 
 PARAMS = ParamSpec(
-    Param("preset", "str", cpu="tiny-qwen2.5-vl", gpu="qwen2.5-vl-7b", choices=PRESET_NAMES,
+    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY, choices=PRESET_NAMES,
           help="tower for the tower-scope cells (CUDA only)"),
     Param("depth", "int", cap="depth", cpu=2, minimum=1, help="blocks of the captured tower"),
     Param("norms", "list[str]", cpu=list(NORMS), choices=NORMS, help="norm implementations"),
@@ -55,6 +55,7 @@ PARAMS = ParamSpec(
           help="graph budgets in merged tokens (4 pixel rows each; modelled on meta, any size)"),
     Param("buffer_dtypes", "list[str]", cpu=list(BUFFERS), choices=tuple(BUFFERS), help="graph buffer dtypes"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
+    renamed={"preset": "presets"},
 )
 
 METRICS = {"model_bytes": "bytes", "model_peak_bytes": "bytes", "temp_bytes": "bytes",
@@ -101,17 +102,22 @@ def _tower_pool(enc, buf, meta, dev) -> dict:
         return captured_memory(lambda: enc.visual.forward_prepared(buf, meta), dev)
 
 
-def _config(p: dict) -> VisionConfig:
+def _config(p: dict, preset: str | None = None) -> VisionConfig:
     """The captured tower. Unlike the other studies (`VisionConfig.preset(name, depth)`), depth is
     required here and the preset's own depth keeps the preset itself, not a renamed '@depthN'
     copy (same blocks either way; only the name differs)."""
-    base = VisionConfig.preset(p["preset"])
-    return base if p["depth"] == base.depth else VisionConfig.preset(p["preset"], p["depth"])
+    preset = preset or p["preset"]
+    base = VisionConfig.preset(preset)
+    return base if p["depth"] == base.depth else VisionConfig.preset(preset, p["depth"])
 
 
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Model (every device) and measure (CUDA) every cell; returns the tidy long table."""
-    s = begin_run(PARAMS, "fp32_memory", device, params)
+    return begin_run(PARAMS, "fp32_memory", device, params).per_preset(lambda s: _measure(s, progress))
+
+
+def _measure(s, progress: bool) -> pd.DataFrame:
+    """One preset's cells (``s.params["preset"]``)."""
     dev, p, label = s.device, s.params, s.label
     cfg = _config(p)
     cuda = dev.type == "cuda"
@@ -119,7 +125,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                   dtype="bfloat16", device=label)
     rows = []
     cells = [(b, buf, n) for b in p["budgets"] for buf in p["buffer_dtypes"] for n in p["norms"]]
-    bar = show_progress(total=len(cells) + len(p["budgets"]) * (1 + len(p["buffer_dtypes"])), desc="fp32_memory",
+    bar = show_progress(total=len(cells) + len(p["budgets"]) * (1 + len(p["buffer_dtypes"])), desc=f"fp32_memory {p['preset']}",
                         enabled=progress)
     for budget in p["budgets"]:
         n_rows = budget * cfg.merge_unit
@@ -273,7 +279,7 @@ def plot_tower(g: pd.DataFrame):
 
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
-    return per_run(w, lambda dev, g: _run_finding(dev, g))
+    return per_run(w, lambda dev, g: _run_finding(dev, g), by_preset=True)
 
 
 def _run_finding(dev: str, g: pd.DataFrame) -> str:
@@ -319,7 +325,7 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     implementation and buffer dtype (rows) and budget (columns), with the fp32 temporaries."""
     out = {}
     w = wide(table)
-    for dev, g in labelled_runs(w[w.scope == "norm"]):
+    for dev, g in labelled_runs(w[w.scope == "norm"], by_preset=True):
         parts = {}
         for budget, b in g.groupby("budget"):
             b = b.set_index(["norm", "buffer_dtype"])
@@ -338,13 +344,15 @@ def footprint(p, device: str) -> Footprint:
     the tower over the largest budget, with the eager norm's fp32 temporaries."""
     if device != "cuda":
         return Footprint(0, "norm scope on the meta device")
-    return largest_budget(_config(p), p, 1 + 4 + 8 + 2, device)
+    return largest(largest_budget(_config(p, preset), p, 1 + 4 + 8 + 2, device, preset) for preset in p["presets"])
 
 STUDY = register(Study(
     name="fp32_memory",
     order=4,
     notebook="notebooks/fp32_memory.ipynb",
     run=run,
+    cells="presets",
+    per_preset=True,
     findings=findings,
     figures=(("fp32_memory_pool", plot_pool, "Graph-pool bytes of the norm captured alone against budget rows: "
               "the allocator model as lines, CUDA measurements as circles, fp32 temporaries dotted"),

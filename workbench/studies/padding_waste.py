@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import PRESET_NAMES, VisionConfig
+from ..config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY, VisionConfig
 from ..cuda_memory import pool_segment_bytes
 from ..dtypes import dtype_name
 from ..encoder import build_encoder
@@ -50,7 +50,7 @@ from ..runner import EncoderGraphRunner, default_budgets
 from ..samples import MIX_NAMES, image_mix, mix_distribution
 from ..timing import cpu_time_us, cuda_event_ms, time_us
 from . import Study, begin_run, register
-from .footprint import Footprint, itemsize, tower_bytes
+from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec
 from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
 from .plotting import progress as show_progress
@@ -66,7 +66,7 @@ def _positive_unique(values) -> None:
 
 
 PARAMS = ParamSpec(
-    Param("preset", "str", cpu="tiny-qwen2.5-vl", gpu="qwen2.5-vl-7b", choices=PRESET_NAMES,
+    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY, choices=PRESET_NAMES,
           help="tower the runner replays"),
     Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1, help="blocks of that tower (None: the preset's depth)"),
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("bfloat16", "float32"), help="tower dtype"),
@@ -80,6 +80,7 @@ PARAMS = ParamSpec(
           help="norm whose time on padding is measured (tower placement)"),
     Param("reps", "int", cap="reps", cpu=2, gpu=5, minimum=1, help="timed repetitions per measurement"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
+    renamed={"preset": "presets"},
 )
 
 METRICS = {
@@ -213,9 +214,13 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Measure every (mix, budget set, max_items) cell; returns the tidy long table.
 
     params: see PARAMS (defaults: the device's profile)."""
+    return begin_run(PARAMS, "padding_waste", device, params).per_preset(lambda s: _measure(s, progress))
+
+
+def _measure(s, progress: bool) -> pd.DataFrame:
+    """One preset's cells (``s.params["preset"]``)."""
     from ..reference import rel_err
 
-    s = begin_run(PARAMS, "padding_waste", device, params)
     dev, p, dt, cfg, label = s.device, s.params, s.dtype, s.config(), s.label
     common = dict(study="padding_waste", preset=p["preset"], family=cfg.family, depth=cfg.depth,
                   dtype=dtype_name(dt), device=label)
@@ -227,7 +232,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     largest = max(max(d) for d in dists.values())
     table_budgets = sorted(set(default_budgets(largest)) | set(geometric_budgets(largest)))
     n_cells = len(p["mixes"]) * len(p["budget_sets"]) * len(p["max_items"])
-    bar = show_progress(total=len(table_budgets) + n_cells, desc="padding_waste", enabled=progress)
+    bar = show_progress(total=len(table_budgets) + n_cells, desc=f"padding_waste {p['preset']}", enabled=progress)
     rows: list[dict] = []
 
     # 1. the replay table: every budget of the pow2 and geometric ladders, full; and the edge cases
@@ -424,7 +429,7 @@ def plot_curve(g: pd.DataFrame):
 
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
-    return per_run(w, lambda dev, g: _run_finding(dev, g))
+    return per_run(w, lambda dev, g: _run_finding(dev, g), by_preset=True)
 
 
 def _run_finding(dev: str, g: pd.DataFrame) -> str:
@@ -472,7 +477,7 @@ def _run_finding(dev: str, g: pd.DataFrame) -> str:
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per run: padding_table with fractions in percent, one table per device."""
     out = {}
-    for dev, g in labelled_runs(table):
+    for dev, g in labelled_runs(table, by_preset=True):
         t = padding_table(g).dropna(axis=1, how="all")
         t = t.drop(columns=[c for c in ("run", "reference", "device", "budgets") if c in t])
         for c in t.columns:
@@ -485,20 +490,27 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def footprint(p, device: str) -> Footprint:
+    """The largest of the presets' cells (`preset_footprint`)."""
+    return largest(preset_footprint(p, preset, device) for preset in p["presets"])
+
+
+def preset_footprint(p, preset: str, device: str) -> Footprint:
     """The largest budget of the replay ladder (a power of two at or above the mixes' largest item)
     through the tower, and a batch of n_items of the largest items."""
-    cfg = VisionConfig.preset(p["preset"], p["depth"])
+    cfg = VisionConfig.preset(preset, p["depth"])
     largest = max(max(t for t, _ in mix_distribution(m, cfg)) for m in p["mixes"])
     budget = 1 << math.ceil(math.log2(max(largest, 1)))
     rows = max(budget, largest * p["n_items"]) * cfg.merge_unit
     return Footprint(tower_bytes(cfg, rows, largest * cfg.merge_unit, itemsize(p), device),
-                     f"{p['preset']}, budget {budget} tokens, {p['n_items']} items")
+                     f"{preset}, budget {budget} tokens, {p['n_items']} items")
 
 STUDY = register(Study(
     name="padding_waste",
     order=3,
     notebook="notebooks/padding_waste.ipynb",
     run=run,
+    cells="presets",
+    per_preset=True,
     findings=findings,
     figures=(("padding_waste", plot_padding, "Padded fraction of replayed rows per mix and budget set: bars for "
               "single items (exact), markers for the runner on drawn items"),

@@ -200,7 +200,8 @@ class ParamSpec:
 
     FRAMEWORK = ("device", "run_dir")
 
-    def __init__(self, *params: Param, check: Callable[[dict], None] | None = None):
+    def __init__(self, *params: Param, check: Callable[[dict], None] | None = None,
+                 renamed: Mapping[str, str] | None = None):
         names = [p.name for p in params]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -210,6 +211,12 @@ class ParamSpec:
             raise ValueError(f"{clash} are set by the framework, not declared by a study")
         self.params = {p.name: p for p in params}
         self._check = check
+        # old name -> declared name: a value given under a parameter's former name (an older run's
+        # meta.json, a command from before the rename) is taken as the new one's
+        self.renamed = dict(renamed or {})
+        bad = {old: new for old, new in self.renamed.items() if new not in self.params or old in self.params}
+        if bad:
+            raise ValueError(f"renamed {bad}: each old name must be undeclared and name a declared parameter")
 
     def __iter__(self):
         return iter(self.params.values())
@@ -228,8 +235,8 @@ class ParamSpec:
         """The profile's defaults with ``overrides`` applied, every value checked and coerced.
 
         Raises ParamError for an unknown name (listing the valid ones) or a bad value."""
-        overrides = dict(overrides or {})
         where = f"study {study!r}: " if study else ""
+        overrides = self._renamed(dict(overrides or {}), where)
         unknown = sorted(k for k in overrides if k not in self.params)
         if unknown:
             raise ParamError(f"{where}no parameter {unknown}; valid: {', '.join(self.names)}")
@@ -239,6 +246,14 @@ class ParamSpec:
         if self._check is not None:
             _checked(self._check, out, prefix=where)
         return out
+
+    def _renamed(self, overrides: dict[str, Any], where: str) -> dict[str, Any]:
+        for old, new in self.renamed.items():
+            if old in overrides:
+                if new in overrides:
+                    raise ParamError(f"{where}{old!r} is the former name of {new!r}: give one of them, not both")
+                overrides[new] = overrides.pop(old)
+        return overrides
 
     def from_namespace(self, namespace: Mapping[str, Any], study: str = "") -> dict[str, Any]:
         """The declared parameters read from a notebook's globals (after papermill injected its

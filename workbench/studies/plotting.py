@@ -56,17 +56,24 @@ def groups_by_run(table: pd.DataFrame) -> Iterable[tuple[str, pd.DataFrame]]:
         yield run, table[table["run"] == run]
 
 
-def labelled_runs(table: pd.DataFrame) -> Iterable[tuple[str, pd.DataFrame]]:
+def labelled_runs(table: pd.DataFrame, by_preset: bool = False) -> Iterable[tuple[str, pd.DataFrame]]:
     """(`source_label`, rows) per run of `groups_by_run`: each run's rows with the name a finding
-    or a key-number table gives its source."""
+    or a key-number table gives its source; ``by_preset``: per (run, preset), the preset named
+    first (a study that measures each tower on its own)."""
     for run, g in groups_by_run(table):
-        yield source_label(g, run), g
+        if not by_preset or "preset" not in g:
+            yield source_label(g, run), g
+            continue
+        for preset, part in sorted(g.groupby(["family", "preset"] if "family" in g else ["preset"]),
+                                   key=lambda kv: kv[0]):
+            yield f"{preset[-1]} on {source_label(part, run)}", part
 
 
-def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots) -> tuple[list[Path], dict[str, str]]:
+def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots,
+                   suffix: str = "") -> tuple[list[Path], dict[str, str]]:
     """Per run of ``table`` (`groups_by_run`), every ``(stem, plot[, caption])`` of ``plots`` in
-    order: ``plot(rows)`` saved as ``<stem>_<run>`` (`save_figure`); a plot that gives None has
-    nothing to show for that run. Returns the PNG paths (the ones the report shows) and
+    order: ``plot(rows)`` saved as ``<stem>[-<suffix>]_<run>`` (`save_figure`); a plot that gives
+    None has nothing to show for that run. Returns the PNG paths (the ones the report shows) and
     {PNG file name: caption} for the plots that have one (what the figure shows; the report adds
     the run and device)."""
     figs, captions = [], {}
@@ -74,7 +81,7 @@ def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots) -> tuple[lis
         for stem, plot, *caption in plots:
             fig = plot(g)
             if fig is not None:
-                png = save_figure(fig, out_dir, f"{stem}_{run}")[0]
+                png = save_figure(fig, out_dir, f"{stem}{'-' + suffix if suffix else ''}_{run}")[0]
                 figs.append(png)
                 if caption:
                     captions[png.name] = caption[0]
@@ -174,7 +181,7 @@ def _bar(iterable=None, *, total: int | None = None, desc: str = "", enabled: bo
     return bar(iterable, total=total, desc=desc)
 
 
-def per_run(table: pd.DataFrame, paragraph) -> str:
+def per_run(table: pd.DataFrame, paragraph, by_preset: bool = False) -> str:
     """A finding: ``paragraph(source label, rows of one run)`` for every run of ``table``
-    (`labelled_runs`), joined as paragraphs."""
-    return "\n\n".join(paragraph(dev, g) for dev, g in labelled_runs(table))
+    (`labelled_runs`, per preset too with ``by_preset``), joined as paragraphs."""
+    return "\n\n".join(paragraph(dev, g) for dev, g in labelled_runs(table, by_preset))

@@ -28,6 +28,10 @@ class Family:
     presets: tuple[dict, ...] = ()
     hf_class: tuple[str, str] = ("", "")
     model_types: tuple[str, ...] = ()      # config.json `model_type` of the checkpoints of this family
+    # the presets that stand for this family where a study measures one tower per family (its cells
+    # per preset: staging, pool bytes, padding): (CPU profile, GPU profile); None: not in that
+    # profile's default (a family whose input side another family's preset already covers)
+    study_presets: tuple[str | None, str | None] = (None, None)
 
     # ---- configuration -----------------------------------------------------------------------
     def validate(self, cfg) -> list[str]:

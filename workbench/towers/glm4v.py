@@ -148,6 +148,7 @@ class Glm4vFamily(Family):
     tower = Glm4vVisionTower
     hf_class = ("transformers.models.glm4v.modeling_glm4v", "Glm4vVisionModel")
     model_types = ("glm4v", "glm4v_moe", "glm46v")
+    study_presets = ("tiny-glm4v", "glm-4.1v-9b")
     presets = (
         dict(name="glm-4.1v-9b", merger_hidden=13696, **GLM_TOWER),
         dict(name="glm-4.5v", merger_hidden=10944, **GLM_TOWER),

@@ -64,6 +64,7 @@ class Qwen2VLFamily(Family):
     tower = Qwen2VisionTower
     hf_class = ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VisionTransformerPretrainedModel")
     model_types = ("qwen2_vl",)
+    study_presets = ("tiny-qwen2-vl", "qwen2-vl-7b")
     presets = (
         dict(name="qwen2-vl-2b", mlp_hidden=5120, out_hidden=1536),
         dict(name="qwen2-vl-7b", mlp_hidden=5120, out_hidden=3584),
