@@ -59,11 +59,13 @@ def test_every_help_answers_without_torch_from_a_fresh_cache(tmp_path, command):
     (["sweep", "--studies", "cast_cost", "--set", "fills=[0.5,2]"], "[2.0] are not fractions in (0, 1]"),
     (["sweep", "--shard", "3/2"], "--shard '3/2'"),
     (["sweep", "--gpus", "0,0"], "--gpus '0,0'"),
+    (["sweep", "--profile", "cpu", "--gpus", "0"], "--gpus 0: the cpu profile runs on the CPU"),
     (["sweep", "--name", "!!!"], "--name '!!!' has no letter or digit"),
     (["sweep", "--resume", "no-such-run"], "--resume 'no-such-run': no run folder"),
     (["report", "--set", "depth=0"], "depth=0 is below the minimum 1"),
     (["report", "--out", "README.md"], "report: refusing to write the report into"),
     (["compare", "no-such-run", "latest"], "compare: no run folder with tables named 'no-such-run'"),
+    (["compare", "a", "b", "--rows", "0"], "--rows: '0' is not a whole number >= 1"),
     (["info", "--params", "[1]"], "info --params '[1]' is a JSON list"),
 ], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
 def test_a_refused_argument_answers_without_torch_from_a_fresh_cache(tmp_path, args, message):

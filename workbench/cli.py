@@ -315,12 +315,14 @@ def precheck(args: argparse.Namespace) -> None:
     """Refuse, before anything imports torch, what needs no study (--gpus/--shard/--name, a --resume
     folder that is not there) and what a saved copy refuses (unknown studies or parameters, bad
     values). Without a copy the full check follows, with the studies."""
-    parse_gpus(getattr(args, "gpus", None))
+    gpus = parse_gpus(getattr(args, "gpus", None))
     parse_shard(getattr(args, "shard", None))
     parse_name(getattr(args, "name", None))
     if getattr(args, "resume", None):
         _find_run(args.results, args.resume)            # the run folder's own checks follow at once
         return
+    if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
+        check_gpus(gpus, args.profile)
     if _studies_loaded():
         return                                  # the full check follows at once
     declared = saved_declarations()
@@ -563,6 +565,17 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
 def _results_option(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--results", type=Path, metavar="DIR", default=None,
                    help=f"{what} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
@@ -619,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     _results_option(p, "folder holding the run folders")
     p.add_argument("--studies", metavar="A,B", help="only these studies")
     p.add_argument("--all", action="store_true", help="print every value, not only the flagged ones")
-    p.add_argument("--rows", type=int, default=40, help="rows printed at most (default: %(default)s)")
+    p.add_argument("--rows", type=_positive_int, default=40, help="rows printed at most (default: %(default)s)")
     p.add_argument("--csv", type=Path, metavar="FILE", help="write every compared value to this CSV file")
     p.set_defaults(func=cmd_compare)
 
