@@ -1,6 +1,7 @@
-"""`sweep --help`, `report --help` and a refused `--set` answer without importing torch, from the
-studies' declarations saved for this very source (any command that imports the studies saves
-them); a copy made from another source is never used."""
+"""Every `--help` and every refused argument answers without importing torch, on a fresh clone
+too: the studies' declarations come from the committed workbench/studies/declarations.json
+(a test here keeps it equal to the studies' own), or from a copy in the user's cache folder; a
+copy made from another source is never used."""
 from __future__ import annotations
 
 import os
@@ -11,21 +12,14 @@ from pathlib import Path
 import pytest
 
 from workbench import cli, notebook_run
+from workbench.studies import params as params_module
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh cache folder holding the declarations of the registered studies."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = cli.write_declarations(cli.registered_studies())
-    assert path is not None and path.is_file() and path.parent.parent == tmp_path
-    return tmp_path
-
-
 def run_cli(cache: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """``python -X importtime -m workbench ARGS``; returns the process and the modules it imported."""
+    """``python -X importtime -m workbench ARGS`` with the cache folder ``cache``; returns the
+    process and the modules it imported."""
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     p = subprocess.run([sys.executable, "-X", "importtime", "-m", "workbench", *args], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
@@ -33,38 +27,81 @@ def run_cli(cache: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[
     return p, imported
 
 
-@pytest.mark.parametrize("command", ["sweep", "report"])
-def test_help_lists_every_parameter_without_torch(cache, command):
-    p, imported = run_cli(cache, command, "--help")
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
-    assert "pandas" not in imported
-    for name, study in cli.registered_studies().items():
-        assert f"{name}:" in p.stdout
-        for param in study.params.names:
-            assert f"  {param} (" in p.stdout
+def assert_light(imported: list[str]) -> None:
+    """An instant answer imports neither torch (seconds) nor pandas (half a second)."""
+    heavy = [m for m in imported if m.partition(".")[0] in ("torch", "pandas")]
+    assert not heavy, f"imported {heavy[:3]}...; is {cli.DECLARATIONS_NAME} out of step? ({cli.REGENERATE})"
+
+
+@pytest.mark.parametrize("command", [[], ["sweep"], ["report"], ["compare"], ["info"], ["notebooks"]],
+                         ids=lambda c: " ".join(c) or "top")
+def test_every_help_answers_without_torch_from_a_fresh_cache(tmp_path, command):
+    p, imported = run_cli(tmp_path, *command, "--help")
+    assert p.returncode == 0 and "usage: python -m workbench" in p.stdout, p.stderr[-2000:]
+    assert_light(imported)
+    assert not any(tmp_path.iterdir())                       # the committed copy answered
+    if command in (["sweep"], ["report"]):
+        for name, study in cli.registered_studies().items():
+            assert f"{name}:" in p.stdout
+            for param in study.params.names:
+                assert f"  {param} (" in p.stdout
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--set", "correctness.norms=bogus"], "--set: study 'correctness': norms='bogus' is not a valid choice"),
-    (["--set", "nosuch=1"], "--set: no selected study takes ['nosuch']"),
-    (["--studies", "nope"], "unknown studies ['nope']"),
-    (["--set", "budgets=abc"], "budgets='abc' is not an integer"),
-])
-def test_a_refused_set_answers_without_torch(cache, args, message):
-    p, imported = run_cli(cache, "sweep", *args)
-    assert p.returncode != 0 and message in p.stderr
-    assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+    (["sweep", "--set", "correctness.norms=bogus"], "--set: study 'correctness': norms='bogus' is not a valid choice"),
+    (["sweep", "--set", "nosuch=1"], "--set: no selected study takes ['nosuch']"),
+    (["sweep", "--set", "nosuch.depth=1"], "--set names unknown studies ['nosuch']"),
+    (["sweep", "--studies", "nope"], "unknown studies ['nope']"),
+    (["sweep", "--set", "budgets=abc"], "budgets='abc' is not an integer"),
+    (["sweep", "--set", "seed=-1"], "seed=-1 is below the minimum 0"),
+    # refused only by a rule of workbench.studies.params, which the saved declarations name
+    (["sweep", "--studies", "cast_cost", "--set", "budgets=64,16"], "budgets=[64, 16]: must be strictly ascending"),
+    (["sweep", "--studies", "cast_cost", "--set", "fills=[0.5,2]"], "[2.0] are not fractions in (0, 1]"),
+    (["sweep", "--shard", "3/2"], "--shard '3/2'"),
+    (["sweep", "--gpus", "0,0"], "--gpus '0,0'"),
+    (["sweep", "--profile", "cpu", "--gpus", "0"], "--gpus 0: the cpu profile runs on the CPU"),
+    (["sweep", "--name", "!!!"], "--name '!!!' has no letter or digit"),
+    (["sweep", "--resume", "no-such-run"], "--resume 'no-such-run': no run folder"),
+    (["report", "--set", "depth=0"], "depth=0 is below the minimum 1"),
+    (["report", "--out", "README.md"], "report: refusing to write the report into"),
+    (["compare", "no-such-run", "latest"], "compare: no run folder with tables named 'no-such-run'"),
+    (["compare", "a", "b", "--rows", "0"], "--rows: '0' is not a whole number >= 1"),
+    (["info", "--params", "[1]"], "info --params '[1]' is a JSON list"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
+def test_a_refused_argument_answers_without_torch_from_a_fresh_cache(tmp_path, args, message):
+    p, imported = run_cli(tmp_path, *args)
+    assert p.returncode != 0 and message in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert_light(imported)
 
 
-def test_declarations_of_another_source_are_not_used(cache, monkeypatch):
-    assert cli.saved_declarations() is not None
-    monkeypatch.setattr(cli, "_source_hash", lambda: "another-source")
-    assert cli.saved_declarations() is None
+def test_the_committed_declarations_are_those_of_the_studies():
+    studies = cli.registered_studies()
+    assert not cli.sync_declarations(studies, check=True), (
+        f"{cli.DECLARATIONS_NAME} is out of step with the studies' declarations (or the files it was made "
+        f"from changed): run `{cli.REGENERATE}` and commit it")
+    declared = cli._load_declarations(cli.DECLARATIONS)      # read back: the same declarations
+    assert sorted(declared) == sorted(studies)
+    for name, study in studies.items():
+        records = [params_module.to_record(p) for p in study.params]
+        assert [params_module.to_record(p) for p in declared[name].params] == records
+        assert declared[name].params.describe() == study.params.describe()
+    # a rule of the params module travels by name (a study's own rule is checked with the study)
+    assert any(p.rule is params_module.ascending_unique for s in declared.values() for p in s.params)
 
 
-def test_without_saved_declarations_help_imports_the_studies_and_saves_them(tmp_path, monkeypatch):
+def test_a_copy_made_from_other_files_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cli.write_declarations(cli.registered_studies())
+    assert cli.saved_declarations() is not None
+    sources = cli.declaration_sources()
+    monkeypatch.setattr(cli, "declaration_sources", lambda: {**sources, "workbench/studies/new.py": "0"})
+    assert cli.saved_declarations() is None                 # neither the cache copy nor the committed one
+
+
+def test_without_a_copy_help_imports_the_studies_and_saves_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cli, "DECLARATIONS", tmp_path / "not-committed.json")
     assert cli.saved_declarations() is None
     text = cli._params_epilog()
     assert "correctness:" in text and cli.declarations_path().is_file()
@@ -72,7 +109,7 @@ def test_without_saved_declarations_help_imports_the_studies_and_saves_them(tmp_
     assert sorted(declared) == sorted(cli.registered_studies())
     # the saved copy refuses what the studies refuse, with the same words
     studies = cli.registered_studies()
-    for sets in ({"correctness": {"norms": ["bogus"]}}, {None: {"seed": -1}}):
+    for sets in ({"correctness": {"norms": ["bogus"]}}, {None: {"seed": -1}}, {"cast_cost": {"budgets": [64, 16]}}):
         with pytest.raises(SystemExit) as full:
             cli._resolve_plan(sets, studies, list(studies.values()), "cpu")
         with pytest.raises(SystemExit) as fast:

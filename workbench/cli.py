@@ -10,10 +10,12 @@
   (workbench.compare).
 - ``info``   prints the provenance record a run would store (git, packages, device, clocks).
 - ``notebooks`` regenerates each study notebook's ``parameters`` cell from the study's parameter
-  declaration (``--check`` only reports notebooks that are out of step).
+  declaration, and workbench/studies/declarations.json from all of them (``--check`` only reports
+  files that are out of step).
 
-``--help`` and a refused ``--set`` answer without importing torch once the studies' declarations
-have been saved for this source (any command that imports the studies saves them).
+Every ``--help`` and every refused argument answer without importing torch: the studies'
+declarations come from a saved copy (the committed declarations.json, or one in the user's cache)
+while the source it was made from is unchanged.
 Every ``--set`` is checked against the studies' declarations before a run folder exists; the
 resolved values are what meta.json records and what the notebooks receive. A command turns its
 arguments into a plan (workbench.sweep.SweepPlan), hands it to workbench.sweep and prints the
@@ -32,8 +34,8 @@ from typing import Any, Sequence
 from .notebook_run import FALLBACK_KERNEL, PROJECT_KERNEL, default_kernel, sync_notebook
 from .provenance import collect_meta, results_root
 from .report import NO_STUDY_MESSAGE, build_report
-from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, resume_sweep, reusable_run,
-                    run_sweep)
+from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, _find_run, interrupted_run, resume_sweep,
+                    reusable_run, run_sweep)
 from .workers import EMULATE_GPUS_ENV, check_gpus, work
 
 # Everything heavy (torch, pandas, the studies) is imported inside the commands, so that --help and
@@ -154,14 +156,21 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
 # --------------------------------------------------------------------------- declarations without torch
 #
 # The studies' modules import torch, so reading their parameter declarations (`PARAMS`) costs
-# seconds. `--help` and a refused `--set` answer from a copy of the declarations instead: a JSON
-# file in the user's cache folder, keyed by a hash of the package's source and data, written
-# whenever the studies are imported here and used only while the source it was made from is
-# unchanged. A value it refuses, the studies would refuse too (it checks kinds, choices, minima,
-# caps and unknown names; the studies' extra rules run later, with the studies themselves).
+# seconds. `--help` and a refused argument answer from a saved copy instead (`saved_declarations`):
+# - the copy in the user's cache folder, keyed by a hash of the whole package's source and data,
+#   written whenever the studies are imported here;
+# - else the committed workbench/studies/declarations.json, written by `python -m workbench
+#   notebooks` (a test keeps it equal to the studies' declarations): a fresh clone answers at once.
+# Each copy records the files it was made from (`declaration_sources`) and is used only while they
+# are unchanged; without one the studies are imported. A value a copy refuses, the studies would
+# refuse too: it checks kinds, choices, minima, caps, the rules of workbench.studies.params and
+# unknown names; a study's own rules and its checks across parameters run later, with the study.
 
-DECLARATIONS_VERSION = 1
+DECLARATIONS_VERSION = 2
 _PACKAGE = Path(__file__).resolve().parent
+DECLARATIONS = _PACKAGE / "studies" / "declarations.json"
+DECLARATIONS_NAME = DECLARATIONS.relative_to(_PACKAGE.parent).as_posix()
+REGENERATE = "python -m workbench notebooks"      # rewrites DECLARATIONS and the notebooks' parameters cells
 
 
 def _source_hash() -> str:
@@ -177,8 +186,19 @@ def _source_hash() -> str:
     return h.hexdigest()[:20]
 
 
+def declaration_sources() -> dict[str, str]:
+    """{file: hash} of what the declarations are made from: the study package's modules and
+    data/*.toml (line ends as in git, so a checkout with CRLF matches too)."""
+    import hashlib
+
+    root = _PACKAGE.parent
+    files = sorted((_PACKAGE / "studies").glob("*.py")) + sorted((root / "data").glob("*.toml"))
+    return {f.relative_to(root).as_posix(): hashlib.sha256(f.read_bytes().replace(b"\r\n", b"\n")).hexdigest()[:16]
+            for f in files}
+
+
 def declarations_path() -> Path:
-    """Where the copy of the declarations for this source lives ($XDG_CACHE_HOME, else ~/.cache)."""
+    """Where the cache copy for this source lives ($XDG_CACHE_HOME, else ~/.cache)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "workbench" / f"declarations-{_source_hash()}.json"
 
@@ -195,29 +215,39 @@ def _studies_loaded() -> bool:
     return __package__ + ".studies" in sys.modules
 
 
+def declarations_text(studies: dict) -> str:
+    """The saved copies' JSON: the package's registered studies' declarations and their sources."""
+    params = _params_module()
+    doc = {"version": DECLARATIONS_VERSION, "sources": declaration_sources(),
+           "studies": {name: [params.to_record(p) for p in study.params]
+                       for name, study in sorted(studies.items()) if _in_package(study)}}
+    return json.dumps(doc, indent=1) + "\n"
+
+
 def write_declarations(studies: dict) -> Path | None:
-    """Save the package's registered studies' declarations for the fast path; None where it cannot
-    be written."""
-    doc = {"version": DECLARATIONS_VERSION, "studies": {}}
-    for name, study in studies.items():
-        if not _in_package(study):
-            continue
-        params = []
-        for p in study.params:
-            params.append({"name": p.name, "kind": p.kind, "cpu": p.default("cpu"), "gpu": p.default("gpu"),
-                           "choices": list(p.choices) if p.choices is not None else None,
-                           "optional": p.optional, "minimum": p.minimum, "cap": p.cap, "help": p.help,
-                           "empty_ok": p.empty_ok})
-        doc["studies"][name] = {"params": params, "describe": study.params.describe("  ")}
+    """Save the cache copy for this source; None where it cannot be written."""
+    from .provenance import atomic_write_text
+
     path = declarations_path()
     try:
-        from .provenance import atomic_write_text
-
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(doc, default=str))
+        atomic_write_text(path, declarations_text(studies))
     except (OSError, TypeError, ValueError):
         return None
     return path
+
+
+def sync_declarations(studies: dict, check: bool = False) -> bool:
+    """Write the committed copy DECLARATIONS (or, with ``check``, only compare). Returns True when
+    it was (or would be) changed."""
+    from .provenance import atomic_write_text
+
+    text = declarations_text(studies)
+    if DECLARATIONS.is_file() and DECLARATIONS.read_text(encoding="utf-8") == text:
+        return False
+    if not check:
+        atomic_write_text(DECLARATIONS, text)
+    return True
 
 
 def _params_module():
@@ -240,11 +270,11 @@ def _params_module():
 
 
 class _Declared:
-    """A study as its saved declaration: name, params (a ParamSpec without the study's extra
+    """A study as a saved copy declares it: name, params (a ParamSpec without the study's own
     rules), resolve; what `_resolve_plan` needs to refuse a bad ``--set``."""
 
-    def __init__(self, name: str, params, describe: str):
-        self.name, self.params, self.describe = name, params, describe
+    def __init__(self, name: str, params):
+        self.name, self.params = name, params
 
     def resolve(self, profile: str, overrides=None) -> dict:
         return self.params.resolve(overrides, profile, study=self.name)
@@ -253,29 +283,27 @@ class _Declared:
         """Memory fit needs the study's own footprint: checked with the study, later."""
 
 
-def saved_declarations() -> dict[str, _Declared] | None:
-    """{study: _Declared} from the copy made for this very source, or None (none yet, another
-    source, unreadable): then the studies are imported."""
+def _load_declarations(path: Path) -> dict[str, _Declared] | None:
+    """{study: _Declared} of the copy at ``path`` where it was made from the files there are now."""
     try:
-        doc = json.loads(declarations_path().read_text(encoding="utf-8"))
-        if doc.get("version") != DECLARATIONS_VERSION:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("version") != DECLARATIONS_VERSION or doc.get("sources") != declaration_sources():
             return None
         params = _params_module()
-        out = {}
-        for name, d in doc["studies"].items():
-            spec = params.ParamSpec(*(params.Param(
-                name=p["name"], kind=p["kind"], cpu=p["cpu"], gpu=p["gpu"],
-                choices=tuple(p["choices"]) if p["choices"] is not None else None, optional=p["optional"],
-                minimum=p["minimum"], cap=p["cap"], help=p["help"], empty_ok=p.get("empty_ok", False))
-                for p in d["params"]))
-            out[name] = _Declared(name, spec, d["describe"])
-        return out
+        return {name: _Declared(name, params.ParamSpec(*map(params.from_record, records)))
+                for name, records in doc["studies"].items()}
     except Exception:  # noqa: BLE001 - any doubt: import the studies instead
         return None
 
 
+def saved_declarations() -> dict[str, _Declared] | None:
+    """{study: _Declared} from the cache copy, else the committed one; None where neither was made
+    from this source (then the studies are imported)."""
+    return _load_declarations(declarations_path()) or _load_declarations(DECLARATIONS)
+
+
 def registered_studies() -> dict:
-    """The registry (importing every study, and torch with them); saves the declarations."""
+    """The registry (importing every study, and torch with them); saves the cache copy."""
     from .studies import discover
 
     studies = discover()
@@ -284,12 +312,18 @@ def registered_studies() -> dict:
 
 
 def precheck(args: argparse.Namespace) -> None:
-    """Refuse what the saved declarations already refuse (unknown studies or parameters, bad
-    values, --gpus/--shard/--name), before anything imports torch. Does nothing without them."""
-    parse_gpus(getattr(args, "gpus", None))
+    """Refuse, before anything imports torch, what needs no study (--gpus/--shard/--name, a --resume
+    folder that is not there) and what a saved copy refuses (unknown studies or parameters, bad
+    values). Without a copy the full check follows, with the studies."""
+    gpus = parse_gpus(getattr(args, "gpus", None))
     parse_shard(getattr(args, "shard", None))
     parse_name(getattr(args, "name", None))
-    if getattr(args, "resume", None) or _studies_loaded():
+    if getattr(args, "resume", None):
+        _find_run(args.results, args.resume)            # the run folder's own checks follow at once
+        return
+    if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
+        check_gpus(gpus, args.profile)
+    if _studies_loaded():
         return                                  # the full check follows at once
     declared = saved_declarations()
     if not declared:
@@ -350,14 +384,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
-    from .studies import discover
-
-    stale = []
-    for name, study in sorted(discover().items()):
-        if sync_notebook(study, check=args.check):
-            stale.append(study.notebook)
+    studies = registered_studies()
+    stale = [study.notebook for _, study in sorted(studies.items()) if sync_notebook(study, check=args.check)]
+    if sync_declarations(studies, check=args.check):
+        stale.append(DECLARATIONS_NAME)
     verb = "out of step" if args.check else "rewritten"
-    print(f"notebooks: {len(stale)} {verb}" + (f": {', '.join(stale)}" if stale else ""))
+    print(f"notebooks: {len(stale)} {verb}" + (f": {', '.join(stale)}" if stale else "")
+          + (f" (run {REGENERATE})" if args.check and stale else ""))
     return 1 if args.check and stale else 0
 
 
@@ -425,15 +458,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Print every metric both runs measured, with the ratio and what changed; --csv saves it all."""
-    import pandas as pd
-
-    from .compare import CompareError, compare_runs, summary_line
+    from .compare import CompareError, compare_runs, resolve_run, summary_line
 
     try:
-        df = compare_runs(args.run_a, args.run_b, args.results,
+        runs = [resolve_run(run, args.results) for run in (args.run_a, args.run_b)]     # named before pandas loads
+        df = compare_runs(*runs, args.results,
                           studies=[s.strip() for s in args.studies.split(",")] if args.studies else None)
     except CompareError as e:
         raise SystemExit(f"compare: {e}") from None
+    import pandas as pd
     a, b = Path(df.attrs["a"]), Path(df.attrs["b"])
     print(f"a: {a}\nb: {b}")
     shared = sorted(set(df.attrs["studies_a"]) & set(df.attrs["studies_b"]))
@@ -504,19 +537,17 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 
 def _params_epilog() -> str:
-    declared = None if _studies_loaded() else saved_declarations()
-    if declared:
-        described = {name: d.describe for name, d in declared.items()}
-    else:
+    studies = None if _studies_loaded() else saved_declarations()
+    if not studies:
         try:
-            described = {name: s.params.describe("  ") for name, s in registered_studies().items()}
+            studies = registered_studies()
         except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
             return f"(study parameters unavailable: {e})"
     parts = ["study parameters (--set KEY=VALUE for every study that has KEY, --set STUDY.KEY=VALUE for one;",
              "lists take JSON, a comma-separated string or one value):"]
-    for name, text in sorted(described.items()):
+    for name, study in sorted(studies.items()):
         parts.append(f"{name}:")
-        parts.append(text)
+        parts.append(study.params.describe("  "))
     return "\n".join(parts)
 
 
@@ -532,6 +563,17 @@ class _Parser(argparse.ArgumentParser):
         if self._lazy_epilog is not None and self.epilog is None:
             self.epilog = self._lazy_epilog()
         return super().format_help()
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
 
 
 def _results_option(p: argparse.ArgumentParser, what: str) -> None:
@@ -590,14 +632,17 @@ def build_parser() -> argparse.ArgumentParser:
     _results_option(p, "folder holding the run folders")
     p.add_argument("--studies", metavar="A,B", help="only these studies")
     p.add_argument("--all", action="store_true", help="print every value, not only the flagged ones")
-    p.add_argument("--rows", type=int, default=40, help="rows printed at most (default: %(default)s)")
+    p.add_argument("--rows", type=_positive_int, default=40, help="rows printed at most (default: %(default)s)")
     p.add_argument("--csv", type=Path, metavar="FILE", help="write every compared value to this CSV file")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells from the studies",
+    p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells and the saved declarations "
+                                         "from the studies",
                        description="Write each study's declared parameters (CPU defaults) into the "
-                                   "cell tagged 'parameters' of its notebook.")
-    p.add_argument("--check", action="store_true", help="only report notebooks that are out of step "
+                                   "cell tagged 'parameters' of its notebook, and every study's declaration "
+                                   f"into {DECLARATIONS_NAME} (what --help "
+                                   "and a refused --set answer from without importing torch).")
+    p.add_argument("--check", action="store_true", help="only report files that are out of step "
                                                         "(exit 1 if any)")
     p.set_defaults(func=cmd_notebooks)
     # internal: one GPU's worker of `sweep --gpus` (not listed in the help)
