@@ -71,7 +71,7 @@ from . import Study, begin_run, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import (graph_name, is_cpu, labelled_runs, legend_below, per_run, plain_log_ticks, run_label,
-                       stamp_cpu)
+                       stamp_cpu, value_ticks)
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -501,10 +501,8 @@ def plot_latency(g: pd.DataFrame):
                         label=f"practical floor, {_images(n_img)}")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        plain_log_ticks(ax.xaxis)
+        value_ticks(ax.xaxis, d.tokens)      # the measured token counts, plainly
         plain_log_ticks(ax.yaxis)
-        ticks = sorted(int(t) for t in d.tokens.unique())
-        ax.set_xticks(ticks, [str(t) for t in ticks])      # the measured token counts, plainly
         ax.set_xlabel("merged tokens per call (log)")
         ax.set_ylabel("p50 per encode call (ms, log)")
         ax.set_title(preset, fontsize=10)

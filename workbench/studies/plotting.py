@@ -130,6 +130,16 @@ def plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def value_ticks(axis, values) -> None:
+    """Major ticks at exactly ``values`` (the measured sizes), labelled as plain numbers, no minor
+    ticks: a log axis over a few sizes reads best this way."""
+    from matplotlib.ticker import NullLocator
+
+    ticks = sorted({float(v) for v in values})
+    axis.set_ticks(ticks, [str(int(v)) if v == int(v) else f"{v:g}" for v in ticks])
+    axis.set_minor_locator(NullLocator())
+
+
 # ---- honest CPU figures ---------------------------------------------------------------------
 # A CPU run is a smoke test of the wiring: its times are host times of tiny towers on a shared
 # machine, its graph runner is emulated (the same buffers replayed eagerly), and it has no
@@ -166,6 +176,17 @@ def legend_right(ax, handles=None, labels=None, **kw):
     """``ax``'s legend right of its axes, top-aligned: outside the data, whatever it holds."""
     args = () if handles is None else (handles, labels)
     kw = {"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, **kw}
+    return ax.legend(*args, **kw)
+
+
+def legend_under(ax, handles=None, labels=None, ncol: int = 2, **kw):
+    """``ax``'s legend under its x-axis label (outside the axes, whatever their height)."""
+    from matplotlib.transforms import offset_copy
+
+    args = () if handles is None else (handles, labels)
+    below = offset_copy(ax.transAxes, fig=ax.figure, y=-34, units="points")   # tick labels and x label
+    kw = {"fontsize": 7, "loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": below,
+          "ncol": ncol, "frameon": False, **kw}
     return ax.legend(*args, **kw)
 
 
