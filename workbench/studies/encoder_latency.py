@@ -537,7 +537,7 @@ def _share_bars(w: pd.DataFrame, parts: dict, colors: dict, note, xlabel: str, t
             ax.text(1.01, yi, note(row, tot), va="center", fontsize=7)
         ax.set_yticks(y, [f"{a}, {t} tok" for a, t in zip(d.preset, d.tokens)], fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlim(0, 1.55)
+        ax.set_xlim(0, 1.7)      # room for the note right of each bar
         ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", "25%", "50%", "75%", "100%"])
         ax.set_xlabel(xlabel)
         ax.set_title(f"{_images(n_img)} per call", fontsize=9)
