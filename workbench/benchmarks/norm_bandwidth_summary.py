@@ -61,11 +61,14 @@ def records(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def figures(recs, device: str, date: str, sm_copy_gbs: float | None, out_dir: Path, stem: str) -> list[Path]:
-    """% of the copy ceiling (bars) and p50 time against the byte floor (lines), PNG and SVG each."""
+    """% of the copy ceiling (bars) and p50 time against the byte floor (lines), PNG and SVG each;
+    legends beside the axes, never over the bars or the 100% line. On a CPU (a smoke test, stamped)
+    neither the ceiling nor the floor is drawn: the bars then show the p50 times."""
     import matplotlib.pyplot as plt
 
-    from ..studies.plotting import save_figure
+    from ..studies.plotting import cpu_device, legend_right, plain_log_ticks, save_figure, stamp_cpu
 
+    cpu = cpu_device(device)
     sizes = sorted({(r["n_rows"], r["rows"]) for r in recs})
     labels = [label for _, label in sizes]
     impls = list(dict.fromkeys(r["impl"] for r in recs))
@@ -75,44 +78,52 @@ def figures(recs, device: str, date: str, sm_copy_gbs: float | None, out_dir: Pa
     paths: list[Path] = []
 
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(sizes) + 3), 4.2))
-    top = 100.0
+    key = "p50_us" if cpu else "pct_floor"
+    top = 0.0 if cpu else 100.0
     for i, impl in enumerate(impls):
         xs, ys = [], []
         for j, (n, _) in enumerate(sizes):
             r = by.get((impl, n))
             if r is not None:
                 xs.append(j - 0.4 + width * (i + 0.5))
-                ys.append(r["pct_floor"])
+                ys.append(r[key])
         bars = ax.bar(xs, ys, width=width * 0.92, label=impl)
         ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
         top = max([top, *ys])
-    ceiling = (f"SM-copy ceiling ({sm_copy_gbs:.0f} GB/s)" if sm_copy_gbs is not None
-               else "SM-copy ceiling")
-    ax.axhline(100.0, color="black", linestyle="--", linewidth=1, label=ceiling)
+    if not cpu:
+        ceiling = (f"SM-copy ceiling ({sm_copy_gbs:.0f} GB/s)" if sm_copy_gbs is not None
+                   else "SM-copy ceiling")
+        ax.axhline(100.0, color="black", linestyle="--", linewidth=1, label=ceiling)
     ax.set_xticks(x, labels)
     ax.set_xlabel("pixel rows (images x rows per image)")
-    ax.set_ylabel("% of copy ceiling (higher is better)")
+    ax.set_ylabel("p50 time per call (µs, host)" if cpu else "% of copy ceiling (higher is better)")
     ax.set_ylim(0, top * 1.15)
     ax.set_title(f"Norm bandwidth, uint8 rows -> bf16, on {device} ({date})", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", ncol=2)
+    legend_right(ax, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    if cpu:
+        stamp_cpu(ax)
     paths += save_figure(fig, out_dir, f"{stem}_pct")
 
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(sizes) + 3), 3.6))
     for impl in impls:
         pts = [(j, by[(impl, n)]["p50_us"]) for j, (n, _) in enumerate(sizes) if (impl, n) in by]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-    floors = [(j, next(r["floor_us"] for r in recs if r["n_rows"] == n)) for j, (n, _) in enumerate(sizes)]
-    ax.plot([p[0] for p in floors], [p[1] for p in floors], color="black", marker="_", markersize=18,
-            linestyle=":", linewidth=1, label="byte floor")
+    if not cpu:
+        floors = [(j, next(r["floor_us"] for r in recs if r["n_rows"] == n)) for j, (n, _) in enumerate(sizes)]
+        ax.plot([p[0] for p in floors], [p[1] for p in floors], color="black", marker="_", markersize=18,
+                linestyle=":", linewidth=1, label="byte floor")
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     ax.set_xticks(x, labels)
     ax.set_xlabel("pixel rows (images x rows per image)")
     ax.set_ylabel("p50 time per call (µs, lower is better)")
     ax.set_title(f"Norm p50 time on {device} ({date})", fontsize=10)
     ax.margins(x=0.08)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
+    if cpu:
+        stamp_cpu(ax)
     paths += save_figure(fig, out_dir, f"{stem}_p50")
     return paths
 

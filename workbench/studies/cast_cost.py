@@ -41,7 +41,8 @@ from ..ulps import bf16_ulps
 from . import Study, begin_run, register
 from .footprint import Footprint, largest, largest_budget
 from .params import Param, ParamSpec, ascending_unique, fractions
-from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
+from .plotting import (is_cpu, labelled_runs, legend_below, legend_right, per_run, plain_log_ticks, run_label,
+                       stamp_cpu)
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -244,13 +245,25 @@ def table_at(table: pd.DataFrame, fill: float = 0.75) -> pd.DataFrame:
         drop=True)
 
 
+def _at_fill(w: pd.DataFrame, fill: float) -> tuple[pd.DataFrame, float]:
+    """The rows of ``w`` at the measured fill closest to ``fill``, and that fill."""
+    fills = np.sort(w.fill.unique())
+    at = float(fills[np.argmin(np.abs(fills - fill))])
+    return w[np.isclose(w.fill, at)], at
+
+
 def plot_staging(g: pd.DataFrame, fill: float = 0.75):
-    """Per budget: each design's staging time (copy + norm stacked) at ``fill``, with its byte
-    floor drawn beside it; log time axis."""
+    """Per budget: each design's staging time (copy + norm) at ``fill`` (or the closest fill
+    measured), log time axis. On a GPU with its byte floor and its multiple of it beside each bar
+    and p90 whiskers; a CPU run (host times, a smoke test) is stamped and has neither floor nor
+    whiskers (a shared host's p90 is scheduling noise, up to 100x its p50)."""
     import matplotlib.pyplot as plt
 
     w = wide(g)
-    w = w[np.isclose(w.fill, fill)]
+    if w.empty:
+        return None
+    w, fill = _at_fill(w, fill)
+    cpu = is_cpu(w)
     budgets = sorted(w.budget.unique())
     n_cells = w.groupby("budget").size().max()
     ncols = min(2, len(budgets))
@@ -262,33 +275,40 @@ def plot_staging(g: pd.DataFrame, fill: float = 0.75):
         d = w[w.budget == budget].sort_values("staging_us")
         names = [cell_name(a, b) for a, b in zip(d.design, d.norm)]
         y = np.arange(len(d))
-        ax.barh(y, d.staging_us, color="#90caf9", label="copy + norm, one graph (p50)")
-        ax.scatter(d.floor_us, y, marker="|", s=300, color="k", label="byte floor (bytes / copy ceiling)", zorder=3)
-        ax.errorbar(d.staging_us, y, xerr=[np.zeros(len(d)), (d.staging_p90_us - d.staging_us).clip(lower=0)],
-                    fmt="none", ecolor="#1565c0", capsize=2, label="p90")
+        ax.barh(y, d.staging_us, color="#90caf9",
+                label="copy + norm (p50 host time)" if cpu else "copy + norm, one graph (p50)")
+        if not cpu:
+            ax.scatter(d.floor_us, y, marker="|", s=300, color="k", label="byte floor (bytes / copy ceiling)",
+                       zorder=3)
+            ax.errorbar(d.staging_us, y, xerr=[np.zeros(len(d)), (d.staging_p90_us - d.staging_us).clip(lower=0)],
+                        fmt="none", ecolor="#1565c0", capsize=2, label="p90")
         for yi, (t, r) in enumerate(zip(d.staging_us, d.ratio_to_floor)):
-            ax.text(t * 1.08, yi, f"{fmt_us(t)} ({r:.1f}x floor)", va="center", fontsize=7)
+            ax.text(t * 1.08, yi, fmt_us(t) if cpu else f"{fmt_us(t)} ({r:.1f}x floor)", va="center", fontsize=7)
         ax.set_yticks(y, names, fontsize=8)
         ax.invert_yaxis()
         ax.set_xscale("log")
         plain_log_ticks(ax.xaxis)
         ax.set_xlabel("input staging per replay (us, log)")
-        tower = d.replay_us.iloc[0]
+        tower = fmt_us(d.replay_us.iloc[0])
         ax.set_title(f"budget {budget} tokens ({budget * 4} rows), {fill:.0%} valid\n"
-                     f"tower replay {fmt_us(tower)}", fontsize=9)
+                     + (f"tower forward {tower} (host)" if cpu else f"tower replay {tower}"), fontsize=9)
         ax.set_xlim(right=ax.get_xlim()[1] * 6)
-    axes.flat[0].legend(fontsize=7, loc="lower right")
+        if cpu:
+            stamp_cpu(ax)
     fig.suptitle(f"Cast cost: staging the graph input ({run_label(g)})", fontsize=11)
     fig.tight_layout()
+    legend_below(fig, *axes.flat[0].get_legend_handles_labels())
     return fig
 
 
 def plot_fill(g: pd.DataFrame, budget: int | None = None):
     """Staging time vs fill level at one budget (default: the largest), one line per cell: which
-    designs pay for padding and which only for valid rows."""
+    designs pay for padding and which only for valid rows (a CPU run stamped as a smoke test)."""
     import matplotlib.pyplot as plt
 
     w = wide(g)
+    if w.empty:
+        return None
     budget = budget or int(w.budget.max())
     d = w[w.budget == budget]
     fig, ax = plt.subplots(figsize=(9, 5.2))
@@ -305,8 +325,9 @@ def plot_fill(g: pd.DataFrame, budget: int | None = None):
     ax.set_xlabel("valid rows (% of the budget)")
     ax.set_ylabel("input staging per replay (us, log)")
     ax.set_title(f"Staging vs fill, budget {budget} tokens ({run_label(g)})", fontsize=10)
-    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="colour: design, line: norm",
-              title_fontsize=7)
+    legend_right(ax, ncol=2, title="colour: design, line: norm", title_fontsize=7)
+    if is_cpu(d):
+        stamp_cpu(ax)
     return fig
 
 
@@ -397,7 +418,7 @@ STUDY = register(Study(
     per_preset=True,
     findings=findings,
     figures=(("cast_cost", plot_staging, "Staging time per replay of each input design (copy + norm) per budget, "
-              "beside its byte floor"),
+              "beside its byte floor (GPU runs; a CPU run is a stamped smoke test without floors)"),
              ("cast_cost_fill", plot_fill, "Staging time against the share of valid rows at one budget: which designs "
               "pay for padding")),
     key_numbers=key_numbers,

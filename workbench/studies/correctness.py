@@ -27,6 +27,7 @@ from ..samples import SAMPLE_NAMES, sample_images, sample_video
 from . import Study, begin_run, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
+from .plotting import is_cpu, legend_right
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -275,6 +276,11 @@ def path_column(df: pd.DataFrame) -> pd.Series:
     return np.where(df.path == "cudagraph", "cudagraph[" + df.buffer_dtype.astype(str) + "]", df.path)
 
 
+def path_label(column: str, cpu: bool) -> str:
+    """A path column as a figure names it: on a CPU the graph runner is emulated, not a CUDA graph."""
+    return column.replace("cudagraph", "emulated graph") if cpu else column
+
+
 # `identity` is itself the bug it models (a forgotten normalization: cast only), so the matrix of
 # placements is drawn over the real implementations and identity gets its own.
 FORGETFUL_NORMS = ("identity",)
@@ -346,7 +352,8 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
                     continue
                 mark = {2: "ok", 0: "WRONG", 1: "mixed"}[int(code[i, j])]
                 ax.text(j, i, f"{mark}\n{v:.1e}", ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(len(cols)), cols, rotation=25, ha="right")       # the path names of the tables
+        ax.set_xticks(range(len(cols)), [path_label(c, is_cpu(g)) for c in cols], rotation=25,
+                      ha="right")       # the path names of the tables
         ax.set_yticks(range(len(rows)), rows)
         devs = ", ".join(sorted(g.device.unique()))
         ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs})", fontsize=10)
@@ -358,26 +365,36 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
     return fig
 
 
+CONTROL_LABEL = "identity (no norm: control)"
+
+
 def plot_rel_err(df: pd.DataFrame):
-    """rel_err of every cell on a log scale, grouped by placement, with the tolerance line."""
+    """rel_err of every cell on a log scale, grouped by placement, one marker per path, with the
+    tolerance line. The identity implementation (no normalization: a control, wrong wherever the
+    device norm is relied on) is drawn apart as grey crosses, never mixed with the real norms."""
     import matplotlib.pyplot as plt
 
     df = _cells_wide(df)
     d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
     d["column"] = path_column(d)
+    cpu = is_cpu(d)
+    control = d.norm.isin(FORGETFUL_NORMS)
     fig, ax = plt.subplots(figsize=(9, 4))
     places = [p for p in STUDY_PLACEMENTS if p in set(d.placement)]
     markers = dict(zip(PATH_COLUMNS, "osD^v"))
-    for k, (col, g) in enumerate(d.groupby("column")):
-        x = [places.index(p) + 0.12 * (k - 2) for p in g.placement]
-        ax.scatter(x, g.rel_err.clip(lower=1e-9), marker=markers.get(col, "o"), label=col, alpha=0.7)
+    series = [(col, g, markers.get(col, "o"), None, path_label(col, cpu)) for col, g in d[~control].groupby("column")]
+    if control.any():
+        series.append((None, d[control], "x", "0.35", CONTROL_LABEL))
+    for k, (_, g, marker, color, label) in enumerate(series):
+        x = [places.index(p) + 0.1 * (k - (len(series) - 1) / 2) for p in g.placement]
+        ax.scatter(x, g.rel_err.clip(lower=1e-9), marker=marker, color=color, label=label, alpha=0.7)
     for tol in sorted(d.tolerance.unique()):
         ax.axhline(tol, color="k", ls="--", lw=0.8)
         ax.text(len(places) - 0.5, tol, f" tol {tol:g}", va="bottom", ha="right", fontsize=8)
     ax.set_yscale("log")
     ax.set_xticks(range(len(places)), places)
     ax.set_ylabel("rel_err vs float64 reference")
-    ax.legend(fontsize=8, ncol=3)
+    legend_right(ax, fontsize=8)
     ax.set_title(f"Every cell's relative error (all families and norms; {', '.join(sorted(d.device.unique()))})")
     return fig
 
@@ -483,7 +500,8 @@ STUDY = register(Study(
     figures=(("correctness_matrix", matrix_figure, "Placement x path verdicts per family (green right for every "
               "norm, red wrong for every norm, amber norm-dependent), worst relative error in each cell"),
              ("correctness_rel_err", rel_err_figure, "Relative error of every cell against the float64 reference, "
-              "by placement, with the tolerance")),
+              "by placement, with the tolerance; the identity norm (no normalization, a control expected to be wrong "
+              "where the device norm is relied on) as grey crosses")),
     footprint=footprint,
     question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
              "leak into real rows",

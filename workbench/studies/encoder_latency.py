@@ -70,7 +70,8 @@ from ..towers.common import init_checkpoint_like
 from . import Study, begin_run, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
+from .plotting import (graph_name, is_cpu, labelled_runs, legend_below, per_run, plain_log_ticks, run_label,
+                       stamp_cpu, value_ticks)
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -429,7 +430,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
 
 # ---- presentation ---------------------------------------------------------------------------
 
-PATH_STYLE = {"eager": ("C0", "o", "eager (ours)"), "graph": ("C3", "s", "CUDA graph (ours)"),
+PATH_STYLE = {"eager": ("C0", "o", "eager (ours)"), "graph": ("C3", "s", "{graph} (ours)"),
               "transformers": ("C2", "^", "transformers (SDPA)")}
 PHASE_COLORS = {"plan": "#b0bec5", "metadata": "#ffb74d", "staging": "#4fc3f7", "replay": "#1565c0",
                 "copy_out": "#81c784"}
@@ -470,14 +471,14 @@ def _panels(n: int, width: float = 5.2, height: float = 4.0):
 
 
 def plot_latency(g: pd.DataFrame):
-    """Per preset, p50 ms per encode call vs merged tokens (log-log): eager, graph, transformers and
-    the FLOP floor; solid lines one image per call, dashed the packed batch of several images."""
+    """Per preset, p50 ms per encode call vs merged tokens (log-log): eager, graph, transformers and,
+    on a GPU, the FLOP and practical floors; solid lines one image per call, dashed the packed
+    batch of several images. A CPU run (host times, emulated graphs) is stamped and has no floor."""
     w = wide(exact_cells(g))
     presets = list(dict.fromkeys(w.preset))
     fig, axes = _panels(len(presets))
     imgs = sorted(w.images.unique())
-    # a CPU has no CUDA graphs: its runner replays the same buffers eagerly (backend emulated)
-    emulated = not w.device.astype(str).str.contains("NVIDIA|cuda", case=False).any()
+    cpu = is_cpu(w)
     styles = ["-", "--", ":", "-."]
     for ax, preset in zip(axes.flat, presets):
         d = w[w.preset == preset]
@@ -485,45 +486,44 @@ def plot_latency(g: pd.DataFrame):
             ls = styles[k % len(styles)]
             di = d[d.images == n_img]
             for path, (color, marker, name) in PATH_STYLE.items():
-                if path == "graph" and emulated:
-                    name = "graph runner (ours, emulated)"
                 c = di[di.path == path].sort_values("tokens")
                 if "p50_ms" not in c or c.p50_ms.isna().all():
                     continue
                 ax.plot(c.tokens, c.p50_ms, ls=ls, marker=marker, color=color, ms=4,
-                        label=f"{name}, {_images(n_img)}")
+                        label=f"{name.format(graph=graph_name(cpu))}, {_images(n_img)}")
+            if cpu:
+                continue
             fl = di.drop_duplicates("tokens").sort_values("tokens")
-            ax.plot(fl.tokens, fl.floor_ms, ls=ls, color="k", lw=1, alpha=0.6,
+            ax.plot(fl.tokens, fl.floor_ms, ls=ls, marker="_", ms=10, color="k", lw=1, alpha=0.6,
                     label=f"FLOP floor, {_images(n_img)}")
             if "practical_floor_ms" in fl and fl.practical_floor_ms.notna().any():
-                ax.plot(fl.tokens, fl.practical_floor_ms, ls=ls, color="0.45", lw=2, alpha=0.5,
+                ax.plot(fl.tokens, fl.practical_floor_ms, ls=ls, marker="_", ms=14, color="0.45", lw=2, alpha=0.5,
                         label=f"practical floor, {_images(n_img)}")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        plain_log_ticks(ax.xaxis)
+        value_ticks(ax.xaxis, d.tokens)      # the measured token counts, plainly
         plain_log_ticks(ax.yaxis)
-        ticks = sorted(int(t) for t in d.tokens.unique())
-        ax.set_xticks(ticks, [str(t) for t in ticks])      # the measured token counts, plainly
         ax.set_xlabel("merged tokens per call (log)")
         ax.set_ylabel("p50 per encode call (ms, log)")
         ax.set_title(preset, fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.suptitle(f"Encoder latency: eager vs CUDA graph vs transformers, and the FLOP and practical floors "
-                 f"({run_label(g)})",
-                 fontsize=11)
-    fig.tight_layout(rect=(0, 0.1 if len(presets) > 1 else 0.16, 1, 1))
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(4, len(labels)), frameon=False)
+        if cpu:
+            stamp_cpu(ax)
+    what = ("eager vs the emulated graph runner vs transformers (CPU: no floors)" if cpu else
+            "eager vs CUDA graph vs transformers, and the FLOP and practical floors")
+    fig.suptitle(f"Encoder latency: {what} ({run_label(g)})", fontsize=11)
+    fig.tight_layout()
+    legend_below(fig, *axes.flat[0].get_legend_handles_labels())
     return fig
 
 
-def _share_bars(w: pd.DataFrame, parts: dict, colors: dict, note, xlabel: str, title: str):
+def _share_bars(w: pd.DataFrame, parts: dict, colors: dict, note, xlabel: str, title: str, cpu: bool = False):
     """Stacked horizontal bars, one per (preset, tokens) cell of ``w``, as shares of the parts'
     sum: ``parts`` maps a legend label to its column, ``note(row, total)`` writes the text right of
-    each bar; one panel per images value."""
+    each bar; one panel per images value; ``cpu``: stamped as a smoke test."""
     imgs = sorted(w.images.unique())
     n_bars = max((len(w[w.images == i]) for i in imgs), default=1)
-    fig, axes = _panels(max(1, len(imgs)), width=7.0, height=1.2 + 0.32 * n_bars)
+    fig, axes = _panels(max(1, len(imgs)), width=7.0, height=1.6 + 0.32 * n_bars)
     for ax, n_img in zip(axes.flat, imgs):
         d = w[w.images == n_img].sort_values(["preset", "tokens"])
         y = np.arange(len(d))
@@ -537,29 +537,34 @@ def _share_bars(w: pd.DataFrame, parts: dict, colors: dict, note, xlabel: str, t
             ax.text(1.01, yi, note(row, tot), va="center", fontsize=7)
         ax.set_yticks(y, [f"{a}, {t} tok" for a, t in zip(d.preset, d.tokens)], fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlim(0, 1.4)
+        ax.set_xlim(0, 1.7)      # room for the note right of each bar
         ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", "25%", "50%", "75%", "100%"])
         ax.set_xlabel(xlabel)
         ax.set_title(f"{_images(n_img)} per call", fontsize=9)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+        if cpu:
+            stamp_cpu(ax)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.legend(handles, labels, fontsize=7, ncol=min(8, len(labels)), loc="lower center", frameon=False)
+    fig.tight_layout()
+    legend_below(fig, *axes.flat[0].get_legend_handles_labels(), ncol=8)
     return fig
 
 
 def plot_phases(g: pd.DataFrame):
     """The graph path split into its phases (median per phase, calls with the device synchronized
     around each phase): each bar is one (preset, tokens) cell, stacked as shares of the phases'
-    sum, labelled with that sum and the unsynchronized p50; one panel per images value."""
+    sum, labelled "phases <sum of the phase medians>, call p50 <p50 of whole calls without the
+    phase syncs>"; one panel per images value. A CPU run is stamped (emulated graphs, host times)."""
     w = wide(exact_cells(g))
     w = w[(w.path == "graph")]
     if "replay_ms" in w:
         w = w[w.replay_ms.notna()]
+    cpu = is_cpu(g)
     return _share_bars(w, dict(zip(PHASES, PHASE_METRICS)), PHASE_COLORS,
-                       lambda r, tot: f"{fmt_us(tot * 1e3)} (p50 {fmt_us(r.p50_ms * 1e3)})",
-                       "share of the graph path (phases timed with a sync around each)",
-                       f"Where the graph path's time goes ({run_label(g)})")
+                       lambda r, tot: f"phases {fmt_us(tot * 1e3)}, call p50 {fmt_us(r.p50_ms * 1e3)}",
+                       "share of the graph path (each phase's median, a sync around each phase)",
+                       f"Where the {graph_name(cpu)} path's time goes ({run_label(g)})\n"
+                       "right of each bar: the phases' medians summed, and the p50 of whole calls without the syncs",
+                       cpu=cpu)
 
 
 KERNEL_COLORS = {"matmul": "#1565c0", "attention": "#c62828", "norm": "#f9a825", "rotary": "#6a1b9a",
@@ -737,13 +742,15 @@ def plot_mixes(g: pd.DataFrame):
         return None
     presets = list(dict.fromkeys(w.preset))
     cells = w[["mix", "images"]].drop_duplicates().sort_values(["mix", "images"])
-    fig, axes = _panels(len(presets), width=6.0, height=1.0 + 0.55 * len(cells))
+    fig, axes = _panels(len(presets), width=6.0, height=1.8 + 0.55 * len(cells))
+    cpu = is_cpu(w)
     paths = [p for p in MIX_PATHS if p in set(w.path)]
     h = 0.8 / max(1, len(paths))
     for ax, preset in zip(axes.flat, presets):
         d = w[w.preset == preset]
         for k, path in enumerate(paths):
             color, name = MIX_STYLE[path]
+            name = f"{name} (emulated)" if cpu and path.startswith("graph") else name
             vals = [d[(d.mix == c.mix) & (d.images == c.images) & (d.path == path)].image_p50_ms
                     for c in cells.itertuples()]
             vals = [float(v.iloc[0]) if len(v) else np.nan for v in vals]
@@ -754,10 +761,11 @@ def plot_mixes(g: pd.DataFrame):
         ax.set_xlabel("p50 per image (ms)")
         ax.set_title(preset, fontsize=10)
         ax.grid(True, axis="x", alpha=0.3)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+        if cpu:
+            stamp_cpu(ax)
     fig.suptitle(f"Realistic batches: per-image time of each strategy ({run_label(g)})", fontsize=11)
-    fig.tight_layout(rect=(0, 0.16, 1, 1))
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout()
+    legend_below(fig, *axes.flat[0].get_legend_handles_labels(), ncol=3)
     return fig
 
 
@@ -801,10 +809,12 @@ STUDY = register(Study(
     run=run,
     cells="presets",
     findings=findings,
-    figures=(("encoder_latency", plot_latency, "p50 per encode call against merged tokens: eager, CUDA graph and "
-              "transformers, with the FLOP and practical floors"),
+    figures=(("encoder_latency", plot_latency, "p50 per encode call against merged tokens: eager, the graph runner "
+              "(a CUDA graph on a GPU, emulated on a CPU) and transformers, with the FLOP and practical floors on a "
+              "GPU (a CPU run is a stamped smoke test without floors)"),
              ("encoder_latency_phases", lambda g: plot_phases(g) if (g.metric == "replay_ms").any() else None,
-              "Where the graph path's time goes: plan, metadata, staging, replay and copy-out"),
+              "Where the graph path's time goes: plan, metadata, staging, replay and copy-out (each phase's "
+              "median with a sync around it; beside each bar their sum and the p50 of whole calls)"),
              ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None,
               "The tower's device time by kernel category (one forward, profiled)"),
              ("encoder_latency_mixes", plot_mixes, "Realistic batches: per-image time of transformers, eager, the "

@@ -39,7 +39,8 @@ from ..towers.common import budget_padding, filling_grid
 from . import Study, begin_run, register
 from .footprint import Footprint, largest, largest_budget
 from .params import Param, ParamSpec, ascending_unique
-from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
+from .plotting import (labelled_runs, legend_below, legend_under, per_run, plain_log_ticks, run_label,
+                       value_ticks)
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -197,56 +198,81 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
         drop=True)
 
 
+BUDGET_AXIS = "graph budget (merged tokens; 1 token = 4 pixel rows)"
+
+
+def _positive(values) -> np.ndarray:
+    """``values`` with zeros (and negatives) as NaN: what a log axis can draw."""
+    v = np.asarray(values, dtype=float)
+    return np.where(v > 0, v, np.nan)
+
+
 def plot_pool(g: pd.DataFrame):
-    """Pool bytes of the norm captured alone vs budget rows, one panel per buffer dtype: the model
-    as lines (implementations with the same model share one line and one label), CUDA
-    measurements as open circles, fp32 temporaries dotted; log-log axes."""
+    """Pool bytes of the norm captured alone vs the budget in merged tokens, one panel per buffer
+    dtype: the model as lines with markers (implementations with the same model share one line
+    and one label), CUDA measurements as open circles, fp32 temporaries dotted; log-log axes. A
+    model that is 0 B at every budget cannot be drawn on a log axis: the legend says so."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
     w = wide(g)
     w = w[w.scope == "norm"]
+    if w.empty:
+        return None
     bufs = sorted(w.buffer_dtype.unique())
     measured = "pool_bytes" in w and w.pool_bytes.notna().any()
-    fig, axes = plt.subplots(1, len(bufs), figsize=(6.2 * len(bufs), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(bufs), figsize=(6.4 * len(bufs), 5.4), squeeze=False)
     for ax, buf in zip(axes[0], bufs):
         d = w[w.buffer_dtype == buf]
         groups: dict[tuple, list[str]] = {}
         for norm, c in d.groupby("norm", sort=False):
-            c = c.sort_values("budget_rows")
-            groups.setdefault(tuple(c.model_bytes), []).append(norm)
+            groups.setdefault(tuple(c.sort_values("budget").model_bytes), []).append(norm)
+        notes = []
         for k, (series, norms) in enumerate(groups.items()):
-            c = d[d.norm == norms[0]].sort_values("budget_rows")
-            color = f"C{k}"
-            ax.plot(c.budget_rows, np.asarray(series) / 2**20, color=color, label=" = ".join(norms))
+            c = d[d.norm == norms[0]].sort_values("budget")
+            name, color = " = ".join(norms), f"C{k}"
+            if not any(v > 0 for v in series):
+                notes.append(f"{name}: 0 B at every budget (nothing to draw on a log axis)")
+                continue
+            ax.plot(c.budget, _positive(series) / 2**20, color=color, marker="o", ms=4, label=name)
             if (c.temp_bytes > 0).any():
-                ax.plot(c.budget_rows, c.temp_bytes / 2**20, color=color, ls=":", lw=1.2)
+                ax.plot(c.budget, _positive(c.temp_bytes) / 2**20, color=color, ls=":", lw=1.2, marker=".")
             if measured:
                 for norm in norms:
-                    m = d[d.norm == norm].sort_values("budget_rows")
-                    ax.scatter(m.budget_rows, m.pool_bytes / 2**20, facecolors="none", edgecolors=color, s=60)
+                    m = d[d.norm == norm].sort_values("budget")
+                    ax.scatter(m.budget, _positive(m.pool_bytes) / 2**20, facecolors="none", edgecolors=color, s=60)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        plain_log_ticks(ax.xaxis)
+        value_ticks(ax.xaxis, d.budget)
         plain_log_ticks(ax.yaxis)
-        ax.set_xlabel("budget rows (pixel rows of the graph buffer)")
+        ax.set_xlabel(BUDGET_AXIS)
         ax.set_ylabel("graph-pool bytes of the norm (MiB, log)")
         ax.set_title(f"{buf} buffer -> bf16", fontsize=9)
         handles, labels = ax.get_legend_handles_labels()
-        handles.append(Line2D([], [], color="grey", ls=":"))
+        handles.append(Line2D([], [], color="grey", ls=":", marker="."))
         labels.append("fp32 temporaries alone")
         if measured:
             handles.append(Line2D([], [], marker="o", mfc="none", mec="grey", ls=""))
             labels.append("measured (CUDA graph pool)")
-        ax.legend(handles, labels, fontsize=7)
+        for note in notes:
+            handles.append(Line2D([], [], ls=""))
+            labels.append(note)
+        legend_under(ax, handles, labels)
     fig.suptitle(f"fp32 memory: pool bytes of the normalization captured alone, lines = model "
                  f"({run_label(g)})", fontsize=10)
     fig.tight_layout()
     return fig
 
 
+def _bar_note(v: float) -> str:
+    """A tower bar's label: n/a (not measured), 0, or its MiB."""
+    return "n/a" if pd.isna(v) else ("0" if v == 0 else f"{v / 2**20:.0f}")
+
+
 def plot_tower(g: pd.DataFrame):
-    """What each norm adds to the pool of the captured tower (and the runner's transient peak)."""
+    """What each norm adds to the pool of the captured tower (and the runner's transient peak),
+    every bar labelled with its MiB ("0" where the norm adds nothing, "n/a" where not measured);
+    negative bars (the pool with the norm came out smaller) hatched and explained below."""
     import matplotlib.pyplot as plt
 
     w = wide(g)
@@ -256,6 +282,7 @@ def plot_tower(g: pd.DataFrame):
     t = t.assign(cell=t.scope + " / " + t.buffer_dtype)
     budgets = sorted(t.budget.unique())
     fig, axes = plt.subplots(1, len(budgets), figsize=(5.4 * len(budgets), 4.4), squeeze=False)
+    negative = False
     for ax, budget in zip(axes[0], budgets):
         d = t[t.budget == budget]
         cells = sorted(d.cell.unique())
@@ -264,16 +291,28 @@ def plot_tower(g: pd.DataFrame):
         for k, cell in enumerate(cells):
             c = d[d.cell == cell].set_index("norm").reindex(norms)
             metric = c.peak_bytes if cell.startswith("runner") else c.pool_bytes
-            ax.bar(np.arange(len(norms)) + k * width, metric.fillna(0) / 2**20, width,
-                   label=f"{cell}: " + ("transient peak (outside the pool)" if cell.startswith("runner")
-                                        else "pool bytes added"))
+            values = metric.to_numpy(dtype=float)
+            bars = ax.bar(np.arange(len(norms)) + k * width, np.nan_to_num(values) / 2**20, width,
+                          color=f"C{k}", label=f"{cell}: " + ("transient peak (outside the pool)"
+                                                              if cell.startswith("runner") else "pool bytes added"))
+            for bar, v in zip(bars, values):
+                if v < 0:
+                    bar.set_hatch("///")
+                    negative = True
+            ax.bar_label(bars, [_bar_note(v) for v in values], fontsize=6, padding=1)
         ax.set_xticks(np.arange(len(norms)) + 0.4 - width / 2, norms, rotation=20, fontsize=8)
         ax.set_ylabel("MiB (norm minus no norm)")
-        ax.set_title(f"budget {budget} tokens ({budget * 4} rows)", fontsize=9)
+        ax.set_title(f"budget {budget} merged tokens ({budget * 4} pixel rows)", fontsize=9)
         ax.axhline(0, color="k", lw=0.6)
-    axes[0][0].legend(fontsize=7)
+        ax.margins(y=0.12)
     fig.suptitle(f"What the norm adds to the captured tower ({run_label(g)})", fontsize=10)
     fig.tight_layout()
+    note = ("bar labels in MiB; 0: the norm adds nothing (its temporaries reuse memory the tower frees); "
+            "n/a: not measured")
+    if negative:
+        note += ("; hatched below 0: the tower's pool with the norm came out smaller than without it "
+                 "(allocator segment rounding), i.e. nothing measurable added")
+    legend_below(fig, *axes[0][0].get_legend_handles_labels(), ncol=3, title=note, title_fontsize=7)
     return fig
 
 
@@ -354,10 +393,10 @@ STUDY = register(Study(
     cells="presets",
     per_preset=True,
     findings=findings,
-    figures=(("fp32_memory_pool", plot_pool, "Graph-pool bytes of the norm captured alone against budget rows: "
-              "the allocator model as lines, CUDA measurements as circles, fp32 temporaries dotted"),
+    figures=(("fp32_memory_pool", plot_pool, "Graph-pool bytes of the norm captured alone against the budget in "
+              "merged tokens: the allocator model as lines, CUDA measurements as circles, fp32 temporaries dotted"),
              ("fp32_memory_tower", plot_tower, "What each norm adds to the pool of the captured tower, and the "
-              "runner placement's transient peak")),
+              "runner placement's transient peak, each bar labelled in MiB (CUDA runs only)")),
     key_numbers=key_numbers,
     key_caption="Graph-pool bytes of the norm captured alone on {device} (model: allocation trace through the "
                 "caching-allocator model; error = measured / model - 1)",

@@ -52,7 +52,8 @@ from ..timing import cpu_time_us, cuda_event_ms, time_us
 from . import Study, begin_run, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec
-from .plotting import labelled_runs, per_run, plain_log_ticks, run_label
+from .plotting import (graph_name, is_cpu, labelled_runs, legend_right, per_run, plain_log_ticks, run_label,
+                       stamp_cpu, value_ticks)
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -370,21 +371,23 @@ def plot_padding(g: pd.DataFrame):
     ax.set_xticks(np.arange(len(mixes)), mixes, fontsize=8)
     ax.set_ylabel("padded rows (% of replayed rows)")
     ax.set_title(f"Padding per budget set and image mix (g = graphs) ({run_label(g)})", fontsize=10)
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    legend_right(ax)
     ax.set_ylim(0, max(10.0, ax.get_ylim()[1] * 1.15))
     return fig
 
 
 def plot_replay(g: pd.DataFrame):
     """Replay time per budget (full), and for each power-of-two step an item one token larger than
-    the smaller budget: its replay in the larger budget vs the smaller budget full vs eager."""
+    the smaller budget: its replay in the larger budget vs the smaller budget full vs eager. A CPU
+    run (emulated replays, host times) is stamped as a smoke test."""
     import matplotlib.pyplot as plt
 
     w = wide(g)
     rep = w[w.case == "replay"].sort_values("budget")
     edge = w[w.case == "edge"].sort_values("budget")
+    cpu = is_cpu(w)
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    ax.plot(rep.budget, rep.replay_ms, "-o", color="#1565c0", ms=3, label="graph replay, budget full")
+    ax.plot(rep.budget, rep.replay_ms, "-o", color="#1565c0", ms=3, label=f"{graph_name(cpu)} replay, budget full")
     if not edge.empty:
         ax.scatter(edge.valid_tokens, edge.edge_replay_ms, marker="^", color="#c62828", zorder=3,
                    label="item of (smaller power of two + 1) tokens, replayed in the next budget")
@@ -392,10 +395,13 @@ def plot_replay(g: pd.DataFrame):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     plain_log_ticks(ax.yaxis)
-    ax.set_xlabel("merged tokens (budget, or item size)")
+    value_ticks(ax.xaxis, [b for b in rep.budget.astype(int) if b & (b - 1) == 0])    # the powers of two
+    ax.set_xlabel("merged tokens (budget, or item size; log)")
     ax.set_ylabel("ms (p50, log)")
     ax.set_title(f"What padding to the next budget costs ({run_label(g)})", fontsize=10)
-    ax.legend(fontsize=7)
+    legend_right(ax)
+    if cpu:
+        stamp_cpu(ax)
     return fig
 
 
@@ -419,10 +425,10 @@ def plot_curve(g: pd.DataFrame):
                            edgecolor="k", zorder=3)
     ax.scatter([], [], marker="s", color="w", edgecolor="k", label="powers of two from 64")
     ax.scatter([], [], marker="^", color="w", edgecolor="k", label="geometric ladder (sqrt 2)")
-    ax.set_xlabel("CUDA graphs captured (budgets)")
+    ax.set_xlabel("graphs captured (budgets)")
     ax.set_ylabel("padded rows, single items (% of replayed rows)")
     ax.set_title(f"Padding vs number of graphs ({run_label(g)})", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax)
     ax.grid(alpha=0.3)
     return fig
 
@@ -515,7 +521,8 @@ STUDY = register(Study(
     figures=(("padding_waste", plot_padding, "Padded fraction of replayed rows per mix and budget set: bars for "
               "single items (exact), markers for the runner on drawn items"),
              ("padding_waste_replay", plot_replay, "Replay time per budget, and an item one token over each power of "
-              "two replayed in the next budget against the smaller full budget and eager"),
+              "two replayed in the next budget against the smaller full budget and eager (a CPU run's replays are "
+              "emulated: a stamped smoke test)"),
              # runs before the curve existed lack it
              ("padding_waste_curve", lambda g: plot_curve(g) if "case" in g and (g["case"] == "curve").any() else None,
               "The planner's expected padded fraction against the number of graphs it may use, with the powers of "

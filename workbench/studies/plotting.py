@@ -88,14 +88,121 @@ def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots,
     return figs, captions
 
 
-def plain_log_ticks(axis) -> None:
-    """Log-axis tick labels as plain numbers (10, 20, 50, 100), not 2x10^1."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
+def _plain_number(v: float) -> str:
+    """10, 2000, 50k, 1.5M: short enough that neighbouring log ticks never run together."""
+    if v >= 1e6:
+        return f"{v / 1e6:g}M"
+    if v >= 1e4:
+        return f"{v / 1e3:g}k"
+    return f"{v:g}"
 
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_minor_locator(LogLocator(base=10, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+def _log_locator():
+    """A LogLocator that puts 1-2-5 ticks per decade where the axis has room for their labels,
+    decades only where it does not, and thins decades on a short axis."""
+    import math
+
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.ticker import LogLocator
+
+    class ReadableLogLocator(LogLocator):
+        def tick_values(self, vmin, vmax):
+            axis = self.axis
+            if axis is None or not (vmin > 0 and vmax > 0) or vmin == vmax:
+                return super().tick_values(vmin, vmax)
+            ax, fig = axis.axes, axis.axes.figure
+            horizontal = axis is ax.xaxis
+            length = (ax.bbox.width if horizontal else ax.bbox.height) / fig.dpi        # inches
+            size = FontProperties(size=rcParams["xtick.labelsize" if horizontal else "ytick.labelsize"]
+                                  ).get_size_in_points()
+            # room one label needs along the axis: ~5 characters wide, or one line high
+            need = (5 * 0.6 if horizontal else 1.6) * size / 72
+            per_decade = length / max(abs(math.log10(vmax / vmin)), 1e-9)
+            subs = (1.0, 2.0, 5.0) if per_decade * math.log10(2) >= need else (1.0,)   # 1 -> 2: the closest pair
+            self.set_params(subs=subs, numticks=max(2, int(length / need)))
+            return super().tick_values(vmin, vmax)
+
+    return ReadableLogLocator(base=10)
+
+
+def plain_log_ticks(axis) -> None:
+    """Log-axis tick labels as plain numbers (10, 20, 50, 100, 50k), not 2x10^1, never so many
+    that neighbours overlap (1-2-5 per decade only where there is room)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(_log_locator())
+    axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: _plain_number(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def value_ticks(axis, values) -> None:
+    """Major ticks at exactly ``values`` (the measured sizes), labelled as plain numbers, no minor
+    ticks: a log axis over a few sizes reads best this way."""
+    from matplotlib.ticker import NullLocator
+
+    ticks = sorted({float(v) for v in values})
+    axis.set_ticks(ticks, [str(int(v)) if v == int(v) else f"{v:g}" for v in ticks])
+    axis.set_minor_locator(NullLocator())
+
+
+# ---- honest CPU figures ---------------------------------------------------------------------
+# A CPU run is a smoke test of the wiring: its times are host times of tiny towers on a shared
+# machine, its graph runner is emulated (the same buffers replayed eagerly), and it has no
+# device floor worth drawing. Every figure that draws a CPU run's times says so on its axes.
+
+CPU_STAMP = "CPU smoke test, not a measurement"
+STAMP_GID = "cpu-stamp"
+
+
+def cpu_device(name: object) -> bool:
+    """True for a CPU device label ('cpu', 'cpu: <model>')."""
+    return str(name).strip().lower().startswith("cpu")
+
+
+def is_cpu(g: pd.DataFrame) -> bool:
+    """True when every row of ``g`` ran on a CPU (an empty or device-less table is not)."""
+    return "device" in g and len(g) > 0 and all(cpu_device(d) for d in g["device"].unique())
+
+
+def graph_name(cpu: bool) -> str:
+    """What the runner's replay is called in a figure: a CUDA graph only where it is one."""
+    return "emulated graph runner" if cpu else "CUDA graph"
+
+
+def stamp_cpu(*axes) -> None:
+    """Write `CPU_STAMP` in red right above each of ``axes``' title: always in view, never over
+    the data or the title. Call after the title is set."""
+    for ax in axes:
+        ax.annotate(CPU_STAMP, xy=(0.5, 1.0), xycoords=ax.title, xytext=(0, 2), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=9, fontweight="bold", color="#c62828", gid=STAMP_GID)
+
+
+def legend_right(ax, handles=None, labels=None, **kw):
+    """``ax``'s legend right of its axes, top-aligned: outside the data, whatever it holds."""
+    args = () if handles is None else (handles, labels)
+    kw = {"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, **kw}
+    return ax.legend(*args, **kw)
+
+
+def legend_under(ax, handles=None, labels=None, ncol: int = 2, **kw):
+    """``ax``'s legend under its x-axis label (outside the axes, whatever their height)."""
+    from matplotlib.transforms import offset_copy
+
+    args = () if handles is None else (handles, labels)
+    below = offset_copy(ax.transAxes, fig=ax.figure, y=-34, units="points")   # tick labels and x label
+    kw = {"fontsize": 7, "loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": below,
+          "ncol": ncol, "frameon": False, **kw}
+    return ax.legend(*args, **kw)
+
+
+def legend_below(fig, handles, labels, ncol: int = 4, **kw):
+    """One legend for every panel of ``fig``, under the figure's bottom edge (outside every axes;
+    `save_figure`'s tight bounding box keeps it). Call after ``fig.tight_layout()``."""
+    kw = {"fontsize": 7, "frameon": False, **kw}
+    return fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                      ncol=max(1, min(ncol, len(labels))), **kw)
 
 
 def source_label(g: pd.DataFrame, run: str) -> str:
