@@ -476,12 +476,13 @@ def plot_sizes(g: pd.DataFrame):
     for mix in folders:
         m = s[s.mix == mix]
         axes[0][1].scatter(m.width, m.height, s=15 + 150 * m.images / m.images.max(), alpha=0.6,
-                           color=f"C{mixes.index(mix)}", label=f"{mix}: {int(m.images.sum())} images")
+                           color=f"C{mixes.index(mix)}",
+                           label=f"{m.folder.iloc[0]}: {int(m.images.sum())} images (fingerprint {m.fingerprint.iloc[0]})")
     if folders:
         axes[0][1].set_xlabel("width (pixels, as shown)")
         axes[0][1].set_ylabel("height (pixels)")
-        axes[0][1].set_title("the folder's image sizes (area: number of images)", fontsize=9)
-        axes[0][1].legend(fontsize=7)
+        axes[0][1].set_title("your images' sizes (area: number of images)", fontsize=9)
+        axes[0][1].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     fig.suptitle(f"Item sizes per image mix ({run_label(g)})", fontsize=10)
     return fig
 
