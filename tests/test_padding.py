@@ -33,7 +33,7 @@ def _per_row_matmul_flops(cfg) -> int:
 def test_the_table_holds_to_the_schema_and_has_every_case(table):
     check_table(table)
     w = wide(table)
-    assert set(w.case) == {"replay", "edge", "expected", "runner", "curve"}
+    assert set(w.case) == {"replay", "edge", "expected", "runner", "curve", "sizes"}
     assert set(w[w.case == "runner"].budget_set) == set(pw.BUDGET_SETS)
     assert (table.device.str.startswith("cpu")).all()
 

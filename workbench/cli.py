@@ -134,7 +134,7 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
     plan, errors = {}, []
     shared = sets.get(None, {})
     for study in selected:
-        names = set(study.params.names)
+        names = set(study.params.names) | set(study.params.renamed)
         # a KEY=VALUE for every study applies to those that declare KEY; a KEY no selected study
         # declares is refused below
         overrides = {k: v for k, v in shared.items() if k in names}
@@ -144,7 +144,7 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
             study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
         except ParamError as e:
             errors.append(f"--set: {e}")
-    nowhere = sorted(k for k in shared if not any(k in s.params.names for s in selected))
+    nowhere = sorted(k for k in shared if not any(k in s.params.names or k in s.params.renamed for s in selected))
     if nowhere:
         valid = {s.name: s.params.names for s in selected}
         errors.append(f"--set: no selected study takes {nowhere}; parameters: {valid}")
@@ -220,7 +220,10 @@ def declarations_text(studies: dict) -> str:
     params = _params_module()
     doc = {"version": DECLARATIONS_VERSION, "sources": declaration_sources(),
            "studies": {name: [params.to_record(p) for p in study.params]
-                       for name, study in sorted(studies.items()) if _in_package(study)}}
+                       for name, study in sorted(studies.items()) if _in_package(study)},
+           # former parameter names each study still takes (ParamSpec renamed)
+           "renamed": {name: study.params.renamed for name, study in sorted(studies.items())
+                       if _in_package(study) and study.params.renamed}}
     return json.dumps(doc, indent=1) + "\n"
 
 
@@ -290,7 +293,9 @@ def _load_declarations(path: Path) -> dict[str, _Declared] | None:
         if doc.get("version") != DECLARATIONS_VERSION or doc.get("sources") != declaration_sources():
             return None
         params = _params_module()
-        return {name: _Declared(name, params.ParamSpec(*map(params.from_record, records)))
+        renamed = doc.get("renamed") or {}
+        return {name: _Declared(name, params.ParamSpec(*map(params.from_record, records),
+                                                       renamed=renamed.get(name)))
                 for name, records in doc["studies"].items()}
     except Exception:  # noqa: BLE001 - any doubt: import the studies instead
         return None

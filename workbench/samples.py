@@ -7,25 +7,32 @@ Photos (RGB, size as HxW):
     rocket        427x640   scikit-image  skimage.data.rocket()
     grace_hopper  600x512   matplotlib    cbook.get_sample_data("grace_hopper.jpg")
 
-Everything here is deterministic given its arguments (and `seed`).
+Image mixes: the named size distributions of data/image_mixes.toml, the photos ("photos") and a
+folder of the user's own images ("folder:PATH": its images' sizes, read from their headers).
+
+Everything here is deterministic given its arguments (and `seed`) and, for a folder mix, the
+folder's content.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
+import os
 import tomllib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from . import limits
 
-__all__ = ["SAMPLE_NAMES", "MIX_NAMES", "MIX_FILE", "sample_images", "sample_video", "random_images",
-           "get_mix", "mix_distribution", "mix_sizes", "mix_tokens", "image_mix"]
+__all__ = ["SAMPLE_NAMES", "MIX_NAMES", "MIX_FILE", "FOLDER_PREFIX", "IMAGE_SUFFIXES", "sample_images",
+           "sample_video", "random_images", "get_mix", "folder_mix_name", "check_image_folder", "with_folder",
+           "mix_label", "mix_columns", "mix_entries", "mix_distribution", "mix_sizes", "mix_tokens", "image_mix"]
 
 SAMPLE_NAMES = ("astronaut", "chelsea", "coffee", "rocket", "grace_hopper")
 
@@ -179,6 +186,11 @@ class Mix:
     weights: str                 # how the weights were chosen (an assumption)
     tokens: tuple[int, int]      # claimed merged-token range after the processor's resize
     entries: tuple[MixEntry, ...]
+    # a folder mix only: the folder (absolute), each entry's files (relative to it, sorted) and
+    # the content fingerprint "<images>-<hash of their names, pixel sizes and file sizes>"
+    folder: str | None = None
+    files: tuple[tuple[str, ...], ...] = ()
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -262,15 +274,156 @@ def _mix_names() -> tuple[str, ...]:
 MIX_NAMES: tuple[str, ...] = _mix_names()
 
 
+# ---- a folder of the user's own images ----------------------------------------------------------
+FOLDER_PREFIX = "folder:"
+IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")
+_TURNED = (5, 6, 7, 8)      # EXIF orientations shown turned by 90 degrees (height and width swap)
+_ORIENTATION = 0x0112
+
+
+def folder_mix_name(path) -> str:
+    """The mix name of a folder of images: ``folder:`` and its absolute path (``~`` expanded)."""
+    return FOLDER_PREFIX + os.path.abspath(os.path.expanduser(str(path)))
+
+
+def _folder_valid() -> str:
+    return f"a folder of image files ({', '.join(IMAGE_SUFFIXES)}), sub-folders included, hidden ones skipped"
+
+
+def _turned(im: Image.Image) -> bool:
+    """Whether ``im`` is shown turned by 90 degrees (EXIF orientation), read from its header only
+    (the base class's getexif: PNG's own decodes the whole image)."""
+    return Image.Image.getexif(im).get(_ORIENTATION) in _TURNED
+
+
+def _image_files(folder: str) -> tuple[tuple[str, int, int], ...]:
+    """(relative POSIX path, bytes, mtime in ns) of every image file under ``folder`` by suffix,
+    sorted; LimitError past the ``folder_images`` cap (counting stops there)."""
+    cap = limits.current().folder_images
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for f in files:
+            if f.startswith(".") or os.path.splitext(f)[1].lower() not in IMAGE_SUFFIXES:
+                continue
+            path = os.path.join(root, f)
+            try:
+                st = os.stat(path)
+            except OSError:          # a broken link: kept, and skipped as unreadable with its reason
+                st = os.lstat(path)
+            found.append((Path(path).relative_to(folder).as_posix(), st.st_size, st.st_mtime_ns))
+            if len(found) > cap:
+                limits.check("folder_images", len(found), f"image folder {folder!r} holds too many image files "
+                                                          f"(counting stopped at {len(found):,})")
+    return tuple(sorted(found))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_folder(folder: str, listing: tuple) -> tuple[Mix, tuple[str, int, int]]:
+    """The folder's mix from its files' headers (nothing is decoded), and its largest image
+    (path, height, width). Keyed by the listing, so a changed file is read again."""
+    sizes: dict[tuple[int, int], list[str]] = {}
+    skipped = []
+    digest = hashlib.sha256()
+    for rel, nbytes, _ in listing:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(os.path.join(folder, rel)) as im:
+                    w, h = im.size
+                    if _turned(im):
+                        h, w = w, h
+        except Exception as e:  # noqa: BLE001 - PIL raises many types for a file it cannot read
+            skipped.append(f"{rel} ({type(e).__name__}: {e})")
+            continue
+        sizes.setdefault((h, w), []).append(rel)
+        digest.update(f"{rel}\0{h}x{w}\0{nbytes}\n".encode())
+    if not sizes:
+        raise ValueError(f"image folder {folder!r} holds no readable image ({len(listing)} file(s) with an image "
+                         f"suffix{': ' + '; '.join(skipped[:3]) if skipped else ''}); valid: {_folder_valid()}")
+    if skipped:
+        warnings.warn(f"image folder {folder!r}: skipping {len(skipped)} unreadable file(s): {'; '.join(skipped[:5])}"
+                      + (" ..." if len(skipped) > 5 else ""), stacklevel=2)
+    count = sum(len(f) for f in sizes.values())
+    entries = tuple(MixEntry("image", 1, h, w, float(len(f)), f"{len(f)} image(s) of the folder, e.g. {f[0]}")
+                    for (h, w), f in sorted(sizes.items()))
+    mix = Mix(FOLDER_PREFIX + folder, f"{count} images of the folder {folder}"
+              + (f" ({len(skipped)} unreadable file(s) skipped)" if skipped else ""),
+              "the number of the folder's images of each size", (0, 0), entries, folder=folder,
+              files=tuple(tuple(f) for _, f in sorted(sizes.items())),
+              fingerprint=f"{count}-{digest.hexdigest()[:12]}")
+    (h, w), f = max(sizes.items(), key=lambda kv: kv[0][0] * kv[0][1])
+    return _with_token_range(mix), (f[0], h, w)
+
+
+def _folder_mix(path: str) -> Mix:
+    """The mix of a folder's images (one entry per size, weighted by its number of images);
+    ValueError naming the folder for one that is missing, not a folder or without a readable image,
+    LimitError for too many files or too large an image."""
+    if not path:
+        raise ValueError(f"image mix {FOLDER_PREFIX!r} names no folder; valid: {FOLDER_PREFIX}PATH with PATH "
+                         f"{_folder_valid()}")
+    folder = folder_mix_name(path)[len(FOLDER_PREFIX):]
+    if not os.path.exists(folder):
+        raise ValueError(f"image folder {folder!r} does not exist; valid: {_folder_valid()}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"image folder {folder!r} is a file, not a folder; valid: {_folder_valid()}")
+    mix, (rel, h, w) = _read_folder(folder, _image_files(folder))
+    limits.check("input_pixels", h * w, f"image {rel!r} of the folder {folder!r}, {h}x{w} (HxW) pixels")
+    return mix
+
+
+def check_image_folder(path: str) -> None:
+    """A study parameter's rule: ``path`` is an absolute path (``~`` allowed) to a folder that
+    `get_mix` reads as a mix; ValueError otherwise. A relative path is refused: a sweep's notebooks
+    run in the project root, not where the command was typed."""
+    if not os.path.isabs(os.path.expanduser(path)):
+        raise ValueError(f"a relative path; give the whole path (e.g. {os.path.abspath(path)!r}): a sweep's "
+                         f"notebooks run in the project root")
+    _folder_mix(path)
+
+
+def with_folder(mixes, folder: str | None) -> list[str]:
+    """``mixes`` followed by the mix of the image folder ``folder`` (`folder_mix_name`), if given."""
+    return list(mixes) + ([folder_mix_name(folder)] if folder else [])
+
+
+def mix_label(name: str) -> str:
+    """How tables and figures name a mix: a folder mix by its folder's own name
+    (``folder:<name>``), every other mix by its name."""
+    if not name.startswith(FOLDER_PREFIX):
+        return name
+    path = os.path.normpath(name[len(FOLDER_PREFIX):])
+    return FOLDER_PREFIX + (os.path.basename(path) or path)
+
+
+def mix_columns(name: str) -> dict:
+    """A study row's columns naming mix ``name``: ``mix`` (its `mix_label`) and, for a folder mix,
+    ``fingerprint`` (its content: runs on the same images compare wherever the folder lies)."""
+    if not name.startswith(FOLDER_PREFIX):
+        return {"mix": name}
+    return {"mix": mix_label(name), "fingerprint": get_mix(name).fingerprint}
+
+
+def _with_token_range(mix: Mix) -> Mix:
+    """``mix`` with its claimed token range computed: its entries' own under the default resize."""
+    toks = [_entry_tokens(e, _geometry(None)) for e in mix.entries]
+    return dataclasses.replace(mix, tokens=(min(toks), max(toks)))
+
+
 def get_mix(name: str) -> Mix:
-    """The named mix (entries, description, claimed token range); ValueError naming the valid ones.
-    For "photos" the claimed range is computed (the photos' own sizes under the default resize)."""
+    """The mix ``name`` (entries, description, claimed token range): a name of MIX_NAMES, or
+    ``folder:PATH``, the images of a folder (sub-folders too) at their sizes as shown, read from
+    their headers, each size weighted by its number of images (unreadable files are skipped with a
+    warning). ValueError naming the valid ones. For "photos" and folders the claimed range is
+    computed (their own sizes under the default resize)."""
+    if isinstance(name, str) and name.startswith(FOLDER_PREFIX):
+        return _folder_mix(name[len(FOLDER_PREFIX):])
     if name == "photos":
-        mix = _photos_mix()
-        toks = [_entry_tokens(e, _geometry(None)) for e in mix.entries]
-        return dataclasses.replace(mix, tokens=(min(toks), max(toks)))
+        return _with_token_range(_photos_mix())
     if not isinstance(name, str) or name not in MIX_NAMES:
-        raise ValueError(f"unknown image mix {name!r}; valid: {', '.join(MIX_NAMES)}")
+        raise ValueError(f"unknown image mix {name!r}; valid: {', '.join(MIX_NAMES)}, or {FOLDER_PREFIX}PATH with "
+                         f"PATH {_folder_valid()}")
     return _file_mixes()[name]
 
 
@@ -299,6 +452,15 @@ def _entry_tokens(e, geo) -> int:
     return t * (h // (p * m)) * (w // (p * m))
 
 
+def mix_entries(name: str, cfg=None) -> list[dict]:
+    """One record per size of mix ``name``: kind, frames, height, width, weight (for a folder, its
+    number of images of that size) and tokens (merged tokens after the resize, cfg as in
+    mix_distribution)."""
+    geo = _geometry(cfg)
+    return [dict(kind=e.kind, frames=e.frames, height=e.height, width=e.width, weight=e.weight,
+                 tokens=_entry_tokens(e, geo)) for e in get_mix(name).entries]
+
+
 def mix_distribution(name: str, cfg=None) -> list[tuple[int, float]]:
     """The exact distribution of merged tokens per item of mix `name`: [(tokens, probability)],
     ascending distinct token counts, probabilities summing to 1 (weights normalized; entries that
@@ -308,13 +470,11 @@ def mix_distribution(name: str, cfg=None) -> list[tuple[int, float]]:
     patch_size * merge_size and cfg's min/max pixels, per frame for videos), with cfg's patch,
     merge and temporal sizes: cfg is a wb.VisionConfig, a preset name, or None (the Qwen2-VL
     geometry, which every preset shares)."""
-    mix = get_mix(name)
-    geo = _geometry(cfg)
+    entries = mix_entries(name, cfg)
     acc: dict[int, float] = {}
-    total = sum(e.weight for e in mix.entries)
-    for e in mix.entries:
-        t = _entry_tokens(e, geo)
-        acc[t] = acc.get(t, 0.0) + e.weight / total
+    total = sum(e["weight"] for e in entries)
+    for e in entries:
+        acc[e["tokens"]] = acc.get(e["tokens"], 0.0) + e["weight"] / total
     return sorted(acc.items())
 
 
@@ -343,7 +503,8 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
     """The items `mix_sizes(name, n, seed)` draws, as real inputs for wb.preprocess:
 
     * images: RGB PIL images whose content is a real sample photo (item i uses the i-th shipped
-      photo, cycling), resized with PIL bicubic to the drawn height x width;
+      photo, cycling), resized with PIL bicubic to the drawn height x width; for a folder mix, the
+      folder's own images of the drawn size (as shown: EXIF orientation applied), used in turn;
     * video clips: wb.Video holding uint8 [frames, H, W, 3], a pan over a sample photo
       (`sample_video`).
 
@@ -358,20 +519,19 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
     since their full-size items are large: give n. An unknown name is a ValueError naming the
     valid ones.
     """
-    if not isinstance(name, str) or name not in MIX_NAMES:
-        raise ValueError(f"unknown image mix {name!r}; valid: {', '.join(MIX_NAMES)}")
+    mix = get_mix(name)
     if not isinstance(resized, bool):
         raise TypeError(f"resized must be a bool, got {resized!r}")
+    if n is None and name != "photos":
+        raise ValueError(f"image_mix({name!r}) needs n (how many items to draw); only 'photos' "
+                         f"has a default (every photo once)")
     if n is not None:  # checked before any photo is loaded
         n = limits.integer(n, "n", minimum=0, cap="items")
         seed = limits.seed(seed)
-    photos = sample_images()
-    if not photos:
+    photos = sample_images() if mix.folder is None else {}
+    if mix.folder is None and not photos:
         raise FileNotFoundError("no sample photos are available in the installed packages")
     if n is None:
-        if name != "photos":
-            raise ValueError(f"image_mix({name!r}) needs n (how many items to draw); only 'photos' "
-                             f"has a default (every photo once)")
         items = [MixItem("image", 1, *_PHOTO_SIZES[k], SAMPLE_NAMES.index(k)) for k in photos]
     else:
         items = mix_sizes(name, n, seed)
@@ -386,7 +546,13 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
     limits.check("total_pixels", sum(it.frames * h * w for it, (h, w) in zip(items, sizes)),
                  f"image_mix({name!r}, n={n}, resized={resized}): pixels of all {len(items)} items")
     out = []
+    used: dict[int, int] = {}      # a folder mix: items drawn so far per entry (its files in turn)
     for i, (it, (h, w)) in enumerate(zip(items, sizes)):
+        if mix.folder is not None:
+            k = used[it.entry] = used.get(it.entry, -1) + 1
+            files = mix.files[it.entry]
+            out.append(_folder_image(os.path.join(mix.folder, files[k % len(files)]), h, w))
+            continue
         if name == "photos" and n is None:
             photo = photos[names[i]]
         elif name == "photos":
@@ -403,3 +569,16 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
         else:
             out.append(photo.resize((w, h), Image.Resampling.BICUBIC))
     return out
+
+
+def _folder_image(path: str, h: int, w: int) -> Image.Image:
+    """The image file as shown (EXIF orientation applied), RGB, resized (PIL bicubic) to h x w; a
+    JPEG is decoded at the smallest scale that still holds h x w (PIL draft). ValueError naming
+    the file where it cannot be decoded."""
+    try:
+        with Image.open(path) as im:
+            im.draft("RGB", (h, w) if _turned(im) else (w, h))
+            img = ImageOps.exif_transpose(im).convert("RGB")
+    except Exception as e:  # noqa: BLE001 - PIL raises many types for a file it cannot decode
+        raise ValueError(f"image {path!r} of a folder mix could not be decoded ({type(e).__name__}: {e})") from e
+    return img if img.size == (w, h) else img.resize((w, h), Image.Resampling.BICUBIC)

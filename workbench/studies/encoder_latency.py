@@ -33,7 +33,9 @@ appended; their default items per replay) replaying every pack (policy ``always`
 pack; ``graph_auto``, the engines' budgets with policy ``auto`` (a pack replays only where its
 graph is predicted faster than eager). Times are per image (p50 and p90 of the call / n); beside
 them each runner's replays, padded rows, eager packs and misses, and every output checked against
-eager before it is timed.
+eager before it is timed. ``image_folder`` (an absolute path) adds a mix of your own images: the
+folder's images, drawn by size and resized (`workbench.samples.get_mix`), its rows named
+``folder:<its name>`` with the folder's ``fingerprint``.
 
 Every cell is checked once before it is timed: the graph output against the eager output (bit-equal
 or within the dtype's tolerance) and ours against transformers (row-wise cosine). A path whose
@@ -64,7 +66,7 @@ from ..budgets import Budgets
 from ..planner import plan_budgets
 from ..preprocess import preprocess
 from ..runner import PHASES, EncoderGraphRunner, engine_budgets, engine_max_items
-from ..samples import MIX_NAMES, image_mix
+from ..samples import MIX_NAMES, check_image_folder, image_mix, mix_columns, with_folder
 from ..timing import cpu_time_us
 from ..towers.common import init_checkpoint_like
 from . import Study, begin_run, register
@@ -117,6 +119,8 @@ PARAMS = ParamSpec(
     Param("warmup", "int", cap="reps", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
     Param("mixes", "list[str]", cpu=["photos"], gpu=["screenshots", "documents", "phone_photos", "charts", "video_clips"],
           choices=MIX_NAMES, empty_ok=True, help="image mixes for the realistic-batch cells ([] for none)"),
+    Param("image_folder", "str", cpu=None, optional=True, rule=check_image_folder,
+          help="absolute path of a folder of your own images: one more mix for those cells (None: none)"),
     Param("mix_items", "list[int]", cap="items", cpu=[2], gpu=[1, 4], minimum=1, rule=ascending_unique,
           help="items per realistic batch, drawn from each mix"),
     Param("engine_max_budget", "int", cap="budget_tokens", cpu=512, gpu=16384, minimum=64,
@@ -345,6 +349,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     params: see PARAMS (defaults: the device's profile)."""
     s = begin_run(PARAMS, "encoder_latency", device, params)
     dev, p, dt, label = s.device, s.params, s.dtype, s.label
+    p["mixes"] = with_folder(p["mixes"], p["image_folder"])      # the folder's mix joins the named ones
     tflops = matmul_tflops(dev)
     gen = torch.Generator().manual_seed(p["seed"])
     rows: list[dict] = []
@@ -411,8 +416,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"])
                     runners = None
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
-                                  depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], device=label, mix=mix,
-                                  images=n, tokens=batch.n_rows // cfg.merge_unit)
+                                  depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], device=label,
+                                  **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
                     for path, m in res.items():
                         if path in ("graph_engine", "graph_auto"):
                             m["runner_s"] = engine_s
@@ -792,7 +797,7 @@ def footprint(p, device: str) -> Footprint:
     """The largest cell of the largest preset: its rows through our tower, and through
     transformers' with the same weights when the reference is timed; with realistic batches, the
     engines' largest budget replayed."""
-    tokens = max(max(p["tokens"]), p["engine_max_budget"] if p["mixes"] else 0)
+    tokens = max(max(p["tokens"]), p["engine_max_budget"] if with_folder(p["mixes"], p["image_folder"]) else 0)
 
     def cell(name: str) -> Footprint:
         cfg = VisionConfig.preset(name, p["depth"])

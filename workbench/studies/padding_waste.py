@@ -23,6 +23,13 @@ what that costs. For each image mix (data/image_mixes.toml) and budget set, this
 - **pool**: the graph pool each set needs, modelled (`workbench.planner.graph_pool_bytes`) and,
   on CUDA, measured from the allocator's segments of the runner's pool.
 
+Your own images: ``image_folder`` (an absolute path) adds one more mix, ``folder:<its name>``: the
+folder's images (sub-folders too) at their own sizes, each size weighted by its number of images
+(`workbench.samples.get_mix`); the runner gets the real images, resized. Every row of that mix
+carries the folder's ``fingerprint`` (image count and a hash of names and sizes), and the
+``sizes`` rows (every mix's sizes, tokens and shares; for the folder its path and image counts)
+draw the size distribution.
+
 Budget sets: ``pow2`` (the engines' powers of two from 64 up to the largest item), ``geometric``
 (a denser ladder, ratio sqrt 2), ``planner`` (`wb.plan_budgets`: the fewest expected padded tokens
 with as many graphs as pow2) and ``planner_time`` (the same, minimizing expected replay time from
@@ -47,13 +54,14 @@ from ..budgets import Budgets
 from ..planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets, running_max
 from ..preprocess import PatchBatch, preprocess
 from ..runner import EncoderGraphRunner, default_budgets
-from ..samples import MIX_NAMES, image_mix, mix_distribution
+from ..samples import (MIX_NAMES, check_image_folder, get_mix, image_mix, mix_columns, mix_distribution, mix_entries,
+                       with_folder)
 from ..timing import cpu_time_us, cuda_event_ms, time_us
 from . import Study, begin_run, register
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec
-from .plotting import (graph_name, is_cpu, labelled_runs, legend_right, per_run, plain_log_ticks, run_label,
-                       stamp_cpu, value_ticks)
+from .plotting import (graph_name, is_cpu, labelled_runs, legend_right, legend_under, per_run, plain_log_ticks,
+                       run_label, stamp_cpu, value_ticks)
 from .plotting import progress as show_progress
 from .tables import tidy, wide
 
@@ -73,6 +81,8 @@ PARAMS = ParamSpec(
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("bfloat16", "float32"), help="tower dtype"),
     Param("mixes", "list[str]", cpu=["photos"], gpu=list(MIX_NAMES), choices=MIX_NAMES,
           help="image mixes (data/image_mixes.toml and the shipped photos)"),
+    Param("image_folder", "str", cpu=None, optional=True, rule=check_image_folder,
+          help="absolute path of a folder of your own images: one more mix of their sizes (None: none)"),
     Param("budget_sets", "list[str]", cpu=list(BUDGET_SETS), choices=BUDGET_SETS, help="budget sets compared"),
     Param("max_items", "list[int]", cap="items", cpu=[1, 4], gpu=[1, 16], minimum=1, rule=_positive_unique,
           help="sequences (images or frames) per replay (1: single items; more: packed batches)"),
@@ -97,6 +107,8 @@ METRICS = {
     # per budget
     "replay_ms": "ms", "replay_p90_ms": "ms",
     "edge_replay_ms": "ms", "prev_full_replay_ms": "ms", "eager_ms": "ms",
+    # per size of a mix: its share of the items; a folder's: its number of images
+    "share": "fraction", "images": "count",
 }
 
 
@@ -211,6 +223,17 @@ def _pool_bytes(runner) -> float:
     return float("nan") if got is None else float(got)
 
 
+def size_rows(common: dict, mix: str, cfg) -> list[dict]:
+    """The sizes of ``mix`` (case 'sizes'): per entry its frames, height, width, merged tokens for
+    ``cfg`` and share of the items; for a folder mix also its number of images and the folder."""
+    entries = mix_entries(mix, cfg)
+    total = sum(e["weight"] for e in entries)
+    folder = get_mix(mix).folder
+    return [dict(common, case="sizes", frames=e["frames"], height=e["height"], width=e["width"], tokens=e["tokens"],
+                 share=e["weight"] / total, **({"folder": folder, "images": e["weight"]} if folder else {}))
+            for e in entries]
+
+
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     """Measure every (mix, budget set, max_items) cell; returns the tidy long table.
 
@@ -223,6 +246,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
     from ..reference import rel_err
 
     dev, p, dt, cfg, label = s.device, s.params, s.dtype, s.config(), s.label
+    p["mixes"] = with_folder(p["mixes"], p["image_folder"])      # the folder's mix joins the named ones
     common = dict(study="padding_waste", preset=p["preset"], family=cfg.family, depth=cfg.depth,
                   dtype=dtype_name(dt), device=label)
     enc = build_encoder(cfg, placement="tower", norm=p["norm"], dtype=dt, device=dev, seed=p["seed"],
@@ -261,10 +285,12 @@ def _measure(s, progress: bool) -> pd.DataFrame:
     # 2. per mix: the exact expectation per set, then the real runner on drawn items
     for mix in p["mixes"]:
         dist = dists[mix]
+        named = mix_columns(mix)
+        rows += size_rows(dict(common, **named), mix, cfg)
         sets = budget_sets(dist, p["budget_sets"], latency=lat)
         for k in range(1, len(default_budgets(max(dist))) + 1):    # the planner's padding per graph count
             e = expected_padding(dist, plan_budgets(dist, max_graphs=k))
-            rows.append(dict(common, case="curve", mix=mix, budget_set="planner", max_graphs=k,
+            rows.append(dict(common, **named, case="curve", budget_set="planner", max_graphs=k,
                              padded_frac_expected=e["padded_frac"], padded_tokens_expected=e["padded_tokens"]))
         items = image_mix(mix, p["n_items"], seed=p["seed"], resized=True)
         batch = preprocess(items, cfg)
@@ -274,7 +300,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
             # expected replay time: the replay table (its running maximum, as the planner reads it)
             # interpolated at each item's budget
             e = expected_padding(dist, budgets, latency=running_max(lat))
-            key = dict(common, mix=mix, budget_set=set_name, budgets=",".join(map(str, budgets)))
+            key = dict(common, **named, budget_set=set_name, budgets=",".join(map(str, budgets)))
             rows.append(dict(key, case="expected", padded_frac_expected=e["padded_frac"],
                              padded_tokens_expected=e["padded_tokens"], miss_frac_expected=e["miss_frac"],
                              expected_replay_ms=e["expected_time"], graphs=len(budgets), largest_budget=budgets[-1],
@@ -433,6 +459,44 @@ def plot_curve(g: pd.DataFrame):
     return fig
 
 
+def plot_sizes(g: pd.DataFrame):
+    """Per mix, the share of items by merged tokens per item (after the resize, for the run's first
+    preset); beside it, for a folder mix, its images' own sizes (area by count). None for runs
+    without 'sizes' rows."""
+    import matplotlib.pyplot as plt
+
+    w = wide(g)
+    s = w[w.case == "sizes"] if "case" in w else w.iloc[0:0]
+    if s.empty:
+        return None
+    preset = s.preset.iloc[0]
+    s = s[s.preset == preset]
+    mixes = list(dict.fromkeys(s.mix))
+    folders = [m for m in mixes if "folder" in s and s[s.mix == m].folder.notna().any()]
+    fig, axes = plt.subplots(1, 2 if folders else 1, figsize=(12.5 if folders else 7.5, 4.6), squeeze=False)
+    ax = axes[0][0]
+    for i, mix in enumerate(mixes):          # the distribution itself: share of items per token count
+        m = s[s.mix == mix].groupby("tokens").share.sum().sort_index()
+        ax.plot(m.index, m.values * 100, "o-", ms=4, lw=1.2, color=f"C{i}", label=mix)
+    ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis)
+    ax.set_xlabel(f"merged tokens per item ({preset}, after the processor's resize)")
+    ax.set_ylabel("% of the mix's items")
+    legend_right(ax, fontsize=7)
+    for mix in folders:
+        m = s[s.mix == mix]
+        axes[0][1].scatter(m.width, m.height, s=15 + 150 * m.images / m.images.max(), alpha=0.6,
+                           color=f"C{mixes.index(mix)}",
+                           label=f"{m.folder.iloc[0]}: {int(m.images.sum())} images (fingerprint {m.fingerprint.iloc[0]})")
+    if folders:
+        axes[0][1].set_xlabel("width (pixels, as shown)")
+        axes[0][1].set_ylabel("height (pixels)")
+        axes[0][1].set_title("your images' sizes (area: number of images)", fontsize=9)
+        legend_under(axes[0][1], ncol=1)
+    fig.suptitle(f"Item sizes per image mix ({run_label(g)})", fontsize=10)
+    return fig
+
+
 def findings(table: pd.DataFrame) -> str:
     w = wide(table)
     return per_run(w, lambda dev, g: _run_finding(dev, g), by_preset=True)
@@ -504,7 +568,7 @@ def preset_footprint(p, preset: str, device: str) -> Footprint:
     """The largest budget of the replay ladder (a power of two at or above the mixes' largest item)
     through the tower, and a batch of n_items of the largest items."""
     cfg = VisionConfig.preset(preset, p["depth"])
-    largest = max(max(t for t, _ in mix_distribution(m, cfg)) for m in p["mixes"])
+    largest = max(max(t for t, _ in mix_distribution(m, cfg)) for m in with_folder(p["mixes"], p["image_folder"]))
     budget = 1 << math.ceil(math.log2(max(largest, 1)))
     rows = max(budget, largest * p["n_items"]) * cfg.merge_unit
     return Footprint(tower_bytes(cfg, rows, largest * cfg.merge_unit, itemsize(p), device),
@@ -526,7 +590,9 @@ STUDY = register(Study(
              # runs before the curve existed lack it
              ("padding_waste_curve", lambda g: plot_curve(g) if "case" in g and (g["case"] == "curve").any() else None,
               "The planner's expected padded fraction against the number of graphs it may use, with the powers of "
-              "two and the geometric ladder")),
+              "two and the geometric ladder"),
+             ("padding_waste_sizes", plot_sizes, "Each mix's items by merged tokens per item and, for a folder of "
+              "your own images, their pixel sizes")),
     key_numbers=key_numbers,
     key_caption="Padding per mix and budget set on {device} (single items: exact from the mix's distribution; "
                 "runner: measured on drawn items)",
