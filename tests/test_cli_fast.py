@@ -111,9 +111,9 @@ def test_without_a_copy_help_imports_the_studies_and_saves_one(tmp_path, monkeyp
     studies = cli.registered_studies()
     for sets in ({"correctness": {"norms": ["bogus"]}}, {None: {"seed": -1}}, {"cast_cost": {"budgets": [64, 16]}}):
         with pytest.raises(SystemExit) as full:
-            cli._resolve_plan(sets, studies, list(studies.values()), "cpu")
-        with pytest.raises(SystemExit) as fast:
-            cli._resolve_plan(sets, declared, list(declared.values()), "cpu")
+            cli._resolve_plan(sets, studies, [studies[n] for n in sorted(studies)], "cpu")
+        with pytest.raises(SystemExit) as fast:     # in name order both (the registry's is import order)
+            cli._resolve_plan(sets, declared, [declared[n] for n in sorted(declared)], "cpu")
         assert str(fast.value) == str(full.value)
 
 

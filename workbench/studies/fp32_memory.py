@@ -192,9 +192,9 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
     """Norm-scope cells: modelled vs measured pool bytes (MiB) per implementation and budget."""
     w = wide(table)
     w = w[w.scope == "norm"]
-    cols = ["device", "buffer_dtype", "budget", "budget_rows", "norm", "model_bytes", "pool_bytes", "model_error",
+    cols = ["device", "preset", "buffer_dtype", "budget", "budget_rows", "norm", "model_bytes", "pool_bytes", "model_error",
             "temp_bytes", "peak_bytes", "model_peak_bytes", "trace_matches"]
-    return w[[c for c in cols if c in w]].sort_values(["device", "buffer_dtype", "budget", "norm"]).reset_index(
+    return w[[c for c in cols if c in w]].sort_values([c for c in ("device", "preset", "buffer_dtype", "budget", "norm") if c in w]).reset_index(
         drop=True)
 
 

@@ -353,12 +353,12 @@ SET_COLORS = {"pow2": "#9e9e9e", "geometric": "#90caf9", "planner": "#1565c0", "
 
 
 def padding_table(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, device, mix, budget set): graphs, expected padded fraction (single items),
+    """One row per (run, device, preset, mix, budget set): graphs, expected padded fraction (single items),
     expected replay time, and the runner's measured padded fraction and time per image per max_items."""
     w = wide(table)
     exp = w[w.case == "expected"]
     run_rows = w[w.case == "runner"]
-    keys = [c for c in ("run", "reference", "device", "mix", "budget_set") if c in w]
+    keys = [c for c in ("run", "reference", "device", "preset", "mix", "budget_set") if c in w]
     out = exp[keys + ["graphs", "budgets", "padded_frac_expected", "expected_replay_ms"]].copy()
     for m, g in run_rows.groupby("max_items"):
         g = g.set_index(keys)
@@ -549,7 +549,7 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     out = {}
     for dev, g in labelled_runs(table, by_preset=True):
         t = padding_table(g).dropna(axis=1, how="all")
-        t = t.drop(columns=[c for c in ("run", "reference", "device", "budgets") if c in t])
+        t = t.drop(columns=[c for c in ("run", "reference", "device", "preset", "budgets") if c in t])
         for c in t.columns:
             if c.startswith("padded_frac"):
                 t[c] = (t[c] * 100).round(1)
