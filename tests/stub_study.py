@@ -60,8 +60,10 @@ def _bound(fn, name):
 
 
 def make(name: str = NAMES[0], notebook: str | Path = "notebooks/no_such_stub.ipynb") -> Study:
+    """The stub ``name``; stub_a's sizes are independent cells (a sharded sweep may split them)."""
     return Study(name=name, notebook=str(notebook), run=_bound(run, name), summarize=_bound(summarize, name),
-                 params=SPEC, question=f"Does the sweep take {name} through every stage?", order=1000.0)
+                 params=SPEC, question=f"Does the sweep take {name} through every stage?", order=1000.0,
+                 cells="sizes" if name == NAMES[0] else None)
 
 
 def notebook(path: Path, name: str = NAMES[0]) -> Path:

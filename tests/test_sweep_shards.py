@@ -15,7 +15,7 @@ from workbench import cli
 from workbench.cli import parse_gpus, parse_shard
 from workbench.report import find_runs, load_tables
 from workbench.studies import discover, wide
-from workbench.sweep import longest_first, shard_studies
+from workbench.sweep import Cell, longest_first, shard_cells, shard_plan, study_cells
 from workbench.workers import EMULATE_GPUS_ENV, STUDY_MODULES_ENV, one_gpu_warnings, study_modules
 
 FAST = ["--direct", "--studies", "stub_a,stub_b", "--set", "stub_a.sizes=[1,2,3]", "--set", "stub_b.sizes=[7]"]
@@ -41,14 +41,71 @@ def test_bad_gpu_lists_are_refused(text):
         parse_gpus(text)
 
 
-def test_shards_partition_the_studies_whatever_the_order_given():
-    studies = [stub_study.make(f"s{k}") for k in (3, 0, 6, 1, 5, 2, 4)]
-    for n in (1, 2, 3, 7, 9):
-        parts = [shard_studies(studies[::-1], i, n) for i in range(n)]
-        names = [s.name for p in parts for s in p]
-        assert sorted(names) == sorted(s.name for s in studies) and len(set(names)) == len(names)
-        # study k in name order goes to shard k % n: the same partition in every task of an array
-        assert [[s.name for s in p] for p in parts] == [[f"s{k}" for k in range(7) if k % n == i] for i in range(n)]
+def test_shards_partition_the_cells_whatever_the_order_given():
+    import dataclasses
+    whole = [stub_study.make(f"s{k}") for k in (3, 0, 6, 1, 5, 2, 4)]          # no cell parameter
+    split = [dataclasses.replace(stub_study.make("stub_a"), name=f"c{k}") for k in range(3)]   # cells: sizes
+    studies = whole + split
+    params = {s.name: {"sizes": [1, 2, 3, 4, 5], "fail": False} for s in studies}
+    want = {(s.name, None) for s in whole} | {(s.name, v) for s in split for v in range(1, 6)}
+    for n in (1, 2, 3, 7, 9, 30):
+        got = []
+        for i in range(n):
+            mine, p, cells = shard_plan(studies[::-1] if i % 2 else studies, params, i, n, {})
+            assert [s.name for s in mine] == sorted(cells, key=[s.name for s in (studies[::-1] if i % 2 else
+                                                                                studies)].index)
+            for s in mine:
+                if cells[s.name] is None:
+                    assert p[s.name] == params[s.name]
+                    got.append((s.name, None))
+                else:       # the shard's params hold exactly its cells, in the plan's order
+                    assert p[s.name]["sizes"] == cells[s.name] == sorted(cells[s.name])
+                    got += [(s.name, v) for v in cells[s.name]]
+        # every cell in exactly one shard, whatever order each task listed the studies in
+        assert sorted(got, key=repr) == sorted(want, key=repr) and len(got) == len(want)
+
+
+def test_shards_balance_the_recorded_seconds_cell_by_cell():
+    a, b = stub_study.make("stub_a"), stub_study.make("stub_b")
+    # stub_a took 100 s for sizes 1-4 (each a cell of equal weight), stub_b 10 s as a whole
+    recorded = {"stub_a": (100.0, {"sizes": [1, 2, 3, 4]}), "stub_b": (10.0, {"sizes": [1]})}
+    cells = study_cells(a, {"sizes": [1, 2, 3, 4]}, recorded["stub_a"]) + study_cells(b, {"sizes": [5]},
+                                                                                      recorded["stub_b"])
+    assert cells == [Cell("stub_a", (v,), 25.0) for v in (1, 2, 3, 4)] + [Cell("stub_b", None, 10.0)]
+    parts = shard_cells(cells, 2)
+    assert [sum(c.seconds for c in p) for p in parts] == [60.0, 50.0]        # vs 100 / 10 by whole study
+    assert len(shard_cells(cells, 5)) == 5 and all(len(p) == 1 for p in shard_cells(cells, 5))
+    # a cell per preset weighs by its tower's FLOPs: a 7B tower's cell costs more than a tiny one's
+    import dataclasses
+    presets = dataclasses.replace(a, cells="presets")
+    w = {c.values[0]: c.seconds for c in study_cells(presets, {"presets": ["tiny-qwen2.5-vl", "qwen2.5-vl-7b"]},
+                                                     None)}
+    assert w["qwen2.5-vl-7b"] > 100 * w["tiny-qwen2.5-vl"] and abs(sum(w.values()) - 60.0) < 1e-9
+
+
+def test_a_study_split_over_shards_merges_into_one_table(stubs, tmp_path, monkeypatch):
+    whole, sharded = tmp_path / "whole", tmp_path / "sharded"
+    sets = ["--direct", "--studies", "stub_a", "--set", "stub_a.sizes=[1,2,3,4,5]"]
+    assert cli.main(["sweep", "--results", str(whole), *sets]) == 0
+    monkeypatch.setenv("WORKBENCH_RUN_GROUP", "cells")
+    for i in range(3):
+        assert cli.main(["sweep", "--results", str(sharded), *sets, "--shard", f"{i}/3"]) == 0
+    runs = find_runs(sharded)
+    assert len(runs) == 3 and all(r.tables == {"stub_a": r.tables["stub_a"]} for r in runs)
+    split = [r.shard["cells"]["stub_a"] for r in sorted(runs, key=lambda r: r.shard["index"])]
+    assert sorted(v for s in split for v in s) == [1, 2, 3, 4, 5] and all(s for s in split)
+    loaded, problems = load_tables(runs, ["stub_a"])
+    assert not problems and len(loaded) == 3
+    from workbench.report import study_table
+    merged = study_table("stub_a", runs)
+    assert set(merged["run"]) == {"cells (3 shards)"}
+    (ref_run,) = find_runs(whole)
+    ref, _ = load_tables([ref_run], ["stub_a"])
+    assert _values(merged).equals(_values(ref[(ref_run.name, "stub_a")]))
+    # a shard that ran a cell another shard of the group ran too: listed, not merged twice
+    assert cli.main(["sweep", "--results", str(sharded), *sets, "--shard", "0/3"]) == 0
+    loaded, problems = load_tables(find_runs(sharded), ["stub_a"])
+    assert len(loaded) == 3 and len(problems) == 1 and "already has a stub_a table" in problems[0].reason
 
 
 def test_gpu_workers_take_the_longest_studies_first_by_earlier_runs(tmp_path):
@@ -103,8 +160,8 @@ def test_a_sweep_sharded_two_ways_and_merged_equals_the_unsharded_one(stubs, tmp
     # a shard with no study says so and makes no folder
     capsys.readouterr()
     assert cli.main(["sweep", "--results", str(tmp_path / "empty"), "--direct", "--studies", "stub_a",
-                     "--shard", "1/2"]) == 0
-    assert "shard 1/2 has no study" in capsys.readouterr().out and not (tmp_path / "empty").exists()
+                     "--set", "stub_a.sizes=[1]", "--shard", "1/2"]) == 0
+    assert "shard 1/2 has no cell" in capsys.readouterr().out and not (tmp_path / "empty").exists()
     # the report summarizes the shards as one run
     assert cli.main(["report", "--no-sweep", "--results", str(sharded)]) == 0
     page = (sharded / "report" / "index.html").read_text()

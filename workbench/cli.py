@@ -531,8 +531,10 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                         "OMP_NUM_THREADS to its share of the host's cores unless set), each "
                         "taking the next study nobody has taken")
     g.add_argument("--shard", metavar="I/N",
-                   help="run only shard I of N (0 <= I < N) of the selected studies (study k, in name "
-                        "order, belongs to shard k %% N), for a scheduler's job array: SLURM "
+                   help="run only shard I of N (0 <= I < N) of the selected studies' cells (a study "
+                        "split by preset where its cells are independent, else whole; dealt longest "
+                        "first by the seconds the committed reference runs recorded, so every task "
+                        "computes the same split), for a scheduler's job array: SLURM "
                         "(--shard $SLURM_ARRAY_TASK_ID/N), Kubernetes indexed jobs "
                         "($JOB_COMPLETION_INDEX), torchrun ($RANK/$WORLD_SIZE); the report merges the "
                         "shards of one run")

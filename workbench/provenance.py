@@ -622,7 +622,8 @@ def meta_problems(meta: Any) -> list[str]:
     absent or null): ``started_at``, ``finished_at`` (strings), ``duration_s`` (a finite
     number), ``device`` (a string), ``git`` {``sha``, ``short``: strings, ``dirty``: boolean},
     ``params`` {``profile``, ``device``, ``mode``: strings, ``studies``: {name: object},
-    ``shard``: {``index``, ``count``: integers with 0 <= index < count, ``group``: string},
+    ``shard``: {``index``, ``count``: integers with 0 <= index < count, ``group``: string,
+    ``cells``: {study: [cell value] or null (the whole study)}},
     ``gpus``: [integer]}, ``failures`` and ``warnings`` ([string]), ``resumed`` ([{``at``:
     string, ``studies``: [string], ``git``: string, ``dirty``: boolean, ``note``: string,
     ``failures``/``warnings``: [string], ``finished_at``: string, ``study_seconds``,
@@ -708,6 +709,9 @@ def meta_problems(meta: Any) -> list[str]:
             if len(problems) == n and not 0 <= shard["index"] < shard["count"]:
                 problems.append(f"params.shard is {shard['index']}/{shard['count']}, "
                                 "not I/N with 0 <= I < N")
+            for name, v in (obj_at(shard, "cells", "params.shard.") or {}).items():
+                if v is not None and not isinstance(v, list):
+                    problems.append(f"params.shard.cells.{name} is {_show(v)}, not a list or null")
         for i, g in enumerate(list_at(params, "gpus", "params.") or []):
             if not _is_int(g):
                 problems.append(f"params.gpus[{i}] is {_show(g)}, not an integer")

@@ -348,14 +348,27 @@ def run_table(run: Run, study_name: str):
     return df
 
 
-def _second_in_group(seen: dict[tuple[str, str], str], run: Run, study: str) -> str | None:
-    """None for the first table of ``study`` in ``run``'s logical run (noted in ``seen``); for a
-    later shard of the same group that holds it again, why that table is not used."""
-    first = seen.setdefault((run.logical_name, study), run.name)
-    if first == run.name:
-        return None
-    return (f"{run.logical_name} already has a {study} table from shard folder {first}; a shard group holds "
-            "each study once")
+def _shard_cells(run: Run, study: str) -> set | None:
+    """The cells of ``study`` that ``run`` (a shard) ran, as recorded; None: the whole study."""
+    cells = (run.shard or {}).get("cells")
+    values = cells.get(study) if isinstance(cells, dict) else None
+    return {json.dumps(v, sort_keys=True) for v in values} if isinstance(values, list) else None
+
+
+def _second_in_group(seen: dict[tuple[str, str], list], run: Run, study: str) -> str | None:
+    """None for a table of ``study`` that ``run``'s logical run may hold (noted in ``seen``): the
+    first, or a later shard's whose recorded cells none of the earlier ones ran (a study split by
+    cell over the shards); for a shard that holds some of it again, why that table is not used."""
+    mine = _shard_cells(run, study)
+    earlier = seen.setdefault((run.logical_name, study), [])
+    for name, cells in earlier:
+        if name == run.name:
+            return None
+        if cells is None or mine is None or cells & mine:
+            return (f"{run.logical_name} already has a {study} table from shard folder {name} with cells this "
+                    "one ran too; a shard group holds each cell of a study once")
+    earlier.append((run.name, mine))
+    return None
 
 
 def load_tables(runs: list[Run], study_names) -> tuple[dict[tuple[str, str], Any], list[TableProblem]]:
@@ -364,7 +377,7 @@ def load_tables(runs: list[Run], study_names) -> tuple[dict[tuple[str, str], Any
     loaded: dict[tuple[str, str], Any] = {}
     problems: list[TableProblem] = []
     names = set(study_names)
-    seen: dict[tuple[str, str], str] = {}      # (logical run, study) -> the folder it came from
+    seen: dict[tuple[str, str], list] = {}     # (logical run, study) -> [(shard folder, its cells)]
     for run in runs:
         for study, path in run.tables.items():
             if study not in names:
@@ -388,7 +401,7 @@ def study_table(study_name: str, runs: list[Run], problems: list[TableProblem] |
     import pandas as pd
 
     frames = []
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[tuple[str, str], list] = {}
     for run in runs:
         path = run.tables.get(study_name)
         if path is None:

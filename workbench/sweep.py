@@ -79,11 +79,106 @@ class _Outcome:
     placement: dict[str, dict] = field(default_factory=dict)  # with GPUs: which one ran each study
 
 
-def shard_studies(selected: list, index: int, count: int) -> list:
-    """Shard ``index`` of ``count``: study k of the selection in name order goes to shard k % count,
-    so every shard of a job array computes the same partition without talking to the others."""
-    ordered = sorted(selected, key=lambda s: s.name)
-    return [s for k, s in enumerate(ordered) if k % count == index]
+@dataclass(frozen=True)
+class Cell:
+    """A unit of a sharded sweep: a study, the elements of its cell parameter (`Study.cells`) this
+    unit runs (None: the whole study), and its estimated seconds."""
+
+    study: str
+    values: tuple | None
+    seconds: float
+
+
+UNTIMED_STUDY_S = 60.0     # the estimate of a study no committed run has timed
+
+
+def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
+    """{element of the study's cell parameter: relative cost}: a preset's tower FLOPs over 1024
+    pixel rows at the run's depth (the work every cell of a study repeats per tower), else 1."""
+    from .config import PRESET_NAMES, VisionConfig
+    from .floors import tower_flops
+
+    out = {}
+    for v in params.get(study.cells) or []:
+        try:
+            out[v] = float(tower_flops(VisionConfig.preset(v, params.get("depth")), [1024])["total"]) \
+                if v in PRESET_NAMES else 1.0
+        except (ValueError, TypeError, KeyError):
+            out[v] = 1.0
+    return out
+
+
+def study_cells(study, params: Mapping[str, Any], recorded: tuple[float, Mapping[str, Any]] | None) -> list[Cell]:
+    """``study``'s units of work with ``params``: one per element of its cell parameter where it
+    has several, else one for the whole study. Seconds: ``recorded`` (seconds, params) of an earlier
+    run of the study, per unit of `_cell_weights` of that run's cells, times each cell's weight; an
+    untimed study counts UNTIMED_STUDY_S, shared by its cells by weight."""
+    weights = _cell_weights(study, params) if study.cells else {}
+    if recorded is not None:
+        seconds, then = recorded
+        then_w = _cell_weights(study, then) if study.cells else {}
+        rate = seconds / (sum(then_w.values()) or 1.0)
+    else:
+        rate = UNTIMED_STUDY_S / (sum(weights.values()) or 1.0)
+    if len(weights) < 2:
+        return [Cell(study.name, None, rate * (sum(weights.values()) or 1.0))]
+    return [Cell(study.name, (v,), rate * w) for v, w in weights.items()]
+
+
+def shard_cells(cells: list[Cell], count: int) -> list[list[Cell]]:
+    """``cells`` dealt to ``count`` shards, longest first, each to the least-loaded shard (lowest
+    index of equals): a function of its arguments only, so every task of a job array computes the
+    same partition without talking to the others."""
+    loads, parts = [0.0] * count, [[] for _ in range(count)]
+    for c in sorted(cells, key=lambda c: (-c.seconds, c.study, repr(c.values))):
+        k = min(range(count), key=lambda i: (loads[i], i))
+        parts[k].append(c)
+        loads[k] += c.seconds
+    return parts
+
+
+def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = None) -> dict[str, tuple[float, dict]]:
+    """{study: (seconds, params)} from the newest run under ``folders`` (meta.json ``study_seconds``
+    of that profile; folder names start with the UTC time) that timed it, ``exclude`` left out."""
+    metas = sorted((m for f in folders for m in Path(f).glob("*/meta.json")), key=lambda m: m.parent.name,
+                   reverse=True)
+    known: dict[str, tuple[float, dict]] = {}
+    for m in metas:
+        if exclude is not None and m.parent == exclude:
+            continue
+        try:
+            meta = load_meta(m.parent)
+        except MetaError:          # a broken record of another run counts nothing
+            continue
+        params = meta.get("params") or {}
+        if params.get("profile") != profile:
+            continue
+        for name, sec in (meta.get("study_seconds") or {}).items():
+            if isinstance(sec, (int, float)) and not isinstance(sec, bool):
+                known.setdefault(name, (float(sec), dict((params.get("studies") or {}).get(name) or {})))
+    return known
+
+
+def shard_plan(studies: list, params: Mapping[str, dict], index: int, count: int,
+               recorded: Mapping[str, tuple[float, dict]]) -> tuple[list, dict[str, dict], dict[str, list | None]]:
+    """Shard ``index`` of ``count``: (its studies, their params restricted to its cells, {study:
+    cell values it runs, None for the whole study}). Cells are balanced by `study_cells` seconds."""
+    cells = [c for s in studies for c in study_cells(s, params[s.name], recorded.get(s.name))]
+    mine = shard_cells(cells, count)[index]
+    chosen: dict[str, list | None] = {}
+    for c in mine:
+        if c.values is None:
+            chosen[c.study] = None
+        else:
+            chosen.setdefault(c.study, []).extend(c.values)
+    picked = [s for s in studies if s.name in chosen]
+    out = {}
+    for s in picked:
+        p = dict(params[s.name])
+        if chosen[s.name] is not None:        # in the order the plan gave them
+            p[s.cells] = [v for v in p[s.cells] if v in chosen[s.name]]
+        out[s.name] = p
+    return picked, out, chosen
 
 
 def run_sweep(plan: SweepPlan) -> SweepResult:
@@ -92,12 +187,15 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     extra: dict[str, Any] = {}
     if plan.shard is not None:
         index, count = plan.shard
-        mine = shard_studies(studies, index, count)
+        # balanced by committed runs only: every host of a job array sees the same ones
+        recorded = recorded_seconds([Path(plan.results) / "reference"], plan.profile)
+        mine, params, cells = shard_plan(studies, params, index, count, recorded)
         if not mine:
-            return SweepResult(None, note=f"sweep: shard {index}/{count} has no study ({len(studies)} selected "
-                                          f"over {count} shards); nothing to run")
-        studies, params = mine, {s.name: params[s.name] for s in mine}
-        extra["shard"] = {"index": index, "count": count, "group": plan.group}
+            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({len(studies)} "
+                                          f"stud{'y' if len(studies) == 1 else 'ies'} selected over {count} "
+                                          f"shards); nothing to run")
+        studies = mine
+        extra["shard"] = {"index": index, "count": count, "group": plan.group, "cells": cells}
         name = f"{name}-shard{index}of{count}"
     if plan.gpus:
         extra["gpus"] = list(plan.gpus)
@@ -272,21 +370,7 @@ def longest_first(selected: list, run_dir: Path, profile: str) -> list:
     reference/ runs); studies never timed go first, in their given order. Workers that take
     studies in this order finish close together (longest-processing-time-first scheduling)."""
     root = run_dir.parent
-    metas = sorted([*root.glob("*/meta.json"), *(root / "reference").glob("*/meta.json")],
-                   key=lambda m: m.parent.name, reverse=True)        # folder names start with the UTC time
-    known: dict[str, float] = {}
-    for m in metas:
-        if m.parent == run_dir:
-            continue
-        try:
-            meta = load_meta(m.parent)
-        except MetaError:          # a broken record of another run orders nothing
-            continue
-        if (meta.get("params") or {}).get("profile") != profile:
-            continue
-        for name, sec in (meta.get("study_seconds") or {}).items():
-            if isinstance(sec, (int, float)):
-                known.setdefault(name, float(sec))
+    known = {name: sec for name, (sec, _) in recorded_seconds([root, root / "reference"], profile, run_dir).items()}
     return sorted(selected, key=lambda s: (s.name in known, -known.get(s.name, 0.0)))
 
 
