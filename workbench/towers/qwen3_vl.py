@@ -85,8 +85,11 @@ class Qwen3VLBlock(VisionBlock):
     def mlp_out(self, h):
         return self.mlp.linear_fc2(gelu_tanh(self.mlp.linear_fc1(h)))
 
-    # no fused GELU(tanh) kernel yet: the fused path runs the same torch ops (its norms, rotary and
-    # residual sums still fuse)
+    # GELU(tanh) is already one elementwise kernel in torch (one read and one write of the fc1
+    # output), as a Triton kernel of its own would be: nothing to save. The one fusion left is the
+    # fc1 GEMM's epilogue, which the TMA probe measured not to beat cuBLAS plus a separate pass
+    # (results/reference/probe_tma-h200-*.json). So the fused path runs the same torch ops here;
+    # its norms, rotary and residual sums still fuse.
     mlp_fused = mlp_out
 
 
