@@ -115,7 +115,7 @@ def read_vision_config(folder, name: str | None = None) -> VisionConfig:
     pp = _read_json(path / PREPROCESSOR, "the image processor's settings: mean, std, pixel bounds")
     fields = dict(arch, **_processor_fields(pp, arch, fam, path / PREPROCESSOR))
     try:
-        return VisionConfig(name=name or path.name, family=fam.name, **fields)
+        return VisionConfig(name=name or path.name, family=fam.name, checkpoint=str(path.resolve()), **fields)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
 

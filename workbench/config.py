@@ -12,10 +12,13 @@ use, so ``import workbench.config`` stays light and imports nothing above it.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
+import os
 import numbers
 import reprlib
+from pathlib import Path
 from dataclasses import dataclass
 
 from . import limits
@@ -37,6 +40,17 @@ def _finite(v) -> bool:
     """A real, finite number (bool excluded: True is no epsilon). NaN and inf pass every `<=`
     comparison silently, so finiteness is checked explicitly."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_model_folder(value) -> bool:
+    """Whether ``value`` names a folder holding a config.json: what a model folder must be at least
+    (`workbench.checkpoints` checks the rest when it reads it)."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        return False
+    try:
+        return (Path(value).expanduser() / "config.json").is_file()
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,9 @@ class VisionConfig:
     rescale_factor: float = 1.0 / 255.0
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
+    # the model folder this config was read from (`from_pretrained`), whose vision tensors
+    # `build_encoder` loads; None: random seeded weights. A reduced copy has none (fewer blocks).
+    checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         problems, caps = [], []
@@ -86,6 +103,8 @@ class VisionConfig:
 
         if not isinstance(self.name, str):
             problems.append(f"name={self.name!r} must be a string")
+        if self.checkpoint is not None and not isinstance(self.checkpoint, str):
+            problems.append(f"checkpoint={self.checkpoint!r} must be a folder path (a string) or None")
         known = families()
         if self.family not in known:
             problems.append(f"family={self.family!r} is not one of {tuple(known)}")
@@ -224,16 +243,21 @@ class VisionConfig:
     # ---- presets and transformers mapping ------------------------------------------------
     @classmethod
     def preset(cls, name: str, depth: int | None = None) -> "VisionConfig":
-        """The named preset; raises ValueError listing the valid names for an unknown one.
+        """The named preset, or the config of a local transformers model folder (`from_pretrained`:
+        its own processor constants and, at its own depth, its weights); raises ValueError listing
+        the valid names for anything else.
 
         depth: None keeps the preset's own depth (the preset itself); any number gives
         `reduced(depth)`, a renamed '@depthN' copy even at the preset's own depth (what every
         study's ``(preset, depth)`` parameters mean)."""
         presets = _lazy("PRESETS")
-        try:
+        if name in presets:
             cfg = presets[name]
-        except KeyError:
-            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(presets)}") from None
+        elif is_model_folder(name):
+            cfg = cls.from_pretrained(name)
+        else:
+            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(presets)}, or a transformers "
+                             f"model folder (holding config.json)") from None
         return cfg if depth is None else cfg.reduced(depth)
 
     @classmethod
@@ -270,7 +294,8 @@ class VisionConfig:
         """Same width, fewer blocks, renamed '@depthN'; block indices in the config (Qwen2.5-VL's
         full-attention blocks, Qwen3-VL's deepstack layers) are spread over the new depth the way
         the family's `reduced` says."""
-        return self.spec.reduced(self, depth)
+        out = self.spec.reduced(self, depth)
+        return dataclasses.replace(out, checkpoint=None) if out.checkpoint else out
 
 
 def _presets() -> dict[str, VisionConfig]:

@@ -262,8 +262,9 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     model folder (its config.json and preprocessor_config.json give the config, its safetensors
     the vision tower's weights: `workbench.checkpoints`).
 
-    weights: a model folder whose vision tensors to load (default: the folder ``cfg`` names, if it
-    names one); without, the weights are random (seeded, see ``seed``).
+    weights: a model folder whose vision tensors to load (default: the folder ``cfg`` names, or the
+    one a config read from a folder carries, ``cfg.checkpoint``); without, the weights are random
+    (seeded, see ``seed``).
 
     placement: one of PLACEMENTS (or 'double'); norm: one of NORMS; dtype: tower dtype; device:
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
@@ -277,6 +278,8 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
         weights = cfg if weights is None else weights
         cfg = VisionConfig.from_pretrained(cfg)
     cfg = VisionConfig.coerce(cfg)
+    if weights is None and cfg.checkpoint is not None:
+        weights = cfg.checkpoint
     # checked before anything uses them (norm.startswith below, the tower build): a None or a typo
     # must name itself and the choices, not surface as an AttributeError from deep inside
     spec = check_placement(placement)

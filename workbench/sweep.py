@@ -93,16 +93,17 @@ UNTIMED_STUDY_S = 60.0     # the estimate of a study no committed run has timed
 
 
 def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
-    """{element of the study's cell parameter: relative cost}: a preset's tower FLOPs over 1024
-    pixel rows at the run's depth (the work every cell of a study repeats per tower), else 1."""
-    from .config import PRESET_NAMES, VisionConfig
+    """{element of the study's cell parameter: relative cost}: a tower's FLOPs over 1024 pixel rows
+    at the run's depth where the element is a preset or model folder (the work every cell of a
+    study repeats per tower), else 1."""
+    from .config import PRESET_NAMES, VisionConfig, is_model_folder
     from .floors import tower_flops
 
     out = {}
     for v in params.get(study.cells) or []:
         try:
             out[v] = float(tower_flops(VisionConfig.preset(v, params.get("depth")), [1024])["total"]) \
-                if v in PRESET_NAMES else 1.0
+                if v in PRESET_NAMES or is_model_folder(v) else 1.0
         except (ValueError, TypeError, KeyError):
             out[v] = 1.0
     return out

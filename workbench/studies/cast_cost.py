@@ -50,7 +50,8 @@ DESIGNS = ("bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fp32_buffer"
 LEGACY_NORM = "(cpu)"       # fp32_buffer: normalized on the CPU; its norm column is the tower's cast
 
 PARAMS = ParamSpec(
-    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY, choices=PRESET_NAMES,
+    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY,
+          choices=PRESET_NAMES, model_folders=True,
           help="towers whose replay the staging is compared with (each its own cells)"),
     Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1,
           help="blocks of that tower (None: the preset's depth)"),

@@ -92,7 +92,7 @@ def _encode_dp_cells(spec: dict) -> dict:
 
 PARAMS = ParamSpec(
     Param("families", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY,
-          choices=PRESET_NAMES, help="presets (one tower each)"),
+          choices=PRESET_NAMES, model_folders=True, help="presets (one tower each)"),
     Param("depth", "int", cap="depth", cpu=None, gpu=4, optional=True, minimum=1,
           help="blocks per tower, real width kept (None: the preset's depth)"),
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("float32", "bfloat16", "float16"),

@@ -101,8 +101,8 @@ def _divisible(p: dict) -> None:
 # calls: minutes on one GPU (each reference run's meta.json records its study_seconds); the
 # table's build_s and capture_s say what building and capturing took.
 PARAMS = ParamSpec(
-    Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(REAL_PRESETS), choices=PRESET_NAMES,
-          help="towers to time"),
+    Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(REAL_PRESETS),
+          choices=PRESET_NAMES, model_folders=True, help="towers to time"),
     Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1, help="blocks per tower (None: the preset's depth)"),
     Param("tokens", "list[int]", cap="budget_tokens", cpu=[64, 256], gpu=[64, 256, 1024, 4096], minimum=1, rule=ascending_unique,
           help="merged tokens per call (4 pixel rows each); the graph budget is exactly this"),

@@ -48,8 +48,8 @@ BUFFERS = {dtype_name(d): d for d in (torch.uint8, torch.bfloat16)}   # the grap
 OUT_DTYPE = torch.bfloat16
 
 PARAMS = ParamSpec(
-    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY, choices=PRESET_NAMES,
-          help="tower for the tower-scope cells (CUDA only)"),
+    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY,
+          choices=PRESET_NAMES, model_folders=True, help="tower for the tower-scope cells (CUDA only)"),
     Param("depth", "int", cap="depth", cpu=2, minimum=1, help="blocks of the captured tower"),
     Param("norms", "list[str]", cpu=list(NORMS), choices=NORMS, help="norm implementations"),
     Param("budgets", "list[int]", cap="budget_tokens", cpu=[1024, 4096, 16384], minimum=1, rule=ascending_unique,

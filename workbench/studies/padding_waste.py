@@ -75,8 +75,8 @@ def _positive_unique(values) -> None:
 
 
 PARAMS = ParamSpec(
-    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY, choices=PRESET_NAMES,
-          help="tower the runner replays"),
+    Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY,
+          choices=PRESET_NAMES, model_folders=True, help="tower the runner replays"),
     Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1, help="blocks of that tower (None: the preset's depth)"),
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("bfloat16", "float32"), help="tower dtype"),
     Param("mixes", "list[str]", cpu=["photos"], gpu=list(MIX_NAMES), choices=MIX_NAMES,

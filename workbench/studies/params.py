@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
@@ -93,7 +94,9 @@ class Param:
     means "the study's own choice", e.g. the preset's depth); minimum: the smallest allowed number;
     cap: the name of the `workbench.limits` cap on each number (a size knob without one could ask
     for more memory than any machine has; the cap can be raised on purpose, see limits);
-    rule: an extra check ``rule(value) -> None`` that raises ValueError with a clear message.
+    rule: an extra check ``rule(value) -> None`` that raises ValueError with a clear message;
+    model_folders: a transformers model folder (one holding config.json) is taken besides the
+    choices, as its absolute path (a preset parameter: the user's own checkpoint).
     A list holds at most ``limits.list_items`` values; it may be empty only with ``empty_ok`` (an
     axis of cells the study can leave out).
     """
@@ -109,6 +112,7 @@ class Param:
     help: str = ""
     rule: Callable[[Any], None] | None = field(default=None, compare=False)
     empty_ok: bool = False
+    model_folders: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -132,7 +136,8 @@ class Param:
 
     def _valid(self) -> str:
         if self.choices is not None:
-            return ", ".join(map(str, self.choices))
+            return ", ".join(map(str, self.choices)) + (
+                " (or a transformers model folder: a path holding config.json)" if self.model_folders else "")
         what = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
                 "list[int]": "a list of integers", "list[float]": "a list of numbers",
                 "list[str]": "a list of strings"}[self.kind]
@@ -151,6 +156,8 @@ class Param:
         except ParamError as e:
             raise ParamError(f"{e}; valid: {self._valid()}") from None
         if self.choices is not None and out not in self.choices:
+            if self.model_folders and _model_folder(out):
+                return str(Path(out).expanduser().resolve())
             raise ParamError(f"{self.name}={value!r} is not a valid choice; valid: {self._valid()}")
         if self.minimum is not None and out < self.minimum:
             raise ParamError(f"{self.name}={value!r} is below the minimum {self.minimum:g}")
@@ -288,6 +295,12 @@ class ParamSpec:
                        f"cpu {p.literal()}" + (f", gpu {gpu}" if gpu != p.literal() else "")
                        + (f". {p.help}" if p.help else ""))
         return "\n".join(out)
+
+
+def _model_folder(value) -> bool:
+    from ..config import is_model_folder      # torch-free, as this module is
+
+    return is_model_folder(value)
 
 
 def ascending_unique(values: Iterable[int]) -> None:
