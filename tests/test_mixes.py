@@ -108,14 +108,19 @@ def test_full_size_items_give_the_drawn_tokens(name):
     assert _grid_tokens(preprocess(items, CFG)) == mix_tokens(name, 8, seed=2)
 
 
+@pytest.mark.parametrize("preset", ["qwen2.5-vl-7b", "qwen3-vl-8b", "glm-4.1v-9b"])
 @pytest.mark.parametrize("name", MIX_NAMES)
-def test_resized_items_give_the_same_grids(name):
+def test_resized_items_give_the_same_grids(name, preset):
+    """Items drawn at the resized size of a tower's own processor (patch 14 or 16, its pixel
+    bounds) give that processor's grids: the tokens the mix's distribution says, for that tower."""
+    cfg = wb.VisionConfig.preset(preset)
     n = 6
-    items = image_mix(name, n, seed=1, resized=True)
-    batch = preprocess(items, CFG)
-    assert _grid_tokens(batch) == mix_tokens(name, n, seed=1)
+    items = image_mix(name, n, seed=1, resized=True, cfg=cfg)
+    batch = preprocess(items, cfg)
+    assert _grid_tokens(batch) == mix_tokens(name, n, seed=1, cfg=cfg)
     for x, s in zip(items, mix_sizes(name, n, seed=1)):
-        h, w = smart_resize(s.height, s.width, 28, CFG.min_pixels, CFG.max_pixels)
+        unit = cfg.patch_size * cfg.merge_size
+        h, w = smart_resize(s.height, s.width, unit, cfg.min_pixels, cfg.max_pixels)
         if s.kind == "video":
             assert isinstance(x, Video) and x.frames.shape == (s.frames, h, w, 3) and x.frames.dtype == np.uint8
         else:

@@ -499,7 +499,7 @@ def mix_tokens(name: str, n: int, seed: int = 0, cfg=None) -> list[int]:
     return [_entry_tokens(mix.entries[it.entry], geo) for it in mix_sizes(name, n, seed)]
 
 
-def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = False) -> list:
+def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = False, cfg=None) -> list:
     """The items `mix_sizes(name, n, seed)` draws, as real inputs for wb.preprocess:
 
     * images: RGB PIL images whose content is a real sample photo (item i uses the i-th shipped
@@ -508,8 +508,9 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
     * video clips: wb.Video holding uint8 [frames, H, W, 3], a pan over a sample photo
       (`sample_video`).
 
-    resized=True draws every item directly at the size the preprocessor resizes it to
-    (smart_resize with the default geometry): wb.preprocess then gives the very same grid_thw, and
+    resized=True draws every item directly at the size the preprocessor of ``cfg`` (a VisionConfig
+    or preset name; None: the Qwen2-VL geometry) resizes it to: wb.preprocess with that config then
+    gives the very same grid_thw (each family's patch size and pixel bounds differ), and
     far less memory is used (a 12 MP phone photo is 4032 x 3024 x 3 bytes = 36 MB as uint8; its
     resized copy about 3 MB). The pixels differ from resizing the full-size item (one resize
     instead of two).
@@ -536,7 +537,7 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
     else:
         items = mix_sizes(name, n, seed)
     from .preprocess import Video  # torch is imported only when a video is made
-    geo = _geometry(None)
+    geo = _geometry(cfg)
     names = list(photos)
     # every item is made at its drawn (or resized) size: the sizes are checked before any is made
     sizes = [_target_size(it, geo) if resized else (it.height, it.width) for it in items]

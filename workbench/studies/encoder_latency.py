@@ -25,7 +25,8 @@ the floor, the tower's FLOPs (matmul + full-attention + window-attention blocks,
 (`workbench.ceilings.matmul_tflops`: bf16 on CUDA, fp32 on a CPU), and each time as a multiple of it.
 
 Realistic batches (``mixes`` x ``mix_items``): ``n`` items drawn from a named image mix
-(`workbench.samples.image_mix(mix, n, seed, resized=True)`, preprocessed for the preset), encoded
+(`workbench.samples.image_mix(mix, n, seed, resized=True, cfg=cfg)`, drawn at the sizes the preset's
+own processor gives), encoded
 by transformers, eager, and three runners over the same batch: ``graph_engine``, the engines'
 budgets (`runner.engine_budgets`: doubling from 64 up to ``engine_max_budget``, which is
 appended; their default items per replay) replaying every pack (policy ``always``);
@@ -70,6 +71,7 @@ from ..samples import MIX_NAMES, check_image_folder, image_mix, mix_columns, wit
 from ..timing import cpu_time_us
 from ..towers.common import init_checkpoint_like
 from . import Study, begin_run, register
+from .correctness import TOLERANCE as CORRECT_TOL
 from .footprint import Footprint, itemsize, largest, tower_bytes
 from .params import Param, ParamSpec, ascending_unique
 from .plotting import (graph_name, is_cpu, labelled_runs, legend_below, per_run, plain_log_ticks, run_label,
@@ -80,10 +82,12 @@ from .tables import tidy, wide
 REAL_PRESETS = tuple(n for n in PRESET_NAMES if not n.startswith("tiny-"))
 TINY_PRESETS = tuple(n for n in PRESET_NAMES if n.startswith("tiny-"))
 LATENCY_PATHS = ("eager", "graph", "transformers")
-# graph vs eager: the same weights and kernels; only the attention kernel's fixed max_seqlen and
-# the packing differ, so fp32 agrees to rounding and bf16 within its unit roundoff accumulated over
-# the blocks (tests/test_cuda.py bounds graph vs eager at 2e-2 in bf16 on an H200)
-GRAPH_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+# graph vs eager: the same weights; the packing can change the attention kernel (dense cuDNN for
+# one exact-fit image, flash varlen for a pack), so bf16 differs by a kernel choice accumulated over
+# the blocks, as much as between two valid engines: judged at the correctness study's bf16 verdict
+# tolerance (the kernel-choice cells of that study measure the spread per family); fp32 agrees to
+# rounding
+GRAPH_TOL = {torch.float32: 1e-5, torch.bfloat16: CORRECT_TOL[torch.bfloat16]}
 # ours vs transformers, smallest row-wise cosine: fp32 agrees to ~1e-6 relative (cosine ~1 - 1e-12);
 # in bf16 both sit ~1e-2 relative from the exact result, a cosine above 0.99 (a wrong normalization
 # or weight gives far below 0.9)
@@ -238,7 +242,7 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
     exact_fit = bool(st.exact.all())
     g_err = rel_err(graph_out, ref_out)
     bit_equal = bool(torch.equal(graph_out, ref_out))
-    graph_ok = bool(bit_equal or g_err <= GRAPH_TOL.get(dt, 2e-2))
+    graph_ok = bool(bit_equal or g_err <= GRAPH_TOL.get(dt, CORRECT_TOL[torch.bfloat16]))
     out = {"eager": {}, "graph": dict(rel_err=g_err, cos_min=cos_min(graph_out, ref_out), bit_equal=bit_equal,
                                       capture_s=capture_s, exact_fit=exact_fit)}
     eager_ok = True
@@ -316,7 +320,7 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
                          largest_budget=int(runner.budgets[-1]))
                 err = rel_err(got, ref)
                 m.update(rel_err=err, bit_equal=bool(torch.equal(got, ref)),
-                         ok=bool(torch.equal(got, ref) or err <= GRAPH_TOL.get(dt, 2e-2)))
+                         ok=bool(torch.equal(got, ref) or err <= GRAPH_TOL.get(dt, CORRECT_TOL[torch.bfloat16])))
             elif name == "transformers":
                 hf_out = call()
                 c = cos_min(ref, hf_out)
@@ -407,7 +411,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             engine_s = time.perf_counter() - t0
             for mix in p["mixes"]:
                 for n in p["mix_items"]:
-                    batch = preprocess(image_mix(mix, n, seed=p["seed"], resized=True), cfg)
+                    batch = preprocess(image_mix(mix, n, seed=p["seed"], resized=True, cfg=cfg), cfg)
                     if dev.type == "cuda":
                         batch = PatchBatch(batch.pixels.pin_memory(), batch.grid_thw)
                     t0 = time.perf_counter()

@@ -292,7 +292,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
             e = expected_padding(dist, plan_budgets(dist, max_graphs=k))
             rows.append(dict(common, **named, case="curve", budget_set="planner", max_graphs=k,
                              padded_frac_expected=e["padded_frac"], padded_tokens_expected=e["padded_tokens"]))
-        items = image_mix(mix, p["n_items"], seed=p["seed"], resized=True)
+        items = image_mix(mix, p["n_items"], seed=p["seed"], resized=True, cfg=cfg)
         batch = preprocess(items, cfg)
         with torch.inference_mode():
             ref = enc.encode_eager(batch.to(dev)).float()
