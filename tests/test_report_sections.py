@@ -499,3 +499,35 @@ def test_a_summary_that_says_what_its_figures_show_is_quoted_in_the_caption(tmp_
     (view,) = section(result, "demo").views
     (caption,) = view.captions.values()
     assert caption.startswith(f"Values per size, one line per run, NVIDIA H200, run {run.name}")
+
+
+def test_figures_of_other_runs_or_towers_are_folded_under_their_group():
+    """A view whose figures fall in several groups (the towers of a per-preset study, the runs of a
+    view) shows the first group's figures and folds each other group under its name; key tables of
+    several towers sit in one fold."""
+    v = rep.View(kind="newest", device="NVIDIA H200", runs=["a", "b"],
+                 figures=["s/x-one_a.png", "s/y-one_a.png", "s/x-two_b.png"],
+                 groups={"s/x-one_a.png": "fam1, one: run a", "s/y-one_a.png": "fam1, one: run a",
+                         "s/x-two_b.png": "fam2, two: run b"},
+                 tables=[("first", "<table><tr></tr><tr></tr></table>", "t1.csv"),
+                         ("second", "<table><tr></tr><tr></tr></table>", "t2.csv")])
+    page = rep._view_body("s", v)
+    shown = page.split("Figures of")[0]
+    assert "x-one_a.png" in shown and "y-one_a.png" in shown and "x-two_b.png" not in shown
+    assert re.search(r'<details class="fold"><summary>Figures of fam2, two: run b \(1\)</summary>.*x-two_b\.png',
+                     page)
+    assert page.index("t1.csv") > page.index("Key numbers: 2 tables")       # inside the fold
+    one = rep.View(kind="newest", device="d", runs=["a"], figures=["s/x_a.png"], groups={"s/x_a.png": "run a"})
+    assert "<details" not in rep._view_body("s", one)                        # one group: nothing folded
+
+
+def test_a_per_preset_study_gives_a_key_finding_per_tower():
+    text = "On fam1, one: right.\n\nOn fam2, two: also right."
+    view = rep.View(kind="newest", device="NVIDIA H200", runs=["a", "b"], text=text)
+    per = rep.StudySection(name="cast_cost", question="", runs=["a", "b"], views=[view], per_preset=True)
+    whole = rep.StudySection(name="correctness", question="", runs=["a", "b"], views=[view])
+    keys = rep.key_findings([per, whole])["NVIDIA H200"]
+    assert [(k[0], k[2]) for k in keys] == [("cast_cost", "On fam1, one: right."),
+                                            ("cast_cost", "On fam2, two: also right."),
+                                            ("correctness", "On fam1, one: right.")]
+    assert keys[0][1] == "" and keys[2][1]                  # a tower's paragraph names its own run

@@ -229,6 +229,7 @@ class View:
     figures: list[str] = field(default_factory=list)    # paths relative to the report folder
     svgs: dict[str, str] = field(default_factory=dict)
     captions: dict[str, str] = field(default_factory=dict)   # figure -> what it shows, which run
+    groups: dict[str, str] = field(default_factory=dict)     # figure -> its group (a run, a tower of it)
     tables: list[tuple[str, str, str]] = field(default_factory=list)   # (caption, HTML, CSV file)
     diffs: list[str] = field(default_factory=list)      # older views: verdicts against the newest
     error: str | None = None
@@ -612,6 +613,8 @@ def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
     own = getattr(result, "captions", None) or {}
     view.captions = {f: _caption(f, study.name, view.runs, by_run, view.device, own.get(Path(f).name))
                      for f in view.figures}
+    groups = getattr(result, "groups", None) or {}
+    view.groups = {f: groups[Path(f).name] for f in view.figures if Path(f).name in groups}
 
 
 def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: _Csvs) -> Comparison | None:
@@ -1327,10 +1330,13 @@ def _tables_html(tables: list[tuple[str, str, str]]) -> str:
     out = []
     for caption, table, csv in tables:
         head = f'<span class="caption">{_e(caption)}</span> · <a href="{_href(csv)}">CSV</a>'
-        if table.count("<tr") - 1 > TABLE_OPEN_ROWS:
+        if table.count("<tr") - 1 > TABLE_OPEN_ROWS or len(tables) > 1:
             out.append(f'<details class="tablebox"><summary>{head}</summary>{table}</details>')
         else:
             out.append(f'<div class="tablebox"><p>{head}</p>{table}</div>')
+    if len(tables) > 1:     # one per tower or run: one fold holding each table's own fold
+        return (f'<details class="tablebox"><summary><span class="caption">Key numbers: {len(tables)} tables '
+                f"(one per tower or run), each with its CSV</span></summary>{''.join(out)}</details>")
     return "".join(out)
 
 
@@ -1344,7 +1350,24 @@ def _view_body(name: str, v: View) -> str:
         out.append(f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>')
     out.append(_paragraphs(v.text))
     out.append(_tables_html(v.tables))
-    out.append(_figures_html(v.figures, v.svgs, v.captions, f"{name} figure"))
+    out.append(_grouped_figures_html(v, f"{name} figure"))
+    return "".join(out)
+
+
+def _grouped_figures_html(v: View, alt: str) -> str:
+    """The view's figures; where they fall in several groups (runs, towers of a run), the first
+    group's shown and each other group folded under its name (the findings above cover them all)."""
+    order: dict[str, list[str]] = {}
+    for f in v.figures:
+        order.setdefault(v.groups.get(f, ""), []).append(f)
+    groups = list(order.items())
+    if len(groups) < 2:
+        return _figures_html(v.figures, v.svgs, v.captions, alt)
+    (_, first), rest = groups[0], groups[1:]
+    out = [_figures_html(first, v.svgs, v.captions, alt)]
+    for label, figs in rest:
+        out.append(f'<details class="fold"><summary>Figures of {_e(label or "the other runs")} ({len(figs)})'
+                   f"</summary>{_figures_html(figs, v.svgs, v.captions, alt)}</details>")
     return "".join(out)
 
 
@@ -1416,7 +1439,7 @@ def _benchmark_html(b: BenchmarkSection) -> str:
     return "\n".join(out)
 
 
-KEY_FINDING_CHARS = 360              # a key finding: the finding's opening sentences, about this long
+KEY_FINDING_CHARS = 300              # a key finding: the finding's opening sentences, about this long
 
 
 def _first_paragraph(text: str) -> str:
@@ -1442,9 +1465,11 @@ def key_findings(sections: list[StudySection], benchmarks: list[BenchmarkSection
                 continue
             # one paragraph per tower where the study measures each on its own (one per family)
             paragraphs = [p for p in v.text.split("\n\n") if p.strip()] if s.per_preset else [v.text]
+            # a tower's paragraph names its own run: no list of the view's runs before it
+            source = "" if s.per_preset else _runs_words(v.runs)
             for p in paragraphs:
                 if _first_paragraph(p):
-                    out.setdefault(v.device, []).append((s.name, _runs_words(v.runs), _first_paragraph(p)))
+                    out.setdefault(v.device, []).append((s.name, source, _first_paragraph(p)))
     for b in benchmarks:
         for p in b.panels:
             if not p.error and _first_paragraph(p.text):
@@ -1459,8 +1484,9 @@ def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
     out = ['<div class="keys" id="key-findings"><h2>Key findings: the newest run per device</h2>']
     gpu = any(not is_cpu(d) for d in keys)
     for dev, items in keys.items():
-        lis = "".join(f'<li><a href="#{_href(anchor)}">{_e(anchor)}</a> <span class="muted">({_e(src)})</span>: '
-                      f"{_e(text)}</li>" for anchor, src, text in items)
+        lis = "".join(f'<li><a href="#{_href(anchor)}">{_e(anchor)}</a>'
+                      + (f' <span class="muted">({_e(src)})</span>' if src else "") + f": {_e(text)}</li>"
+                      for anchor, src, text in items)
         if is_cpu(dev) and gpu:
             out.append(f'<details><summary><span class="cpu">CPU</span> {_e(dev)}: {_e(CPU_NOTE)}.</summary>'
                        f"<ul>{lis}</ul></details>")

@@ -55,6 +55,9 @@ class Summary:
     figures: list[Path] = field(default_factory=list)
     tables: list[tuple[str, Any]] = field(default_factory=list)   # (caption, pandas DataFrame) to show
     captions: dict[str, str] = field(default_factory=dict)         # figure file name -> what it shows
+    # figure file name -> the group it belongs to (a run, a tower of a run): the report shows the
+    # first group's figures and folds the others'
+    groups: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,10 @@ class Study:
         out = Summary(text=self.findings(table), tables=tables)
         # a study of one tower per preset draws each preset's figures on their own
         for preset, heading, rows in preset_parts(table) if self.per_preset else [("", "", table)]:
-            figures, captions = figures_by_run(rows, out_dir, self.figures, suffix=preset)
+            figures, captions, runs = figures_by_run(rows, out_dir, self.figures, suffix=preset)
             out.figures += figures
             out.captions.update({f: heading + c for f, c in captions.items()})
+            out.groups.update({f: f"{heading}run {run}" for f, run in runs.items()})
         return out
 
     def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:

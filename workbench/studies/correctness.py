@@ -352,8 +352,8 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
                     continue
                 mark = {2: "ok", 0: "WRONG", 1: "mixed"}[int(code[i, j])]
                 ax.text(j, i, f"{mark}\n{v:.1e}", ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(len(cols)), [path_label(c, is_cpu(g)) for c in cols], rotation=25,
-                      ha="right")       # the path names of the tables
+        # the path names of the tables, the buffer dtype on a line of its own (never overlapping)
+        ax.set_xticks(range(len(cols)), [path_label(c, is_cpu(g)).replace("[", "\n[") for c in cols])
         ax.set_yticks(range(len(rows)), rows)
         devs = ", ".join(sorted(g.device.unique()))
         ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs})", fontsize=10)

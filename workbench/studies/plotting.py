@@ -70,22 +70,23 @@ def labelled_runs(table: pd.DataFrame, by_preset: bool = False) -> Iterable[tupl
 
 
 def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots,
-                   suffix: str = "") -> tuple[list[Path], dict[str, str]]:
+                   suffix: str = "") -> tuple[list[Path], dict[str, str], dict[str, str]]:
     """Per run of ``table`` (`groups_by_run`), every ``(stem, plot[, caption])`` of ``plots`` in
     order: ``plot(rows)`` saved as ``<stem>[-<suffix>]_<run>`` (`save_figure`); a plot that gives
-    None has nothing to show for that run. Returns the PNG paths (the ones the report shows) and
+    None has nothing to show for that run. Returns the PNG paths (the ones the report shows),
     {PNG file name: caption} for the plots that have one (what the figure shows; the report adds
-    the run and device)."""
-    figs, captions = [], {}
+    the run and device) and {PNG file name: run}."""
+    figs, captions, runs = [], {}, {}
     for run, g in groups_by_run(table):
         for stem, plot, *caption in plots:
             fig = plot(g)
             if fig is not None:
                 png = save_figure(fig, out_dir, f"{stem}{'-' + suffix if suffix else ''}_{run}")[0]
                 figs.append(png)
+                runs[png.name] = run
                 if caption:
                     captions[png.name] = caption[0]
-    return figs, captions
+    return figs, captions, runs
 
 
 def _plain_number(v: float) -> str:
