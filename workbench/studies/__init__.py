@@ -228,8 +228,13 @@ def notebook_params(name: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     """The study's declared parameters from a notebook's globals, checked and coerced (the cell
     after ``parameters`` calls this, so a bad papermill value fails before any work). It also
     notes the time, which `save_table` records as the run's start."""
+    import warnings
+
     from ..provenance import utc_now
 
+    # a kernel without ipywidgets: tqdm.auto (which transformers imports) warns once per notebook
+    # that it falls back to text bars; the studies' own bars already choose text there
+    warnings.filterwarnings("ignore", message="IProgress not found")
     study = discover()[name]
     params = study.params.from_namespace(namespace, study=name)
     _NOTEBOOK_STARTED[name] = utc_now()
