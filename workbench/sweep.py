@@ -177,7 +177,7 @@ def shard_plan(studies: list, params: Mapping[str, dict], index: int, count: int
     for s in picked:
         p = dict(params[s.name])
         if chosen[s.name] is not None:        # in the order the plan gave them
-            p[s.cells] = [v for v in p[s.cells] if v in chosen[s.name]]
+            p[s.cells] = chosen[s.name] = [v for v in p[s.cells] if v in chosen[s.name]]
         out[s.name] = p
     return picked, out, chosen
 
