@@ -531,3 +531,21 @@ def test_a_per_preset_study_gives_a_key_finding_per_tower():
                                             ("cast_cost", "On fam2, two: also right."),
                                             ("correctness", "On fam1, one: right.")]
     assert keys[0][1] == "" and keys[2][1]                  # a tower's paragraph names its own run
+
+
+def test_a_known_problem_of_a_committed_run_is_shown_in_its_view(tmp_path, base_meta):
+    """reference/errata.json notes a problem found after a run was measured (the run itself is a
+    record and stays as it is): the views holding that run and study carry it; a broken errata file
+    is left out without blanking the report."""
+    run = make_run(tmp_path, base_meta, "h200", "NVIDIA H200", {"demo": long_table("NVIDIA H200")}, reference=True)
+    other = make_run(tmp_path, base_meta, "cpu", "cpu: test", {"demo": long_table("cpu: test")})
+    errata = tmp_path / "reference" / "errata.json"
+    errata.write_text(json.dumps({run.name: {"demo": "its second cell is <wrong>"}, other.name: {"else": "x"}}))
+    page = rep.build_report(tmp_path, studies={"demo": recording_study("demo")}).index.read_text()
+    demo = section_html(page, "demo")
+    assert demo.count('class="errata"') == 1 and f"{run.name}: its second cell is &lt;wrong&gt;" in demo
+    errata.write_text("{not json")
+    logged = []
+    page = rep.build_report(tmp_path, studies={"demo": recording_study("demo")}, log=logged.append).index.read_text()
+    assert 'class="errata"' not in page and "demo finding" in page
+    assert any("errata.json: not used" in line for line in logged)

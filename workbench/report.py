@@ -63,6 +63,9 @@ from .runstate import open_failures, run_state
 
 REPORT_DIRNAME = "report"
 REFERENCE_DIRNAME = "reference"
+# known problems of committed runs, found after they were measured: {run folder: {study: note}} in
+# reference/errata.json; a run is a record and is never edited, so its view carries the note instead
+ERRATA_NAME = "errata.json"
 NO_STUDY_MESSAGE = (
     "no study exists yet: no module in workbench/studies/ registers one, "
     "so there is nothing to sweep or summarize"
@@ -234,6 +237,7 @@ class View:
     diffs: list[str] = field(default_factory=list)      # older views: verdicts against the newest
     error: str | None = None
     folded: bool = False
+    errata: list[str] = field(default_factory=list)     # known problems of its runs (errata.json)
 
     @property
     def cpu(self) -> bool:
@@ -641,9 +645,26 @@ def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: _Cs
     return c
 
 
+def load_errata(results_dir: Path | str) -> tuple[dict[str, dict[str, str]], str | None]:
+    """({run folder: {study: note}} from reference/errata.json, or {}; why the file was not used,
+    where it exists and cannot be read as that)."""
+    path = Path(results_dir) / REFERENCE_DIRNAME / ERRATA_NAME
+    if not path.is_file():
+        return {}, None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not (isinstance(data, dict) and all(isinstance(v, dict) and all(
+                isinstance(k, str) and isinstance(n, str) for k, n in v.items()) for v in data.values())):
+            raise ValueError("expected {run folder: {study: note}} with strings")
+    except (OSError, ValueError) as e:
+        return {}, f"{path}: not used ({e})"
+    return data, None
+
+
 def _summarize(study: Any, runs: list[Run], out_dir: Path,
                loaded: Mapping[tuple[str, str], Any] | None = None,
-               devices: set[str] | None = None, csvs: _Csvs | None = None) -> StudySection:
+               devices: set[str] | None = None, csvs: _Csvs | None = None,
+               errata: Mapping[str, Mapping[str, str]] | None = None) -> StudySection:
     """A study's section: one view of the newest run(s) per device and one of its older runs,
     each summarized by the study on its own rows; verdict diffs of the older runs; the newest
     run against the one before it per device."""
@@ -681,6 +702,8 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
                     continue
                 view = View(kind=kind, device=dev, runs=_runs_newest_first(rows, starts),
                             folded=kind == "older" or (is_cpu(dev) and any_gpu))
+                view.errata = [f"{run}: {(errata or {})[run][study.name]}" for run in view.runs
+                               if study.name in (errata or {}).get(run, {})]
                 if kind == "older":
                     view.diffs = _verdict_diffs(study.name, rows, table[on_dev & newest], starts)
                 try:
@@ -1046,12 +1069,15 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
     note_table_devices(runs, loaded)
     devices = known_devices(runs)
     csvs = _Csvs(tmp.resolve())
+    errata, why = load_errata(results_dir)
+    if why and log is not None:
+        log(f"report: {why}")
     sections = []
     ordered = sorted(studies.values(), key=_study_rank)
     for i, s in enumerate(ordered, 1):
         if log is not None:
             log(f"report: {s.name} ({i}/{len(ordered)})")
-        sections.append(_summarize(s, runs, tmp, loaded=loaded, devices=devices, csvs=csvs))
+        sections.append(_summarize(s, runs, tmp, loaded=loaded, devices=devices, csvs=csvs, errata=errata))
     bench = benchmark_sections(results_dir, tmp, benchmarks)
     by_run: dict[str, list[str]] = {}
     for p in problems:
@@ -1189,6 +1215,7 @@ th { background: #f5f5f7; }
 .ref { background: #e8f0fe; border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; }
 .cpu { background: #fff3e0; border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; }
 .muted { color: #6e6e73; font-size: 0.85rem; }
+.errata { background: #fdecea; border-left: 3px solid #c62828; padding: 0.3rem 0.6rem; }
 .problem { color: #a50e0e; font-size: 0.85rem; }
 figcaption { font-size: 0.8rem; color: #3a3a3c; }
 pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; }
@@ -1348,6 +1375,9 @@ def _view_body(name: str, v: View) -> str:
     out = []
     if v.error:
         out.append(f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>')
+    for note in v.errata:
+        out.append(f'<p class="errata"><b>Known problem</b> (found after the run; reference/{ERRATA_NAME}): '
+                   f"{_e(note)}</p>")
     out.append(_paragraphs(v.text))
     out.append(_tables_html(v.tables))
     out.append(_grouped_figures_html(v, f"{name} figure"))
