@@ -5,6 +5,9 @@
 #                                            # picks some (default: correctness,cast_cost,fp32_memory)
 #   bash tools/gpu_reference.sh gpus OUT     # one sweep on one GPU, then with --gpus over all of them
 #                                            # (STUDIES, SET1, SET2 choose the work; see the defaults)
+#   bash tools/gpu_reference.sh families OUT # one direct sweep per preset, each on its own GPU, side by
+#                                            # side (PRESETS, default qwen3-vl-8b,glm-4.1v-9b; STUDIES,
+#                                            # default padding_waste,encoder_latency)
 # Needs the offline wheels from `make wheels` in .whl/ for papermill (the GPU image lacks it).
 set -uo pipefail
 what=${1:?checks|study}; out=${2:-results/gpu}
@@ -34,5 +37,16 @@ case "$what" in
       --name one-gpu 2>&1 | tee "$out/one.log"
     python3 -m workbench sweep --profile gpu --studies "$studies" "${set_args[@]}" --results "$out/all" \
       --name gpus --gpus "$all" 2>&1 | tee "$out/all.log" ;;
-  *) echo "unknown step $what (checks|study|gpus)"; exit 2 ;;
+  families)
+    # one preset per GPU (as many presets as GPUs), direct mode (no papermill needed), 16 threads each
+    i=0
+    for preset in $(echo "${PRESETS:-qwen3-vl-8b,glm-4.1v-9b}" | tr , ' '); do
+      CUDA_VISIBLE_DEVICES=$i OMP_NUM_THREADS=16 python3 -m workbench sweep --direct --profile gpu \
+        --studies "${STUDIES:-padding_waste,encoder_latency}" --set "presets=[\"$preset\"]" \
+        --results "$out" --name "h200-$preset" > "$out/$preset.log" 2>&1 &
+      i=$((i + 1))
+    done
+    wait
+    tail -n 3 "$out"/*.log ;;
+  *) echo "unknown step $what (checks|study|gpus|families)"; exit 2 ;;
 esac
