@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from .notebook_run import FALLBACK_KERNEL, PROJECT_KERNEL, default_kernel, sync_notebook
 from .provenance import collect_meta, results_root
 from .report import NO_STUDY_MESSAGE, build_report
-from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, _find_run, interrupted_run, resume_sweep,
+from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, find_run, interrupted_run, resume_sweep,
                     reusable_run, run_sweep)
 from .workers import EMULATE_GPUS_ENV, check_gpus, work
 
@@ -134,7 +134,7 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
     plan, errors = {}, []
     shared = sets.get(None, {})
     for study in selected:
-        names = set(study.params.names) | set(study.params.renamed)
+        names = study.params.accepted
         # a KEY=VALUE for every study applies to those that declare KEY; a KEY no selected study
         # declares is refused below
         overrides = {k: v for k, v in shared.items() if k in names}
@@ -144,7 +144,7 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
             study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
         except ParamError as e:
             errors.append(f"--set: {e}")
-    nowhere = sorted(k for k in shared if not any(k in s.params.names or k in s.params.renamed for s in selected))
+    nowhere = sorted(k for k in shared if not any(k in s.params.accepted for s in selected))
     if nowhere:
         valid = {s.name: s.params.names for s in selected}
         errors.append(f"--set: no selected study takes {nowhere}; parameters: {valid}")
@@ -324,7 +324,7 @@ def precheck(args: argparse.Namespace) -> None:
     parse_shard(getattr(args, "shard", None))
     parse_name(getattr(args, "name", None))
     if getattr(args, "resume", None):
-        _find_run(args.results, args.resume)            # the run folder's own checks follow at once
+        find_run(args.results, args.resume)            # the run folder's own checks follow at once
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
         check_gpus(gpus, args.profile)

@@ -96,14 +96,13 @@ def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
     """{element of the study's cell parameter: relative cost}: a tower's FLOPs over 1024 pixel rows
     at the run's depth where the element is a preset or model folder (the work every cell of a
     study repeats per tower), else 1."""
-    from .config import PRESET_NAMES, VisionConfig, is_model_folder
+    from .config import VisionConfig
     from .floors import tower_flops
 
     out = {}
     for v in params.get(study.cells) or []:
-        try:
-            out[v] = float(tower_flops(VisionConfig.preset(v, params.get("depth")), [1024])["total"]) \
-                if v in PRESET_NAMES or is_model_folder(v) else 1.0
+        try:        # VisionConfig.preset takes a preset or a model folder, and refuses anything else
+            out[v] = float(tower_flops(VisionConfig.preset(v, params.get("depth")), [1024])["total"])
         except (ValueError, TypeError, KeyError):
             out[v] = 1.0
     return out
@@ -223,7 +222,7 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     return SweepResult(run_dir, outcome.failures, outcome.warnings, meta["duration_s"], outcome.seconds)
 
 
-def _find_run(results: Path, name: str) -> Path:
+def find_run(results: Path, name: str) -> Path:
     path = Path(name)
     for candidate in (path, Path(results) / name):
         if (candidate / "meta.json").is_file():
@@ -254,7 +253,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
     from .runstate import open_failures, run_state
     from .studies import ParamError
 
-    run_dir = _find_run(results, str(run))
+    run_dir = find_run(results, str(run))
     # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
     meta = _load_run_meta(run_dir, "--resume")
     state = run_state(run_dir, meta)

@@ -132,16 +132,11 @@ class Study:
 def preset_parts(table: Any) -> list[tuple[str, str, Any]]:
     """(preset, heading, rows) per preset of a table that holds several (heading: 'Family,
     preset: ' where there are several, else empty), in family then preset order."""
+    from .plotting import preset_groups
+
     if "preset" not in table or table["preset"].nunique() < 2:
         return [("", "", table)]
-    keys = table[["family", "preset"]].drop_duplicates() if "family" in table else table[["preset"]].drop_duplicates()
-    keys = keys.sort_values(list(keys.columns))
-    out = []
-    for key in keys.itertuples(index=False):
-        fam = getattr(key, "family", "")
-        out.append((str(key.preset), f"{fam + ', ' if fam else ''}{key.preset}: ",
-                    table[table["preset"] == key.preset]))
-    return out
+    return [(preset, f"{fam + ', ' if fam else ''}{preset}: ", rows) for fam, preset, rows in preset_groups(table)]
 
 
 STUDIES: dict[str, Study] = {}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
 from .. import limits
+from ..config import is_model_folder        # torch-free, as this module is
 
 PROFILES = ("cpu", "gpu")
 KINDS = ("int", "float", "str", "bool", "list[int]", "list[float]", "list[str]")
@@ -156,7 +157,7 @@ class Param:
         except ParamError as e:
             raise ParamError(f"{e}; valid: {self._valid()}") from None
         if self.choices is not None and out not in self.choices:
-            if self.model_folders and _model_folder(out):
+            if self.model_folders and is_model_folder(out):
                 return str(Path(out).expanduser().resolve())
             raise ParamError(f"{self.name}={value!r} is not a valid choice; valid: {self._valid()}")
         if self.minimum is not None and out < self.minimum:
@@ -232,6 +233,11 @@ class ParamSpec:
     def names(self) -> list[str]:
         return list(self.params)
 
+    @property
+    def accepted(self) -> set[str]:
+        """Every key `resolve` takes: the declared names and their former ones (``renamed``)."""
+        return set(self.params) | set(self.renamed)
+
     def defaults(self, profile: str) -> dict[str, Any]:
         if profile not in PROFILES:
             raise ParamError(f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
@@ -295,12 +301,6 @@ class ParamSpec:
                        f"cpu {p.literal()}" + (f", gpu {gpu}" if gpu != p.literal() else "")
                        + (f". {p.help}" if p.help else ""))
         return "\n".join(out)
-
-
-def _model_folder(value) -> bool:
-    from ..config import is_model_folder      # torch-free, as this module is
-
-    return is_model_folder(value)
 
 
 def ascending_unique(values: Iterable[int]) -> None:

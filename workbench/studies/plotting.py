@@ -56,6 +56,17 @@ def groups_by_run(table: pd.DataFrame) -> Iterable[tuple[str, pd.DataFrame]]:
         yield run, table[table["run"] == run]
 
 
+def preset_groups(table: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(family, preset, rows) per preset of ``table``, in family then preset order (family ''
+    where the table has no family column)."""
+    cols = ["family", "preset"] if "family" in table else ["preset"]
+    out = []
+    for key, rows in table.groupby(cols, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        out.append(("" if len(cols) == 1 else str(key[0]), str(key[-1]), rows))
+    return out
+
+
 def labelled_runs(table: pd.DataFrame, by_preset: bool = False) -> Iterable[tuple[str, pd.DataFrame]]:
     """(`source_label`, rows) per run of `groups_by_run`: each run's rows with the name a finding
     or a key-number table gives its source; ``by_preset``: per (run, preset), the preset named
@@ -64,9 +75,8 @@ def labelled_runs(table: pd.DataFrame, by_preset: bool = False) -> Iterable[tupl
         if not by_preset or "preset" not in g:
             yield source_label(g, run), g
             continue
-        for preset, part in sorted(g.groupby(["family", "preset"] if "family" in g else ["preset"]),
-                                   key=lambda kv: kv[0]):
-            yield f"{preset[-1]} on {source_label(part, run)}", part
+        for _, preset, part in preset_groups(g):
+            yield f"{preset} on {source_label(part, run)}", part
 
 
 def figures_by_run(table: pd.DataFrame, out_dir: str | Path, plots,
