@@ -196,6 +196,18 @@ def test_exact_fit_graphs_are_chosen_for_equal_sequences_filling_a_budget(monkey
     assert not off.graphs[64].exact and not off.stats_frame().exact.any()
     with pytest.raises(ValueError, match="exact_fit must be True or False"):
         EncoderGraphRunner(enc, budgets=[64], exact_fit="yes")
+    # first use: no variant at construction; the first exact pack captures it, equal to eager
+    lazy = EncoderGraphRunner(enc, budgets=[16, 64], max_items=4, exact_capture="first_use")
+    assert not lazy.graphs[64].exact
+    batch = batch_of([[1, 16, 8]])
+    lazy.encode(batch)
+    assert not lazy.graphs[64].exact and not lazy.stats_frame().exact.any()     # 32 merged tokens: not a fit
+    batch = batch_of([[1, 16, 16]])
+    got = lazy.encode(batch)
+    assert set(lazy.graphs[64].exact) == {1} and lazy.stats_frame().exact.tolist() == [False, True]
+    assert rel_err(got, enc.encode(batch)) < 1e-5
+    with pytest.raises(ValueError, match=r"unknown exact_capture 'later'; valid: \('construction', 'first_use'\)"):
+        EncoderGraphRunner(enc, budgets=[64], exact_capture="later")
 
 
 def test_select_without_copy_views_consecutive_items_only():

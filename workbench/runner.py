@@ -47,6 +47,7 @@ from .towers.common import budget_padding, filling_grid, remember
 
 BACKENDS = ("auto", "cuda", "emulated")
 POLICIES = ("auto", "always")
+EXACT_CAPTURES = ("construction", "first_use")
 
 
 @dataclass
@@ -231,14 +232,17 @@ class EncoderGraphRunner:
     budget exactly, with at least `attention.DENSE_MIN_ROWS` rows each, replays an exact-fit graph
     over the same buffers whose full attention runs as one dense cuDNN batch, which a padded or
     mixed pack cannot use (faster than flash varlen at those sizes). The S = 1
-    variant of every large enough budget is captured with the runner; other S on first use. They
-    share the pool (replays never overlap). Budgets chosen by the planner are item sizes, so single
-    items often fit exactly.
+    variant of every large enough budget is captured with the runner (``exact_capture``
+    'construction', as a server wants: no capture while serving) or, with 'first_use', like every
+    other S, by the first pack that needs it (a sweep that builds many short-lived runners skips
+    the variants its items never use: each costs warm-up forwards and a capture). They share the
+    pool (replays never overlap). Budgets chosen by the planner are item sizes, so single items
+    often fit exactly.
     """
 
     def __init__(self, encoder, budgets=(64, 128, 256, 512, 1024), buffer_dtype=torch.bfloat16,
                  max_items: int = 16, backend: str = "auto", warmup: int = 2, exact_fit: bool = True,
-                 policy: str = "auto"):
+                 policy: str = "auto", exact_capture: str = "construction"):
         if not isinstance(encoder, VisionEncoder):
             raise TypeError(f"encoder must be a wb.VisionEncoder (from wb.build_encoder), got {type(encoder).__name__}")
         self.encoder = encoder
@@ -260,6 +264,9 @@ class EncoderGraphRunner:
                              f"{names(encoder.spec.buffer_dtypes)}")
         if not isinstance(exact_fit, bool):
             raise ValueError(f"exact_fit must be True or False, got {exact_fit!r}")
+        if not isinstance(exact_capture, str) or exact_capture not in EXACT_CAPTURES:
+            raise ValueError(f"unknown exact_capture {exact_capture!r}; valid: {EXACT_CAPTURES} (when the one-sequence "
+                             f"exact-fit graph of each budget is captured)")
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; valid: {POLICIES} ('auto': replay a pack only where its "
                              f"graph is predicted faster than eager; 'always': replay every pack, as engines do)")
@@ -278,7 +285,8 @@ class EncoderGraphRunner:
         with torch.inference_mode():
             for b in reversed(self.budgets):
                 self.graphs[b] = self._capture(b)
-                self._exact_graph(self.graphs[b], 1)
+                if exact_capture == "construction":
+                    self._exact_graph(self.graphs[b], 1)
         # the policy in force: 'auto' measures its costs on a real graph backend only (module docstring)
         self.policy = "always" if backend == "emulated" else policy
         self.costs = None
