@@ -243,3 +243,18 @@ def test_window_slots_bound_every_pack_of_frames():
     px = torch.randint(0, 256, (int(grids.prod(1).sum()), tiny.patch_dim), dtype=torch.uint8, generator=g)
     batch = wb.PatchBatch(px, grids)
     assert rel_err(runner.encode(batch), enc.encode(batch)) < 1e-5
+
+
+def test_gelu_probe_tells_the_two_gelu_forms_apart():
+    """tools/probe_gelu.py decides on the H200 whether torch's GEMM epilogue computes the tanh GELU
+    Qwen3-VL asks for; its error measure must separate tanh from erf (here, on a CPU, the call
+    computes erf, so the measure must say so)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "tools" / "probe_gelu.py"
+    spec = importlib.util.spec_from_file_location("probe_gelu", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    e = probe.selfcheck()
+    assert e["separate"]["vs_tanh"] < 1e-5 < e["separate"]["vs_erf"]
+    assert e["epilogue"]["vs_erf"] < 1e-5 < e["epilogue"]["vs_tanh"]       # CPU: erf

@@ -7,7 +7,8 @@
 #                                            # (STUDIES, SET1, SET2 choose the work; see the defaults)
 #   bash tools/gpu_reference.sh families OUT # one direct sweep per preset, each on its own GPU, side by
 #                                            # side (PRESETS, default qwen3-vl-8b,glm-4.1v-9b; STUDIES,
-#                                            # default padding_waste,encoder_latency)
+#                                            # default padding_waste,encoder_latency; SETS: more
+#                                            # --set arguments for every sweep, space-separated)
 # Needs the offline wheels from `make wheels` in .whl/ for papermill (the GPU image lacks it).
 set -uo pipefail
 what=${1:?checks|study}; out=${2:-results/gpu}
@@ -42,7 +43,7 @@ case "$what" in
     i=0
     for preset in $(echo "${PRESETS:-qwen3-vl-8b,glm-4.1v-9b}" | tr , ' '); do
       CUDA_VISIBLE_DEVICES=$i OMP_NUM_THREADS=16 python3 -m workbench sweep --direct --profile gpu \
-        --studies "${STUDIES:-padding_waste,encoder_latency}" --set "presets=[\"$preset\"]" \
+        --studies "${STUDIES:-padding_waste,encoder_latency}" --set "presets=[\"$preset\"]" ${SETS:-} \
         --results "$out" --name "h200-$preset" > "$out/$preset.log" 2>&1 &
       i=$((i + 1))
     done

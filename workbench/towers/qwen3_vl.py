@@ -87,9 +87,10 @@ class Qwen3VLBlock(VisionBlock):
 
     # GELU(tanh) is already one elementwise kernel in torch (one read and one write of the fc1
     # output), as a Triton kernel of its own would be: nothing to save. The one fusion left is the
-    # fc1 GEMM's epilogue, which the TMA probe measured not to beat cuBLAS plus a separate pass
-    # (results/reference/probe_tma-h200-*.json). So the fused path runs the same torch ops here;
-    # its norms, rotary and residual sums still fuse.
+    # fc1 GEMM's epilogue. A Triton GEMM with it did not beat cuBLAS plus a separate pass
+    # (results/reference/probe_tma-h200-*.json); cuBLASLt's own GELU-bias epilogue (the tanh form,
+    # torch._addmm_activation) is what tools/probe_gelu.py measures, not yet on the H200. So the
+    # fused path runs the same torch ops here; its norms, rotary and residual sums still fuse.
     mlp_fused = mlp_out
 
 
