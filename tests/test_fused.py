@@ -206,6 +206,17 @@ def test_exact_fit_graphs_are_chosen_for_equal_sequences_filling_a_budget(monkey
     got = lazy.encode(batch)
     assert set(lazy.graphs[64].exact) == {1} and lazy.stats_frame().exact.tolist() == [False, True]
     assert rel_err(got, enc.encode(batch)) < 1e-5
+    # prepare: the host metadata and the exact-fit graph a batch needs, before its first encode
+    lazy = EncoderGraphRunner(enc, budgets=[16, 64], max_items=4, exact_capture="first_use")
+    batch = batch_of([[1, 16, 8]] * 2 + [[1, 16, 12]])       # two equal images fill 64; a third is padded
+    lazy.prepare(batch)
+    assert set(lazy.graphs[64].exact) == {2} and not lazy.graphs[16].exact and len(lazy._host_meta) == 2
+    assert not lazy.stats                                     # nothing replayed
+    captured = dict(lazy.graphs[64].exact)
+    got = lazy.encode(batch)
+    assert lazy.graphs[64].exact == captured                 # the encode captured nothing more
+    assert sorted(lazy.stats_frame().exact.tolist()) == [False, True]
+    assert rel_err(got, enc.encode(batch)) < 1e-5
     with pytest.raises(ValueError, match=r"unknown exact_capture 'later'; valid: \('construction', 'first_use'\)"):
         EncoderGraphRunner(enc, budgets=[64], exact_capture="later")
 

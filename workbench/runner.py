@@ -155,6 +155,11 @@ def capture_stream(device) -> "torch.cuda.Stream":
     return _CAPTURE_STREAMS[key]
 
 
+def sequence_rows(grid_thw: torch.Tensor) -> list[int]:
+    """The attention sequences of a grid, in rows: one per frame (h * w patches each)."""
+    return [h * w for t, h, w in grid_thw.tolist() for _ in range(t)]
+
+
 def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
     """Powers of two from `smallest` up to the first one >= max_tokens (the default runner's budgets;
     `engine_budgets` is the engines' rule for a configured largest budget)."""
@@ -400,6 +405,29 @@ class EncoderGraphRunner:
             out.append((next(b for b in self.budgets if b >= need), p))
         return out, misses
 
+    def _pack_variant(self, cap: _Captured, sub: PatchBatch, frames: list[int]) -> "_Captured | None":
+        """The exact-fit graph a pack replays (equal sequences filling its budget exactly: same
+        buffers, dense attention), captured on first use; None: the budget's general graph.
+        ``frames``: the pack's sequence lengths (`sequence_rows`)."""
+        if sub.n_rows != cap.budget * self.encoder.cfg.merge_unit or len(set(frames)) != 1:
+            return None
+        return self._exact_graph(cap, len(frames))
+
+    @torch.inference_mode()
+    def prepare(self, batch: PatchBatch) -> None:
+        """Do now what `encode(batch)` would do once and a later call would find done: each pack's
+        host metadata (cached per grid and budget) and the exact-fit graphs its packs use
+        (captured). An `encode(batch)` after it replays at once, as a warm call does, so a caller
+        that needs one encode, timed, does not pay a second one to warm up. Packs that policy
+        'auto' would run eagerly are prepared too (their metadata is cheap, no graph is captured
+        for them unless they fit exactly)."""
+        self.encoder.check_batch(batch)
+        packs, _ = self.plan(batch)
+        for budget, idx in packs:
+            sub = batch.select(idx, copy=False)
+            self.host_metadata(sub.grid_thw, budget)
+            self._pack_variant(self.graphs[budget], sub, sequence_rows(sub.grid_thw))
+
     # ---- replay ------------------------------------------------------------------------------
     def check_pad_value(self, pad_value) -> None:
         """pad_value must be something the input buffer can hold: any real number for a float
@@ -477,7 +505,7 @@ class EncoderGraphRunner:
         for budget, idx in packs:
             with phase("plan"):
                 sub = batch.select(idx, copy=False)
-                frames = [h * w for t, h, w in sub.grid_thw.tolist() for _ in range(t)]
+                frames = sequence_rows(sub.grid_thw)
             predicted = {}
             if costs is not None:
                 tokens = sub.n_rows // unit
@@ -491,9 +519,7 @@ class EncoderGraphRunner:
                 cap.meta.copy_(self.host_metadata(sub.grid_thw, budget))
             with phase("staging"):
                 self.stage(cap, sub.pixels.to(self.device, non_blocking=True), pad_value)
-            # equal sequences filling the budget exactly: the exact-fit graph (same buffers, dense attention)
-            variant = self._exact_graph(cap, len(frames)) if sub.n_rows == budget * unit and len(set(frames)) == 1 \
-                else None
+            variant = self._pack_variant(cap, sub, frames)
             exact = variant is not None
             with phase("replay"):
                 result = self.replay(variant if exact else cap)
