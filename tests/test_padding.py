@@ -2,6 +2,7 @@
 import gc
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -104,3 +105,23 @@ def test_the_allocation_counter_keeps_memory_alive_while_a_view_holds_it():
     del out
     gc.collect()
     assert ("free", allocs[1], 64 * 64 * 4) in trace
+
+
+def test_padding_cost_model_of_the_gpu_study_runs_on_a_committed_run():
+    """tools/padding_cost.py prices the study's forwards with a committed H200 replay table: one
+    step per replay-table budget and per mix x set x max_items, and the runners as built now
+    (one warm-up, exact-fit graphs where used, one encode per cell) cost less than before."""
+    import importlib.util
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("padding_cost", root / "tools" / "padding_cost.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    runs = sorted((root / "results" / "reference").glob("*glm4v/padding_waste.parquet"))
+    table = pd.read_parquet(runs[-1])
+    now = tool.step_seconds(table, "glm-4.1v-9b", 2, before=False)
+    then = tool.step_seconds(table, "glm-4.1v-9b", 2, before=True)
+    assert len(now) == len(then) == 17 + 7 * 4 * 2
+    assert all(a <= b for a, b in zip(now, then)) and sum(now) < 0.7 * sum(then)
+    with pytest.raises(SystemExit, match="no replay table for 'qwen3-vl-8b'"):
+        tool.step_seconds(table, "qwen3-vl-8b", 2, before=False)
