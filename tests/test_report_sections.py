@@ -374,6 +374,25 @@ def test_older_runs_are_summarized_as_verdict_changes(three_runs):
     assert (result.index.parent / cmp.csv).is_file()
 
 
+def test_the_newest_run_is_compared_with_an_earlier_run_that_shares_values(three_runs, base_meta):
+    """A run between them that measured other cells (another tower) shares no value with the
+    newest: the comparison skips it for the newest earlier run that does, and says nothing where
+    none does."""
+    root, old, same, new, cpu = three_runs
+    other = verdict_table("NVIDIA H200", [1, 1]).assign(placement=["q0", "q1"])
+    between = make_run(root, base_meta, "other-tower", "NVIDIA H200", {"demo": other}, reference=True,
+                       started="2030-01-01T18:00:00.000Z")
+    result = rep.build_report(root, studies={"demo": naming_study()})
+    (cmp,) = section(result, "demo").comparisons
+    assert (cmp.newer, cmp.older) == (new.name, same.name) and between.name not in cmp.line
+    assert cmp.line.startswith(f"{new.name} against {same.name}: 3 metric values in both")
+    lone = root / "lone"
+    make_run(lone, base_meta, "a", "NVIDIA H200", {"demo": verdict_table("NVIDIA H200", [1])},
+             started="2030-01-01T00:00:00.000Z")
+    make_run(lone, base_meta, "b", "NVIDIA H200", {"demo": other}, started="2030-01-02T00:00:00.000Z")
+    result = rep.build_report(lone, studies={"demo": naming_study()})
+    assert section(result, "demo").comparisons == []
+
 def test_a_csv_beside_every_table(tmp_path, base_meta):
     make_run(tmp_path, base_meta, "gpu", "NVIDIA H200", {"demo": long_table("NVIDIA H200")})
     result = rep.build_report(tmp_path, studies={"demo": naming_study(table_rows=3)})

@@ -622,19 +622,24 @@ def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
 
 
 def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: _Csvs) -> Comparison | None:
-    """The newest run of ``study`` on ``device`` against the run before it; None with one run."""
+    """The newest run of ``study`` on ``device`` against the newest earlier run that shares a
+    value with it (runs of other towers share none: a comparison with them says nothing); None
+    with one run or where no earlier run shares a value."""
     from .compare import compare_tables, summary_line
 
     order = _runs_newest_first(g, starts)
     if len(order) < 2:
         return None
-    newer, older = order[0], order[1]
-    cmp = compare_tables(g[g["run"].astype(str) == older], g[g["run"].astype(str) == newer], study=study)
+    newer = order[0]
+    for older in order[1:]:
+        cmp = compare_tables(g[g["run"].astype(str) == older], g[g["run"].astype(str) == newer], study=study)
+        if len(cmp):
+            break
+    else:
+        return None
     cmp = cmp.rename(columns={"a": older, "b": newer})
     c = Comparison(device=device, newer=newer, older=older,
                    line=f"{newer} against {older}: {summary_line(cmp)}.")
-    if not len(cmp):
-        return c
     flagged = cmp[cmp["flag"] != ""]
     c.flagged = len(flagged)
     c.csv = csvs.write(cmp, "compare", study, device)
