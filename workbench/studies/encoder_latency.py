@@ -743,6 +743,10 @@ def mix_table(table: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+# the spread of per-image times above which the realistic-batch figure uses a log axis
+LOG_SPREAD = 20.0
+
+
 def plot_mixes(g: pd.DataFrame):
     """Per preset, per-image p50 (ms) of every strategy on each realistic batch (mix x items);
     None when the run has no realistic-batch cells."""
@@ -755,6 +759,11 @@ def plot_mixes(g: pd.DataFrame):
     cpu = is_cpu(w)
     paths = [p for p in MIX_PATHS if p in set(w.path)]
     h = 0.8 / max(1, len(paths))
+    # items of a few hundred tokens beside 12 MP photos (over 100x apart on Qwen3-VL): a log axis
+    # keeps the short bars readable; one scale for every panel, so they compare
+    times = w.image_p50_ms.dropna()
+    times = times[times > 0]
+    log = len(times) > 1 and times.max() / times.min() > LOG_SPREAD
     for ax, preset in zip(axes.flat, presets):
         d = w[w.preset == preset]
         for k, path in enumerate(paths):
@@ -767,7 +776,11 @@ def plot_mixes(g: pd.DataFrame):
         ax.set_yticks(np.arange(len(cells)) + h * (len(paths) - 1) / 2,
                       [f"{c.mix} x{int(c.images)}" for c in cells.itertuples()], fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("p50 per image (ms)")
+        if log:
+            ax.set_xscale("log")
+            ax.set_xlim(times.min() / 1.5, times.max() * 1.3)      # the same range in every panel
+            plain_log_ticks(ax.xaxis)
+        ax.set_xlabel("p50 per image (ms" + (", log)" if log else ")"))
         ax.set_title(preset, fontsize=10)
         ax.grid(True, axis="x", alpha=0.3)
         if cpu:
