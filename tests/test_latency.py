@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -292,3 +293,26 @@ def test_graph_against_eager_in_bf16_is_judged_like_a_correctness_verdict():
     assert s.GRAPH_TOL[torch.bfloat16] == correctness.TOLERANCE[torch.bfloat16]
     assert s.GRAPH_TOL[torch.bfloat16] > 0.027         # that largest difference
     assert s.GRAPH_TOL[torch.float32] < correctness.TOLERANCE[torch.float32]     # fp32 stays at rounding
+
+
+def test_realistic_batch_figure_reads_times_that_span_orders_of_magnitude():
+    """Qwen3-VL's realistic batches run from milliseconds (video frames) to over a second (12 MP
+    photos): the figure switches to a log axis with one range for every panel; a run whose times
+    lie close together keeps a linear axis."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from workbench.studies import encoder_latency as el
+    ref = Path(__file__).resolve().parents[1] / "results" / "reference"
+    run = sorted(ref.glob("*-h200-qwen3vl/encoder_latency.parquet"))[-1]
+    table = pd.read_parquet(run).assign(run=run.parent.name)
+    fig = el.plot_mixes(table)
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert axes and all(ax.get_xscale() == "log" for ax in axes)
+    assert len({ax.get_xlim() for ax in axes}) == 1
+    plt.close(fig)
+    w = el.mix_cells(table)
+    close = w.assign(value=np.where(w.metric.str.endswith("_ms"), 10.0, w.value))  # every time 10 ms
+    fig = el.plot_mixes(close)
+    assert all(ax.get_xscale() == "linear" for ax in fig.axes if ax.get_title())
+    plt.close(fig)
