@@ -11,10 +11,9 @@ ratio in results/reference/README.md). Host work, the norm timings and Python ar
     PYTHONPATH=$PWD python3 tools/padding_cost.py RUN_FOLDER [--n-items 16] [--before]
 
 ``--before``: the study as it was at commit 074da98 (every runner warmed twice per budget and
-captured its exact-fit graphs with it; every cell encoded twice). Checked against the two runs
-that were cut off on 1x H200 (2026-12-01): qwen3-vl-8b, 16 items, modelled 531 s for the 22
-steps that 560 s reached; 4 items, 341 s for 24 steps reached in 320 s; glm-4.1v-9b, 4 items, 306 s
-for 52 steps reached in 245 s. So read it to about +-25%.
+captured its exact-fit graphs with it; every cell encoded twice). How close the model came to the
+H200 runs it was checked against is in results/reference/README.md (the padding_waste notes of
+the newer families).
 """
 import argparse
 import sys

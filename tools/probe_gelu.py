@@ -2,9 +2,9 @@
 
 The Qwen3-VL / Qwen3.5 block runs ``fc2(gelu_tanh(fc1(h)))``. Its residual sums and LayerNorms
 are already fused (`workbench.fused.add_norm`); GELU(tanh) is one elementwise pass that reads
-and writes the fc1 output (rows x 4304 in bf16), 2-7% of the tower's device time in the encoder
-latency runs (`kernel_activation_ms`). A Triton GEMM cannot take it over (probe_gemm / probe_tma:
-cuBLAS is faster than any Triton GEMM tried). cuBLASLt can: its GELU-with-bias epilogue is the tanh
+and writes the fc1 output (rows x 4304 in bf16), whose share of the tower's device time the
+encoder latency runs record (`kernel_activation_ms`; results/reference/README.md). A Triton GEMM
+cannot take it over (probe_gemm / probe_tma: cuBLAS is faster than any Triton GEMM tried). cuBLASLt can: its GELU-with-bias epilogue is the tanh
 approximation, which is what this family's config asks for (``gelu_pytorch_tanh``), and torch
 exposes it as ``torch._addmm_activation(bias, x, w.T, use_gelu=True)``. Whether torch takes the
 cuBLASLt path (and so computes the tanh form) depends on the build and the shapes: on a CPU the
@@ -22,8 +22,8 @@ Errors: each variant's fc1 activation against a float64 reference of the tanh fo
 form (max abs error over max abs value). The two forms differ by about 5e-5 of the largest value,
 below bf16's rounding, so which form the call computes is read in float32 (TF32 off:
 ``form_fp32``), where ``epilogue`` must sit at float32 rounding from tanh and about 5e-5 from
-erf for the tower to use it; the bf16 errors show what the tower would see. Writes $OUT/probe_gelu.json (or
-./probe_gelu.json). Run on the device from the repo root: `PYTHONPATH=$PWD python3
+erf for the tower to use it; the bf16 errors show what the tower would see. Writes
+$OUT/probe_gelu.json (or ./probe_gelu.json). Run on the device from the repo root: `PYTHONPATH=$PWD python3
 tools/probe_gelu.py`. On a CPU it runs a small self-check of the error measure only (no timings).
 """
 import json

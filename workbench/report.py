@@ -677,6 +677,7 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
     section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[],
                            per_preset=bool(getattr(study, "per_preset", False)))
     devices = set(devices or ())
+    errata = errata or {}
     if not holders:
         section.text = "No run holds a table for this study yet (make sweep)."
         section.missing_devices = sorted(devices)
@@ -707,8 +708,8 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
                     continue
                 view = View(kind=kind, device=dev, runs=_runs_newest_first(rows, starts),
                             folded=kind == "older" or (is_cpu(dev) and any_gpu))
-                view.errata = [f"{run}: {(errata or {})[run][study.name]}" for run in view.runs
-                               if study.name in (errata or {}).get(run, {})]
+                view.errata = [f"{run}: {errata[run][study.name]}" for run in view.runs
+                               if study.name in errata.get(run, {})]
                 if kind == "older":
                     view.diffs = _verdict_diffs(study.name, rows, table[on_dev & newest], starts)
                 try:

@@ -43,7 +43,7 @@ from .encoder import BUFFER_DTYPES, VisionEncoder, register_path
 from .norms import replaying
 from .budgets import Budgets
 from .preprocess import PatchBatch
-from .towers.common import budget_padding, filling_grid, remember
+from .towers.common import budget_padding, filling_grid, remember, sequence_rows
 
 BACKENDS = ("auto", "cuda", "emulated")
 POLICIES = ("auto", "always")
@@ -153,11 +153,6 @@ def capture_stream(device) -> "torch.cuda.Stream":
     if key not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[key] = torch.cuda.Stream(device=torch.device("cuda", key))
     return _CAPTURE_STREAMS[key]
-
-
-def sequence_rows(grid_thw: torch.Tensor) -> list[int]:
-    """The attention sequences of a grid, in rows: one per frame (h * w patches each)."""
-    return [h * w for t, h, w in grid_thw.tolist() for _ in range(t)]
 
 
 def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:

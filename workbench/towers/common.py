@@ -200,6 +200,13 @@ def budget_padding(cfg: VisionConfig, budget: int, max_items: int) -> dict:
                 max_window_seqlen=min(rows, cfg.window_merged ** 2 * cfg.merge_unit))
 
 
+def sequence_rows(grid) -> list[int]:
+    """The attention sequences of a grid ((t, h, w) rows, a list or a tensor), in rows: one per
+    frame, h * w patches each."""
+    grid = grid.tolist() if isinstance(grid, torch.Tensor) else grid
+    return [h * w for t, h, w in grid for _ in range(t)]
+
+
 def filling_grid(cfg: VisionConfig, budget: int) -> torch.Tensor:
     """A one-frame grid of exactly ``budget`` merged tokens (one merge block high): the shape a
     runner captures a budget with."""
@@ -496,7 +503,7 @@ class VisionTower(nn.Module):
         pos = torch.zeros(n_rows, 2, dtype=torch.int64)
         pos[:n_valid] = merge_block_positions(grid, cfg.merge_size)
         cos, sin = rotary_cos_sin(pos, cfg, self.dtype)
-        frame_rows = [h * w for t, h, w in grid for _ in range(t)]
+        frame_rows = sequence_rows(grid)
         offsets = [0]
         for r in frame_rows:
             offsets.append(offsets[-1] + r)
