@@ -14,7 +14,9 @@ from workbench.runner import EncoderGraphRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-REAL = ["qwen2-vl-7b", "qwen2.5-vl-7b"]
+from workbench.config import REAL_PRESET_PER_FAMILY
+
+REAL = list(REAL_PRESET_PER_FAMILY)        # one real preset per family, reduced to a few blocks
 
 
 def items(max_pixels=448 * 448):
@@ -134,6 +136,32 @@ def test_cuda_fused_kernels_match_their_torch_twins():
         print(f"{name}: {same:.5f} bit-equal, worst {worst:.2f} bf16 ulp")
         # RMSNorm rounds twice (x * rstd to bf16, then times the weight): one unit in the first can be two after
         assert same > 0.99 and worst <= (2.0 if name == "rms norm" else 1.0), name
+
+
+def test_cuda_qwen3_fused_mlp_is_the_tanh_gelu_in_float32_and_as_close_as_plain_in_bf16():
+    """Qwen3-VL's fused MLP puts GELU(tanh) in the fc1 GEMM's cuBLASLt epilogue: it must compute
+    the tanh form (not erf, which the CPU's same call computes), at any row count."""
+    import torch.nn.functional as F
+    cfg = wb.VisionConfig.preset("qwen3-vl-8b").reduced(1)
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cuda", seed=6)
+    block = enc.visual.blocks[0]
+    fc1, fc2 = (m.double() for m in (block.mlp.linear_fc1, block.mlp.linear_fc2))
+    g = torch.Generator(device="cuda").manual_seed(6)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    for rows in (1, 7, 256, 4100):
+        h = torch.randn(rows, cfg.width, device="cuda", generator=g)
+        with torch.no_grad():
+            tanh = fc2(F.gelu(fc1(h.double()), approximate="tanh"))
+            erf = fc2(F.gelu(fc1(h.double())))
+            block.float()
+            got32 = block.mlp_fused(h)
+            block.bfloat16()
+            got16, plain16 = block.mlp_fused(h.bfloat16()), block.mlp_out(h.bfloat16())
+            block.double()
+        print(rows, "fp32 vs tanh", rel_err(got32, tanh), "vs erf", rel_err(got32, erf),
+              "bf16 fused", rel_err(got16, tanh), "plain", rel_err(plain16, tanh))
+        assert rel_err(got32, tanh) < 1e-5 and rel_err(got32, erf) > 5e-5
+        assert rel_err(got16, tanh) <= 1.25 * rel_err(plain16, tanh) + 1e-3
 
 
 @pytest.mark.parametrize("preset", REAL)

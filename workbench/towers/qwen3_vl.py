@@ -85,13 +85,21 @@ class Qwen3VLBlock(VisionBlock):
     def mlp_out(self, h):
         return self.mlp.linear_fc2(gelu_tanh(self.mlp.linear_fc1(h)))
 
-    # GELU(tanh) is already one elementwise kernel in torch (one read and one write of the fc1
-    # output), as a Triton kernel of its own would be: nothing to save. The one fusion left is the
-    # fc1 GEMM's epilogue. A Triton GEMM with it did not beat cuBLAS plus a separate pass
-    # (results/reference/probe_tma-h200-*.json); cuBLASLt's own GELU-bias epilogue (the tanh form,
-    # torch._addmm_activation) is what tools/probe_gelu.py measures, not yet on the H200. So the
-    # fused path runs the same torch ops here; its norms, rotary and residual sums still fuse.
-    mlp_fused = mlp_out
+    def mlp_fused(self, h):
+        """fc1 with GELU(tanh) in cuBLASLt's GEMM epilogue (`torch._addmm_activation`), then fc2.
+
+        GELU(tanh) alone is one elementwise pass over the fc1 output (rows x mlp_hidden), so a
+        kernel of its own saves nothing; folding it into the GEMM does. A Triton GEMM with it lost
+        to cuBLAS (probe_tma); cuBLASLt's GELU-bias epilogue is the tanh form this family asks for,
+        and on the H200 it computes exactly that (float32, TF32 off: 1.5e-6 from a float64 tanh
+        reference, 4.7e-5 from the erf form) and takes the MLP to 0.90-0.92x of its time at
+        256-65536 rows (results/reference/probe_gelu-h200-20261201.json). On a CPU the same call
+        computes the erf form, so there the plain ops run. Checked against the plain twin and
+        float64 in tests/test_cuda.py."""
+        if not h.is_cuda:
+            return self.mlp_out(h)
+        fc1 = self.mlp.linear_fc1
+        return self.mlp.linear_fc2(torch._addmm_activation(fc1.bias, h, fc1.weight.t(), use_gelu=True))
 
 
 class Qwen3VLMerger(nn.Module):
