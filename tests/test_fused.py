@@ -269,3 +269,26 @@ def test_gelu_probe_tells_the_two_gelu_forms_apart():
     e = probe.selfcheck()
     assert e["separate"]["vs_tanh"] < 1e-5 < e["separate"]["vs_erf"]
     assert e["epilogue"]["vs_erf"] < 1e-5 < e["epilogue"]["vs_tanh"]       # CPU: erf
+
+
+def test_qwen3_fused_mlp_keeps_one_fc1_output_on_meta_and_runs_the_plain_ops_on_a_cpu():
+    """On CUDA the fused Qwen3-VL MLP folds GELU(tanh) into the fc1 GEMM (checked there by
+    tests/test_cuda.py); the graph-pool model traces the tower on the meta device, so the trace
+    must take the same path: one fc1-sized tensor, where the plain ops allocate two. On a CPU,
+    where the same call would compute the erf GELU, the fused MLP is the plain one."""
+    from workbench.memory_model import count_allocations
+    cfg = wb.VisionConfig.preset("tiny-qwen3-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=2)
+    block = enc.visual.blocks[0]
+    h = torch.randn(37, cfg.width, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(block.mlp_fused(h), block.mlp_out(h))
+    block.to("meta")
+    hm = torch.empty(37, cfg.width, device="meta")
+    with torch.inference_mode():
+        fused, out = count_allocations(lambda: block.mlp_fused(hm))
+        plain, _ = count_allocations(lambda: block.mlp_out(hm))
+    big = 37 * cfg.mlp_hidden * 4
+    assert [e[2] for e in fused if e[0] == "alloc"].count(big) == 1
+    assert [e[2] for e in plain if e[0] == "alloc"].count(big) == 2
+    assert out.shape == (37, cfg.width)

@@ -199,10 +199,13 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     (cu_seqlens), which the runner allocates outside the pool, so it changes nothing here.
 
     Limits: the padding_waste reference runs compare the model with the measured pool of every
-    runner they build (results/reference/README.md gives the ratios); the model can be a little
-    above or below, so leave headroom either way. The traces themselves are exact (the CUDA tower's
-    dispatch trace equals the meta one, allocation for allocation, and for qwen2-vl-7b its peak
-    equals the measured peak allocation); what the trace cannot see is memory a kernel allocates
+    runner they build, and tools/probe_pool.py one budget's graph alone (results/reference/README.md
+    gives the ratios); the model can be above or below, so leave headroom either way. Runners of
+    several budgets measured below it: the smaller captures, outputs included, fit in the space the
+    largest one left. The traces themselves are exact (the CUDA tower's dispatch trace equals the
+    meta one, allocation for allocation; for qwen2-vl-7b its peak equals the measured peak
+    allocation, and for qwen3-vl-8b one graph's pool equals the model to the byte, while on
+    glm-4.1v-9b the allocator places the same trace in fewer bytes); what the trace cannot see is memory a kernel allocates
     inside one op (Qwen2.5-VL's windowed flash-attention blocks allocate ~7 KB per row that no op
     returns), and the allocator's segment placement across several captures differs from the
     model by up to one 20 MiB segment. The smaller captures' outputs are counted on top of the
