@@ -51,7 +51,32 @@ def _glm4v():
                                                                          "longest_edge": 1 << 21})
 
 
-MODELS = {"qwen2-vl": _qwen2_vl, "qwen2.5-vl": _qwen2_5_vl, "qwen3-vl": _qwen3_vl, "glm4v": _glm4v}
+GLM_VISION = dict(depth=2, hidden_size=32, num_heads=2, out_hidden_size=32, intermediate_size=48, image_size=112)
+
+
+def _glm4v_moe():
+    """GLM-4.5V's layout (`Glm4vMoeForConditionalGeneration`, model_type glm4v_moe): a MoE text model
+    beside the GLM-4.1V vision tower."""
+    from transformers import Glm4vImageProcessor, Glm4vMoeConfig, Glm4vMoeForConditionalGeneration
+    text = dict(TEXT, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                first_k_dense_replace=0)
+    cfg = Glm4vMoeConfig(text_config=text, vision_config=GLM_VISION)
+    return Glm4vMoeForConditionalGeneration(cfg), Glm4vImageProcessor(size={"shortest_edge": 12544,
+                                                                             "longest_edge": 1 << 21})
+
+
+def _glm46v():
+    """GLM-4.6V's layout (`Glm46VForConditionalGeneration`, model_type glm46v), its own processor class."""
+    from transformers import Glm46VConfig, Glm46VForConditionalGeneration, Glm46VImageProcessor
+    cfg = Glm46VConfig(text_config=TEXT, vision_config=GLM_VISION)
+    return Glm46VForConditionalGeneration(cfg), Glm46VImageProcessor(size={"shortest_edge": 12544,
+                                                                            "longest_edge": 1 << 21})
+
+
+# checkpoint layout -> the model and processor that save it; the family each loads as
+MODELS = {"qwen2-vl": _qwen2_vl, "qwen2.5-vl": _qwen2_5_vl, "qwen3-vl": _qwen3_vl, "glm4v": _glm4v,
+          "glm4v_moe": _glm4v_moe, "glm46v": _glm46v}
+FAMILY_OF = {"glm4v_moe": "glm4v", "glm46v": "glm4v"}
 
 
 def save_model(family, folder, seed, **save_kw):
@@ -82,7 +107,7 @@ def test_a_saved_checkpoint_gives_the_embeddings_of_the_model_that_saved_it(fami
     if shard:
         assert (tmp_path / "model.safetensors.index.json").exists()
     cfg = wb.VisionConfig.from_pretrained(tmp_path)
-    assert cfg.family == family and cfg.name == tmp_path.name
+    assert cfg.family == FAMILY_OF.get(family, family) and cfg.name == tmp_path.name
     tower = load_vision_weights(build_tower(cfg).eval(), tmp_path)
     batch = wb.preprocess([photos["chelsea"], photos["rocket"], wb.Video(wb.sample_video(2))], cfg, normalize=True)
     with torch.no_grad():

@@ -22,7 +22,7 @@ def _family_of(model):
     from .config import families
     name = type(model).__name__
     for fam in families().values():
-        if fam.hf_class[1] == name:
+        if name == fam.hf_class[1] or name in fam.hf_class_aliases:
             return fam
     raise TypeError(f"{name} is not the vision model of a registered family "
                     f"({', '.join(f.hf_class[1] for f in families().values())})")

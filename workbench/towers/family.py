@@ -21,12 +21,15 @@ class Family:
 
     name: the ``VisionConfig.family`` string. tower: the `VisionTower` subclass. presets: dicts of
     VisionConfig fields (each with its ``name``; ``family`` is added), tiny CPU presets named
-    ``tiny-...``. hf_class: (module, class) of transformers' vision model for this family."""
+    ``tiny-...``. hf_class: (module, class) of transformers' vision model for this family;
+    hf_class_aliases: the names of other transformers vision classes with the same architecture
+    (a checkpoint of another layout of the family carries one)."""
 
     name: str = ""
     tower: type | None = None
     presets: tuple[dict, ...] = ()
     hf_class: tuple[str, str] = ("", "")
+    hf_class_aliases: tuple[str, ...] = ()
     model_types: tuple[str, ...] = ()      # config.json `model_type` of the checkpoints of this family
     # the presets that stand for this family where a study measures one tower per family (its cells
     # per preset: staging, pool bytes, padding): (CPU profile, GPU profile); None: not in that

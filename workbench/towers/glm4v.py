@@ -36,7 +36,10 @@ All: patch 14, temporal patch 2, merge 2, rms_norm_eps 1e-5, attention_bias fals
 [b] zai-org/GLM-4.5V config.json as transformers 5.7 printed it in a public model report
     (vision_config: intermediate_size 10944, out_hidden_size 4096, image_size 336), whose weight
     listing also confirms the parameter names and shapes used here.
-GLM-4.6V: its config.json was not found in the sources searched; no preset.
+GLM-4.6V: its config.json was not found in the sources searched; no preset. A GLM-4.6V folder
+(model_type glm46v: transformers' Glm46VForConditionalGeneration, whose vision config is a
+Glm4vVisionConfig) loads as this family, as does a GLM-4.5V one (glm4v_moe); tests/test_checkpoints.py
+saves both layouts and checks their embeddings against the transformers model that saved them.
 """
 from __future__ import annotations
 
@@ -147,6 +150,7 @@ class Glm4vFamily(Family):
     name = "glm4v"
     tower = Glm4vVisionTower
     hf_class = ("transformers.models.glm4v.modeling_glm4v", "Glm4vVisionModel")
+    hf_class_aliases = ("Glm4vMoeVisionModel",)         # GLM-4.5V's checkpoints (glm4v_moe)
     model_types = ("glm4v", "glm4v_moe", "glm46v")
     study_presets = ("tiny-glm4v", "glm-4.1v-9b")
     presets = (
