@@ -1,13 +1,13 @@
 """One-call H200 probe: where does a general graph's measured pool part from `graph_pool_bytes`?
 
-padding_waste compares the pool of every runner it builds with the model; on qwen3-vl-8b the
-general graphs' pool came out below the model, on glm-4.1v-9b close to it (the ratios are in
-results/reference/README.md). The model replays an allocation trace of the tower's capture forward,
-counted on the meta device, through a caching-allocator model. For each preset (full depth, bf16,
-the triton_rows norm in the tower, as padding_waste builds it) and budget, this probe records:
+padding_waste compares the pool of every runner it builds with the model (the ratios per run are
+in results/reference/README.md). The model replays an allocation trace of the tower's capture
+forward, counted on the meta device (`planner.capture_trace`), through a caching-allocator model.
+For each preset (full depth, bf16, the triton_rows norm in the tower, as padding_waste builds it)
+and budget, this probe records:
 
-- ``pool_measured``: the pool of a runner holding that one budget's general graph (as padding_waste
-  measures `pool_bytes`);
+- ``pool_measured``: the pool of a runner holding that one budget's general graph, right after
+  construction (as padding_waste measures `pool_bytes`);
 - ``pool_model``: `graph_pool_bytes` for the same runner;
 - the meta trace's and the CUDA trace's allocation count, peak live bytes and pool model (the same
   forward, counted with the same dispatch mode on the GPU), and whether the two traces are equal
@@ -25,12 +25,10 @@ import sys
 import torch
 
 import workbench as wb
-from workbench.memory_model import count_allocations, pool_model, trace_peak_bytes
-from workbench.norms import make_norm
-from workbench.planner import graph_pool_bytes
+from workbench.cuda_memory import pool_segment_bytes
+from workbench.memory_model import pool_model, trace_peak_bytes
+from workbench.planner import capture_trace, forward_trace, graph_pool_bytes
 from workbench.runner import EncoderGraphRunner
-from workbench.studies.padding_waste import _pool_bytes
-from workbench.towers import build_tower
 
 NORM = "triton_rows"
 DEFAULT = ["qwen3-vl-8b:1024,4096,12288", "glm-4.1v-9b:1024,4096"]
@@ -38,28 +36,6 @@ DEFAULT = ["qwen3-vl-8b:1024,4096,12288", "glm-4.1v-9b:1024,4096"]
 
 def sizes(trace) -> list:
     return [e[2] for e in trace if e[0] == "alloc"]
-
-
-def meta_trace(cfg, budget):
-    norm = make_norm(NORM, cfg, check_values=False)
-    with torch.device("meta"):
-        tower = build_tower(cfg, input_norm=norm, device_norm=True, attn_backend="auto")
-    tower = tower.to(device="meta", dtype=torch.bfloat16)
-    tower.resolve_kernels(device="cuda")
-    meta = tower.prepare_capture(budget, 1, device="meta")
-    px = torch.empty(budget * cfg.merge_unit, cfg.patch_dim, dtype=torch.uint8, device="meta")
-    with torch.inference_mode():
-        trace, _ = count_allocations(lambda: tower.forward_prepared(px, meta))
-    return trace
-
-
-def cuda_trace(enc, cfg, budget):
-    meta = enc.visual.prepare_capture(budget, 1, device="cuda")
-    px = torch.zeros(budget * cfg.merge_unit, cfg.patch_dim, dtype=torch.uint8, device="cuda")
-    with torch.inference_mode():
-        trace, out = count_allocations(lambda: enc.visual.forward_prepared(px, meta))
-    del out
-    return trace
 
 
 def summary(trace) -> dict:
@@ -75,11 +51,13 @@ def main(args) -> None:
         cfg = wb.VisionConfig.preset(preset)
         enc = wb.build_encoder(cfg, placement="tower", norm=NORM, dtype=torch.bfloat16, device="cuda", seed=0)
         for b in map(int, budgets.split(",")):
-            mt, ct = meta_trace(cfg, b), cuda_trace(enc, cfg, b)
+            mt = capture_trace(cfg, b, torch.bfloat16, NORM, torch.uint8, 1)
+            ct = forward_trace(enc.visual, b, 1, torch.uint8, "cuda")
             with torch.inference_mode():
                 runner = EncoderGraphRunner(enc, [b], buffer_dtype=torch.uint8, max_items=1, policy="always",
                                             warmup=1, exact_capture="first_use")
-                measured = _pool_bytes(runner)
+                torch.cuda.synchronize()
+                measured = pool_segment_bytes(runner.pool)
             del runner
             torch.cuda.empty_cache()
             first_diff = next((i for i, (x, y) in enumerate(zip(sizes(mt), sizes(ct))) if x != y), None)

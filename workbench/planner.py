@@ -125,15 +125,15 @@ def _check_max_graphs(max_graphs) -> int:
 # ---------------------------------------------------------------------------------------------
 # the graph-pool model
 # ---------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=128)
-def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: int) -> tuple[int, int]:
+def capture_trace(cfg: VisionConfig, budget: int, dtype, norm: str | None, buffer_dtype, max_items: int) -> list:
+    """The allocation trace (`memory_model.count_allocations`) of one budget's capture forward,
+    counted on the meta device with the kernels a CUDA tower of ``dtype`` runs: what
+    `graph_pool_bytes` models (arguments as there, already checked)."""
     import torch
 
-    from .memory_model import count_allocations, pool_model
     from .norms import make_norm
     from .towers import build_tower
 
-    rows = budget * cfg.merge_unit
     input_norm = make_norm(norm, cfg, check_values=False) if norm is not None else None
     with torch.device("meta"):
         tower = build_tower(cfg, input_norm=input_norm, device_norm=norm is not None, attn_backend="auto")
@@ -142,13 +142,28 @@ def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: 
     # attention and the fused block kernels for fp16/bf16, dense masked SDPA and plain torch
     # otherwise; all have meta kernels
     tower.resolve_kernels(device="cuda")
-    meta = tower.prepare_capture(budget, max_items, device="meta")     # what the runner captures with
-    pixels = torch.empty(rows, cfg.patch_dim, dtype=buffer_dtype, device="meta")
+    return forward_trace(tower, budget, max_items, buffer_dtype, "meta")
+
+
+def forward_trace(tower, budget: int, max_items: int, buffer_dtype, device) -> list:
+    """The allocation trace of ``tower``'s forward over the shapes a runner captures ``budget``
+    with (`prepare_capture`), on ``device`` (meta: no memory)."""
+    import torch
+
+    from .memory_model import count_allocations
+
+    meta = tower.prepare_capture(budget, max_items, device=device)
+    pixels = torch.zeros(budget * tower.cfg.merge_unit, tower.cfg.patch_dim, dtype=buffer_dtype, device=device)
     with torch.inference_mode():
         trace, out = count_allocations(lambda: tower.forward_prepared(pixels, meta))
-    out_bytes = out.untyped_storage().nbytes()
     del out
-    return pool_model(trace)["pool_bytes"], out_bytes
+    return trace
+
+
+@functools.lru_cache(maxsize=128)
+def _capture_trace_pool(cfg, budget: int, dtype, norm, buffer_dtype, max_items: int) -> int:
+    from .memory_model import pool_model
+    return pool_model(capture_trace(cfg, budget, dtype, norm, buffer_dtype, max_items))["pool_bytes"]
 
 
 def capture_pool_bytes(cfg, budget: int, dtype=None, norm: str | None = None, buffer_dtype=None,
@@ -161,7 +176,7 @@ def capture_pool_bytes(cfg, budget: int, dtype=None, norm: str | None = None, bu
     buffer_dtype = (torch.uint8 if norm is not None else dtype) if buffer_dtype is None else buffer_dtype
     budget = limits.integer(budget, "budget", cap="budget_tokens")
     max_items = limits.integer(max_items, "max_items", cap="items")
-    return _capture_trace_pool(cfg, budget, dtype, norm, buffer_dtype, max_items)[0]
+    return _capture_trace_pool(cfg, budget, dtype, norm, buffer_dtype, max_items)
 
 
 def _output_bytes(cfg, budget: int, dtype) -> int:

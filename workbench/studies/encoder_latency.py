@@ -88,6 +88,13 @@ LATENCY_PATHS = ("eager", "graph", "transformers")
 # tolerance (the kernel-choice cells of that study measure the spread per family); fp32 agrees to
 # rounding
 GRAPH_TOL = {torch.float32: 1e-5, torch.bfloat16: CORRECT_TOL[torch.bfloat16]}
+
+
+def judge_graph(got: torch.Tensor, ref: torch.Tensor, dt) -> tuple[float, bool, bool]:
+    """(relative error, bit-equal, ok) of a runner's output against eager's, at `GRAPH_TOL`
+    (other dtypes: the bf16 one)."""
+    err, equal = rel_err(got, ref), bool(torch.equal(got, ref))
+    return err, equal, equal or err <= GRAPH_TOL.get(dt, GRAPH_TOL[torch.bfloat16])
 # ours vs transformers, smallest row-wise cosine: fp32 agrees to ~1e-6 relative (cosine ~1 - 1e-12);
 # in bf16 both sit ~1e-2 relative from the exact result, a cosine above 0.99 (a wrong normalization
 # or weight gives far below 0.9)
@@ -240,9 +247,7 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
     if not ((st.budget == tokens).all() and (st.padded_rows == 0).all() and not st.miss.any() and len(st) == 1):
         raise RuntimeError(f"the runner did not make one full replay of budget {tokens}: {st.to_dict('list')}")
     exact_fit = bool(st.exact.all())
-    g_err = rel_err(graph_out, ref_out)
-    bit_equal = bool(torch.equal(graph_out, ref_out))
-    graph_ok = bool(bit_equal or g_err <= GRAPH_TOL.get(dt, CORRECT_TOL[torch.bfloat16]))
+    g_err, bit_equal, graph_ok = judge_graph(graph_out, ref_out, dt)
     out = {"eager": {}, "graph": dict(rel_err=g_err, cos_min=cos_min(graph_out, ref_out), bit_equal=bit_equal,
                                       capture_s=capture_s, exact_fit=exact_fit)}
     eager_ok = True
@@ -318,9 +323,8 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
                          misses=int(st.miss.sum()), padded_rows=int(st.padded_rows.sum()),
                          valid_rows=int(st.valid_rows.sum()), budgets_n=len(runner.budgets),
                          largest_budget=int(runner.budgets[-1]))
-                err = rel_err(got, ref)
-                m.update(rel_err=err, bit_equal=bool(torch.equal(got, ref)),
-                         ok=bool(torch.equal(got, ref) or err <= GRAPH_TOL.get(dt, CORRECT_TOL[torch.bfloat16])))
+                err, equal, ok = judge_graph(got, ref, dt)
+                m.update(rel_err=err, bit_equal=equal, ok=ok)
             elif name == "transformers":
                 hf_out = call()
                 c = cos_min(ref, hf_out)
