@@ -249,6 +249,11 @@ def _demo_table(value=1.0):
                          "metric": ["norm_us", "norm_us"], "value": [value, 2.0], "unit": ["us", "us"]})
 
 
+def _no_figures(table, out_dir):
+    """A summarize for a study given `_demo_table` instead of its own table."""
+    return studies.Summary(text=f"{len(table)} rows", figures=[])
+
+
 def test_save_table_interactive_makes_its_own_run_folder(tmp_path):
     df = _demo_table()
     path = studies.save_table("demo", df, run_dir=None, params={"families": ["a"]}, results_root=tmp_path)
@@ -709,7 +714,8 @@ def test_cli_sweep_records_the_coerced_values_that_ran(tmp_path, monkeypatch):
         return _demo_table()
 
     study = studies.discover()["cast_cost"]
-    monkeypatch.setitem(studies.STUDIES, "cast_cost", dataclasses.replace(study, run=fake_run))
+    # the demo table is not cast_cost's: its figures would fail to draw, a failure the run records
+    monkeypatch.setitem(studies.STUDIES, "cast_cost", dataclasses.replace(study, run=fake_run, summarize=_no_figures))
     args = cli_module.build_parser().parse_args(
         ["sweep", "--direct", "--results", str(tmp_path), "--studies", "cast_cost", "--profile", "cpu",
          "--set", "budgets=16", "--set", "norms=eager,triton_rows", "--set", "reps=3"])
@@ -733,7 +739,8 @@ def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path, monkeypatch):
     monkeypatch.setitem(studies.STUDIES, "cast_cost", dataclasses.replace(study, run=broken))
     fine = studies.discover()["fp32_memory"]
     monkeypatch.setitem(studies.STUDIES, "fp32_memory",
-                        dataclasses.replace(fine, run=lambda device="auto", progress=True, **p: _demo_table()))
+                        dataclasses.replace(fine, run=lambda device="auto", progress=True, **p: _demo_table(),
+                                            summarize=_no_figures))
     args = cli_module.build_parser().parse_args(
         ["sweep", "--direct", "--results", str(tmp_path), "--studies", "cast_cost,fp32_memory"])
     assert args.func(args) == 1

@@ -1,8 +1,8 @@
 """The report loses nothing and trusts nothing it reads.
 
-- ``--out DIR`` replaces only a folder the report wrote (its marker, or an older report's page and
-  figures); a folder of the user's own files, the results folder, a run folder, a folder holding
-  run folders or holding the results folder is refused, and stays as it was;
+- ``--out DIR`` replaces only a folder the report wrote (its marker); a folder of the user's own
+  files (a saved copy of a report's page among them), the results folder, a run folder, a folder
+  holding run folders or holding the results folder is refused, and stays as it was;
 - one malformed meta.json (a field of the wrong type, deep nesting) is listed with its reason, and
   every other run still shows;
 - every value that comes from a file is HTML-escaped (no planted markup reaches the page);
@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import errno
 import html
-import shutil
 import json
 import os
 import stat
@@ -241,30 +240,19 @@ def test_a_file_added_to_or_changed_in_a_report_folder_is_not_replaced(results):
     assert (out / "index.html").is_file()
 
 
-def test_a_report_folder_of_the_previous_version_is_accepted(results):
-    """The previous version wrote index.html and figure folders, and no marker."""
-    out = results / "report"
-    rep.build_report(results, studies=STUDIES)
-    (out / rep.REPORT_MARKER).unlink()
-    for csv in out.rglob("*.csv"):                      # now exactly what the old version left:
-        csv.unlink()                                    # index.html and figures, no tables
-    shutil.rmtree(out / rep.RUNS_DIRNAME)               # nor copies of what the page links
-    (out / "norm_bandwidth").mkdir()
-    (out / "norm_bandwidth" / "norm_bw_pct.png").write_bytes(PNG)
-    assert rep.check_report_dir(out, results) == "legacy"
-    result = rep.build_report(results, studies=STUDIES)
-    assert result.index.is_file() and (out / rep.REPORT_MARKER).is_file()
-    assert not (out / "norm_bandwidth").exists()        # replaced as a whole
-
-
-def test_a_legacy_looking_folder_with_anything_else_is_refused(tmp_path, results):
+def test_a_saved_report_page_beside_the_users_figures_is_refused_and_kept(tmp_path, results):
+    """Without the marker a folder is no report folder, whatever it holds: a copy of the report's
+    page (its title and all) beside the user's own figures is not replaced."""
     out = tmp_path / "report"
     (out / "demo").mkdir(parents=True)
-    (out / "index.html").write_text("<!doctype html><html><head><title>Workbench report</title></head></html>")
+    (out / "index.html").write_text(f"<!doctype html><html><head><title>{rep.REPORT_TITLE}</title></head></html>")
     (out / "demo" / "a.png").write_bytes(PNG)
-    (out / "demo" / "data.csv").write_text("1,2")
+    (out / "my-plot.svg").write_bytes(SVG)
     before = tree(out)
-    with pytest.raises(rep.UnsafeOutDir, match="data.csv"):
+    with pytest.raises(rep.UnsafeOutDir, match="holds no") as e:
+        rep.check_report_dir(out, results)
+    assert str(out) in str(e.value) and "new or empty folder" in str(e.value)
+    with pytest.raises(rep.UnsafeOutDir, match="holds no"):
         rep.build_report(results, out, studies=STUDIES)
     assert tree(out) == before
     other = tmp_path / "site"                           # someone else's index.html
@@ -293,14 +281,14 @@ def test_leftovers_of_a_killed_build_are_cleared_and_foreign_ones_kept(results):
     busy = results / ".report.building-2-0000aaaa"      # another build, working in it now
     busy.mkdir()
     (busy / rep.REPORT_MARKER).write_text('{"files": null}')
-    old_version = results / ".report.old"               # what the previous version left
-    old_version.mkdir()
-    (old_version / "index.html").write_text("<title>Workbench report</title>")
-    (old_version / "a.png").write_bytes(PNG)
+    unmarked = results / ".report.old"                  # a page and a figure, no marker: not the report's
+    unmarked.mkdir()
+    (unmarked / "index.html").write_text("<title>Workbench report</title>")
+    (unmarked / "a.png").write_bytes(PNG)
     with rep._FolderLock(busy) as lock:
         assert lock.held
         rep.build_report(results, studies=STUDIES)
-    assert not killed.exists() and not old_version.exists()
+    assert not killed.exists() and (unmarked / "a.png").is_file()
     assert (foreign / "keep.txt").read_text() == "keep" and (busy / rep.REPORT_MARKER).is_file()
 
 

@@ -19,7 +19,7 @@ _EXPORTS = {
     "DTYPES": "encoder", "PATHS": "encoder", "PLACEMENTS": "encoder", "STUDY_PLACEMENTS": "encoder",
     "VisionEncoder": "encoder", "build_encoder": "encoder",
     "NORMS": "norms", "make_norm": "norms",
-    "PatchBatch": "preprocess", "Video": "preprocess", "preprocess": "preprocess",
+    "PatchBatch": "preprocess", "Video": "preprocess", "preprocess": "preprocess", "load_image": "preprocess",
     "EncoderGraphRunner": "runner",
     "image_mix": "samples", "random_images": "samples", "sample_images": "samples", "sample_video": "samples",
     "mix_distribution": "samples", "mix_tokens": "samples", "mix_sizes": "samples",

@@ -66,6 +66,8 @@ def _select(studies: dict, names: str | None) -> list:
     if not names:
         return [studies[k] for k in sorted(studies)]
     wanted = [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:
+        raise SystemExit(f"--studies {names!r} names no study; give comma-separated names from {sorted(studies)}")
     unknown = [n for n in wanted if n not in studies]
     if unknown:
         raise SystemExit(f"unknown studies {unknown}; registered: {sorted(studies) or 'none'}")
@@ -122,6 +124,8 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
     """Every selected study's parameters for ``profile`` with the ``--set`` overrides applied and
     checked against its declaration; SystemExit (no traceback, before any run folder exists)
     naming the bad study, parameter, value and the valid choices."""
+    from .checkpoints import CheckpointError        # light: no torch
+
     ParamError = _params_module().ParamError       # without the studies package (pandas)
 
     unknown = sorted(k for k in sets if k is not None and k not in studies)
@@ -142,7 +146,7 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
         try:
             plan[study.name] = study.resolve(profile, overrides)
             study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
-        except ParamError as e:
+        except (ParamError, CheckpointError) as e:   # a model folder changed since its check, too
             errors.append(f"--set: {e}")
     nowhere = sorted(k for k in shared if not any(k in s.params.accepted for s in selected))
     if nowhere:
@@ -324,6 +328,7 @@ def precheck(args: argparse.Namespace) -> None:
     parse_shard(getattr(args, "shard", None))
     parse_name(getattr(args, "name", None))
     if getattr(args, "resume", None):
+        refuse_resume_overrides(args)
         find_run(args.results, args.resume)            # the run folder's own checks follow at once
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
@@ -338,6 +343,47 @@ def precheck(args: argparse.Namespace) -> None:
     _resolve_plan(_parse_sets(args.set or []), declared, selected, profile)
 
 
+# options that choose what a new run measures: a resume takes all of them from the run's meta.json
+_NEW_RUN_OPTIONS = (("set", "--set"), ("studies", "--studies"), ("shard", "--shard"), ("group", "--group"),
+                    ("name", "--name"))
+
+
+def refuse_resume_overrides(args: argparse.Namespace) -> None:
+    """SystemExit where ``--resume`` comes with an option it would ignore: a resume finishes the
+    run with the studies and parameters its meta.json recorded, so a new value would be lost."""
+    given = [flag for attr, flag in _NEW_RUN_OPTIONS if getattr(args, attr, None)]
+    if getattr(args, "profile", "auto") != "auto":
+        given.append("--profile")
+    if given:
+        raise SystemExit(f"--resume {args.resume}: {', '.join(given)} cannot change a run being finished (it "
+                         f"keeps the studies and parameters its meta.json recorded); start a new sweep "
+                         f"with them instead")
+
+
+def check_profile_device(profile: str) -> None:
+    """SystemExit before any run folder exists where the gpu profile is asked for on a host whose
+    torch sees no CUDA device (every study of the run would fail on its first tensor)."""
+    if profile != "gpu" or os.environ.get(EMULATE_GPUS_ENV):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"--profile gpu: this host has no CUDA device (torch {torch.__version__}); use "
+                         f"--profile cpu, or auto (gpu on a CUDA host, else cpu)")
+
+
+def check_kernel(name: str) -> None:
+    """SystemExit before any run folder exists where papermill's Jupyter kernel is not installed."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError:
+        return          # no jupyter_client: the notebook stage records why it cannot run
+    known = sorted(KernelSpecManager().find_kernel_specs())
+    if name not in known:
+        raise SystemExit(f"--kernel {name!r}: no Jupyter kernel of that name; installed: {known or 'none'} "
+                         f"(make lab registers {PROJECT_KERNEL!r}; --direct runs without notebooks)")
+
+
 def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     """The sweep the options of ``sweep``/``report`` ask for, checked (SystemExit naming what is
     wrong, before any run folder exists) and resolved against the registry ``studies``."""
@@ -349,9 +395,13 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     shard = parse_shard(args.shard)
     params = _resolve_plan(_parse_sets(args.set or []), studies, selected, profile)
     check_gpus(gpus, profile)
+    check_profile_device(profile)
+    kernel = args.kernel or default_kernel()
+    if not args.direct:
+        check_kernel(kernel)
     name = parse_name(args.name) or profile
     return SweepPlan(studies=tuple(selected), params=params, profile=profile, results=args.results, name=name,
-                     mode="direct" if args.direct else "papermill", kernel=args.kernel or default_kernel(),
+                     mode="direct" if args.direct else "papermill", kernel=kernel,
                      gpus=tuple(gpus) if gpus else None, gpus_emulated=bool(gpus and os.environ.get(EMULATE_GPUS_ENV)),
                      shard=shard, group=shard_group(args.group, name) if shard is not None else None)
 
@@ -462,19 +512,27 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Print every metric both runs measured, with the ratio and what changed; --csv saves it all."""
-    from .compare import CompareError, compare_runs, resolve_run, summary_line
+    """Print every metric both runs measured, with the ratio and what changed; --csv saves it all
+    (never inside a run folder, never over a file compare did not write; exit 2 for a bad value)."""
+    from .compare import BadArgument, CompareError, compare_runs, csv_target, resolve_run, summary_line, write_csv
 
+    studies = [s.strip() for s in args.studies.split(",") if s.strip()] if args.studies else None
     try:
         runs = [resolve_run(run, args.results) for run in (args.run_a, args.run_b)]     # named before pandas loads
-        df = compare_runs(*runs, args.results,
-                          studies=[s.strip() for s in args.studies.split(",")] if args.studies else None)
+        if args.csv:                                 # refused before the comparison, not after it
+            csv_target(args.csv, args.results, args.force)
+        df = compare_runs(*runs, args.results, studies=studies)
+        shared = sorted(set(df.attrs["studies_a"]) & set(df.attrs["studies_b"]))
+        if args.csv and shared:
+            write_csv(df, args.csv, args.results, args.force)
+    except BadArgument as e:
+        print(f"compare: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except CompareError as e:
         raise SystemExit(f"compare: {e}") from None
     import pandas as pd
     a, b = Path(df.attrs["a"]), Path(df.attrs["b"])
     print(f"a: {a}\nb: {b}")
-    shared = sorted(set(df.attrs["studies_a"]) & set(df.attrs["studies_b"]))
     only = sorted(set(df.attrs["studies_a"]) ^ set(df.attrs["studies_b"]))
     if not shared:
         print(f"compare: the two runs have no study in common (a: {', '.join(df.attrs['studies_a']) or 'none'}; "
@@ -487,7 +545,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"{study}: {summary_line(g)}" + ("" if len(g) else " (no cell measured in both: other "
                                                                  "presets, sizes or parameters)"))
     if args.csv:
-        df.to_csv(args.csv, index=False)
         print(f"compare: every value written to {args.csv}")
     show = df if args.all else df[df["flag"] != ""]
     if len(show):
@@ -640,7 +697,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--studies", metavar="A,B", help="only these studies")
     p.add_argument("--all", action="store_true", help="print every value, not only the flagged ones")
     p.add_argument("--rows", type=_positive_int, default=40, help="rows printed at most (default: %(default)s)")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="write every compared value to this CSV file")
+    p.add_argument("--csv", type=Path, metavar="FILE",
+                   help="write every compared value to this new CSV file (never inside a run folder)")
+    p.add_argument("--force", action="store_true",
+                   help="let --csv replace a CSV file that compare wrote before (no other file is ever replaced)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells and the saved declarations "

@@ -16,16 +16,24 @@ metric present in both: the two values, ``ratio`` = b / a, and ``flag``:
 - empty otherwise.
 
 A run is named by its folder (a path), its folder name under the results folder or under
-``results/reference/``, or ``latest`` (the newest run by start time, local or reference). Reads
-only; imports no torch.
+``results/reference/``, or ``latest`` (the newest run by start time, local or reference). Only
+regular files of a run folder are read (a run folder may come from anyone: no link is followed,
+no FIFO opened). Imports no torch.
+
+``write_csv`` saves a comparison (``compare --csv FILE``), atomically, only where `csv_target`
+allows: never inside a run folder (one holding meta.json or a table, anywhere up the path) nor
+in a folder below the results folder, and never over a file unless compare wrote it (its header
+ends with `CSV_SIGNATURE`) and ``force`` is given.
 """
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .provenance import META_NAME, results_root
+from .files import file_kind, read_regular
+from .provenance import META_NAME, atomic_write_text, results_root
 
 REFERENCE_DIRNAME = "reference"
 ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to a study table
@@ -33,10 +41,16 @@ NOT_KEYS = ("device", "note")                          # not part of a cell's id
 TIME_UNITS = ("us", "ms", "s")
 VERDICT_UNIT = "bool"
 LATEST = "latest"
+CSV_SIGNATURE = ",metric,unit,a,b,ratio,flag"          # how the header of a CSV compare wrote ends
 
 
 class CompareError(ValueError):
     """A run that cannot be found or read; the message names it and says what was looked for."""
+
+
+class BadArgument(CompareError):
+    """An argument that names nothing valid (a study neither run holds) or a place compare may not
+    write its CSV; the message names the value and says what is valid."""
 
 
 # --------------------------------------------------------------------------- finding runs
@@ -46,8 +60,8 @@ def _started(path: Path) -> str:
     import json
 
     try:
-        meta = json.loads((path / META_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = json.loads(read_regular(path / META_NAME).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return ""
     return str(meta.get("started_at") or "") if isinstance(meta, dict) else ""
 
@@ -82,11 +96,31 @@ def resolve_run(spec: str | Path, results: str | Path | None = None) -> Path:
                        f"(give a folder, a run name under {results} or its reference/, or 'latest')")
 
 
-def run_tables(path: Path) -> dict[str, Any]:
-    """{study: its checked table} of one run folder (`load_table`)."""
+def table_files(path: Path) -> dict[str, Path]:
+    """{study: its table file} of one run folder; CompareError naming a table that is not a
+    regular file (a link, a FIFO...), which is never read."""
+    files = {p.stem: p for p in sorted(Path(path).glob("*.parquet"))}
+    for p in files.values():
+        what = file_kind(p, follow=False)
+        if what:
+            raise CompareError(f"{p}: it is {what}, not a regular file, so it is not read")
+    return files
+
+
+def run_tables(path: Path, studies: Iterable[str] | None = None) -> dict[str, Any]:
+    """{study: its checked table} of one run folder (`load_table`), only ``studies`` where given."""
     from .studies.tables import load_table
 
-    return {p.stem: load_table(p) for p in sorted(Path(path).glob("*.parquet"))}
+    wanted = None if studies is None else set(studies)
+    return {s: load_table(p) for s, p in table_files(path).items() if wanted is None or s in wanted}
+
+
+def check_studies(studies: Iterable[str], held: Iterable[str]) -> None:
+    """BadArgument naming each of ``studies`` that no run holds (``held``), with those it does."""
+    unknown = sorted(set(studies) - set(held))
+    if unknown:
+        raise BadArgument(f"no study named {', '.join(map(repr, unknown))} in either run; the studies they "
+                          f"hold: {', '.join(sorted(set(held))) or 'none'}")
 
 
 # --------------------------------------------------------------------------- comparing tables
@@ -207,10 +241,10 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     import pandas as pd
 
     pa, pb = resolve_run(a, results), resolve_run(b, results)
-    ta, tb = run_tables(pa), run_tables(pb)
-    wanted = set(studies) if studies is not None else None
-    frames = [compare_tables(ta[s], tb[s], study=s) for s in sorted(set(ta) & set(tb))
-              if wanted is None or s in wanted]
+    if studies is not None:                  # a name neither run holds is a mistake, not "nothing to compare"
+        check_studies(studies, [*table_files(pa), *table_files(pb)])
+    ta, tb = run_tables(pa, studies), run_tables(pb, studies)
+    frames = [compare_tables(ta[s], tb[s], study=s) for s in sorted(set(ta) & set(tb))]
     frames = [f for f in frames if len(f)]
     if frames:
         df = pd.concat(frames, ignore_index=True, sort=False)
@@ -222,6 +256,67 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
         df = pd.DataFrame(columns=["study", "metric", "unit", "a", "b", "ratio", "flag"])
     df.attrs.update(a=str(pa), b=str(pb), studies_a=sorted(ta), studies_b=sorted(tb))
     return df
+
+
+# --------------------------------------------------------------------------- the CSV
+
+
+def _run_folder_above(target: Path, results: Path) -> str | None:
+    """Why ``target`` (resolved) lies in a run folder: a folder above it holds meta.json or a
+    table, or it is below the results folder (every folder there is a run folder or the
+    report's); None where it does not."""
+    for d in target.parents:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        if META_NAME in names or any(n.endswith(".parquet") for n in names):
+            return f"it is inside the run folder {d} (it holds {META_NAME} or a table)"
+    if results in target.parents and target.parent != results:
+        return (f"it is inside {target.parent}, below the results folder {results}, where every folder "
+                "is a run folder or the report's")
+    return None
+
+
+def _written_by_compare(path: Path) -> bool:
+    """Whether ``path`` is a regular file whose first line is the header of a CSV compare wrote."""
+    try:
+        first = read_regular(path).split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return first.startswith("study,") and first.endswith(CSV_SIGNATURE)
+
+
+def csv_target(path: str | Path, results: str | Path | None = None, force: bool = False) -> Path:
+    """Where ``compare --csv path`` writes: ``path`` in its real folder. BadArgument, naming the
+    path, for a folder, a folder that does not exist, a place inside a run folder
+    (`_run_folder_above`), and a file that exists, unless compare wrote it and ``force``."""
+    path = Path(path)
+    results = (Path(results) if results is not None else results_root()).resolve()
+    if path.is_dir():
+        raise BadArgument(f"--csv {path}: it is a folder; give a file name, e.g. {path / 'compare.csv'}")
+    if not path.parent.is_dir():
+        raise BadArgument(f"--csv {path}: the folder {path.parent} does not exist; create it first, or give "
+                          "a file in an existing folder")
+    target = path.parent.resolve() / path.name
+    inside = _run_folder_above(target, results)
+    if inside:
+        raise BadArgument(f"--csv {path}: {inside}; a run folder holds results only: write the CSV elsewhere")
+    if os.path.lexists(target) and not _written_by_compare(target):
+        raise BadArgument(f"--csv {path}: the file exists and is not a CSV compare wrote, so it is never "
+                          "replaced: give a new file name")
+    if os.path.lexists(target) and not force:
+        raise BadArgument(f"--csv {path}: the file exists (a CSV compare wrote); pass --force to replace it, "
+                          "or give a new file name")
+    return target
+
+
+def write_csv(df, path: str | Path, results: str | Path | None = None, force: bool = False) -> Path:
+    """Save the comparison ``df`` to ``path`` where `csv_target` allows (checked again here),
+    atomically: an interrupted write leaves the old file or none, never half a file."""
+    target = csv_target(path, results, force)
+    atomic_write_text(target, df.to_csv(index=False))
+    return target
 
 
 def summary_line(df) -> str:

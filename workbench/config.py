@@ -44,12 +44,13 @@ def _finite(v) -> bool:
 
 def is_model_folder(value) -> bool:
     """Whether ``value`` names a folder holding a config.json: what a model folder must be at least
-    (`workbench.checkpoints` checks the rest when it reads it)."""
+    (`workbench.checkpoints.check_model_folder` checks the rest). Any entry of that name counts,
+    a FIFO or a broken link too, so that the check names what is wrong with it; nothing is opened."""
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         return False
     try:
-        return (Path(value).expanduser() / "config.json").is_file()
-    except OSError:
+        return os.path.lexists(Path(value).expanduser() / "config.json")
+    except (OSError, ValueError):      # ValueError: a NUL byte in the path
         return False
 
 
@@ -281,10 +282,13 @@ class VisionConfig:
     @classmethod
     def from_pretrained(cls, folder, name: str | None = None) -> "VisionConfig":
         """The config of a local transformers model folder (config.json's vision_config and
-        preprocessor_config.json), see `workbench.checkpoints.read_vision_config`: a run on a
-        checkpoint normalizes with the checkpoint's constants. Loaded by name like the family
-        registry (the checkpoint reader sits above this module)."""
-        return importlib.import_module("workbench.checkpoints").read_vision_config(folder, name=name)
+        preprocessor_config.json): a run on a checkpoint normalizes with the checkpoint's
+        constants. The whole folder is checked first, without reading tensor data or allocating a
+        tower (`workbench.checkpoints.check_model_folder`: every JSON value, every safetensors
+        header, the tensors' shapes and dtypes), so a folder that cannot load fails here, not
+        after its tower was built. Loaded by name like the family registry (the checkpoint reader
+        sits above this module)."""
+        return importlib.import_module("workbench.checkpoints").check_model_folder(folder, name=name)
 
     def to_hf(self):
         """The matching transformers vision config (Qwen2VLVisionConfig, Qwen3VLVisionConfig, ...)."""

@@ -51,7 +51,7 @@ class Limits:
     total_pixels: int = 1 << 31           # decoded pixels one sample_video / image_mix call makes (T*H*W summed)
     draws: int = 1 << 22                  # sizes one mix_sizes / mix_tokens call draws (records, no pixels)
     list_items: int = 64                  # values of one list parameter of a study (a sweep axis)
-    folder_images: int = 1 << 16          # image files one folder mix reads (headers only; samples.get_mix)
+    folder_images: int = 1 << 16          # image files one folder mix reads (each decoded once; samples.get_mix)
 
     @classmethod
     def names(cls) -> list[str]:

@@ -45,7 +45,8 @@ def run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path,
 
 def export_html(notebook: Path) -> str | None:
     """``<study>.html`` beside the executed notebook, so the report links to something a browser
-    shows (code, tables, figures); a warning instead of an error where nbconvert is missing."""
+    shows (code, tables, figures); the problem as a string instead of an exception where the
+    export fails (nbconvert missing, a full disk): the run records it."""
     try:
         import nbconvert
         import nbformat
@@ -60,7 +61,8 @@ def export_html(notebook: Path) -> str | None:
 def save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
     """The study's figures of this run alone, PNG and SVG, into ``<run_dir>/figures/``, so a run
     folder (a committed reference run too) carries its own pictures. Returns a warning instead
-    of raising: a figure that fails to draw never fails a finished measurement."""
+    of raising (the run records it as a failure of this stage): a figure that fails to draw
+    never touches the finished measurement."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -15,21 +15,25 @@ Layout of one item (image or video), with P = patch_size, T = temporal_patch_siz
 
 Inputs (see `preprocess` for the full list): PIL images, HxWx3 uint8 numpy arrays or torch
 tensors (channels last), and videos as [T, H, W, 3] uint8 arrays/tensors or `Video(frames)`
-(which also takes grey frames as one [T, H, W] array).
+(which also takes grey frames as one [T, H, W] array). An image file: `load_image(path)` reads it
+as the RGB image preprocess makes of the PIL image it opens, EXIF orientation applied.
 """
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from . import limits
+from .files import NotRegularFile, open_regular
 
-__all__ = ["PatchBatch", "Video", "smart_resize", "preprocess", "ACCEPTED_INPUTS"]
+__all__ = ["PatchBatch", "Video", "smart_resize", "preprocess", "load_image", "ACCEPTED_INPUTS"]
 
 ACCEPTED_INPUTS = ("PIL.Image.Image", "numpy.ndarray uint8 [H, W, 3] (also [H, W], [H, W, 1], [H, W, 4])",
                    "torch.Tensor uint8 of the same shapes", "numpy/torch uint8 video [T, H, W, 3]",
@@ -42,6 +46,9 @@ _CHANNELS = (1, 3, 4)
 
 # PIL modes that hold 8-bit samples and convert to RGB the way transformers' convert_to_rgb does.
 _PIL_MODES = ("1", "L", "P", "RGB", "RGBA", "LA", "PA", "RGBX", "RGBa", "CMYK", "YCbCr")
+
+# The largest aspect ratio (long side / short side) Qwen2-VL's smart_resize accepts.
+MAX_ASPECT = 200
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,10 +216,7 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     if min_pixels > max_pixels:
         raise ValueError(f"smart_resize: min_pixels={min_pixels} exceeds max_pixels={max_pixels}")
     height, width = int(height), int(width)
-    ratio = max(height, width) / min(height, width)
-    if ratio > 200:
-        raise ValueError(f"image of {height}x{width} (HxW) has aspect ratio {ratio:.1f}; "
-                         f"Qwen2-VL accepts at most 200")
+    _check_aspect(height, width)
     h = round(height / factor) * factor
     w = round(width / factor) * factor
     if h * w > max_pixels:
@@ -224,6 +228,13 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
         h = math.ceil(height * scale / factor) * factor
         w = math.ceil(width * scale / factor) * factor
     return h, w
+
+
+def _check_aspect(height: int, width: int) -> None:
+    ratio = max(height, width) / min(height, width)
+    if ratio > MAX_ASPECT:
+        raise ValueError(f"image of {height}x{width} (HxW) has aspect ratio {ratio:.1f}; "
+                         f"Qwen2-VL accepts at most {MAX_ASPECT}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,6 +415,88 @@ def _items(inputs: Any) -> list[tuple[str, Any]]:
                                 f"in Video(frames), accepted: " + "; ".join(ACCEPTED_INPUTS))
         return [(kind(x), x) for x in inputs]
     return [(kind(inputs), inputs)]
+
+
+# ---------------------------------------------------------------------------------------------
+# image files
+# ---------------------------------------------------------------------------------------------
+# Every path that reads an image file (a folder mix, its check before a sweep) reads it here, so
+# the pixels and sizes it sees are the ones preprocess makes of the PIL image the file opens as.
+def _open_regular(name: str):
+    """``name`` opened for binary reading where it is a regular file or a link to one
+    (`workbench.files.open_regular`); otherwise nothing is opened: FileNotFoundError for a missing
+    path, ValueError naming what it is."""
+    try:
+        return open_regular(name)
+    except NotRegularFile as e:
+        raise ValueError(f"{name}: {e.kind}, not an image file; valid: a regular file or a symbolic link to "
+                         f"one") from None
+
+
+def _open_pil(f, name: str) -> Image.Image:
+    """The PIL image of the open file ``f`` (header only), or ValueError naming the file."""
+    try:
+        return Image.open(f)
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - PIL raises many types for a file it cannot identify
+        # UnidentifiedImageError's own message only repeats the file's name
+        why = type(e).__name__ if isinstance(e, UnidentifiedImageError) else f"{type(e).__name__}: {e}"
+        raise ValueError(f"{name}: not an image file PIL can open ({why})") from e
+
+
+def _check_header(img: Image.Image, name: str) -> None:
+    """The checks preprocess makes of a PIL image (mode, pixel cap, aspect ratio), from the
+    file's header, each message behind the file's name."""
+    try:
+        h, w = _check_pil(img, name)
+        _check_aspect(h, w)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    limits.check("input_pixels", h * w, f"{name}: an image of {h}x{w} (HxW) pixels")
+
+
+def _decoded(img: Image.Image, name: str) -> Image.Image:
+    """``img`` decoded in full and turned as its EXIF orientation says. The orientation is read
+    after decoding: a PNG may keep its EXIF chunk after the pixel data, which PIL reads only then."""
+    try:
+        img.load()  # a truncated or corrupt file fails here, on first decode
+        return ImageOps.exif_transpose(img)
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - PIL raises many types for a file it cannot decode
+        raise ValueError(f"{name} could not be decoded ({type(e).__name__}: {e}); the file is truncated or "
+                         f"corrupt: re-encode it or leave it out") from e
+
+
+def load_image(path, reduce_to: tuple[int, int] | None = None) -> Image.Image:
+    """The image file ``path`` as the RGB PIL image `preprocess` makes of it: the same modes
+    refused with the same message, transparency composited onto white the same way, and its EXIF
+    orientation applied, from wherever the file keeps it (as transformers' ``load_image`` does), so
+    its size (W, H) is the size as shown.
+
+    Refused, the message naming the file: a path that is not a regular file (or a link to one),
+    with nothing opened (ValueError; FileNotFoundError where it is missing); a file PIL cannot
+    open, a mode preprocess refuses ("I", "I;16", "F", ...) or an aspect ratio above MAX_ASPECT
+    (ValueError); more pixels than the ``input_pixels`` cap (LimitError, from the header, before
+    any decoding); a truncated or corrupt file (ValueError: every pixel is decoded here).
+
+    reduce_to: (H, W) the caller will resize the image to. A JPEG is then decoded at the
+    smallest of its scales (1, 1/2, 1/4, 1/8) that still holds that size either way up (PIL
+    draft): several times faster for a phone photo, with pixels that differ from a full decode's.
+    None: the full image.
+    """
+    name = os.fspath(path)
+    with _open_regular(name) as f, warnings.catch_warnings():
+        # the input_pixels cap is the guard against huge images; PIL's own warning would repeat it
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        img = _open_pil(f, name)
+        _check_header(img, name)
+        if reduce_to is not None:
+            # square, since whether the image is turned is known only once it is decoded
+            img.draft(None, (max(reduce_to),) * 2)
+        img = _decoded(img, name)
+    return _pil_rgb(img)
 
 
 # ---------------------------------------------------------------------------------------------

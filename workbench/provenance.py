@@ -28,6 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .files import read_regular
+
 # The project root: the folder that holds pyproject.toml and the workbench package.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -737,16 +739,13 @@ def meta_problems(meta: Any) -> list[str]:
 
 def load_meta(run_dir: Path | str) -> dict[str, Any]:
     """``run_dir/meta.json``, read and checked (`meta_problems`); MetaError otherwise, whose
-    message starts with the file's path and says what is wrong: missing, unreadable, larger than
-    a meta.json ever is, not JSON (a RecursionError from deep nesting included), not an object,
-    or fields of the wrong type (all of them, ``; `` between)."""
+    message starts with the file's path and says what is wrong: missing, not a regular file (a
+    link, a folder, a FIFO: `read_regular`), unreadable, larger than a meta.json ever is,
+    not JSON (a RecursionError from deep nesting included), not an object, or fields of the
+    wrong type (all of them, ``; `` between)."""
     path = Path(run_dir) / META_NAME
     try:
-        size = path.stat().st_size
-        if size > META_MAX_BYTES:
-            raise MetaError(path, f"it is {size} bytes; a meta.json is a few kB", "unreadable")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_regular(path, META_MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise MetaError(path, "no such file", "missing") from None
     except UnicodeDecodeError as e:

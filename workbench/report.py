@@ -22,9 +22,18 @@ beside the page. Committed benchmarks (``results/reference/*.json``) are drawn b
 that registered themselves (workbench.benchmarks); this module names none.
 
 Everything the page links is inside the report folder, so it can be zipped and shared: figures,
-CSVs, and copies of each run's meta.json and executed notebooks' HTML (``runs/<run>/``; scripts
-and external stylesheets removed, so nothing loads from outside the folder). Nothing here runs a
+CSVs, and copies of each run's meta.json and executed notebooks' HTML (``runs/<run>/``). The
+notebook HTML is cleaned by an allow-list (`localize_html`, with nh3): no script, no event
+attribute, no frame or plugin, no link that runs code, nothing loaded from outside the folder;
+where nh3 is not installed no notebook HTML is copied, and the page says so. Nothing here runs a
 model.
+
+Run folders may come from anyone. The report reads and copies only regular files of a run folder
+(`workbench.files.read_regular`): never through a symbolic link (which could point at
+any file of the reader's), never a FIFO, socket or device (opening a FIFO blocks forever). A file
+it would have read that is something else is named, with what it is, beside its run; a run folder
+that is itself a link or cannot be listed is listed with the reason; a broken errata file is
+named on the page. No file of a run folder stops the report.
 
 Nothing is lost to a report. A run folder's meta.json is read with
 `workbench.provenance.load_meta`, which checks every field the report reads: a run whose
@@ -35,12 +44,11 @@ links are percent-encoded. Reading needs no write access to the results folder.
 
 The report only replaces a folder it wrote itself: every report it builds holds a marker file
 (``.workbench-report.json``) listing the files it wrote, and `check_report_dir` refuses any other
-non-empty folder (a report folder written before the marker existed is accepted when it holds
-only what the report writes: its index.html and figure files), the results folder, a run folder,
-a folder inside a run folder or holding run folders, and any folder that holds the results
-folder. The report is built in a temporary folder next to the target and swapped in at the end;
-a build that fails, a read-only folder and a full disk leave the previous report and every run
-folder as they were (`ReportError` says why and where).
+non-empty folder (whatever it holds: a saved copy of a report's page is not a report folder), the
+results folder, a run folder, a folder inside a run folder or holding run folders, and any folder
+that holds the results folder. The report is built in a temporary folder next to the target and
+swapped in at the end; a build that fails, a read-only folder and a full disk leave the previous
+report and every run folder as they were (`ReportError` says why and where).
 """
 from __future__ import annotations
 
@@ -58,7 +66,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .provenance import META_NAME, MetaError, atomic_write_text, iso_utc, load_meta, results_root
+from .files import file_kind, read_regular
+from .provenance import (META_NAME, MetaError, atomic_write_bytes, atomic_write_text, iso_utc, load_meta,
+                         results_root)
 from .runstate import open_failures, run_state
 
 REPORT_DIRNAME = "report"
@@ -82,6 +92,7 @@ class Run:
     reference: bool = False
     error: str | None = None                                   # meta.json unreadable
     table_devices: list[str] = field(default_factory=list)     # `device` values of its read tables
+    skipped: dict[str, str] = field(default_factory=dict)      # file -> why it was not read or copied
 
     @property
     def name(self) -> str:
@@ -159,30 +170,63 @@ def _mapped(v: Any) -> dict:
 
 NO_META = ("no meta.json: the report cannot say what ran there or on which device, so its tables are "
            "not used (a run folder gets one from the sweep or from save_table)")
+READ_SUFFIXES = (".parquet", ".html", ".ipynb")     # what the report reads or copies from a run folder
 
 
-def _load_run(path: Path, reference: bool) -> Run:
-    """One run folder. Its meta.json is read and checked with `load_meta`; a run whose meta.json
-    is missing, unreadable or breaks the schema keeps ``meta`` None and says why in ``error``,
-    and its tables are left out (named in that reason): without a usable meta.json the report
-    cannot say what ran there or merge a shard."""
-    if not (path / META_NAME).is_file():
-        return Run(path=path, meta=None, tables={}, reference=reference, error=NO_META)
-    tables = {p.stem: p for p in sorted(path.glob("*.parquet"))}
+def _skipped(path: Path, names: list[str]) -> dict[str, str]:
+    """{name: what it is} of the files the report would read in the run folder ``path`` that are
+    not regular files (links, folders, FIFOs...): none of them is read or copied."""
+    out = {}
+    for n in names:
+        if n == META_NAME or n.endswith(READ_SUFFIXES):
+            try:
+                what = file_kind(path / n, follow=False)
+            except OSError as e:
+                what = f"cannot be read ({e.strerror or e})"
+            if what:
+                out[n] = what
+    return out
+
+
+def _load_run(path: Path, reference: bool) -> Run | None:
+    """The run folder ``path`` (None where it is none: a file, a folder with neither a meta.json
+    nor a table). Its meta.json is read and checked with `load_meta`; a run whose meta.json is
+    missing, not a regular file, unreadable or breaks the schema keeps ``meta`` None and says why
+    in ``error``, and its tables are left out (named in that reason): without a usable meta.json
+    the report cannot say what ran there or merge a shard. A folder that is a link or cannot be
+    listed is a run with only an ``error``. Only regular files are read (``skipped``: the rest)."""
+    if path.is_symlink():
+        return Run(path=path, meta=None, reference=reference, error="a symbolic link to a folder elsewhere: "
+                   "not followed, so none of it is read") if path.is_dir() else None
+    if not path.is_dir():
+        return None
     try:
-        meta = load_meta(path)
+        names = sorted(os.listdir(path))
+    except OSError as e:
+        return Run(path=path, meta=None, reference=reference,
+                   error=f"the folder cannot be listed ({e.strerror or e}), so none of it is read")
+    if META_NAME not in names and not any(n.endswith(".parquet") for n in names):
+        return None
+    skipped = _skipped(path, names)
+    tables = {n[:-len(".parquet")]: path / n for n in names if n.endswith(".parquet") and n not in skipped}
+    run = Run(path=path, meta=None, reference=reference, skipped=skipped)
+    if META_NAME not in names:
+        run.error = NO_META
+        return run
+    try:
+        run.meta, run.tables = load_meta(path), tables
     except MetaError as e:
-        error = _one_line(e.line, 600)
+        run.error = _one_line(e.line, 600)
         if tables:
-            error += f"; its tables ({', '.join(tables)}) are left out until it is fixed"
-        return Run(path=path, meta=None, tables={}, reference=reference, error=error)
-    return Run(path=path, meta=meta, tables=tables, reference=reference)
+            run.error += f"; its tables ({', '.join(tables)}) are left out until it is fixed"
+    return run
 
 
 def find_runs(results_dir: Path | str | None = None) -> list[Run]:
     """Run folders directly under ``results_dir`` and under ``results_dir/reference/``; local runs
-    first, each group oldest first. A folder without a meta.json (or with an unreadable one) is
-    listed too, with the reason in ``error``, so the report never skips one silently."""
+    first, each group oldest first. A folder without a meta.json (or with an unreadable one, or
+    that cannot be listed) is listed too, with the reason in ``error``, so the report never skips
+    one silently."""
     results_dir = Path(results_dir) if results_dir is not None else results_root()
     runs: list[Run] = []
     for base, reference in ((results_dir, False), (results_dir / REFERENCE_DIRNAME, True)):
@@ -193,12 +237,12 @@ def find_runs(results_dir: Path | str | None = None) -> list[Run]:
         except OSError as e:
             raise ReportError(f"cannot list the results folder {base}: {e.strerror or e}") from e
         for child in children:
-            if not child.is_dir() or child.name.startswith("."):
+            if child.name.startswith(".") or (not reference and child.name in (REPORT_DIRNAME,
+                                                                               REFERENCE_DIRNAME)):
                 continue
-            if not reference and child.name in (REPORT_DIRNAME, REFERENCE_DIRNAME):
-                continue
-            if (child / META_NAME).is_file() or any(child.glob("*.parquet")):
-                runs.append(_load_run(child, reference))
+            run = _load_run(child, reference)
+            if run is not None:
+                runs.append(run)
     runs.sort(key=lambda r: (r.reference, r.started, r.name))
     return runs
 
@@ -450,31 +494,41 @@ def known_devices(runs: list[Run]) -> set[str]:
 # --------------------------------------------------------------------------- figures
 
 
+def _regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file, not a link (`file_kind`)."""
+    try:
+        return file_kind(path, follow=False) is None
+    except OSError:
+        return False
+
+
 def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str]]:
     """Figure files (absolute or relative to ``base``) as paths relative to ``root`` (files saved
-    outside it are copied into ``base``), the PNG of a PNG/SVG pair shown and its SVG linked."""
+    outside it are copied into ``base``), the PNG of a PNG/SVG pair shown and its SVG linked.
+    Only regular files are shown or copied: ValueError for a figure that is a link, missing or
+    anything else."""
     rels: list[str] = []
-    for fig in paths:
-        fig = Path(fig)
-        if not fig.is_absolute():
-            fig = base / fig
-        try:
-            rel = fig.resolve().relative_to(root)
-        except ValueError:                       # saved elsewhere: copy it (and its SVG) in
-            shutil.copy2(fig, base / fig.name)
+    for fig in map(Path, paths):
+        fig = fig if fig.is_absolute() else base / fig
+        fig = fig.parent.resolve() / fig.name            # its folder's real place; the file itself not followed
+        if not _regular(fig):
+            raise ValueError(f"figure {fig} is missing or not a regular file (a link, a folder...): not shown")
+        if root not in fig.parents:                      # saved elsewhere: copy it (and its SVG) in
+            atomic_write_bytes(base / fig.name, read_regular(fig))
             svg = fig.with_suffix(".svg")
-            if fig.suffix.lower() != ".svg" and svg.is_file() and not (base / svg.name).exists():
-                shutil.copy2(svg, base / svg.name)
-            rel = (base / fig.name).relative_to(root)
-        if rel.as_posix() not in rels:
-            rels.append(rel.as_posix())
+            if fig.suffix.lower() != ".svg" and _regular(svg) and not (base / svg.name).exists():
+                atomic_write_bytes(base / svg.name, read_regular(svg))
+            fig = base / fig.name
+        rel = fig.relative_to(root).as_posix()
+        if rel not in rels:
+            rels.append(rel)
     shown = [r for r in rels if not (r.lower().endswith(".svg")
                                      and any(o != r and Path(o).with_suffix("").as_posix()
                                              == Path(r).with_suffix("").as_posix() for o in rels))]
     svgs = {}
     for r in shown:
         svg = Path(r).with_suffix(".svg")
-        if not r.lower().endswith(".svg") and (root / svg).is_file():
+        if not r.lower().endswith(".svg") and _regular(root / svg):
             svgs[r] = svg.as_posix()
     return shown, svgs
 
@@ -652,18 +706,26 @@ def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: _Cs
 
 def load_errata(results_dir: Path | str) -> tuple[dict[str, dict[str, str]], str | None]:
     """({run folder: {study: note}} from reference/errata.json, or {}; why the file was not used,
-    where it exists and cannot be read as that)."""
+    where it exists and cannot be read as that: not a regular file, not JSON, nested too deeply)."""
     path = Path(results_dir) / REFERENCE_DIRNAME / ERRATA_NAME
-    if not path.is_file():
-        return {}, None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path).decode("utf-8"))
         if not (isinstance(data, dict) and all(isinstance(v, dict) and all(
                 isinstance(k, str) and isinstance(n, str) for k, n in v.items()) for v in data.values())):
             raise ValueError("expected {run folder: {study: note}} with strings")
-    except (OSError, ValueError) as e:
-        return {}, f"{path}: not used ({e})"
+    except (FileNotFoundError, NotADirectoryError):
+        return {}, None
+    except (OSError, ValueError, RecursionError) as e:
+        return {}, (f"{REFERENCE_DIRNAME}/{ERRATA_NAME}: not used, so no known problem of a run is shown "
+                    f"({_why(e)})")
     return data, None
+
+
+def _why(e: BaseException) -> str:
+    """One line: what went wrong reading a file (an OSError's own words, without its path)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply to parse"
+    return _one_line(e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__)
 
 
 def _summarize(study: Any, runs: list[Run], out_dir: Path,
@@ -763,17 +825,20 @@ def benchmark_sections(results_dir: Path | str, out_dir: Path,
         sec = BenchmarkSection(name=bench.name, title=bench.title)
         for path in files:
             try:
-                doc = json.loads(path.read_text(encoding="utf-8"))
+                doc = json.loads(read_regular(path).decode("utf-8"))
             except (OSError, ValueError, RecursionError) as e:   # cannot tell what it holds: say so
                 if fnmatch.fnmatch(path.name, bench.files):
                     sec.panels.append(BenchmarkPanel(
-                        source=path.name, error=_one_line(f"{path.name}: unreadable JSON ({e})")))
+                        source=path.name, error=_one_line(f"{path.name}: unreadable JSON ({_why(e)})")))
                 continue
             if not isinstance(doc, dict) or doc.get("benchmark") != bench.name:
                 continue
             fig_dir = out_dir / _slug(bench.name)
             panel = bench.summarize(path, doc, fig_dir)
-            panel.figures, svgs = _figures_in(panel.figures, fig_dir, out_dir) if panel.figures else ([], {})
+            try:
+                panel.figures, svgs = _figures_in(panel.figures, fig_dir, out_dir)
+            except (OSError, ValueError) as e:
+                panel.figures, svgs, panel.error = [], {}, _one_line(f"{path.name}: {_why(e)}")
             sec.svgs.update(svgs)
             own = getattr(panel, "captions", None) or {}
             for f in panel.figures:
@@ -798,8 +863,7 @@ def _study_rank(study: Any) -> tuple[float, str]:
 # --------------------------------------------------------------------------- the report folder
 
 REPORT_MARKER = ".workbench-report.json"      # in every report folder the report builds
-REPORT_TITLE = "Workbench report"             # the <title> of index.html, then and now
-FIGURE_SUFFIXES = (".png", ".svg")            # what a report folder holds besides index.html
+REPORT_TITLE = "Workbench report"             # the <title> of index.html
 _LEFTOVER = r"\.{name}\.(?:building|old)-\d+-[0-9a-f]{{8}}"
 _SHOW_AT_MOST = 5
 
@@ -862,49 +926,35 @@ def _walk_files(root: Path) -> tuple[dict[str, int], list[str]]:
 
 def _read_marker(folder: Path) -> dict | None:
     try:
-        doc = json.loads((folder / REPORT_MARKER).read_text(encoding="utf-8"))
+        doc = json.loads(read_regular(folder / REPORT_MARKER).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def _legacy_index(folder: Path) -> bool:
-    """Whether ``folder/index.html`` is a page this report wrote (its title)."""
-    try:
-        with open(folder / "index.html", "rb") as f:
-            head = f.read(65536)
-    except OSError:
-        return False
-    return f"<title>{REPORT_TITLE}</title>".encode() in head
-
-
 def _foreign_in_report(folder: Path) -> list[str] | None:
-    """What in the report folder ``folder`` the report did not write: for a marked folder, every
-    file its marker does not list with that size (and anything that is not a plain file); for an
-    unmarked one written before the marker existed, anything but index.html and figure files.
-    None when ``folder`` is neither."""
-    files, other = _walk_files(folder)
-    if (folder / REPORT_MARKER).is_file():
-        marker = _read_marker(folder)
-        written = marker.get("files") if marker else None
-        if not isinstance(written, dict):
-            return [f"{REPORT_MARKER} (unreadable, or it lists no files)"]
-        files.pop(REPORT_MARKER, None)
-        return other + [rel for rel, size in files.items() if written.get(rel) != size]
-    if not _legacy_index(folder):
+    """What in the report folder ``folder`` the report did not write: every file its marker does
+    not list with that size, and anything that is not a plain file. None when ``folder`` holds
+    no marker: it is no report folder, whatever else it holds."""
+    if not _regular(folder / REPORT_MARKER):
         return None
-    return other + [rel for rel in files
-                    if rel != "index.html" and not rel.lower().endswith(FIGURE_SUFFIXES)]
+    files, other = _walk_files(folder)
+    marker = _read_marker(folder)
+    written = marker.get("files") if marker else None
+    if not isinstance(written, dict):
+        return [f"{REPORT_MARKER} (unreadable, or it lists no files)"]
+    files.pop(REPORT_MARKER, None)
+    return other + [rel for rel, size in files.items() if written.get(rel) != size]
 
 
 def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None) -> str:
     """Whether the report may be written to ``out_dir`` (replacing it as a whole): returns
-    ``"new"`` (it does not exist), ``"empty"``, ``"report"`` (a report folder with the marker,
-    holding only the files it lists) or ``"legacy"`` (a report folder written before the
-    marker existed: index.html with the report's title and figure files only). Raises
-    UnsafeOutDir, naming the folder, saying why and what to do, for anything else: the results
-    folder itself, a folder that holds it, a run folder, a folder inside a run folder or
-    holding run folders, a file, or a non-empty folder with anything the report did not write.
+    ``"new"`` (it does not exist), ``"empty"`` or ``"report"`` (a report folder: its marker,
+    and only the files the marker lists). Raises UnsafeOutDir, naming the folder, saying why and
+    what to do, for anything else: the results folder itself, a folder that holds it, a run
+    folder, a folder inside a run folder or holding run folders, a file, a non-empty folder
+    without the marker (a saved copy of a report's page beside other files included), or a
+    report folder holding anything the report did not write.
     """
     out_dir = Path(out_dir)
     results_dir = Path(results_dir) if results_dir is not None else results_root()
@@ -961,7 +1011,7 @@ def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None)
         raise refuse(f"it is a report folder, but holds files the report did not write or that "
                      f"changed since ({_some(foreign)}), which replacing it would delete; move them "
                      "out first")
-    return "report" if (out / REPORT_MARKER).is_file() else "legacy"
+    return "report"
 
 
 def _write_marker(folder: Path, results_dir: Path, files: dict[str, int] | None) -> None:
@@ -1001,24 +1051,19 @@ class _FolderLock:
 
 def _remove_leftovers(out: Path) -> None:
     """Folders that builds into ``out`` killed mid-way left beside it (``.<name>.building-*``,
-    ``.<name>.old-*``, and an older version's ``.<name>.old``), where no build holds them and
-    they are the report's own (its marker; for the older version's, a report page and figures
-    only). Anything else is left alone."""
+    ``.<name>.old-*``), where no build holds them and they are the report's own (its marker).
+    Anything else is left alone."""
     pattern = re.compile(_LEFTOVER.format(name=re.escape(out.name)))
     try:
         siblings = list(out.parent.iterdir())
     except OSError:
         return
     for d in siblings:
-        legacy = d.name == f".{out.name}.old"
-        if not (legacy or pattern.fullmatch(d.name)) or d.is_symlink() or not d.is_dir():
+        if not pattern.fullmatch(d.name) or d.is_symlink() or not d.is_dir():
             continue
         with _FolderLock(d, wait=False) as lock:
-            if not lock.held:
-                continue
             # a build writes its marker only once it holds its folder's lock
-            ours = _foreign_in_report(d) == [] if legacy else (d / REPORT_MARKER).is_file()
-            if ours:
+            if lock.held and _regular(d / REPORT_MARKER):
                 shutil.rmtree(d, ignore_errors=True)
 
 
@@ -1076,8 +1121,11 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
     devices = known_devices(runs)
     csvs = _Csvs(tmp.resolve())
     errata, why = load_errata(results_dir)
-    if why and log is not None:
-        log(f"report: {why}")
+    notes = [why] if why else []
+    if _nh3_missing() and any(r.tables for r in runs):
+        notes.append(NO_SANITIZER)
+    for note in notes if log is not None else []:
+        log(f"report: {note}")
     sections = []
     ordered = sorted(studies.values(), key=_study_rank)
     for i, s in enumerate(ordered, 1):
@@ -1092,7 +1140,7 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
     runs_csv = csvs.write(_runs_frame(runs, by_run), "runs")
     page = render_html(runs, sections, no_study=not studies, results_dir=results_dir,
                        out_dir=out_dir, benchmarks=bench, table_problems=by_run, links=links,
-                       runs_csv=runs_csv)
+                       runs_csv=runs_csv, notes=notes)
     atomic_write_text(tmp / "index.html", page)
     files, _ = _walk_files(tmp)
     files.pop(REPORT_MARKER, None)
@@ -1147,42 +1195,100 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
 # --------------------------------------------------------------------------- what the page links, copied in
 
 RUNS_DIRNAME = "runs"                # <report>/runs/<run folder>/: copies of what the page links
-_SCRIPT = re.compile(r"<script\b.*?</script\s*>", re.I | re.S)
-_EXTERNAL_LINK = re.compile(r"<link\b[^>]*\bhref\s*=\s*[\"']?\s*(?:[a-z][a-z0-9+.-]*:|//)[^>]*>", re.I)
-_EXTERNAL_SRC = re.compile(r"<(?:img|iframe|source|embed|object)\b[^>]*\b(?:src|data)\s*=\s*[\"']?\s*"
-                           r"(?:https?:|//)[^>]*>", re.I)
-LOCALIZED_NOTE = ("<!-- copied into the workbench report: scripts and external stylesheets removed, so the "
-                  "page loads nothing from outside the report folder (math shows as TeX source) -->\n")
+LOCALIZED_NOTE = ("<!-- copied into the workbench report and cleaned by an allow-list (nh3): no script, "
+                  "event attribute, frame, plugin or form, no link that runs code, nothing loaded from "
+                  "outside the report folder (math shows as TeX source) -->\n")
+# the page's own rule, for a browser: nothing runs, nothing loads from elsewhere
+_CSP = ("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "img-src data: 'self'; font-src data:; form-action 'none'; base-uri 'none'\">\n")
+NO_SANITIZER = ("executed notebooks' HTML is not copied into the report: the HTML sanitizer nh3 is not "
+                "installed (pip install nh3), and a notebook's HTML is never copied unsanitized")
+# what nbconvert's export of an executed notebook is made of: text, code, tables, images
+_TAGS = {"a", "abbr", "b", "blockquote", "br", "caption", "code", "col", "colgroup", "dd", "del", "details",
+         "div", "dl", "dt", "em", "figcaption", "figure", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "img",
+         "kbd", "li", "main", "ol", "p", "pre", "s", "samp", "small", "span", "strong", "style", "sub",
+         "summary", "sup", "table", "tbody", "td", "tfoot", "th", "thead", "title", "tr", "u", "ul", "var"}
+_ATTRIBUTES = {"*": {"class", "id", "title"}, "a": {"href"}, "img": {"src", "alt", "width", "height"},
+               "td": {"colspan", "rowspan"}, "th": {"colspan", "rowspan"}, "ol": {"start"}}
+_DROPPED_WITH_CONTENT = {"script", "svg", "math", "iframe", "object", "noscript", "template"}
+_IMAGE_DATA = tuple(f"data:image/{t}{sep}" for t in ("png", "jpeg", "gif", "svg+xml") for sep in ";,")
+_CSS_ESCAPE = re.compile(r"\\([0-9a-fA-F]{1,6})\s?|\\(.)", re.S)
+_CSS_LOADS = re.compile(r"@import|(?:image-set|image|cross-fade|element|src)\(|url\(\s*(?!['\"]?\s*data:)", re.I)
+
+
+def _relative(url: str) -> bool:
+    """Whether ``url`` (spaces removed, lower case) is a path inside the folder: no scheme, no
+    host, not from the root (``//host`` and ``\\\\host`` reach other machines)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return False
+    return not (parts.scheme or parts.netloc or url.startswith(("/", "\\")))
+
+
+def _attribute(tag: str, name: str, value: str) -> str | None:
+    """nh3's last word on an allowed attribute: an image only from an embedded PNG, JPEG, GIF or
+    SVG or a path in the folder, a link only to http(s) or a path in the folder."""
+    if name not in ("href", "src"):
+        return value
+    url = "".join(value.split()).lower()
+    if name == "src":
+        return value if url.startswith(_IMAGE_DATA) or _relative(url) else None
+    return value if url.startswith(("http://", "https://")) or _relative(url) else None
+
+
+def _loads_nothing(css: str) -> bool:
+    """Whether a stylesheet loads nothing (no @import, no url() but data:), read with its escapes
+    undone (``\\75 rl(`` is ``url(``)."""
+    plain = _CSS_ESCAPE.sub(lambda m: chr(min(int(m[1], 16), 0x10FFFF)) if m[1] else m[2], css)
+    return not _CSS_LOADS.search(plain)
 
 
 def localize_html(text: str) -> str:
-    """An executed notebook's HTML export, made self-contained: every ``<script>`` (nbconvert's
-    templates load require.js, MathJax and widget managers from CDNs) and every stylesheet,
-    image or frame from another host removed. The outputs themselves are embedded and stay."""
-    text = _SCRIPT.sub("", text)
-    text = _EXTERNAL_LINK.sub("", text)
-    text = _EXTERNAL_SRC.sub("", text)
-    return LOCALIZED_NOTE + text
+    """An executed notebook's HTML export, cleaned by an allow-list (nh3) so that it runs nothing
+    and loads nothing from outside the report folder: the tags and attributes of text, code,
+    tables and images (`_TAGS`, `_ATTRIBUTES`); images embedded or in the folder, links to http(s)
+    or the folder (`_attribute`); ``<style>`` blocks kept where they load nothing; scripts
+    (nbconvert's templates load require.js and MathJax from CDNs), inline SVG and MathML, frames
+    and plugins dropped with their content. ImportError where nh3 is not installed."""
+    import nh3
+
+    clean = nh3.clean(text, tags=_TAGS, clean_content_tags=_DROPPED_WITH_CONTENT, attributes=_ATTRIBUTES,
+                      attribute_filter=_attribute, url_schemes={"http", "https", "data"})
+    clean = re.sub(r"<style>(.*?)</style>", lambda m: m[0] if _loads_nothing(m[1]) else "", clean, flags=re.S)
+    return '<!doctype html>\n<meta charset="utf-8">\n' + _CSP + LOCALIZED_NOTE + clean
+
+
+def _nh3_missing() -> bool:
+    """Whether the sanitizer `localize_html` needs cannot be imported (then no notebook is copied)."""
+    try:
+        import nh3  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def _copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:
-    """Copies of each run's meta.json and executed notebooks' HTML (localized) under
-    ``runs/<run folder>/``: {(run folder name, "meta.json" | study): path relative to ``root``}."""
+    """Copies of each run's meta.json and executed notebooks' HTML (cleaned: `localize_html`;
+    none where nh3 is missing) under ``runs/<run folder>/``: {(run folder name, "meta.json" |
+    study): path relative to ``root``}. Only regular files of the run folder are read; one that
+    cannot be read is added to the run's ``skipped``."""
     links: dict[tuple[str, str], str] = {}
-    for r in runs:
-        dest = root / RUNS_DIRNAME / r.name
-        meta = r.path / META_NAME
-        wanted = [("meta.json", meta)] if meta.is_file() else []
-        wanted += [(study, r.path / f"{study}.html") for study in r.tables if (r.path / f"{study}.html").is_file()]
-        for key, src in wanted:
+    notebooks = not _nh3_missing()
+    for r in (r for r in runs if not r.path.is_symlink()):       # a link to a folder elsewhere: none of it
+        names = [META_NAME] + ([f"{study}.html" for study in r.tables] if notebooks else [])
+        for name in (n for n in names if n not in r.skipped):
             try:
-                text = src.read_text(encoding="utf-8", errors="replace")
-            except OSError:
+                text = read_regular(r.path / name).decode("utf-8", errors="replace")
+            except FileNotFoundError:
                 continue
-            dest.mkdir(parents=True, exist_ok=True)
-            target = dest / src.name
-            atomic_write_text(target, text if key == "meta.json" else localize_html(text))
-            links[(r.name, key)] = target.relative_to(root).as_posix()
+            except OSError as e:
+                r.skipped[name] = _why(e)
+                continue
+            target = root / RUNS_DIRNAME / r.name / name
+            atomic_write_text(target, text if name == META_NAME else localize_html(text))
+            links[(r.name, "meta.json" if name == META_NAME else name[:-len(".html")])] = (
+                target.relative_to(root).as_posix())
     return links
 
 
@@ -1196,9 +1302,10 @@ def _runs_frame(runs: list[Run], table_problems: Mapping[str, list[str]]):
                      "status": r.error or ("finished" if r.finished else "unfinished"),
                      "failed": "; ".join(open_failures(r.recorded)) if not r.error else "",
                      "tables": ", ".join(r.tables),
-                     "unreadable_tables": "; ".join(table_problems.get(r.name) or [])})
+                     "unreadable_tables": "; ".join(table_problems.get(r.name) or []),
+                     "skipped_files": "; ".join(f"{n}: {why}" for n, why in r.skipped.items())})
     return pd.DataFrame(rows, columns=["run", "reference", "device", "git", "started_utc", "duration_s",
-                                       "status", "failed", "tables", "unreadable_tables"])
+                                       "status", "failed", "tables", "unreadable_tables", "skipped_files"])
 
 
 def _newest_first(runs: list[Run]) -> list[Run]:
@@ -1257,6 +1364,9 @@ def _unfinished(r: Run) -> str:
 
     if run_in_use(r.path):
         return "in progress"
+    odd = [n for n in r.skipped if n.endswith(".ipynb")]
+    if odd:             # the stages are read from its notebooks; these are not files to read
+        return f"interrupted (its stages are not read: {_e(', '.join(odd))}: not a regular file)"
     left = run_state(r.path, r.recorded).describe_left()
     return (f"interrupted (left: {_e(left)}): finish it with <code>python -m workbench sweep --resume "
             f"{_e(r.name)}</code> (make report resumes it when the code is the same)")
@@ -1296,6 +1406,9 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]] | None 
             if failures:
                 status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
                           f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
+        if r.skipped:
+            status += (f", <span class='problem'>{len(r.skipped)} file{'s' if len(r.skipped) > 1 else ''} "
+                       "not read (below)</span>")
         bad = table_problems.get(r.name) or []
         if bad:
             status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
@@ -1306,6 +1419,8 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]] | None 
             f"<tr><td>{name}</td><td>{_e(r.device)}</td><td><code>{_e(r.git)}</code></td>"
             f"<td>{_e(r.started)}</td><td>{dur}</td><td>{status}</td><td>{tables}</td></tr>")
     problems = [f"<li>{_e(r.name)}: {_e(r.error)}</li>" for r in runs if r.error]
+    problems += [f"<li>{_e(r.name)}: {_e(n)}: {_e(why)}; not read or copied</li>"
+                 for r in runs for n, why in r.skipped.items()]
     problems += [f"<li>{_e(name)}: {_e(line)}</li>" for name, lines in table_problems.items() for line in lines]
     listing = ("<p class='problem'>Run folders and tables the report could not use:</p><ul class='problem'>"
                + "".join(problems) + "</ul>") if problems else ""
@@ -1535,7 +1650,9 @@ def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
                 results_dir: Path, out_dir: Path, benchmarks: list[BenchmarkSection] | None = None,
                 table_problems: Mapping[str, list[str]] | None = None,
-                links: Mapping[tuple[str, str], str] | None = None, runs_csv: str = "") -> str:
+                links: Mapping[tuple[str, str], str] | None = None, runs_csv: str = "",
+                notes: list[str] | None = None) -> str:
+    """The page. ``notes``: what the whole page lacks and why (a broken errata file), shown first."""
     now = iso_utc(timespec="seconds")
     benchmarks = list(benchmarks or [])
     body = [
@@ -1544,6 +1661,7 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
         f"{len(runs)} run folder(s), {sum(r.reference for r in runs)} of them reference runs. "
         "Newest run per device first; older runs and CPU smoke tests are folded. This folder holds "
         "everything the page links, so it can be zipped and shared.</p>",
+        *(f'<p class="problem">{_e(n)}</p>' for n in notes or []),
     ]
     if no_study:
         body.append(f'<p class="notice"><strong>{_e(NO_STUDY_MESSAGE[0].upper() + NO_STUDY_MESSAGE[1:])}.</strong> '

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .files import read_regular
+
 STAGES = ("table", "notebook", "html", "figures")
 FIGURES_DIR = "figures"
 
@@ -32,7 +34,8 @@ def figures_marker(run_dir: Path | str, study: str) -> Path:
 def notebook_done(path: Path) -> bool:
     """Whether ``path`` is a notebook papermill executed to its end without an exception."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        # a run folder may come from anyone: never through a link, never a FIFO (which blocks)
+        doc = json.loads(read_regular(path).decode("utf-8"))
         pm = doc["metadata"]["papermill"]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False

@@ -8,7 +8,8 @@ Photos (RGB, size as HxW):
     grace_hopper  600x512   matplotlib    cbook.get_sample_data("grace_hopper.jpg")
 
 Image mixes: the named size distributions of data/image_mixes.toml, the photos ("photos") and a
-folder of the user's own images ("folder:PATH": its images' sizes, read from their headers).
+folder of the user's own images ("folder:PATH": its images' sizes as shown, each file decoded once
+by wb.preprocess's reader, `workbench.preprocess.load_image`).
 
 Everything here is deterministic given its arguments (and `seed`) and, for a folder mix, the
 folder's content.
@@ -26,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
 from . import limits
+from .files import file_kind
 
 __all__ = ["SAMPLE_NAMES", "MIX_NAMES", "MIX_FILE", "FOLDER_PREFIX", "IMAGE_SUFFIXES", "sample_images",
            "sample_video", "random_images", "get_mix", "folder_mix_name", "check_image_folder", "with_folder",
@@ -277,8 +279,6 @@ MIX_NAMES: tuple[str, ...] = _mix_names()
 # ---- a folder of the user's own images ----------------------------------------------------------
 FOLDER_PREFIX = "folder:"
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")
-_TURNED = (5, 6, 7, 8)      # EXIF orientations shown turned by 90 degrees (height and width swap)
-_ORIENTATION = 0x0112
 
 
 def folder_mix_name(path) -> str:
@@ -290,65 +290,71 @@ def _folder_valid() -> str:
     return f"a folder of image files ({', '.join(IMAGE_SUFFIXES)}), sub-folders included, hidden ones skipped"
 
 
-def _turned(im: Image.Image) -> bool:
-    """Whether ``im`` is shown turned by 90 degrees (EXIF orientation), read from its header only
-    (the base class's getexif: PNG's own decodes the whole image)."""
-    return Image.Image.getexif(im).get(_ORIENTATION) in _TURNED
-
-
-def _image_files(folder: str) -> tuple[tuple[str, int, int], ...]:
-    """(relative POSIX path, bytes, mtime in ns) of every image file under ``folder`` by suffix,
-    sorted; LimitError past the ``folder_images`` cap (counting stops there)."""
+def _image_files(folder: str) -> tuple[tuple[tuple[str, int, int], ...], list[str]]:
+    """(listing, skipped) of the files under ``folder`` with an image suffix: listing holds
+    (relative POSIX path, bytes, mtime in ns) of each regular file or symbolic link to one
+    (wherever it points), sorted; skipped holds "relative path (what it is)" of the others (named
+    pipes, sockets, devices, broken links), which are never opened: opening a pipe waits for a
+    writer. LimitError past the ``folder_images`` cap (counting stops there)."""
     cap = limits.current().folder_images
-    found = []
+    found, skipped = [], []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for f in files:
             if f.startswith(".") or os.path.splitext(f)[1].lower() not in IMAGE_SUFFIXES:
                 continue
             path = os.path.join(root, f)
-            try:
-                st = os.stat(path)
-            except OSError:          # a broken link: kept, and skipped as unreadable with its reason
-                st = os.lstat(path)
-            found.append((Path(path).relative_to(folder).as_posix(), st.st_size, st.st_mtime_ns))
+            rel = Path(path).relative_to(folder).as_posix()
+            kind = file_kind(path)
+            if kind:
+                skipped.append(f"{rel} ({kind})")
+                continue
+            st = os.stat(path)
+            found.append((rel, st.st_size, st.st_mtime_ns))
             if len(found) > cap:
                 limits.check("folder_images", len(found), f"image folder {folder!r} holds too many image files "
                                                           f"(counting stopped at {len(found):,})")
-    return tuple(sorted(found))
+    return tuple(sorted(found)), sorted(skipped)
+
+
+def _listed(items: list, most: int = 5) -> str:
+    return "; ".join(map(str, items[:most])) + (" ..." if len(items) > most else "")
+
+
+def _refusal(folder: str, errors: list[Exception], n_files: int) -> ValueError:
+    """One error for the files of ``folder`` that wb.preprocess's reader refused, each named with
+    why. A LimitError when every refusal is one: raising the caps is then the whole fix."""
+    kind = limits.LimitError if all(isinstance(e, limits.LimitError) for e in errors) else ValueError
+    return kind(f"image folder {folder!r}: {len(errors)} of {n_files} image file(s) cannot be read as "
+                f"wb.preprocess reads images (fix or remove them): {_listed(errors)}")
 
 
 @functools.lru_cache(maxsize=8)
 def _read_folder(folder: str, listing: tuple) -> tuple[Mix, tuple[str, int, int]]:
-    """The folder's mix from its files' headers (nothing is decoded), and its largest image
-    (path, height, width). Keyed by the listing, so a changed file is read again."""
+    """The folder's mix, and its largest image (path, height, width). Every file is decoded once,
+    by wb.preprocess's reader (`load_image`): the sizes are those it shows (EXIF orientation
+    applied, wherever the file keeps it), and a file it refuses (a mode, a cap, a truncated or
+    corrupt file) refuses the folder here, naming the file, before any run starts: skipping it
+    would change the mix the user asked for. Keyed by the listing, so a changed file is read
+    again (a refusal is not cached)."""
+    from .preprocess import load_image
     sizes: dict[tuple[int, int], list[str]] = {}
-    skipped = []
+    refused: list[Exception] = []
     digest = hashlib.sha256()
     for rel, nbytes, _ in listing:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                with Image.open(os.path.join(folder, rel)) as im:
-                    w, h = im.size
-                    if _turned(im):
-                        h, w = w, h
-        except Exception as e:  # noqa: BLE001 - PIL raises many types for a file it cannot read
-            skipped.append(f"{rel} ({type(e).__name__}: {e})")
+            w, h = load_image(os.path.join(folder, rel)).size
+        except (ValueError, OSError) as e:       # OSError: unreadable (permissions), gone since listed
+            refused.append(e)
             continue
         sizes.setdefault((h, w), []).append(rel)
         digest.update(f"{rel}\0{h}x{w}\0{nbytes}\n".encode())
-    if not sizes:
-        raise ValueError(f"image folder {folder!r} holds no readable image ({len(listing)} file(s) with an image "
-                         f"suffix{': ' + '; '.join(skipped[:3]) if skipped else ''}); valid: {_folder_valid()}")
-    if skipped:
-        warnings.warn(f"image folder {folder!r}: skipping {len(skipped)} unreadable file(s): {'; '.join(skipped[:5])}"
-                      + (" ..." if len(skipped) > 5 else ""), stacklevel=2)
+    if refused:
+        raise _refusal(folder, refused, len(listing))
     count = sum(len(f) for f in sizes.values())
     entries = tuple(MixEntry("image", 1, h, w, float(len(f)), f"{len(f)} image(s) of the folder, e.g. {f[0]}")
                     for (h, w), f in sorted(sizes.items()))
-    mix = Mix(FOLDER_PREFIX + folder, f"{count} images of the folder {folder}"
-              + (f" ({len(skipped)} unreadable file(s) skipped)" if skipped else ""),
+    mix = Mix(FOLDER_PREFIX + folder, f"{count} images of the folder {folder}",
               "the number of the folder's images of each size", (0, 0), entries, folder=folder,
               files=tuple(tuple(f) for _, f in sorted(sizes.items())),
               fingerprint=f"{count}-{digest.hexdigest()[:12]}")
@@ -357,9 +363,10 @@ def _read_folder(folder: str, listing: tuple) -> tuple[Mix, tuple[str, int, int]
 
 
 def _folder_mix(path: str) -> Mix:
-    """The mix of a folder's images (one entry per size, weighted by its number of images);
-    ValueError naming the folder for one that is missing, not a folder or without a readable image,
-    LimitError for too many files or too large an image."""
+    """The mix of a folder's images (one entry per size, weighted by its number of images).
+    ValueError naming the folder for one that is missing, not a folder or without an image file,
+    and naming the files wb.preprocess's reader refuses; LimitError for too many files or too
+    large an image. Entries that are not regular files are skipped with a warning naming them."""
     if not path:
         raise ValueError(f"image mix {FOLDER_PREFIX!r} names no folder; valid: {FOLDER_PREFIX}PATH with PATH "
                          f"{_folder_valid()}")
@@ -368,15 +375,24 @@ def _folder_mix(path: str) -> Mix:
         raise ValueError(f"image folder {folder!r} does not exist; valid: {_folder_valid()}")
     if not os.path.isdir(folder):
         raise ValueError(f"image folder {folder!r} is a file, not a folder; valid: {_folder_valid()}")
-    mix, (rel, h, w) = _read_folder(folder, _image_files(folder))
-    limits.check("input_pixels", h * w, f"image {rel!r} of the folder {folder!r}, {h}x{w} (HxW) pixels")
+    listing, skipped = _image_files(folder)
+    if skipped:
+        warnings.warn(f"image folder {folder!r}: skipping {len(skipped)} entry(ies) that are not regular files "
+                      f"(never opened): {_listed(skipped)}", stacklevel=3)
+    if not listing:
+        raise ValueError(f"image folder {folder!r} holds no readable image (0 file(s) with an image suffix"
+                         + (f"; skipped: {_listed(skipped)}" if skipped else "") + f"); valid: {_folder_valid()}")
+    mix, (rel, h, w) = _read_folder(folder, listing)
+    # the listing may have been read under higher caps (limits.raised): the largest image again
+    limits.check("input_pixels", h * w, f"{os.path.join(folder, rel)}: an image of {h}x{w} (HxW) pixels")
     return mix
 
 
 def check_image_folder(path: str) -> None:
     """A study parameter's rule: ``path`` is an absolute path (``~`` allowed) to a folder that
-    `get_mix` reads as a mix; ValueError otherwise. A relative path is refused: a sweep's notebooks
-    run in the project root, not where the command was typed."""
+    `get_mix` reads as a mix, every image decoded in full, so that a truncated or refused file is
+    named before a run folder exists; ValueError otherwise. A relative path is refused: a sweep's
+    notebooks run in the project root, not where the command was typed."""
     if not os.path.isabs(os.path.expanduser(path)):
         raise ValueError(f"a relative path; give the whole path (e.g. {os.path.abspath(path)!r}): a sweep's "
                          f"notebooks run in the project root")
@@ -413,9 +429,11 @@ def _with_token_range(mix: Mix) -> Mix:
 
 def get_mix(name: str) -> Mix:
     """The mix ``name`` (entries, description, claimed token range): a name of MIX_NAMES, or
-    ``folder:PATH``, the images of a folder (sub-folders too) at their sizes as shown, read from
-    their headers, each size weighted by its number of images (unreadable files are skipped with a
-    warning). ValueError naming the valid ones. For "photos" and folders the claimed range is
+    ``folder:PATH``, the images of a folder (sub-folders too) at their sizes as shown, each size
+    weighted by its number of images: every file is decoded once by wb.preprocess's reader
+    (`load_image`), and one it refuses refuses the folder, naming the file; entries that are not
+    regular files (named pipes, sockets, devices, broken links) are skipped with a warning.
+    ValueError naming the valid ones. For "photos" and folders the claimed range is
     computed (their own sizes under the default resize)."""
     if isinstance(name, str) and name.startswith(FOLDER_PREFIX):
         return _folder_mix(name[len(FOLDER_PREFIX):])
@@ -573,13 +591,9 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
 
 
 def _folder_image(path: str, h: int, w: int) -> Image.Image:
-    """The image file as shown (EXIF orientation applied), RGB, resized (PIL bicubic) to h x w; a
-    JPEG is decoded at the smallest scale that still holds h x w (PIL draft). ValueError naming
-    the file where it cannot be decoded."""
-    try:
-        with Image.open(path) as im:
-            im.draft("RGB", (h, w) if _turned(im) else (w, h))
-            img = ImageOps.exif_transpose(im).convert("RGB")
-    except Exception as e:  # noqa: BLE001 - PIL raises many types for a file it cannot decode
-        raise ValueError(f"image {path!r} of a folder mix could not be decoded ({type(e).__name__}: {e})") from e
+    """The image file as wb.preprocess's reader gives it (`load_image`: RGB, EXIF orientation
+    applied), resized (PIL bicubic) to h x w; a JPEG is decoded at the smallest scale that still
+    holds h x w (PIL draft). ValueError naming the file where it is refused."""
+    from .preprocess import load_image
+    img = load_image(path, reduce_to=(h, w))
     return img if img.size == (w, h) else img.resize((w, h), Image.Resampling.BICUBIC)

@@ -65,8 +65,8 @@ def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: b
     """Take one study of ``run_dir`` through the stages it has not reached: measure and save its
     table (or, papermill mode, execute its notebook, which loads a table the run already holds
     instead of measuring again), export the notebook's HTML, draw the figures. Returns
-    (failures, warnings); a stage that fails is recorded, never raised, and the stages after it
-    wait for a resume."""
+    (failures, warnings); a stage that fails is recorded as a failure, never raised, and the
+    stages after it wait for a resume."""
     from .runstate import study_state
 
     state = study_state(run_dir, study.name, direct)
@@ -89,12 +89,14 @@ def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: b
         message = f"{study.name}: {type(e).__name__}{saved}: {e}"
         print(f"sweep: {study.name} FAILED{saved}: {type(e).__name__}: {e}", file=sys.stderr)
         return [message], []
-    warnings = []
+    # the table stays whatever happens here; a stage that fails (a full disk while drawing, no
+    # nbconvert) is a failure the run records, and a resume takes that stage again
+    failures = []
     for stage, do in (("html", lambda: export_html(run_dir / f"{study.name}.ipynb")),
                       ("figures", lambda: save_run_figures(study, table, run_dir))):
         if stage in state.done and not state.done[stage]:
-            warning = do()
-            if warning:
-                warnings.append(warning)
-                print(f"sweep: {warning}", file=sys.stderr)
-    return [], warnings
+            problem = do()
+            if problem:
+                failures.append(problem)
+                print(f"sweep: {study.name} FAILED: {problem}", file=sys.stderr)
+    return failures, []

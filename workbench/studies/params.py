@@ -86,6 +86,20 @@ def _scalar(kind: str, name: str, value: Any) -> Any:
     raise AssertionError(kind)  # pragma: no cover
 
 
+def _model_folder(name: str, value: str) -> str:
+    """A model folder given for parameter ``name``, as its absolute path, checked whole
+    (`workbench.checkpoints.check_model_folder`: its JSON, every safetensors header, the shapes
+    and dtypes against the tower, without reading tensor data) so that a folder that cannot load
+    is refused like any bad value, before a run folder exists. Imported here: it loads torch."""
+    from ..checkpoints import CheckpointError, check_model_folder
+
+    try:
+        check_model_folder(value)
+    except CheckpointError as e:
+        raise ParamError(f"{name}={value!r}: not a usable model folder: {e}") from None
+    return str(Path(value).expanduser().resolve())
+
+
 @dataclass(frozen=True)
 class Param:
     """One study parameter.
@@ -158,7 +172,7 @@ class Param:
             raise ParamError(f"{e}; valid: {self._valid()}") from None
         if self.choices is not None and out not in self.choices:
             if self.model_folders and is_model_folder(out):
-                return str(Path(out).expanduser().resolve())
+                return _model_folder(self.name, out)
             raise ParamError(f"{self.name}={value!r} is not a valid choice; valid: {self._valid()}")
         if self.minimum is not None and out < self.minimum:
             raise ParamError(f"{self.name}={value!r} is below the minimum {self.minimum:g}")
@@ -192,6 +206,11 @@ class Param:
             _checked(limits.check, "list_items", len(value), f"{self.name}: a list of {len(value)} values",
                      error=limits.LimitError)
             out = [self._element(elem, v) for v in value]
+            # every element of a list parameter is a cell of the study: a repeat would measure the
+            # same rows twice (and the table refuses duplicate measurements after the run)
+            repeated = sorted({repr(v) for i, v in enumerate(out) if v in out[:i]})
+            if repeated:
+                raise ParamError(f"{self.name}={out!r} repeats {', '.join(repeated)}; give each value once")
         else:
             out = self._element(self.kind, value)
         if self.rule is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import math
 
 
@@ -115,26 +116,115 @@ def norm_params(width: int, kind: str) -> int:
     return 2 * width if kind == "layer" else width
 
 
-# ---- reading a checkpoint's vision_config -------------------------------------------------------
+# ---- reading a checkpoint's JSON: one table of value kinds ---------------------------------------
+#
+# A model folder may come from anyone, so every value read from its config.json or
+# preprocessor_config.json goes through `checked` with its kind from a table (VISION_KEYS here,
+# the processor's in workbench.checkpoints): a wrong type is a ValueError naming the field, the
+# value as the file spells it and what it must be, never a TypeError from deep inside.
+
+_BAD = object()
+
+
+def _integer(v, least: int):
+    # JSON written by other tools may spell an integer 4.0; bool is no integer (True is no depth)
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= least else _BAD
+
+
+def _finite(v):
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else _BAD
+
+
+def _positive(v):
+    out = _finite(v)
+    return out if out is not _BAD and out > 0 else _BAD
+
+
+def _all(convert, v):
+    out = [convert(x) for x in v] if isinstance(v, list) else [_BAD]
+    return _BAD if any(x is _BAD for x in out) else tuple(out)
+
+
+# the kinds, each named by what a value of it must be (the error message says that)
+POSITIVE = "a positive integer"
+INDICES = "a list of block indices (integers >= 0)"
+NUMBER = "a finite number > 0"
+NUMBERS = "a list of finite numbers"
+STRING = "a string"
+BOOL = "true or false"
+OBJECT = "an object or null"
+# kind -> its conversion (the value as the workbench stores it, or _BAD)
+KINDS = {
+    POSITIVE: lambda v: _integer(v, 1),
+    INDICES: lambda v: _all(lambda x: _integer(x, 0), v),
+    NUMBER: _positive,
+    NUMBERS: lambda v: _all(_finite, v),
+    STRING: lambda v: v if isinstance(v, str) else _BAD,
+    BOOL: lambda v: v if isinstance(v, bool) else _BAD,
+    OBJECT: lambda v: v if v is None or isinstance(v, dict) else _BAD,
+}
+
+# every vision_config key a family's `from_hf` reads -> its kind
+VISION_KEYS = {
+    **dict.fromkeys(("depth", "num_heads", "patch_size", "temporal_patch_size", "spatial_merge_size",
+                     "in_channels", "in_chans", "embed_dim", "mlp_ratio", "hidden_size", "intermediate_size",
+                     "out_hidden_size", "window_size", "num_position_embeddings", "image_size"), POSITIVE),
+    "fullatt_block_indexes": INDICES, "deepstack_visual_indexes": INDICES,
+    "rope_theta": NUMBER, "rms_norm_eps": NUMBER, "hidden_act": STRING, "attention_bias": BOOL,
+    "rope_parameters": OBJECT, "rope_scaling": OBJECT,
+}
+
+
+def show(value, width: int = 60) -> str:
+    """``value`` as JSON spells it ("32" quoted, Infinity, null), cut to ``width`` characters."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def checked(value, kind: str, name: str):
+    """``value`` converted as ``kind`` (a key of KINDS) says, or a ValueError naming ``name``."""
+    out = KINDS[kind](value)
+    if out is _BAD:
+        raise ValueError(f"{name} = {show(value)} must be {kind}")
+    return out
+
 
 def need(vc: dict, key: str):
-    """``vc[key]``, or a ValueError naming the missing key (the caller adds the file)."""
+    """``vc[key]`` checked as VISION_KEYS says, or a ValueError naming the missing key (the caller
+    adds the file)."""
     if key not in vc:
         raise ValueError(f"vision_config has no {key!r}")
-    return vc[key]
+    return checked(vc[key], VISION_KEYS[key], f"vision_config.{key}")
+
+
+def get(vc: dict, key: str, default):
+    """``vc[key]`` checked as VISION_KEYS says, or ``default`` where the key is absent."""
+    return need(vc, key) if key in vc else default
 
 
 def expect(vc: dict, key: str, want, default) -> None:
     """A setting the tower hard-codes (an activation, a bias): refuse a checkpoint that differs."""
-    got = vc.get(key, default)
+    got = get(vc, key, default)
     if got != want:
         raise ValueError(f"vision_config {key}={got!r}: this tower supports only {want!r}")
 
 
+def _rope_theta(vc: dict) -> float:
+    # transformers 5 writes rope_parameters, older versions rope_scaling or a bare rope_theta
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = get(vc, key, None)
+        if rope:
+            if "rope_theta" in rope:
+                return checked(rope["rope_theta"], NUMBER, f"vision_config.{key}.rope_theta")
+            break
+    return get(vc, "rope_theta", 10000.0)
+
+
 def hf_common(vc: dict) -> dict:
     """The fields every family's vision_config spells alike: depth, heads, patching, rotary theta."""
-    rope = vc.get("rope_parameters") or vc.get("rope_scaling") or {}
     return dict(depth=need(vc, "depth"), heads=need(vc, "num_heads"), patch_size=need(vc, "patch_size"),
-                temporal_patch_size=vc.get("temporal_patch_size", 2), merge_size=vc.get("spatial_merge_size", 2),
-                in_channels=vc.get("in_channels", vc.get("in_chans", 3)),
-                rope_theta=float(rope.get("rope_theta", vc.get("rope_theta", 10000.0))))
+                temporal_patch_size=get(vc, "temporal_patch_size", 2), merge_size=get(vc, "spatial_merge_size", 2),
+                in_channels=get(vc, "in_channels", get(vc, "in_chans", 3)), rope_theta=_rope_theta(vc))

@@ -58,7 +58,7 @@ from torch import nn
 
 from ..config import VisionConfig
 from .common import (TowerMetadata, VisionBlock, VisionTower, add_norm, interpolated_positions)
-from .family import Family, check_position_table, check_unused, expect, hf_common, need, norm_params
+from .family import Family, check_position_table, check_unused, expect, get, hf_common, need, norm_params
 from .qwen2_vl import qwen_merger_macs
 
 QWEN3_PROCESSOR = dict(patch_size=16, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
@@ -233,7 +233,7 @@ class Qwen3VLFamily(Family):
         expect(vc, "hidden_act", "gelu_pytorch_tanh", "gelu_pytorch_tanh")
         return dict(hf_common(vc), width=need(vc, "hidden_size"), mlp_hidden=need(vc, "intermediate_size"),
                     out_hidden=need(vc, "out_hidden_size"), num_position_embeddings=need(vc, "num_position_embeddings"),
-                    deepstack_indexes=tuple(vc.get("deepstack_visual_indexes", ())))
+                    deepstack_indexes=get(vc, "deepstack_visual_indexes", ()))
 
     def hf_embeddings(self, model, pixels, grid_thw):
         out = model(pixels, grid_thw)

@@ -1,0 +1,74 @@
+"""Files from folders anyone may have written (run folders, model folders, image folders): only
+regular files are opened, and nothing waits.
+
+Opening a named pipe for reading blocks until a writer comes, and a device may never end; a
+symbolic link in a shared folder can point at any file of the reader's. So a path is judged from
+its metadata first (`file_kind`), opened non-blocking, and judged again on the open descriptor,
+in case it was swapped in between. Run folders are read without following links
+(``follow=False``); model and image folders follow them to regular files (a hub snapshot and a
+folder of links into a photo library are made of links), and the callers confine them.
+Light: no torch, no pandas.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import BinaryIO
+
+# what a path is, for the messages: every one but the regular file is refused unopened
+_KINDS = ((stat.S_ISREG, None), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+class NotRegularFile(OSError):
+    """A path that is there but is not a regular file; ``kind`` says what it is ("a FIFO"...)."""
+
+    def __init__(self, path, kind: str):
+        super().__init__(errno.EINVAL, f"it is {kind}, not a regular file", os.fspath(path))
+        self.kind = kind
+
+
+def _kind_of(mode: int) -> str | None:
+    return next((kind for test, kind in _KINDS if test(mode)), "a special file")
+
+
+def file_kind(path, follow: bool = True) -> str | None:
+    """None where ``path`` is a regular file (with ``follow``, also a symbolic link to one), else
+    what it is: "a symbolic link" (without ``follow``), "a folder", "a FIFO", "a socket", "a
+    character device", "a block device", "a broken symbolic link". Nothing is opened.
+    FileNotFoundError where nothing is there."""
+    try:
+        mode = (os.stat if follow else os.lstat)(path).st_mode
+    except OSError:
+        if follow and os.path.islink(path):        # dangling, or a loop of links
+            return "a broken symbolic link"
+        raise
+    return _kind_of(mode)
+
+
+def open_regular(path, follow: bool = True) -> BinaryIO:
+    """``path`` opened for binary reading where it is a regular file (`file_kind`); otherwise
+    NotRegularFile, nothing opened. Opened non-blocking (a FIFO swapped in after the check does not
+    wait for a writer) and, without ``follow``, never through a link."""
+    kind = file_kind(path, follow)
+    if kind:
+        raise NotRegularFile(path, kind)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
+    f = os.fdopen(os.open(path, flags), "rb")
+    kind = _kind_of(os.fstat(f.fileno()).st_mode)
+    if kind:
+        f.close()
+        raise NotRegularFile(path, kind)
+    return f
+
+
+def read_regular(path, max_bytes: int | None = None, follow: bool = False) -> bytes:
+    """The bytes of ``path`` opened by `open_regular` (by default never through a link); OSError
+    (EFBIG) where it holds more than ``max_bytes``."""
+    with open_regular(path, follow) as f:
+        data = f.read(-1 if max_bytes is None else max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", os.fspath(path))
+    return data
