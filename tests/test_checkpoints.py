@@ -24,10 +24,10 @@ def _qwen2_vl():
     return Qwen2VLForConditionalGeneration(cfg), Qwen2VLImageProcessor()
 
 
-def _qwen2_5_vl():
+def _qwen2_5_vl(intermediate_size=48):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessor
     cfg = Qwen2_5_VLConfig(text_config=dict(TEXT, rope_parameters=MROPE),
-                           vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2,
+                           vision_config=dict(depth=2, hidden_size=32, intermediate_size=intermediate_size, num_heads=2,
                                               out_hidden_size=32, fullatt_block_indexes=[1]))
     return Qwen2_5_VLForConditionalGeneration(cfg), Qwen2VLImageProcessor()
 
@@ -258,7 +258,8 @@ def test_a_vision_config_the_tower_cannot_run_is_refused(saved):
 
 @pytest.mark.parametrize("edit, match", [
     ("drop", r"vision tensors missing from the checkpoint: blocks\.0\.attn\.qkv\.weight"),
-    ("reshape", r"shape mismatch: model\.visual\.merger\.proj\.weight: checkpoint \(32, 16\) vs tower \(32, 32\)"),
+    ("reshape", r"shape mismatch: model\.visual\.merger\.proj\.weight \(in model\.safetensors\): checkpoint "
+                r"\(32, 16\) vs tower \(32, 32\)"),
 ])
 def test_a_missing_or_misshaped_tensor_is_named_and_nothing_is_loaded(saved, edit, match):
     from safetensors.torch import load_file, save_file

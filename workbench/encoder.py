@@ -32,7 +32,7 @@ from .norms import InputNorm, check_norm_name, make_norm
 from .triton_support import interpreting
 from .preprocess import PatchBatch
 from .towers import build_tower
-from .towers.common import check_fused
+from .towers.common import GEMM_ALIGN, check_fused
 
 @dataclass(frozen=True)
 class Placement:
@@ -124,7 +124,8 @@ class VisionEncoder(nn.Module):
     """Outer model: `.visual` (the tower), the placement's norm module, and `encode`."""
 
     def __init__(self, cfg: VisionConfig, placement: Placement, norm: InputNorm, dtype: torch.dtype,
-                 device: torch.device, attn_backend: str = "auto", check_inputs: bool = True, fused="auto"):
+                 device: torch.device, attn_backend: str = "auto", check_inputs: bool = True, fused="auto",
+                 gemm_align: int = GEMM_ALIGN):
         """Trusts its arguments (`build_encoder` checks them): a `PLACEMENT_TABLE` row and a norm
         object (`workbench.norms.make_norm`), which normalizes where the placement says."""
         super().__init__()
@@ -132,7 +133,7 @@ class VisionEncoder(nn.Module):
         self.check_inputs = check_inputs
         device_norm = self.spec.norm_in == "tower"
         self.visual = build_tower(cfg, input_norm=norm if device_norm else None, device_norm=device_norm,
-                                  attn_backend=attn_backend, fused=fused)
+                                  attn_backend=attn_backend, fused=fused, gemm_align=gemm_align)
         # the outer model's own norm (placement `outer`) and the model runner's (placement `runner`)
         self.outer_norm = norm if self.spec.norm_in == "outer" else None
         self.runner_norm = norm if self.spec.norm_in == "runner" else None
@@ -257,7 +258,8 @@ class VisionEncoder(nn.Module):
 
 def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower", norm: str = "triton_rows",
                   dtype=torch.bfloat16, device="auto", attn_backend: str = "auto", seed: int | None = 0,
-                  check_inputs: bool = True, fused="auto", weights: str | os.PathLike | None = None) -> VisionEncoder:
+                  check_inputs: bool = True, fused="auto", weights: str | os.PathLike | None = None,
+                  gemm_align: int = GEMM_ALIGN) -> VisionEncoder:
     """Outer model with `.visual` for `cfg`: a VisionConfig, a preset name, or a local transformers
     model folder (its config.json and preprocessor_config.json give the config, its safetensors
     the vision tower's weights: `workbench.checkpoints`).
@@ -268,8 +270,11 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
 
     placement: one of PLACEMENTS (or 'double'); norm: one of NORMS; dtype: tower dtype; device:
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
-    CUDA for bf16/fp16 towers), True or False. Weights are random (seeded, checkpoint-like scales) unless seed is
-    None (seed: an integer 0..limits.seed); load real ones with `enc.visual.load_hf_state_dict(sd)`.
+    CUDA for bf16/fp16 towers), True or False; gemm_align: the SwiGLU MLPs' hidden width is padded
+    to a multiple of it where it is not a multiple of 8, invisibly to state dicts and loading
+    (`towers.common.GatedMLP`; default 64 on every device, 1: no padding; the tower checks it).
+    Weights are random (seeded, checkpoint-like scales) unless seed is None (seed: an integer
+    0..limits.seed); load real ones with `enc.visual.load_hf_state_dict(sd)`.
     check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values
     outside the normalized range or not finite); False is the engines' behaviour, for studies.
     """
@@ -295,7 +300,7 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
         raise ValueError(f"norm {norm!r} is a Triton kernel; on CPU it runs only under TRITON_INTERPRET=1 "
                          f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
     enc = VisionEncoder(cfg, spec, make_norm(norm, cfg, check_values=check_inputs), dtype, dev,
-                        attn_backend=attn_backend, check_inputs=check_inputs, fused=fused)
+                        attn_backend=attn_backend, check_inputs=check_inputs, fused=fused, gemm_align=gemm_align)
     enc.visual.resolve_kernels()     # an attention backend or fused choice this device cannot run fails here
     if weights is not None:
         from .checkpoints import load_vision_weights

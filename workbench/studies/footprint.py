@@ -32,8 +32,8 @@ class Footprint:
 @functools.lru_cache(maxsize=64)
 def tower_params(cfg) -> int:
     """Parameters of the tower of ``cfg`` as allocated (built on the meta device: no memory, any
-    size): unlike ``cfg.n_params``, the checkpoint's count, it includes the alignment padding of
-    the fused gate|up weight."""
+    size). The MLP's GEMM-alignment padding (towers.common.GEMM_ALIGN) lives in buffers, not
+    parameters, so this equals ``cfg.n_params``, the checkpoint's count."""
     import torch
 
     from ..towers import build_tower

@@ -278,33 +278,73 @@ def interpolated_positions(table: torch.Tensor, meta: "TowerMetadata", dtype: to
     return out.to(dtype)
 
 
+# ---- GEMM alignment of the SwiGLU MLPs ---------------------------------------------------------
+#
+# cuBLAS runs a GEMM whose inner or output width is not a multiple of 8 elements on slow, narrowly
+# aligned kernels: Qwen2.5-VL's MLP width 3420 ran far slower than the same GEMM zero-padded to
+# 3456, while widths that are multiples of 8 but not of 64 (Qwen3-VL's 4304) already ran fast
+# (results/reference/README.md, `GEMM_ALIGN`, has the measurements). So a hidden width that is not
+# a multiple of GEMM_FAST_MULTIPLE is padded to a multiple of `gemm_align`; any other is left alone.
+GEMM_FAST_MULTIPLE = 8
+# The default pads on every device: a tower is built on the host and moved afterwards (its device
+# is not known when it is built), the padding is exact, and one layout everywhere keeps the CPU
+# tests on the layout the GPU runs. gemm_align=1 turns the padding off.
+GEMM_ALIGN = 64
+GEMM_ALIGN_CHOICES = tuple(1 << i for i in range(9))        # 1, 2, 4, ..., 256
+
+
+def check_gemm_align(gemm_align) -> int:
+    """``gemm_align`` if it is one of GEMM_ALIGN_CHOICES (a power of two from 1 to 256), else a
+    ValueError naming it and the choices."""
+    if isinstance(gemm_align, bool) or not isinstance(gemm_align, int) or gemm_align not in GEMM_ALIGN_CHOICES:
+        raise ValueError(f"gemm_align must be a power of two from 1 to 256, one of {GEMM_ALIGN_CHOICES} (the "
+                         f"MLP hidden width is padded to a multiple of it where it is not a multiple of "
+                         f"{GEMM_FAST_MULTIPLE}; 1: no padding), got {gemm_align!r}")
+    return gemm_align
+
+
+def padded_width(hidden: int, gemm_align: int) -> int:
+    """The hidden width an MLP multiplies with: ``hidden`` rounded up to a multiple of
+    ``gemm_align`` where it is not a multiple of GEMM_FAST_MULTIPLE, else ``hidden`` itself."""
+    if hidden % GEMM_FAST_MULTIPLE == 0:
+        return hidden
+    return -(-hidden // gemm_align) * gemm_align
+
+
 class GatedMLP(nn.Module):
     """down(silu(gate(h)) * up(h)), checkpoint names gate_proj / up_proj / down_proj (Qwen2.5-VL
     blocks with biases, GLM-4.1V blocks and merger without).
 
-    For the fused path gate_proj and up_proj share one [2*Hp, width] weight (gate rows, zeros, up
-    rows, zeros; Hp = hidden rounded up to MLP_ALIGN) and down_proj is a [width, Hp] weight with
-    zero columns past hidden; the checkpoint-shaped parameters are views into them. One matmul then
-    computes gate and up with aligned shapes, and the padded lanes contribute exact zeros
-    (silu(0) * 0 = 0, times zero weights). Loading weights writes through the views, so captured
-    graphs see new weights. Redone after every `_apply` (.to, .cuda, dtype casts), which replaces
-    the parameters with fresh tensors."""
+    The hidden width is padded to Hp = `padded_width(hidden, gemm_align)`: gate_proj and up_proj
+    share one [2*Hp, width] buffer (gate rows, zeros, up rows, zeros; the same for the biases) and
+    down_proj one [width, Hp] buffer with zero columns past hidden. The checkpoint-shaped
+    parameters are views into them, so `state_dict()` holds the checkpoint's names and shapes, and
+    a load (`load_state_dict`, `VisionTower.load_hf_state_dict`) writes only the real rows: the
+    padding is never written and stays zero, and captured graphs see the new weights. Both
+    forwards multiply with the padded buffers: a padded hidden unit is silu(0) * 0 = 0 and meets
+    a zero column of down_proj, so the output is the unpadded one (up to the matmuls' rounding).
+    Inference only: the matmuls read the buffers, so autograd does not reach the parameters.
+    Redone after every `_apply` (.to, .cuda, dtype casts), which replaces the parameters with
+    fresh tensors, and after a load that replaced them (``assign=True``).
 
-    # a hidden width like 3420 (the Qwen2.5-VL 7B/72B towers) is not a multiple of 8, and cuBLAS
-    # then falls back to slow 2-element-aligned kernels (results/reference/README.md has what that cost)
-    MLP_ALIGN = 64
+    The FLOP, byte and parameter models (`Family.row_macs` / `n_params`, `workbench.floors`) count
+    the real hidden width: a floor is the work the checkpoint asks for, and the padding is work
+    added only to reach a faster kernel. (The graph-pool model traces the forward itself, so it
+    sees the padded activations, which are what the pool really holds.)"""
 
-    def __init__(self, width: int, hidden: int, bias: bool):
+    def __init__(self, width: int, hidden: int, bias: bool, gemm_align: int = GEMM_ALIGN):
         super().__init__()
+        self.gemm_align = gemm_align          # checked by the tower (`check_gemm_align`)
         self.gate_proj = nn.Linear(width, hidden, bias=bias)
         self.up_proj = nn.Linear(width, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, width, bias=bias)
         self._pack()
+        self.register_load_state_dict_post_hook(GatedMLP._repack_if_replaced)
 
     def _pack(self) -> None:
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
         hid, width = g.weight.shape
-        hp = -(-hid // self.MLP_ALIGN) * self.MLP_ALIGN
+        hp = padded_width(hid, self.gemm_align)
         kw = dict(dtype=g.weight.dtype, device=g.weight.device)
         with torch.no_grad():
             gu_w = torch.zeros(2 * hp, width, **kw)
@@ -321,13 +361,39 @@ class GatedMLP(nn.Module):
         d.weight.data = down_w[:, :hid]
         self.gate_up_weight, self.gate_up_bias, self.down_weight = gu_w, gu_b, down_w
 
+    def _views(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        pairs = [(self.gate_proj.weight, self.gate_up_weight), (self.up_proj.weight, self.gate_up_weight),
+                 (self.down_proj.weight, self.down_weight)]
+        if self.gate_up_bias is not None:
+            pairs += [(self.gate_proj.bias, self.gate_up_bias), (self.up_proj.bias, self.gate_up_bias)]
+        return pairs
+
+    @staticmethod
+    def _repack_if_replaced(module: "GatedMLP", incompatible_keys) -> None:
+        # a plain load copies into the views; an assigning one (assign=True: a tower built on the
+        # meta device, then given real tensors) replaces the parameters, and the padded buffers
+        # would keep the old values. Repacked only then: a repack allocates new buffers, which a
+        # captured graph would not see.
+        if any(p.device != buf.device or p.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+               for p, buf in module._views()):
+            module._pack()
+
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
         self._pack()
         return out
 
+    @property
+    def padded_hidden(self) -> int:
+        """Hp, the hidden width the matmuls run with (the real one is gate_proj.out_features)."""
+        return self.down_weight.shape[1]
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        # gate and up as two matmuls, as transformers computes them, over the padded halves
+        hp, w, b = self.padded_hidden, self.gate_up_weight, self.gate_up_bias
+        gate = F.linear(h, w[:hp], None if b is None else b[:hp])
+        up = F.linear(h, w[hp:], None if b is None else b[hp:])
+        return F.linear(F.silu(gate) * up, self.down_weight, self.down_proj.bias)
 
     def forward_fused(self, h: torch.Tensor) -> torch.Tensor:
         gu = F.linear(h, self.gate_up_weight, self.gate_up_bias)
@@ -451,13 +517,16 @@ class VisionTower(nn.Module):
     `input_norm` is the device normalization module when normalization is the tower's first op
     (placement `tower`); `device_norm=True` declares that the tower is built for device
     normalization, and then a missing norm module is an error rather than a silent identity.
+    `gemm_align` (one of GEMM_ALIGN_CHOICES, default GEMM_ALIGN on every device): the SwiGLU MLPs'
+    hidden width is padded to a multiple of it where it is not a multiple of 8 (`padded_width`;
+    1: no padding), invisibly to `state_dict()` and to loading (`GatedMLP`).
     """
 
     family: str = ""
     patch_bias: bool = False          # the patch embedding's Conv3d has a bias (Qwen3-VL, GLM-4.1V)
 
     def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
-                 attn_backend: str = "auto", fused="auto"):
+                 attn_backend: str = "auto", fused="auto", gemm_align: int = GEMM_ALIGN):
         super().__init__()
         if cfg.family != self.family:
             raise ValueError(f"{type(self).__name__} builds family {self.family!r}, config {cfg.name!r} "
@@ -471,6 +540,7 @@ class VisionTower(nn.Module):
         self.input_norm = input_norm
         self.attn_backend = check_backend(attn_backend)
         self.fused = check_fused(fused)
+        self.gemm_align = check_gemm_align(gemm_align)     # the families build their MLPs with it
         self.patch_embed = PatchEmbed(cfg, bias=self.patch_bias)
 
     # ---- properties ------------------------------------------------------------------------

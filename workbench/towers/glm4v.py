@@ -52,7 +52,7 @@ from torch import nn
 from ..config import VisionConfig
 from .common import (GatedMLP, RMSNorm, TowerMetadata, VisionBlock, VisionTower, add_norm,
                      interpolated_positions)
-from .family import Family, check_position_table, check_unused, expect, hf_common, need
+from .family import Family, check_position_table, check_unused, expect, get, hf_common, need
 
 # transformers' Glm4vVisionPatchMerger builds its LayerNorm with torch's default eps
 MERGER_LN_EPS = 1e-5
@@ -63,8 +63,9 @@ GLM_TOWER = dict(depth=24, width=1536, heads=12, mlp_hidden=4096, out_hidden=409
 
 
 class Glm4vBlock(VisionBlock):
-    def __init__(self, cfg: VisionConfig):
-        super().__init__(cfg, "rms", GatedMLP(cfg.width, cfg.mlp_hidden, bias=False), qkv_bias=False, proj_bias=False)
+    def __init__(self, cfg: VisionConfig, gemm_align: int):
+        super().__init__(cfg, "rms", GatedMLP(cfg.width, cfg.mlp_hidden, bias=False, gemm_align=gemm_align),
+                         qkv_bias=False, proj_bias=False)
 
     def mlp_out(self, h):
         return self.mlp(h)
@@ -103,8 +104,8 @@ class MergeConv(nn.Module):
 class Glm4vMerger(GatedMLP):
     """proj -> LayerNorm -> GELU -> SwiGLU (gate_proj / up_proj / down_proj, no bias)."""
 
-    def __init__(self, dim: int, hidden: int):
-        super().__init__(dim, hidden, bias=False)
+    def __init__(self, dim: int, hidden: int, gemm_align: int):
+        super().__init__(dim, hidden, bias=False, gemm_align=gemm_align)
         self.proj = nn.Linear(dim, dim, bias=False)
         self.post_projection_norm = nn.LayerNorm(dim, eps=MERGER_LN_EPS)
 
@@ -126,10 +127,10 @@ class Glm4vVisionTower(VisionTower):
         self.embeddings = nn.Module()
         self.embeddings.position_embedding = nn.Embedding(cfg.num_position_embeddings, cfg.width)
         self.post_conv_layernorm = RMSNorm(cfg.width, cfg.eps)
-        self.blocks = nn.ModuleList(Glm4vBlock(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(Glm4vBlock(cfg, self.gemm_align) for _ in range(cfg.depth))
         self.post_layernorm = RMSNorm(cfg.width, cfg.eps)
         self.downsample = MergeConv(cfg.width, cfg.out_hidden, cfg.merge_size)
-        self.merger = Glm4vMerger(cfg.out_hidden, cfg.merger_hidden)
+        self.merger = Glm4vMerger(cfg.out_hidden, cfg.merger_hidden, self.gemm_align)
         self.table_side = math.isqrt(cfg.num_position_embeddings)
 
     def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
@@ -205,7 +206,7 @@ class Glm4vFamily(Family):
         out = need(vc, "out_hidden_size")
         return dict(common, width=need(vc, "hidden_size"), mlp_hidden=out, out_hidden=out,
                     merger_hidden=need(vc, "intermediate_size"), num_position_embeddings=side * side,
-                    eps=float(vc.get("rms_norm_eps", 1e-5)))
+                    eps=get(vc, "rms_norm_eps", 1e-5))
 
     def frame_pixels(self, shortest_edge, longest_edge, temporal_patch_size):
         """GLM's smart_resize bounds the pixels of a frame's temporal_patch_size copies together."""

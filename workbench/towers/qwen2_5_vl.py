@@ -21,8 +21,8 @@ from .family import Family, check_unused, expect, hf_common, need, norm_params
 from .qwen2_vl import qwen_merger_macs, qwen_merger_params
 
 class Qwen25VLBlock(VisionBlock):
-    def __init__(self, cfg: VisionConfig):
-        super().__init__(cfg, "rms", GatedMLP(cfg.width, cfg.mlp_hidden, bias=True))
+    def __init__(self, cfg: VisionConfig, gemm_align: int):
+        super().__init__(cfg, "rms", GatedMLP(cfg.width, cfg.mlp_hidden, bias=True, gemm_align=gemm_align))
 
     def mlp_out(self, h):
         return self.mlp(h)
@@ -53,7 +53,7 @@ class Qwen25VisionTower(VisionTower):
 
     def __init__(self, cfg: VisionConfig, **kw):
         super().__init__(cfg, **kw)
-        self.blocks = nn.ModuleList(Qwen25VLBlock(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(Qwen25VLBlock(cfg, self.gemm_align) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg, RMSNorm(cfg.width, cfg.eps))
         self.full_blocks = frozenset(cfg.fullatt_blocks)
 
@@ -155,7 +155,7 @@ class Qwen25VLFamily(Family):
         expect(vc, "hidden_act", "silu", "silu")
         return dict(hf_common(vc), width=need(vc, "hidden_size"), mlp_hidden=need(vc, "intermediate_size"),
                     out_hidden=need(vc, "out_hidden_size"), window_size=need(vc, "window_size"),
-                    fullatt_blocks=tuple(need(vc, "fullatt_block_indexes")))
+                    fullatt_blocks=need(vc, "fullatt_block_indexes"))
 
 
 FAMILY = Qwen25VLFamily()
