@@ -1,5 +1,5 @@
 """Model folders from anyone (issue 28): a fault planted in a folder saved by transformers is
-refused by `check_model_folder` (and so by `VisionConfig.from_pretrained`, `build_encoder` and the
+refused by `check_model_folder` (and so by `resolve_config`, `build_encoder` and the
 sweep's parameter check) with one CheckpointError naming the file and the field or tensor,
 before any tower is allocated and without reading tensor data; nothing blocks, nothing escapes
 the folder. A clean folder of every family still checks and loads."""
@@ -17,8 +17,9 @@ import torch
 from safetensors.torch import load_file
 
 import workbench as wb
-from workbench.checkpoints import CheckpointError, check_model_folder, load_vision_weights, read_vision_config
-from workbench.towers import FAMILIES, build_tower
+from workbench.checkpoints import (CheckpointError, check_model_folder, load_vision_weights, read_vision_config,
+                                   resolve_config)
+from workbench.towers import TOWERS, build_tower
 
 from test_checkpoints import MODELS, save_model
 
@@ -174,7 +175,7 @@ def test_a_config_wider_than_its_tensors_fails_before_any_tower_is_allocated(fol
     device only, and the mismatch is refused before build_encoder allocates anything."""
     path = folder()
     _set(path / "config.json", "vision_config.hidden_size", 4096)
-    tower_class, built = FAMILIES["glm4v"].tower, []
+    tower_class, built = TOWERS["glm4v"], []
     init = tower_class.__init__
 
     def recording(self, *a, **kw):
@@ -257,7 +258,7 @@ def test_a_fifo_in_the_folder_is_refused_unopened(folder, name):
     match = rf"{name}: a FIFO, not a regular file"
     _refused(path, match)
     with pytest.raises(CheckpointError, match=match):
-        wb.VisionConfig.preset(str(path))       # a folder with a FIFO config.json is still a folder, refused
+        resolve_config(str(path))       # a folder with a FIFO config.json is still a folder, refused
 
 
 def test_a_folder_as_weights_is_refused(folder):
@@ -345,7 +346,7 @@ def test_an_oversized_json_file_is_refused_unread(folder):
 def test_a_clean_folder_of_every_family_checks_and_loads_its_tensors(pristine, family):
     path = pristine(family, sharded=family == "qwen3-vl")
     cfg = check_model_folder(path)
-    assert cfg == read_vision_config(path) == wb.VisionConfig.from_pretrained(path)
+    assert cfg == read_vision_config(path) == resolve_config(path) == resolve_config(str(path))
     own = load_vision_weights(build_tower(cfg), path).state_dict()
     saved = {}
     for f in path.glob("model*.safetensors"):

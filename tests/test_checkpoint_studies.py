@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import workbench as wb
+from workbench.checkpoints import resolve_config
 from workbench.studies import ParamError, discover, wide
 
 from test_checkpoints import save_model
@@ -18,9 +19,9 @@ def folder(tmp_path_factory):
     return path, visual
 
 
-def test_a_model_folder_is_a_preset_with_its_weights_at_its_own_depth(folder, tmp_path, monkeypatch):
+def test_a_model_folder_resolves_to_its_config_with_its_weights_at_its_own_depth(folder, tmp_path, monkeypatch):
     path, visual = folder
-    cfg = wb.VisionConfig.preset(str(path))
+    cfg = resolve_config(str(path))
     assert cfg.family == "qwen3-vl" and cfg.image_mean == (0.5, 0.5, 0.5) and cfg.checkpoint == str(path.resolve())
     assert cfg.reduced(1).checkpoint is None                     # fewer blocks: random weights, said so
     enc = wb.build_encoder(cfg, placement="processor", norm="eager", dtype=torch.float32, device="cpu")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.checkpoints import CheckpointError, load_vision_weights, read_vision_config
+from workbench.checkpoints import CheckpointError, load_vision_weights, read_vision_config, resolve_config
 from workbench.reference import hf_embeddings, rel_err
 from workbench.towers import build_tower
 
@@ -106,7 +106,7 @@ def test_a_saved_checkpoint_gives_the_embeddings_of_the_model_that_saved_it(fami
     visual = save_model(family, tmp_path, seed, **shard)
     if shard:
         assert (tmp_path / "model.safetensors.index.json").exists()
-    cfg = wb.VisionConfig.from_pretrained(tmp_path)
+    cfg = resolve_config(tmp_path)
     assert cfg.family == FAMILY_OF.get(family, family) and cfg.name == tmp_path.name
     tower = load_vision_weights(build_tower(cfg).eval(), tmp_path)
     batch = wb.preprocess([photos["chelsea"], photos["rocket"], wb.Video(wb.sample_video(2))], cfg, normalize=True)
@@ -123,7 +123,7 @@ def test_the_folders_processor_constants_reach_preprocess(family, photos, tmp_pa
     normalizes with its constants (not a preset's)."""
     from transformers import AutoImageProcessor
     save_model(family, tmp_path, seed)
-    cfg = wb.VisionConfig.from_pretrained(tmp_path)
+    cfg = resolve_config(tmp_path)
     pp = json.loads((tmp_path / "preprocessor_config.json").read_text())
     assert cfg.image_mean == tuple(pp["image_mean"]) and cfg.image_std == tuple(pp["image_std"])
     processor = AutoImageProcessor.from_pretrained(tmp_path)
@@ -148,7 +148,7 @@ def test_both_vision_key_layouts_load(family, tmp_path, seed, photos):
         assert any(k.startswith("visual.") for k in sd)
         sd = {("model." + k if k.startswith("visual.") else k): v for k, v in sd.items()}
     save_file(sd, str(tmp_path / "model.safetensors"))
-    cfg = wb.VisionConfig.from_pretrained(tmp_path)
+    cfg = resolve_config(tmp_path)
     tower = load_vision_weights(build_tower(cfg).eval(), tmp_path)
     batch = wb.preprocess([photos["coffee"]], cfg, normalize=True)
     with torch.no_grad():
@@ -183,7 +183,7 @@ def test_only_vision_tensors_are_read(tmp_path, seed, monkeypatch):
             return self.inner.get_tensor(k)
 
     monkeypatch.setattr(safetensors, "safe_open", Recording)
-    cfg = wb.VisionConfig.from_pretrained(tmp_path)
+    cfg = resolve_config(tmp_path)
     load_vision_weights(build_tower(cfg), tmp_path)
     assert read and all(k.startswith("model.visual.") for k in read)
     assert len(read) == len([k for k in build_tower(cfg).state_dict() if not k.startswith("input_norm.")])
@@ -212,7 +212,7 @@ def test_a_missing_folder_or_config_is_named(saved, tmp_path):
         read_vision_config(tmp_path / "nowhere")
     (saved / "config.json").unlink()
     with pytest.raises(CheckpointError, match=rf"{saved}: no config\.json"):
-        wb.VisionConfig.from_pretrained(saved)
+        resolve_config(saved)
 
 
 def test_a_missing_preprocessor_config_is_named(saved):
@@ -315,7 +315,7 @@ def test_build_encoder_from_a_folder_loads_its_config_constants_and_weights(fami
     embeddings of the model that saved it."""
     visual = save_model(family, tmp_path, seed)
     enc = wb.build_encoder(str(tmp_path), placement="tower", norm="eager", dtype=torch.float32, device="cpu")
-    assert enc.cfg == wb.VisionConfig.from_pretrained(tmp_path)
+    assert enc.cfg == resolve_config(tmp_path)
     raw = wb.preprocess([photos["coffee"], photos["rocket"]], enc.cfg)
     normalized = wb.preprocess([photos["coffee"], photos["rocket"]], enc.cfg, normalize=True)
     out = enc.encode(raw)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.dp import balance, encode_job
+from workbench.dp import balance, encode_dp, encode_job
 from workbench.launch import launch
 from workbench.reference import rel_err
 
@@ -20,6 +20,13 @@ def test_encode_dp_without_process_group_says_how_to_start_one():
     enc = wb.build_encoder("tiny-qwen2-vl", placement="tower", norm="eager", dtype=torch.float32, device="cpu")
     batch = wb.preprocess(wb.random_images(2, seed=1, min_side=60, max_side=120), enc.cfg)
     with pytest.raises(RuntimeError, match="torchrun"):
+        encode_dp(enc, batch)
+
+
+def test_encoder_path_dp_names_the_dp_entry_point():
+    enc = wb.build_encoder("tiny-qwen2-vl", placement="tower", norm="eager", dtype=torch.float32, device="cpu")
+    batch = wb.preprocess(wb.random_images(1, seed=1, min_side=60, max_side=120), enc.cfg)
+    with pytest.raises(ValueError, match=r"workbench\.dp\.encode_dp\(enc, batch\) on each rank"):
         enc.encode(batch, path="dp")
 
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import workbench as wb
 from workbench.floors import tower_flops
 from workbench.reference import hf_embeddings, hf_vision_model, rel_err
-from workbench.towers import FAMILIES, build_tower
+from workbench.families import FAMILIES
+from workbench.towers import TOWERS, build_tower
 from workbench.towers.common import budget_padding, position_taps
 
 NEW_PRESETS = ["tiny-qwen3-vl", "tiny-qwen3.5", "tiny-glm4v"]
@@ -263,8 +264,9 @@ def test_glm_downsample_weight_is_a_view_loads_and_casts_write_through(seed):
 
 
 def test_every_family_registers_a_tower_presets_and_its_transformers_class():
+    assert list(TOWERS) == list(FAMILIES)
     for name, fam in FAMILIES.items():
-        assert fam.name == name and fam.tower.family == name
+        assert fam.name == name and TOWERS[name].family == name
         assert any(p["name"].startswith("tiny-") for p in fam.presets)
         assert fam.hf_model_class().__name__ == fam.hf_class[1]
         for p in fam.presets:

@@ -17,7 +17,8 @@ from workbench import fused as fk
 from workbench.checkpoints import check_model_folder, load_vision_weights
 from workbench.reference import hf_embeddings, rel_err
 from workbench.runner import EncoderGraphRunner
-from workbench.towers import FAMILIES, build_tower
+from workbench.families import FAMILIES
+from workbench.towers import build_tower
 from workbench.towers.common import GEMM_ALIGN, GEMM_ALIGN_CHOICES, GatedMLP, padded_width
 
 from test_families import matched_towers

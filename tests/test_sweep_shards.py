@@ -256,3 +256,23 @@ def test_the_report_lists_the_warnings_a_run_recorded(tmp_path):
                     | {"warnings": ["correctness: wants 2 GPUs with these parameters, but each --gpus worker has one"]})
     page = build_report(tmp_path, studies={}).index.read_text()
     assert "Warnings a run recorded:" in page and "correctness: wants 2 GPUs" in page
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0"}, (2, 4)),
+    ({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1",
+      "SLURM_ARRAY_TASK_STEP": "3"}, (2, 3)),                               # --array=1-7:3 is tasks 1, 4, 7
+    ({"RANK": "1", "WORLD_SIZE": "2"}, (1, 2)),                              # torchrun
+])
+def test_shard_auto_reads_the_job_arrays_task_and_size(env, want):
+    assert parse_shard("auto", env=env) == want
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "no job array variables are set"),
+    ({"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "4"}, "is not a task index and count"),
+    ({"RANK": "3", "WORLD_SIZE": "2"}, "the job array says 3/2"),
+])
+def test_shard_auto_without_a_usable_job_array_is_refused_naming_it(env, message):
+    with pytest.raises(SystemExit, match=message):
+        parse_shard("auto", env=env)

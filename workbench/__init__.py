@@ -15,7 +15,7 @@ import types
 # public name -> the submodule that defines it
 _EXPORTS = {
     "VisionConfig": "config", "PRESET_NAMES": "config",
-    "load_vision_weights": "checkpoints",
+    "load_vision_weights": "checkpoints", "resolve_config": "checkpoints",
     "DTYPES": "encoder", "PATHS": "encoder", "PLACEMENTS": "encoder", "STUDY_PLACEMENTS": "encoder",
     "VisionEncoder": "encoder", "build_encoder": "encoder",
     "NORMS": "norms", "make_norm": "norms",
@@ -36,8 +36,20 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module 'workbench' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
+    if module in ("encoder", "runner"):
+        _wire_default_runner()
     globals()[name] = value          # later lookups skip this function
     return value
+
+
+def _wire_default_runner() -> None:
+    """Give the encoder the builder of its default graph runner (`enc.encode(batch,
+    path="cudagraph")` without runner=). The runner sits above the encoder, which therefore never
+    imports it; the package sees both, so the wiring lives here."""
+    from .encoder import VisionEncoder
+    from .runner import default_runner
+
+    VisionEncoder.default_runner_factory = staticmethod(default_runner)
 
 
 def __dir__() -> list[str]:

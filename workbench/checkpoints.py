@@ -1,7 +1,7 @@
 """Real checkpoints from a local transformers model folder: the vision config, the processor's
 constants and the vision tower's tensors, never the language model's.
 
-    cfg = wb.VisionConfig.from_pretrained(folder)      # check_model_folder: JSON and every header
+    cfg = resolve_config(folder)                       # check_model_folder: JSON and every header
     tower = build_tower(cfg)
     load_vision_weights(tower, folder)                  # model.safetensors or its sharded index
 
@@ -15,7 +15,7 @@ accepted: ``visual.*`` (older ``...ForConditionalGeneration`` checkpoints) and `
 
 A folder may come from anyone, so everything is checked before a tower is allocated or a tensor
 read (`check_model_folder`), each error a `CheckpointError` naming the file and the field or
-tensor: every JSON value has its kind (`workbench.towers.family.KINDS`), no NaN, Infinity or
+tensor: every JSON value has its kind (`workbench.families.base.KINDS`), no NaN, Infinity or
 pathological nesting, no file larger than a config can be; every safetensors header is parsed
 here (a u64 length, then JSON) and its offsets must tile the file's data exactly; the names and
 shapes must be those of the tower the config implies (built on the meta device: no memory),
@@ -23,6 +23,10 @@ every float tensor must carry the dtype config.json declares (a relabelled tenso
 from the wrong bytes); the index may name only files inside the folder, and only regular files
 are opened (a FIFO would block forever). Then only the vision tensors are read (safetensors'
 ``safe_open``), from the shards that hold them.
+
+This is the one module that knows model folders: `resolve_config` takes a preset name or a folder
+(every entry point that accepts a folder goes through it); `VisionConfig.preset` takes names only.
+It imports the config (below it), never the other way round.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import VisionConfig, families
+from .config import PRESET_NAMES, VisionConfig, families
+from .families.base import BOOL, NUMBER, NUMBERS, OBJECT, POSITIVE, checked, show
 from .files import NotRegularFile, open_regular
 
 CONFIG = "config.json"
@@ -58,10 +63,7 @@ class CheckpointError(ValueError):
 
 
 def _show(value, width: int = 60) -> str:
-    """``value`` as the JSON file spells it, cut short (`workbench.towers.family.show`; imported
-    here, not above: the towers package imports torch, and this module is light until used)."""
-    from .towers.family import show
-
+    """``value`` as the JSON file spells it, cut short (`workbench.families.base.show`)."""
     return show(value, width)
 
 
@@ -177,8 +179,6 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
     """VisionConfig processor fields from preprocessor_config.json, every value of the table
     below checked for its kind first, then against the vision config (ValueError; the caller adds
     the file)."""
-    from .towers.family import BOOL, NUMBER, NUMBERS, OBJECT, POSITIVE, checked
-
     kinds = dict(patch_size=POSITIVE, merge_size=POSITIVE, temporal_patch_size=POSITIVE, image_mean=NUMBERS,
                  image_std=NUMBERS, do_rescale=BOOL, do_normalize=BOOL, rescale_factor=NUMBER, size=OBJECT,
                  min_pixels=POSITIVE, max_pixels=POSITIVE)
@@ -437,6 +437,51 @@ def check_model_folder(folder, name: str | None = None) -> VisionConfig:
     return cfg
 
 
+def is_model_folder(value) -> bool:
+    """Whether ``value`` names a folder holding a config.json: what a model folder must be at least
+    (`check_model_folder` checks the rest). Any entry of that name counts, a FIFO or a broken link
+    too, so that the check names what is wrong with it; nothing is opened."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        return False
+    try:
+        return os.path.lexists(Path(value).expanduser() / CONFIG)
+    except (OSError, ValueError):      # ValueError: a NUL byte in the path
+        return False
+
+
+def resolve_config(cfg_or_name_or_folder, depth: int | None = None) -> VisionConfig:
+    """A VisionConfig from a preset name or a local transformers model folder (a VisionConfig
+    passes as it is): the one entry point that takes a folder.
+
+    A name goes to `VisionConfig.preset`. A folder (an ``os.PathLike``, or a string naming a
+    directory or a folder holding config.json) is checked whole by `check_model_folder` (JSON,
+    every safetensors header, the tensors' shapes and dtypes, no tensor data read), so a folder
+    that cannot load fails here with a CheckpointError naming the file and field; its config
+    carries its processor constants and the folder (``checkpoint``: `build_encoder` loads its
+    weights). Anything else is refused as `VisionConfig.coerce` refuses it: a ValueError listing
+    the presets for an unknown name, a TypeError for another type.
+
+    depth: None keeps the config's own depth; a number gives `reduced(depth)` (renamed, and a
+    folder's copy has no checkpoint: fewer blocks draw random weights)."""
+    value = cfg_or_name_or_folder
+    if isinstance(value, os.PathLike) or (isinstance(value, str) and value not in PRESET_NAMES
+                                          and (is_model_folder(value) or _is_dir(value))):
+        cfg = check_model_folder(value)
+    elif isinstance(value, str) and value not in PRESET_NAMES:
+        raise ValueError(f"unknown preset {value!r}; valid presets: {', '.join(PRESET_NAMES)}, or a transformers "
+                         f"model folder (holding config.json)")
+    else:
+        cfg = VisionConfig.coerce(value)
+    return cfg if depth is None else cfg.reduced(depth)
+
+
+def _is_dir(value: str) -> bool:
+    try:
+        return Path(value).expanduser().is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def load_vision_weights(tower, folder):
     """Load the vision tower's tensors of a local model folder into ``tower`` (built from
     `read_vision_config` of the same folder, or a config of the same shapes); returns ``tower``.
@@ -464,4 +509,5 @@ def load_vision_weights(tower, folder):
     return tower.load_hf_state_dict(state)
 
 
-__all__ = ["CheckpointError", "check_model_folder", "read_vision_config", "load_vision_weights", "family_of"]
+__all__ = ["CheckpointError", "check_model_folder", "read_vision_config", "load_vision_weights", "family_of",
+           "is_model_folder", "resolve_config"]

@@ -87,17 +87,49 @@ def parse_gpus(text: str | None) -> list[int] | None:
     return ids
 
 
-def parse_shard(text: str | None) -> tuple[int, int] | None:
-    """``--shard 1/4`` -> (1, 4); SystemExit naming the bad value otherwise."""
+# --shard auto: where a scheduler's array task says which task it is, and how many there are
+SHARD_SOURCES = (("Slurm", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"), ("torchrun", "RANK", "WORLD_SIZE"))
+
+
+def _shard_from_env(env) -> tuple[int, int]:
+    """(index, count) of this task from the first scheduler whose variables are set: a Slurm
+    array's task id counted from its first id in steps of its step (--array=1-16:3 gives 0..5),
+    else torchrun's RANK/WORLD_SIZE; SystemExit naming the variables where none is set."""
+    for name, index_var, count_var in SHARD_SOURCES:
+        if index_var not in env or count_var not in env:
+            continue
+        try:
+            i, n = int(env[index_var]), int(env[count_var])
+            if name == "Slurm":
+                first, step = int(env.get("SLURM_ARRAY_TASK_MIN", 0)), int(env.get("SLURM_ARRAY_TASK_STEP", 1))
+                i, rest = divmod(i - first, max(step, 1))
+                if rest:
+                    raise ValueError
+        except ValueError:
+            raise SystemExit(f"--shard auto: {index_var}={env[index_var]!r} with {count_var}={env[count_var]!r} "
+                             f"is not a task index and count") from None
+        return i, n
+    wanted = "; ".join(f"{name}: {i} and {n}" for name, i, n in SHARD_SOURCES)
+    raise SystemExit(f"--shard auto: no job array variables are set ({wanted}); give --shard I/N")
+
+
+def parse_shard(text: str | None, env=None) -> tuple[int, int] | None:
+    """``--shard 1/4`` -> (1, 4); ``--shard auto`` reads a job array's variables (`_shard_from_env`);
+    SystemExit naming the bad value otherwise."""
     if text is None:
         return None
-    i, sep, n = str(text).partition("/")
-    try:
-        i, n = int(i), int(n)
-    except ValueError:
-        sep = ""
+    if str(text).strip().lower() == "auto":
+        i, n = _shard_from_env(os.environ if env is None else env)
+        sep = "/"
+    else:
+        i, sep, n = str(text).partition("/")
+        try:
+            i, n = int(i), int(n)
+        except ValueError:
+            sep = ""
     if not sep or n < 1 or not 0 <= i < n:
-        raise SystemExit(f"--shard {text!r}: give I/N with 0 <= I < N (shard I of N), e.g. --shard 0/2")
+        raise SystemExit(f"--shard {text!r}: give I/N with 0 <= I < N (shard I of N), e.g. --shard 0/2, or auto "
+                         f"(a Slurm array task or a torchrun rank)" + (f"; the job array says {i}/{n}" if sep else ""))
     return i, n
 
 
@@ -587,8 +619,10 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                         "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device, and "
                         "OMP_NUM_THREADS to its share of the host's cores unless set), each "
                         "taking the next study nobody has taken")
-    g.add_argument("--shard", metavar="I/N",
-                   help="run only shard I of N (0 <= I < N) of the selected studies' cells (a study "
+    g.add_argument("--shard", metavar="I/N|auto",
+                   help="run only shard I of N (0 <= I < N) of the selected studies' cells; auto: I and N "
+                        "from a Slurm array task ($SLURM_ARRAY_TASK_ID, $SLURM_ARRAY_TASK_COUNT) or torchrun "
+                        "($RANK, $WORLD_SIZE) (a study "
                         "split by preset where its cells are independent, else whole; dealt longest "
                         "first by the seconds the committed reference runs recorded, so every task "
                         "computes the same split), for a scheduler's job array: SLURM "

@@ -1,57 +1,43 @@
 """Vision-tower configurations: one frozen dataclass, validation, presets.
 
-A preset is data, not code (gpt-fast style): `VisionConfig.preset(name)` looks it up (with
-``depth``, a reduced copy), `VisionConfig.coerce(cfg_or_name)` takes either a config or a preset
-name, and `dataclasses.replace(cfg, depth=2)` makes a modified copy that is validated again.
+A preset is data, not code (gpt-fast style), and a preset is a name: `VisionConfig.preset(name)`
+looks it up (with ``depth``, a reduced copy), `VisionConfig.coerce(cfg_or_name)` takes either a
+config or a preset name, and `dataclasses.replace(cfg, depth=2)` makes a modified copy that is
+validated again. A local transformers model folder is no preset: the one function that takes a
+name or a folder sits above this module (`workbench.checkpoints.resolve_config`).
 
 Everything family-specific (the presets themselves, the family's own checks, parameter count,
-FLOPs, reduced depth, the transformers mapping) lives in the family's module under
-`workbench.towers` and is reached through `cfg.spec` (a `workbench.towers.family.Family`). The
-family registry sits with the towers, which import torch; this module loads it by name on first
-use, so ``import workbench.config`` stays light and imports nothing above it.
+FLOPs, reduced depth, the transformers mapping) lives in the family's spec under
+`workbench.families` (plain Python, below this module) and is reached through `cfg.spec` (a
+`workbench.families.base.Family`). So ``import workbench.config`` imports neither torch nor the
+towers, and the presets are built when it is imported.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import os
 import numbers
 import reprlib
-from pathlib import Path
 from dataclasses import dataclass
 
 from . import limits
+from .families import FAMILIES as _SPECS
 
 # CLIP statistics used by the Qwen2-VL processor (rescale 1/255 first, then (x - mean) / std).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-# the module that registers the families (`FAMILIES`: name -> Family), loaded on first use
-FAMILY_REGISTRY = "workbench.towers"
-
 
 def families() -> dict:
-    """name -> `Family` of every registered tower family, in registry order."""
-    return importlib.import_module(FAMILY_REGISTRY).FAMILIES
+    """name -> `Family` spec of every registered tower family, in registry order
+    (`workbench.families.FAMILIES`)."""
+    return _SPECS
 
 
 def _finite(v) -> bool:
     """A real, finite number (bool excluded: True is no epsilon). NaN and inf pass every `<=`
     comparison silently, so finiteness is checked explicitly."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def is_model_folder(value) -> bool:
-    """Whether ``value`` names a folder holding a config.json: what a model folder must be at least
-    (`workbench.checkpoints.check_model_folder` checks the rest). Any entry of that name counts,
-    a FIFO or a broken link too, so that the check names what is wrong with it; nothing is opened."""
-    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        return False
-    try:
-        return os.path.lexists(Path(value).expanduser() / "config.json")
-    except (OSError, ValueError):      # ValueError: a NUL byte in the path
-        return False
 
 
 @dataclass(frozen=True)
@@ -89,8 +75,9 @@ class VisionConfig:
     rescale_factor: float = 1.0 / 255.0
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
-    # the model folder this config was read from (`from_pretrained`), whose vision tensors
-    # `build_encoder` loads; None: random seeded weights. A reduced copy has none (fewer blocks).
+    # the model folder this config was read from (`workbench.checkpoints.resolve_config`), whose
+    # vision tensors `build_encoder` loads; None: random seeded weights. A reduced copy has none
+    # (fewer blocks).
     checkpoint: str | None = None
 
     def __post_init__(self) -> None:
@@ -206,7 +193,7 @@ class VisionConfig:
 
     @property
     def spec(self):
-        """The family's descriptor (`workbench.towers.family.Family`): everything family-specific."""
+        """The family's spec (`workbench.families.base.Family`): everything family-specific."""
         return families()[self.family]
 
     @property
@@ -244,21 +231,17 @@ class VisionConfig:
     # ---- presets and transformers mapping ------------------------------------------------
     @classmethod
     def preset(cls, name: str, depth: int | None = None) -> "VisionConfig":
-        """The named preset, or the config of a local transformers model folder (`from_pretrained`:
-        its own processor constants and, at its own depth, its weights); raises ValueError listing
-        the valid names for anything else.
+        """The named preset; raises ValueError listing the valid names for anything else (a model
+        folder too: `workbench.checkpoints.resolve_config` takes a name or a folder).
 
         depth: None keeps the preset's own depth (the preset itself); any number gives
         `reduced(depth)`, a renamed '@depthN' copy even at the preset's own depth (what every
         study's ``(preset, depth)`` parameters mean)."""
-        presets = _lazy("PRESETS")
-        if name in presets:
-            cfg = presets[name]
-        elif is_model_folder(name):
-            cfg = cls.from_pretrained(name)
-        else:
-            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(presets)}, or a transformers "
-                             f"model folder (holding config.json)") from None
+        try:
+            cfg = PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}; a transformers "
+                             f"model folder is read by workbench.checkpoints.resolve_config(folder)") from None
         return cfg if depth is None else cfg.reduced(depth)
 
     @classmethod
@@ -275,20 +258,9 @@ class VisionConfig:
         if not isinstance(cfg_or_name, cls):
             either = "a wb.VisionConfig, a preset name or None" if default is not None else \
                 "a wb.VisionConfig or a preset name"
-            raise TypeError(f"cfg must be {either} (valid presets: {', '.join(_lazy('PRESET_NAMES'))}), "
+            raise TypeError(f"cfg must be {either} (valid presets: {', '.join(PRESET_NAMES)}), "
                             f"got {type(cfg_or_name).__name__} {reprlib.repr(cfg_or_name)}")
         return cfg_or_name
-
-    @classmethod
-    def from_pretrained(cls, folder, name: str | None = None) -> "VisionConfig":
-        """The config of a local transformers model folder (config.json's vision_config and
-        preprocessor_config.json): a run on a checkpoint normalizes with the checkpoint's
-        constants. The whole folder is checked first, without reading tensor data or allocating a
-        tower (`workbench.checkpoints.check_model_folder`: every JSON value, every safetensors
-        header, the tensors' shapes and dtypes), so a folder that cannot load fails here, not
-        after its tower was built. Loaded by name like the family registry (the checkpoint reader
-        sits above this module)."""
-        return importlib.import_module("workbench.checkpoints").check_model_folder(folder, name=name)
 
     def to_hf(self):
         """The matching transformers vision config (Qwen2VLVisionConfig, Qwen3VLVisionConfig, ...)."""
@@ -309,23 +281,10 @@ def _presets() -> dict[str, VisionConfig]:
     return {c.name: c for c in made}
 
 
-_LAZY = ("PRESETS", "PRESET_NAMES", "FAMILIES", "TINY_PRESET_PER_FAMILY", "REAL_PRESET_PER_FAMILY")
-
-
-def _lazy(name: str):
-    """PRESETS (name -> VisionConfig), PRESET_NAMES, FAMILIES (the family names) and the presets
-    that stand for the families in the studies' CPU and GPU defaults (`Family.study_presets`),
-    built once on first use from the family registry (which imports torch)."""
-    if "PRESETS" not in globals():
-        presets = _presets()
-        fams = families().values()
-        globals().update(PRESETS=presets, PRESET_NAMES=tuple(presets), FAMILIES=tuple(families()),
-                         TINY_PRESET_PER_FAMILY=[f.study_presets[0] for f in fams if f.study_presets[0]],
-                         REAL_PRESET_PER_FAMILY=[f.study_presets[1] for f in fams if f.study_presets[1]])
-    return globals()[name]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return _lazy(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# name -> VisionConfig of every preset, and the names of the presets and of the families
+PRESETS: dict[str, VisionConfig] = _presets()
+PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
+FAMILIES: tuple[str, ...] = tuple(families())
+# the presets that stand for the families in the studies' CPU and GPU defaults (`Family.study_presets`)
+TINY_PRESET_PER_FAMILY = [f.study_presets[0] for f in families().values() if f.study_presets[0]]
+REAL_PRESET_PER_FAMILY = [f.study_presets[1] for f in families().values() if f.study_presets[1]]

@@ -16,7 +16,6 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from .encoder import register_path
 from .preprocess import PatchBatch
 
 
@@ -36,7 +35,7 @@ def balance(item_rows: list[int], world_size: int) -> list[list[int]]:
 def encode_dp(enc, batch: PatchBatch, local_path: str = "eager", runner=None, group=None) -> torch.Tensor:
     """This rank's share of `batch`, encoded and gathered: full [N/4, embed_width] in item order."""
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("path 'dp' needs an initialized torch.distributed process group: run under torchrun "
+        raise RuntimeError("encode_dp (path 'dp') needs an initialized torch.distributed process group: run under torchrun "
                            "or use workbench.launch.launch(fn, world_size) to start local ranks")
     if local_path not in ("eager", "cudagraph"):
         raise ValueError(f"local_path must be 'eager' or 'cudagraph', got {local_path!r}")
@@ -115,11 +114,3 @@ def encode_job(spec: dict) -> torch.Tensor:
                                     buffer_dtype=spec.get("buffer_dtype", torch.bfloat16),
                                     max_items=spec.get("max_items", 16), policy=spec.get("policy", "always"))
     return encode_dp(enc, batch, local_path=spec.get("local_path", "eager"), runner=runner)
-
-
-def _encode_dp_path(encoder, batch: PatchBatch, runner=None, **kw) -> torch.Tensor:
-    """Path `dp` of `VisionEncoder.encode` (kw: local_path, group)."""
-    return encode_dp(encoder, batch, runner=runner, **kw)
-
-
-register_path("dp", _encode_dp_path)

@@ -14,7 +14,6 @@ the way engines wire them, so that their failures come from the wiring alone:
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from dataclasses import dataclass
@@ -69,28 +68,6 @@ STUDY_PLACEMENTS = tuple(PLACEMENT_TABLE)
 PATHS = ("eager", "cudagraph", "dp")
 TOWER_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 DTYPES = {dtype_name(d): d for d in TOWER_DTYPES}
-
-
-# The execution paths beyond eager live above the encoder (the graph runner, the dp path) and
-# register themselves here when imported; the encoder knows only which module provides each and
-# loads it by name on first use, so it imports nothing above it.
-PATH_PROVIDERS = {"cudagraph": "workbench.runner", "dp": "workbench.dp"}
-_PATH_ENCODERS: dict[str, Callable] = {}
-
-
-def register_path(name: str, encode: Callable) -> None:
-    """Make ``encode(encoder, batch, runner=None, **kw) -> Tensor`` the implementation of path
-    ``name`` (one of PATHS) for `VisionEncoder.encode`."""
-    if name not in PATH_PROVIDERS:
-        raise ValueError(f"unknown path {name!r}; paths with a provider: {tuple(PATH_PROVIDERS)}")
-    _PATH_ENCODERS[name] = encode
-
-
-def path_encoder(name: str) -> Callable:
-    """The function registered for path ``name``, importing its provider module if needed."""
-    if name not in _PATH_ENCODERS:
-        importlib.import_module(PATH_PROVIDERS[name])
-    return _PATH_ENCODERS[name]
 
 
 def check_placement(name) -> Placement:
@@ -233,21 +210,48 @@ class VisionEncoder(nn.Module):
                 f"{float(lo[col]):.4f}..{float(hi[col]):.4f}): {why} "
                 f"(build_encoder(..., check_inputs=False) skips this check)")
 
-    def encode(self, batch: PatchBatch, path: str = "eager", runner=None, **kw) -> torch.Tensor:
+    # What builds the runner of `encode(batch, path="cudagraph")` without runner=: a function
+    # (encoder, batch) -> runner. The graph runner sits above the encoder, so the encoder never
+    # looks it up; the package, which sees both, hands it in (workbench/__init__.py).
+    default_runner_factory: Callable | None = None
+
+    def encode(self, batch: PatchBatch, path: str = "eager", runner=None) -> torch.Tensor:
         """Merged embeddings [N/4, embed_width] in item order, on this encoder's device.
 
-        path: one of PATHS. `cudagraph` uses `runner` (a wb.EncoderGraphRunner over this encoder)
-        or builds a default one; `dp` shards items over torch.distributed ranks (kw go to it).
-        The paths beyond eager live in their own modules (see `register_path`).
+        path: 'eager' (the outer model calls the tower) or 'cudagraph' (`runner.encode(batch)`:
+        runner is a wb.EncoderGraphRunner over this encoder, or None for a default one built for
+        the batch). Path 'dp' runs across torch.distributed ranks, not on one encoder: call
+        `workbench.dp.encode_dp(enc, batch)` on every rank.
         """
         if path not in PATHS:
             raise ValueError(f"unknown path {path!r}; valid: {PATHS}")
+        if path == "dp":
+            raise ValueError("path 'dp' runs on every torch.distributed rank at once, not through one encoder: "
+                             "call workbench.dp.encode_dp(enc, batch) on each rank (under torchrun, or in a "
+                             "function started by workbench.launch.launch(fn, world_size))")
         self.check_batch(batch)
         if path == "eager":
-            if runner is not None or kw:
-                raise TypeError(f"path 'eager' takes no runner or options, got {['runner'] * (runner is not None) + sorted(kw)}")
+            if runner is not None:
+                raise TypeError("path 'eager' takes no runner (runner= is for path 'cudagraph')")
             return self.encode_eager(batch)
-        return path_encoder(path)(self, batch, runner=runner, **kw)
+        return self._graph_runner(batch, runner).encode(batch)
+
+    def _graph_runner(self, batch: PatchBatch, runner):
+        """``runner`` checked against this encoder, or the default one for ``batch``."""
+        if runner is None:
+            if self.default_runner_factory is None:
+                raise ValueError("path 'cudagraph' without runner= needs the default runner, which the package "
+                                 "wires in when wb.build_encoder or wb.EncoderGraphRunner is first used (not when "
+                                 "workbench.encoder is imported alone); pass runner=wb.EncoderGraphRunner(enc, "
+                                 "budgets=[...]), or call runner.encode(batch)")
+            return self.default_runner_factory(self, batch)
+        # duck-typed: the runner class lives above the encoder
+        if not callable(getattr(runner, "encode", None)) or not hasattr(runner, "encoder"):
+            raise TypeError(f"runner must be a workbench EncoderGraphRunner (or None for the default), "
+                            f"got {type(runner).__name__}")
+        if runner.encoder is not self:
+            raise ValueError("the runner was built for another encoder")
+        return runner
 
     @torch.no_grad()
     def encode_eager(self, batch: PatchBatch) -> torch.Tensor:
@@ -278,11 +282,8 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values
     outside the normalized range or not finite); False is the engines' behaviour, for studies.
     """
-    if isinstance(cfg, os.PathLike) or (isinstance(cfg, str) and cfg not in PRESET_NAMES
-                                        and Path(cfg).expanduser().is_dir()):
-        weights = cfg if weights is None else weights
-        cfg = VisionConfig.from_pretrained(cfg)
-    cfg = VisionConfig.coerce(cfg)
+    from .checkpoints import resolve_config     # the one reader of model folders (torch-free at import)
+    cfg = resolve_config(cfg)                   # a folder's config carries the folder: cfg.checkpoint
     if weights is None and cfg.checkpoint is not None:
         weights = cfg.checkpoint
     # checked before anything uses them (norm.startswith below, the tower build): a None or a typo

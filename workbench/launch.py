@@ -1,25 +1,19 @@
-"""A fault-tolerant local launcher: `launch(fn, world_size)` runs `fn` on `world_size` local
-processes joined in a torch.distributed process group (gloo on CPU, NCCL with one GPU per rank),
-with no torchrun, which is what a notebook or a test uses; workbench.dp runs its encoder on it.
-`launch(fn, world_size, process_group=False)` runs plain processes (RANK and WORLD_SIZE in their
-environment, no process group): a rank then imports nothing but what `fn` needs (not torch).
+"""A local launcher: `launch(fn, world_size)` runs `fn(*args)` on `world_size` processes joined in a
+torch.distributed process group (gloo on CPU, NCCL with one GPU per rank), with no torchrun, which
+is what a notebook or a test uses; workbench.dp runs its encoder on it.
 
-Failures: the launcher watches every rank at once (its result pipe, its stderr and its process), so
-the first rank that raises or dies ends the whole group within about a second, and `launch` raises
-`RankError` with that rank's own traceback, or, for a rank that died without one, its exit code or
-signal and the last lines it wrote to stderr. `timeout_s` bounds the work, counted from the moment
-every rank has started (spawned and imported); `start_timeout_s` bounds the start, which on a
-loaded machine can take far longer than the work. A TimeoutError names the ranks that had not
-finished (or not started) and shows where each one was. Ranks never outlive their launcher, even
-when it is killed with SIGKILL.
+It is `torch.multiprocessing.start_processes` plus what a user needs around it: a deadline, the
+per-rank results, the failing rank's own story, and no orphans. Each rank gets a file in a
+temporary folder for its result (torch.save, so tensors travel as bytes, not as shared-memory
+handles of a process that has exited) and one for its stderr (fd 2, so a C++ abort such as gloo's
+"Received data size doesn't match" is kept too, and faulthandler's stacks of a crash or of a hung
+rank land there); the stderr files are copied to the launcher's stderr when the ranks have ended.
 """
 from __future__ import annotations
 
-import codecs
 import ctypes
 import datetime
 import faulthandler
-import io
 import math
 import numbers
 import os
@@ -27,45 +21,21 @@ import pickle
 import signal
 import socket
 import sys
-import threading
+import tempfile
 import time
-import traceback
-import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 from . import cpu_share, limits
 
-# torch is imported where a process group or a tensor needs it, never here: a rank without a
-# process group starts with nothing heavy imported (its start is then a process start, not
-# seconds of torch's import), and only what `fn` itself imports.
-
-
-# ---------------------------------------------------------------------------------------------
-# How the pieces fit (and why):
-# - every rank gets two one-way pipes to the launcher: one carries "started", then its single
-#   result or its formatted traceback; the other is its stderr, forwarded to the launcher's
-#   stderr, whose tail the launcher keeps, so a rank that dies without a Python traceback (a gloo
-#   abort, a segfault) still says why: faulthandler writes its Python stack there;
-# - the launcher waits on those pipes and on every process sentinel at once, so it sees the first
-#   traceback or death at once: the failed rank's peers cannot tell it, as they sit blocked in a
-#   collective until the process-group timeout;
-# - on the first failure the launcher stops the whole group (terminate, then kill) and raises;
-# - ranks die with their launcher (PR_SET_PDEATHSIG), even when it is SIGKILLed;
-# - pipes, not a multiprocessing.Queue: no semaphores, so nothing for the resource tracker to
-#   clean up or warn about. (The spawn context still starts that tracker process; it exits by
-#   itself once the launcher and every rank have closed their end of its pipe.)
-# ---------------------------------------------------------------------------------------------
-
-_SETTLE_S = 1.0          # after a peer-lost error, how long to wait for the report of the rank that caused it
-_TERM_GRACE_S = 2.0      # between terminate() and kill() when stopping the group
-_EXIT_GRACE_S = 10.0     # for ranks to exit after every rank has returned its result
-_DUMP_WAIT_S = 1.5       # for hung ranks to write their stacks (SIGUSR1 -> faulthandler) on a timeout
-_TAIL_BYTES = 8192       # of each rank's stderr, kept for the error message
-_TAIL_LINES = 40
-
-# A rank whose exception says it lost a peer failed because of another rank, not by itself:
-# report it only when no rank has a better story (gloo, NCCL and socket wordings).
-_PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "remote worker",
-              "ncclremoteerror", "nccl communicator was aborted", "timed out", "timeout")
+_TERM_GRACE_S = 2.0      # between terminate() and kill() when stopping the ranks
+_DUMP_WAIT_S = 2.0       # for hung ranks to write their stacks (SIGUSR1 -> faulthandler) on a timeout
+_POLL_S = 0.2            # how often the launcher looks whether every rank has started
+_TAIL_LINES = 40         # of a dead rank's stderr, and of a hung rank's stack, in the error message
 
 
 class RankError(RuntimeError):
@@ -80,6 +50,11 @@ class RankError(RuntimeError):
         self.rank, self.exitcode, self.remote_traceback = rank, exitcode, remote_traceback
 
 
+def _file(folder: str, rank: int, kind: str) -> Path:
+    """A rank's file in the launch folder: 'log' (its stderr), 'part' then 'pt' (its result)."""
+    return Path(folder, f"{rank}.{kind}")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,422 +62,194 @@ def _free_port() -> int:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Make this rank die with its launcher, however the launcher ends (kill -9 included).
+    """End this rank when the launcher ends, however it ends (kill -9 included; Linux, as torch's).
 
-    A SIGKILLed launcher runs no cleanup, so its ranks would live on as orphans: one blocked in a
-    collective until the process-group timeout, one in user code for ever. Linux sends
-    PR_SET_PDEATHSIG's signal when the parent *thread* ends; `launch` blocks its calling thread
-    until every rank has ended, so that thread outlives the ranks. Elsewhere, a thread polls.
+    start_processes arms PR_SET_PDEATHSIG with SIGINT, which a rank blocked in a collective (in C++)
+    never handles: SIGKILL instead.
     """
-    armed = False
     if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            armed = libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if not armed:
-        def watch():
-            while os.getppid() == parent_pid:
-                time.sleep(0.5)
-            os._exit(1)
-        threading.Thread(target=watch, name="dp-parent-watch", daemon=True).start()
-    # The launcher may have died before prctl ran (a rank first spends seconds importing torch):
-    # the rank was then already re-parented, and no signal will ever come.
-    if os.getppid() != parent_pid:
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the launcher died while this rank imported torch: no signal will come
         os._exit(1)
 
 
-def _stderr_to(conn) -> None:
-    """Send this process's stderr (fd 2, so C++ aborts too) into the launcher's pipe."""
+def _rank_main(rank, world_size, backend, port, fn, args, folder, parent_pid, timeout_s):
+    """One rank (started by start_processes, which passes `rank` and reports an exception)."""
+    _die_with_parent(parent_pid)
+    # the stderr file also says to the launcher that this rank has started (spawned, imported)
+    log = open(_file(folder, rank, "log"), "ab", buffering=0)
     sys.stderr.flush()
-    os.dup2(conn.fileno(), 2)
-    conn.close()
-    # a hard crash (SIGSEGV, SIGABRT from a gloo/NCCL abort, ...) writes every thread's Python stack
-    faulthandler.enable(all_threads=True)
-    if hasattr(faulthandler, "register") and hasattr(signal, "SIGUSR1"):
-        # the launcher asks a hung rank where it is (on a timeout) before stopping it
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
-
-
-def _exception_line(e: BaseException) -> str:
-    line = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
-    return line[0] if line else type(e).__name__
-
-
-def _pack(result) -> tuple[str, bytes]:
-    """The result as bytes: through torch.save where torch is loaded (tensors travel as bytes, not
-    as shared-memory handles: the rank exits before the parent reads them), else pickle."""
-    if "torch" not in sys.modules:      # fn never imported torch: its result holds no tensor
-        return "pickle", pickle.dumps(result)
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(result.cpu() if torch.is_tensor(result) else result, buf)
-    return "torch", buf.getvalue()
-
-
-def _unpack(kind: str, data: bytes):
-    if kind == "pickle":
-        return pickle.loads(data)
-    import torch
-
-    return torch.load(io.BytesIO(data), weights_only=False)
-
-
-def _worker(rank, world_size, backend, port, fn, args, conn, err_conn=None, parent_pid=None, timeout_s=None):
-    """One rank. ``backend`` None: a plain process (no process group, no torch import here)."""
-    if parent_pid is not None:
-        _die_with_parent(parent_pid)
-    if err_conn is not None:
-        _stderr_to(err_conn)
-    try:
-        dist = None
-        if backend is not None:     # torch's import is part of the start (start_timeout_s), not of the work
-            import torch
-            import torch.distributed as dist
-        conn.send(("started",))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-        if backend is None:
-            # torch, if fn imports it, reads this at its start: the ranks share the host's cores
-            os.environ.setdefault("OMP_NUM_THREADS", str(cpu_share(world_size)))
-        else:
-            if backend == "nccl":
-                torch.cuda.set_device(rank)
-            else:
-                torch.set_num_threads(cpu_share(world_size))
-            # A collective whose peer is gone fails after this timeout instead of blocking for ever.
-            # The launcher stops the group long before; this is the backstop when nothing watches.
-            kw = {} if timeout_s is None else dict(timeout=datetime.timedelta(seconds=float(timeout_s)))
-            dist.init_process_group(backend, rank=rank, world_size=world_size, **kw)
-        result = fn(*args)
-        conn.send(("ok", *_pack(result)))
-        if dist is not None:
-            # the peers may still be receiving from this rank: leave the group together
-            dist.barrier()
-            dist.destroy_process_group()
-    except BaseException as e:  # report every failure to the launcher instead of hanging it
-        # At once, and with no barrier or destroy first: a peer may be blocked in another
-        # collective, and a barrier here would block this rank too, with its report unsent.
-        try:
-            conn.send(("error", traceback.format_exc(), _exception_line(e)))
-        except (OSError, ValueError):
-            pass  # the launcher is gone
-        return
-    # Result sent, group left: end now. The interpreter's own teardown (with torch loaded, seconds
-    # of module cleanup) would only delay the exit the launcher waits for, past its grace period on
-    # a loaded machine; nothing of this rank needs it.
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
-    os._exit(0)
-
-
-class _Rank:
-    """The launcher's view of one rank: its process, its two pipes, what it has reported."""
-
-    def __init__(self, rank: int):
-        self.rank, self.proc, self.conn, self.err = rank, None, None, None
-        self.started = self.returned = False
-        self.result = None
-        self.tail = bytearray()        # the last _TAIL_BYTES of its stderr
-        self.capture = None            # everything since a stack-dump request, when one is pending
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-
-    @property
-    def exited(self) -> bool:
-        return self.proc is not None and self.proc.exitcode is not None
-
-    def start(self, ctx, world_size, backend, port, fn, args, timeout_s):
-        self.conn, conn_w = ctx.Pipe(duplex=False)
-        self.err, err_w = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=_worker, name=f"dp-rank-{self.rank}", daemon=False,
-                                args=(self.rank, world_size, backend, port, fn, args, conn_w, err_w, os.getpid(),
-                                      timeout_s))
-        try:
-            self.proc.start()
-        finally:
-            # the child has its own copies now; ours must go, or the pipes never report EOF
-            conn_w.close()
-            err_w.close()
-        os.set_blocking(self.err.fileno(), False)
-
-    def read_stderr(self) -> None:
-        """Forward whatever the rank wrote to stderr and keep its tail; close the pipe at EOF."""
-        while self.err is not None:
-            try:
-                data = os.read(self.err.fileno(), 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self.err.close()
-                self.err = None
-                return
-            self.tail += data
-            del self.tail[:-_TAIL_BYTES]
-            if self.capture is not None:
-                self.capture += data
-            try:
-                sys.stderr.write(self.decoder.decode(data))
-                sys.stderr.flush()
-            except (AttributeError, OSError, ValueError):
-                pass  # no usable stderr here (pythonw, closed): the tail still has it
-
-    def stderr_tail(self) -> str:
-        lines = bytes(self.tail).decode(errors="replace").rstrip().splitlines()
-        return "\n".join(lines[-_TAIL_LINES:])
-
-    def stack_dump(self) -> str:
-        # the head: faulthandler writes the current (main) thread first, most recent call first
-        lines = bytes(self.capture or b"").decode(errors="replace").rstrip().splitlines()
-        return "\n".join(lines[:_TAIL_LINES])
-
-
-class _Failure:
-    def __init__(self, rank: _Rank, traceback_text: str | None = None, summary: str | None = None):
-        self.rank, self.traceback, self.exitcode = rank.rank, traceback_text, None
-        if traceback_text is None:  # died without a report
-            self.exitcode = rank.proc.exitcode
-            self.summary = _death(rank.rank, self.exitcode)
-        else:
-            self.summary = summary
-        # a traceback that only says a peer went away is a consequence: rank it below real causes
-        self.consequence = traceback_text is not None and any(p in summary.lower() for p in _PEER_LOST)
-
-
-def _death(rank: int, code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = str(-code)
-        return f"rank {rank} was killed by signal {name} (no traceback: the process died)"
-    if code == 0:  # e.g. os._exit(0) or sys.exit() outside the worker's reach
-        return f"rank {rank} exited with code 0 without returning a result (no traceback)"
-    return f"rank {rank} exited with code {code} (no traceback: the process died)"
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(all_threads=True)                    # a crash writes every thread's stack
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks a hung rank where it is
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(cpu_share(world_size))  # the ranks share the host's cores
+    # a collective whose peer is gone fails after this instead of blocking when nothing watches
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=float(timeout_s)))
+    result = fn(*args)
+    part = _file(folder, rank, "part")
+    torch.save(result, part)
+    os.replace(part, _file(folder, rank, "pt"))  # whole or absent: the launcher never reads half a file
+    dist.barrier()  # the peers may still be receiving from this rank: leave the group together
+    dist.destroy_process_group()
 
 
 def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = (), timeout_s: float = 600,
-           start_timeout_s: float = 600, process_group: bool = True):
-    """Run `fn(*args)` on `world_size` local ranks; returns the list of per-rank results.
+           start_timeout_s: float = 600) -> list:
+    """Run `fn(*args)` on `world_size` local ranks; returns the per-rank results in rank order
+    (tensors on the CPU).
 
-    fn must be importable (a module-level function): ranks are spawned processes. backend:
-    'gloo' (CPU) or 'nccl' (one GPU per rank); default nccl when enough GPUs are visible.
-    process_group=False: no process group (and no backend): plain processes with RANK,
-    WORLD_SIZE and LOCAL_RANK in their environment, which import only what fn needs.
-    Raises RankError (a RuntimeError) as soon as a rank fails or dies, after stopping every rank,
-    and TimeoutError when the ranks have not all started within start_timeout_s, or not all
-    returned within timeout_s of the moment the last one started (give or take a few seconds to
-    stop the ranks). The two are apart because starting (a process, torch's import) is the
-    machine's business, and a loaded machine can take minutes for it, while timeout_s is about fn.
-    A rank counts as started once it runs (spawned, fn's module and args imported), before its
-    process group forms.
+    fn must be importable (a module-level function): ranks are spawned processes, with RANK,
+    WORLD_SIZE and LOCAL_RANK set. backend: 'gloo' (CPU) or 'nccl' (one GPU per rank; the default
+    when enough GPUs are visible). Raises RankError within seconds of a rank failing, and
+    TimeoutError when the ranks have not all started (spawned, fn's module and args imported)
+    within start_timeout_s, or not all returned within timeout_s of that start: a loaded machine
+    can take minutes to start processes that import torch, while timeout_s is about fn. Either way
+    every rank is stopped first.
     """
-    import multiprocessing as mp
-
     world_size = limits.integer(world_size, "world_size", cap="world_size")
     for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
             raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    if process_group not in (True, False):
-        raise ValueError(f"process_group must be True or False, got {process_group!r}")
-    if not process_group:
-        if backend is not None:
-            raise ValueError(f"backend={backend!r} needs a process group; process_group=False starts none")
-    else:
-        import torch
-
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-        if backend == "nccl" and torch.cuda.device_count() < world_size:
-            raise ValueError(f"nccl with world_size={world_size} needs {world_size} GPUs, "
-                             f"{torch.cuda.device_count()} visible")
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    ranks = [_Rank(r) for r in range(world_size)]
-    try:
-        for rk in ranks:
-            rk.start(ctx, world_size, backend, port, fn, args, timeout_s)
-        return _watch(ranks, timeout_s, start_timeout_s)
-    finally:
-        _stop(ranks)
-
-
-def _watch(ranks: list[_Rank], timeout_s: float, start_timeout_s: float) -> list:
-    """Wait for every rank's result; raise on the first failure or at the deadline (start_timeout_s
-    while some rank has not started, then timeout_s from the moment the last one did)."""
-    from multiprocessing.connection import wait
-
-    failures: list[_Failure] = []
-    settle_until = all_returned_at = None
-    deadline = time.monotonic() + start_timeout_s
-    starting = True
-    while True:
-        now = time.monotonic()
-        if starting and all(r.started for r in ranks):
-            starting, deadline = False, now + timeout_s
-        if failures:
-            # real causes (own tracebacks, deaths) in the order seen, then peer-lost errors
-            first = min(failures, key=lambda f: f.consequence)
-            if not first.consequence or now >= settle_until or all(r.exited for r in ranks):
-                raise _rank_error(first, failures, ranks)
-        elif all(r.returned for r in ranks):
-            all_returned_at = all_returned_at or now
-            if all(r.exited for r in ranks) or now >= min(deadline, all_returned_at + _EXIT_GRACE_S):
-                late = [r.rank for r in ranks if not r.exited]
-                if late:
-                    warnings.warn(f"dp ranks {late} returned their results but had not exited "
-                                  f"{_EXIT_GRACE_S:g} s later; stopping them", RuntimeWarning, stacklevel=3)
-                return [r.result for r in ranks]
-        elif now >= deadline:
-            raise _timeout_error(ranks, start_timeout_s if starting else timeout_s, starting)
-
-        until = settle_until if failures else (min(deadline, all_returned_at + _EXIT_GRACE_S)
-                                               if all_returned_at else deadline)
-        owners = {}
-        for r in ranks:
-            for obj in (r.conn, r.err, None if r.exited else r.proc.sentinel):
-                if obj is not None:
-                    owners[obj] = r
-        ready = wait(list(owners), timeout=max(0.0, until - now))
-        for obj in ready:
-            r = owners[obj]
-            if obj is r.err:
-                r.read_stderr()
-            elif obj is r.conn:
-                _receive(r, ranks, failures)
-            else:  # the process ended: read what it left before judging how it ended
-                # (its sentinel closes a moment before it can be reaped: join, not exitcode, waits for that)
-                r.proc.join(timeout=1.0)
-                while r.conn is not None and r.conn.poll():
-                    _receive(r, ranks, failures)
-                r.read_stderr()
-                _judge_exit(r, ranks, failures)
-        if failures and settle_until is None:
-            settle_until = time.monotonic() + _SETTLE_S
-
-
-def _receive(r: _Rank, ranks: list[_Rank], failures: list[_Failure]) -> None:
-    try:
-        msg = r.conn.recv()
-    except (EOFError, OSError):  # the rank closed its end (exited, or died mid-message)
-        r.conn.close()
-        r.conn = None
-        return
-    if msg[0] == "started":
-        r.started = True
-    elif msg[0] == "ok":
-        r.result = _unpack(msg[1], msg[2])
-        r.returned = True
-    elif not all(x.returned for x in ranks):
-        failures.append(_Failure(r, msg[1], f"rank {r.rank} failed: {msg[2]}"))
-    else:  # e.g. the final barrier failed after every rank had returned: the results stand
-        warnings.warn(f"dp rank {r.rank} failed after every rank had returned its result: {msg[2]}",
-                      RuntimeWarning, stacklevel=4)
-
-
-def _judge_exit(r: _Rank, ranks: list[_Rank], failures: list[_Failure]) -> None:
-    if any(f.rank == r.rank for f in failures):
-        return  # its own traceback already says more than its exit code
-    code = r.proc.exitcode
-    if not r.returned or (code != 0 and not all(x.returned for x in ranks)):
-        failures.append(_Failure(r))
-    elif code != 0:
-        warnings.warn(f"dp {_death(r.rank, code)} after every rank had returned its result",
-                      RuntimeWarning, stacklevel=4)
-
-
-def _rank_error(first: _Failure, failures: list[_Failure], ranks: list[_Rank]) -> RankError:
-    rank = ranks[first.rank]
-    parts = [f"dp {first.summary}"]
-    if first.traceback is not None:
-        parts.append(f"--- traceback from rank {first.rank} ---\n{first.traceback.rstrip()}")
-    else:
-        if not rank.started:
-            parts.append("It died before reaching the dp worker. If the launching script has no "
-                         "`if __name__ == '__main__':` guard, each spawned rank re-runs it; see its stderr.")
-        tail = rank.stderr_tail()
-        if tail:
-            parts.append(f"--- last lines rank {first.rank} wrote to stderr ---\n{tail}")
-    others = [f"  {f.summary}" + ("  (it lost a peer: likely a consequence)" if f.consequence else "")
-              for f in failures if f is not first]
-    failed = {f.rank for f in failures}
-    others += [f"  rank {r.rank}: {'returned its result' if r.returned else 'still running'}; stopped by the launcher"
-               for r in ranks if r.rank not in failed and not r.exited]
-    if others:
-        parts.append("--- the other ranks ---\n" + "\n".join(others))
-    return RankError("\n".join(parts), first.rank, first.exitcode, first.traceback)
-
-
-def _timeout_error(ranks: list[_Rank], timeout_s: float, starting: bool = False) -> TimeoutError:
-    """Ask every unfinished rank where it is (faulthandler on SIGUSR1), then describe them."""
-    from multiprocessing.connection import wait
-
-    stuck = [r for r in ranks if not r.returned]
-    asked = [r for r in stuck if r.started and not r.exited and r.err is not None]
-    for r in asked:
-        r.capture = bytearray()
+    backend = _backend(backend, world_size)
+    with tempfile.TemporaryDirectory(prefix="wb-launch-") as folder:
+        ctx = mp.start_processes(_rank_main, (world_size, backend, _free_port(), fn, args, folder, os.getpid(),
+                                              timeout_s), nprocs=world_size, join=False, start_method="spawn")
         try:
-            os.kill(r.proc.pid, signal.SIGUSR1)
-        except (AttributeError, ProcessLookupError):
-            pass
-    end = time.monotonic() + _DUMP_WAIT_S
-    while asked and time.monotonic() < end:
-        # a dump is complete once it names a frame and then the pipe goes quiet for a moment
-        pending = [r for r in asked if r.err is not None and b" line " not in r.capture]
-        quiet = not wait([r.err for r in asked if r.err is not None], timeout=0.2)
-        if not pending and quiet:
-            break
-        for r in asked:
-            r.read_stderr()
-    done = [r.rank for r in ranks if r.returned]
-    if starting:
-        late = [r.rank for r in ranks if not r.started]
-        return TimeoutError(f"dp launch: ranks {late} had not started {timeout_s:g} s after they were spawned "
-                            "(a process start and its imports: torch's, for a process group); the machine may be "
-                            "overloaded: raise start_timeout_s; the launcher stopped every rank")
-    parts = [f"dp launch timed out after {timeout_s:g} s: "
-             + ", ".join(f"rank {r.rank}" + ("" if r.started else " (still starting)") for r in stuck)
-             + " had not finished" + (f" (ranks {done} had returned their results)" if done else "")
-             + "; the launcher stopped every rank"]
+            _wait(ctx, folder, timeout_s, start_timeout_s)
+            return [torch.load(_file(folder, r, "pt"), map_location="cpu", weights_only=False)
+                    for r in range(world_size)]
+        finally:
+            _stop(ctx, folder)
+
+
+def _backend(backend, world_size: int) -> str:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = backend or ("nccl" if gpus >= world_size else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(f"nccl with world_size={world_size} needs {world_size} GPUs, {gpus} visible")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (see the GPU host notes)
+    return backend
+
+
+def _wait(ctx, folder: str, timeout_s: float, start_timeout_s: float) -> None:
+    """Until every rank has ended well; RankError on the first failure, TimeoutError at the deadline."""
+    ranks = range(len(ctx.processes))
+    started, deadline = False, time.monotonic() + start_timeout_s
+    while True:
+        if not started and all(_file(folder, r, "log").exists() for r in ranks):
+            started, deadline = True, time.monotonic() + timeout_s
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _timeout_error(ctx, folder, timeout_s if started else start_timeout_s, started)
+        try:
+            # on a failure, join stops every other rank itself (SIGTERM, then SIGKILL)
+            if ctx.join(timeout=left if started else min(left, _POLL_S)):
+                break
+        except ProcessException as e:
+            raise _rank_error(ctx, folder, e.error_index) from None
+    missing = [r for r in ranks if not _file(folder, r, "pt").exists()]
+    if missing:  # os._exit(0), or a KeyboardInterrupt, which start_processes counts as a clean exit
+        raise _rank_error(ctx, folder, missing[0])
+
+
+def _rank_error(ctx, folder: str, rank: int) -> RankError:
+    tb = _traceback(ctx, rank)
+    code = None if tb else ctx.processes[rank].exitcode
+    parts = [f"dp rank {rank} failed: {_exception_line(tb)}\n--- traceback from rank {rank} ---\n{tb.rstrip()}"
+             if tb else f"dp {_death(rank, code)}"]
+    if not tb and _file(folder, rank, "log").exists():
+        tail = "\n".join(_stderr(folder, rank).rstrip().splitlines()[-_TAIL_LINES:])
+        parts.append(f"--- last lines rank {rank} wrote to stderr ---\n{tail}")
+    elif not tb:
+        parts.append("It died before it started (its error is on stderr). A script without an "
+                     "`if __name__ == '__main__':` guard re-runs itself in every spawned rank.")
+    for r in (r for r in range(len(ctx.processes)) if r != rank):
+        other = _traceback(ctx, r)
+        fate = ("returned its result" if _file(folder, r, "pt").exists() else
+                f"failed too: {_exception_line(other)}" if other else "still running; stopped by the launcher")
+        parts.append(f"  rank {r}: {fate}")
+    return RankError("\n".join(parts), rank, code, tb)
+
+
+def _traceback(ctx, rank: int) -> str | None:
+    """The rank's formatted traceback, which start_processes pickles into its error file."""
+    try:
+        with open(ctx.error_files[rank], "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def _exception_line(tb: str) -> str:
+    """The first line of the exception a formatted traceback ends with (after its last frame)."""
+    lines = tb.rstrip().splitlines()
+    last = max((i for i, line in enumerate(lines) if line.startswith('  File "')), default=-1)
+    rest = [line for line in lines[last + 1:] if not line.startswith("    ")]  # skip source and carets
+    return rest[0] if rest else lines[-1]
+
+
+def _death(rank: int, code: int | None) -> str:
+    if code == 0:
+        return f"rank {rank} exited with code 0 without returning a result (no traceback)"
+    signals = {-s.value: s.name for s in signal.Signals}
+    how = f"was killed by signal {signals[code]}" if code in signals else f"exited with code {code}"
+    return f"rank {rank} {how} (no traceback: the process died)"
+
+
+def _timeout_error(ctx, folder: str, seconds: float, started: bool) -> TimeoutError:
+    """Name the ranks that had not started or finished, with where each hung rank was."""
+    ranks = range(len(ctx.processes))
+    if not started:
+        late = [r for r in ranks if not _file(folder, r, "log").exists()]
+        return TimeoutError(f"dp launch: ranks {late} had not started {seconds:g} s after they were spawned (a "
+                            "process start and torch's import); the machine may be overloaded: raise "
+                            "start_timeout_s; the launcher stopped every rank")
+    stuck = [r for r in ranks if not _file(folder, r, "pt").exists()]
+    done = [r for r in ranks if r not in stuck]
+    text = (f"dp launch timed out after {seconds:g} s: " + ", ".join(f"rank {r}" for r in stuck)
+            + " had not finished" + (f" (ranks {done} had returned their results)" if done else "")
+            + "; the launcher stopped every rank")
+    # SIGUSR1: faulthandler in the rank writes its stacks to its stderr file, after what is there now
+    asked = {r: len(_stderr(folder, r)) for r in stuck if ctx.processes[r].is_alive()}
     for r in asked:
-        if r.capture:
-            parts.append(f"--- where rank {r.rank} was (Python stacks, most recent call first) ---\n"
-                         f"{r.stack_dump()}")
-    return TimeoutError("\n".join(parts))
+        os.kill(ctx.processes[r].pid, signal.SIGUSR1)
+    end = time.monotonic() + _DUMP_WAIT_S
+    while time.monotonic() < end and not all(" line " in _stderr(folder, r)[n:] for r, n in asked.items()):
+        time.sleep(0.1)
+    time.sleep(0.1)  # one handler writes every thread's stack: the rest follows the first frame at once
+    for r, n in asked.items():
+        stack = "\n".join(_stderr(folder, r)[n:].strip().splitlines()[:_TAIL_LINES])
+        text += f"\n--- where rank {r} was (Python stacks, most recent call first) ---\n{stack}" if stack else ""
+    return TimeoutError(text)
 
 
-def _stop(ranks: list[_Rank]) -> None:
-    """Stop every rank still running (terminate, then kill), reap them all, close the pipes."""
-    from multiprocessing.connection import wait
+def _stderr(folder: str, rank: int) -> str:
+    path = _file(folder, rank, "log")
+    return path.read_bytes().decode(errors="replace") if path.exists() else ""
 
-    alive = [r.proc for r in ranks if r.proc is not None and r.proc.is_alive()]
+
+def _stop(ctx, folder: str) -> None:
+    """Stop every rank still running (terminate, then kill), drop start_processes' error files, and
+    copy the ranks' stderr to the launcher's."""
+    alive = [p for p in ctx.processes if p.is_alive()]
     for p in alive:
         p.terminate()
     end = time.monotonic() + _TERM_GRACE_S
-    while alive and time.monotonic() < end:
-        wait([p.sentinel for p in alive], timeout=max(0.0, end - time.monotonic()))
-        alive = [p for p in alive if p.is_alive()]
-    for p in alive:  # terminate is ignored by a rank stuck in some C calls; kill is not
-        p.kill()
-    for r in ranks:
-        if r.proc is not None and r.proc.pid is not None:
-            r.proc.join(timeout=5)
-            if r.proc.exitcode is not None:
-                r.proc.close()  # its sentinel fd, now rather than at garbage collection
-        if r.err is not None:
-            r.read_stderr()
-            if r.err is not None:
-                r.err.close()
-                r.err = None
-        if r.conn is not None:
-            r.conn.close()
-            r.conn = None
+    for p in alive:
+        p.join(max(0.0, end - time.monotonic()))
+        if p.is_alive():  # terminate is ignored by a rank that handles SIGTERM and sits in a C call
+            p.kill()
+            p.join()
+    for r, path in enumerate(ctx.error_files):
+        if os.path.exists(path):
+            os.unlink(path)
+        if _stderr(folder, r).strip():
+            print(f"--- stderr of dp rank {r} ---\n{_stderr(folder, r).rstrip()}", file=sys.stderr, flush=True)

@@ -29,6 +29,7 @@ import numpy as np
 
 from . import limits
 from .budgets import Budgets
+from .checkpoints import resolve_config
 from .config import VisionConfig
 
 __all__ = ["plan_budgets", "expected_padding", "geometric_budgets", "graph_pool_bytes", "capture_pool_bytes",
@@ -171,7 +172,7 @@ def capture_pool_bytes(cfg, budget: int, dtype=None, norm: str | None = None, bu
     """Bytes a fresh graph pool reserves when one budget's tower forward is captured into it
     (intermediates freed back to the pool, the static output kept): see `graph_pool_bytes`."""
     import torch
-    cfg = VisionConfig.coerce(cfg)
+    cfg = resolve_config(cfg)
     dtype = torch.bfloat16 if dtype is None else dtype
     buffer_dtype = (torch.uint8 if norm is not None else dtype) if buffer_dtype is None else buffer_dtype
     budget = limits.integer(budget, "budget", cap="budget_tokens")
@@ -229,7 +230,7 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     headroom accordingly.
     """
     import torch
-    cfg = VisionConfig.coerce(cfg)
+    cfg = resolve_config(cfg)
     dtype = torch.bfloat16 if dtype is None else dtype
     budgets = Budgets.of(budgets)
     max_items = limits.integer(max_items, "max_items", cap="items")
@@ -380,7 +381,7 @@ def plan_budgets(mix, max_graphs: int, max_pool_bytes: int | None = None, cfg=No
             j = int(args[layer - 1][j])
             chosen.append(j)
         return [int(sizes[k]) for k in sorted(chosen)]
-    cfg = VisionConfig.coerce(cfg)
+    cfg = resolve_config(cfg)
     largest = int(sizes[-1])
     need = graph_pool_bytes(cfg, [largest], **pool_kw)
     if need > max_pool_bytes:

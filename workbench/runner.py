@@ -39,7 +39,7 @@ import torch
 from . import limits
 from .attention import use_dense
 from .dtypes import dtype_name, names
-from .encoder import BUFFER_DTYPES, VisionEncoder, register_path
+from .encoder import BUFFER_DTYPES, VisionEncoder
 from .norms import replaying
 from .budgets import Budgets
 from .preprocess import PatchBatch
@@ -582,20 +582,3 @@ def default_runner(encoder, batch: PatchBatch) -> "EncoderGraphRunner":
                   f"was captured again). To capture once, pass runner=wb.EncoderGraphRunner(enc, "
                   f"budgets=[...]) with budgets covering your largest item.", stacklevel=4)
     return encoder._default_runner
-
-
-def encode_cudagraph(encoder, batch: PatchBatch, runner: "EncoderGraphRunner | None" = None, **kw):
-    """Path `cudagraph` of `VisionEncoder.encode`: the given runner, or the encoder's default one."""
-    if kw:
-        raise TypeError(f"path 'cudagraph' takes no options {sorted(kw)} (only runner=)")
-    if runner is None:
-        runner = default_runner(encoder, batch)
-    elif not isinstance(runner, EncoderGraphRunner):
-        raise TypeError(f"runner must be a workbench EncoderGraphRunner (or None for the default), "
-                        f"got {type(runner).__name__}")
-    elif runner.encoder is not encoder:
-        raise ValueError("the runner was built for another encoder")
-    return runner.encode(batch)
-
-
-register_path("cudagraph", encode_cudagraph)

@@ -96,13 +96,13 @@ def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
     """{element of the study's cell parameter: relative cost}: a tower's FLOPs over 1024 pixel rows
     at the run's depth where the element is a preset or model folder (the work every cell of a
     study repeats per tower), else 1."""
-    from .config import VisionConfig
+    from .checkpoints import resolve_config
     from .floors import tower_flops
 
     out = {}
     for v in params.get(study.cells) or []:
-        try:        # VisionConfig.preset takes a preset or a model folder, and refuses anything else
-            out[v] = float(tower_flops(VisionConfig.preset(v, params.get("depth")), [1024])["total"])
+        try:        # resolve_config takes a preset or a model folder, and refuses anything else
+            out[v] = float(tower_flops(resolve_config(v, params.get("depth")), [1024])["total"])
         except (ValueError, TypeError, KeyError):
             out[v] = 1.0
     return out

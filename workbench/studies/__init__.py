@@ -191,8 +191,8 @@ class RunSetup:
 
     def config(self, preset: str | None = None):
         """The ``preset`` parameter's config (or ``preset``'s) at the ``depth`` parameter."""
-        from ..config import VisionConfig
-        return VisionConfig.preset(preset or self.params["preset"], self.params["depth"])
+        from ..checkpoints import resolve_config
+        return resolve_config(preset or self.params["preset"], self.params["depth"])
 
     def per_preset(self, measure: Callable[["RunSetup"], Any]) -> Any:
         """``measure(setup)`` once per element of the ``presets`` parameter, each seeing that one

@@ -30,6 +30,7 @@ import torch
 
 from ..ceilings import copy_ceiling_gbs, matmul_tflops
 from ..config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY, VisionConfig
+from ..checkpoints import resolve_config
 from ..dtypes import dtype_name
 from ..encoder import build_encoder
 from ..floors import floor_us, flop_floor_us, tower_flops
@@ -407,7 +408,7 @@ def _run_finding(dev: str, g: pd.DataFrame, fill: float) -> str:
 def footprint(p, device: str) -> Footprint:
     """The largest budget: its source rows, their float64 reference, the eager norm's fp32
     temporaries, a bf16 buffer and output; and the tower replayed over the full budget."""
-    return largest(largest_budget(VisionConfig.preset(preset, p["depth"]), p, 1 + 8 + 8 + 2 + 2, device, preset)
+    return largest(largest_budget(resolve_config(preset, p["depth"]), p, 1 + 8 + 8 + 2 + 2, device, preset)
                    for preset in p["presets"])
 
 STUDY = register(Study(

@@ -15,8 +15,10 @@ import pandas as pd
 import torch
 
 from ..config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY, VisionConfig
+from ..checkpoints import resolve_config
 from ..dtypes import dtype_name
 from ..dtypes import resolve_dtype as dtype_of
+from ..dp import encode_dp
 from ..encoder import PATHS, PLACEMENT_TABLE, STUDY_PLACEMENTS, build_encoder
 from ..formatting import device_label
 from ..norms import NORMS, normalize_reference
@@ -78,7 +80,6 @@ def _cells(placements, norms, paths, buffer_dtypes):
 
 def _encode_dp_cells(spec: dict) -> dict:
     """Runs on every dp rank: encodes every (placement, norm) of spec through the dp path."""
-    from ..dp import encode_dp
     import torch.distributed as dist
 
     device = f"cuda:{dist.get_rank()}" if dist.get_backend() == "nccl" else "cpu"
@@ -86,8 +87,32 @@ def _encode_dp_cells(spec: dict) -> dict:
     for placement, norm in spec["cells"]:
         enc = _build(spec["cfg"], placement, norm, spec["dtype"], device, spec["seed"])
         batch = preprocess(spec["items"], enc.cfg, normalize=enc.input_kind == "normalized")
-        out[(placement, norm)] = encode_dp(enc, batch).float().cpu()
+        out[(placement, norm)] = PATH_CALLS["dp"](enc, batch, spec, "-")[0].float().cpu()
     return out
+
+
+def _encode_eager(enc, batch, p: dict, buf: str):
+    return enc.encode(batch), {}
+
+
+def _encode_graph(enc, batch, p: dict, buf: str):
+    """The batch through a graph runner with the cell's buffer dtype, and what its replays did."""
+    runner = EncoderGraphRunner(enc, budgets=list(p["budgets"]), buffer_dtype=dtype_of(buf), policy="always",
+                                max_items=p["max_items"])
+    out = runner.encode(batch)
+    st = runner.stats_frame()
+    return out, dict(backend=runner.backend, replays=int((~st.miss).sum()), misses=int(st.miss.sum()),
+                     padded_rows=int(st.padded_rows.sum()))
+
+
+def _encode_dp(enc, batch, p: dict, buf: str):
+    """On one dp rank (`_encode_dp_cells`, started by `_dp_rows`): the whole batch, sharded and gathered."""
+    return encode_dp(enc, batch), {}
+
+
+# The path axis: each path is the call that runs it, picked here (the encoder runs only eager
+# itself): callable(enc, batch, params, buffer_dtype) -> (embedding, extra columns).
+PATH_CALLS = {"eager": _encode_eager, "cudagraph": _encode_graph, "dp": _encode_dp}
 
 
 PARAMS = ParamSpec(
@@ -141,7 +166,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     tol = TOLERANCE[dt]
     rows = []
     for fam in families:
-        base = VisionConfig.preset(fam, depth)    # the cap below the preset's floor lowers the floor too
+        base = resolve_config(fam, depth)    # the cap below the preset's floor lowers the floor too
         cfg = dataclasses.replace(base, max_pixels=max_pixels, min_pixels=min(base.min_pixels, max_pixels))
         items = study_items(max_pixels)
         raw = preprocess(items, cfg)
@@ -160,17 +185,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                 encoders[key] = _build(cfg, placement, norm, dt, dev, seed)
             enc = encoders[key]
             batch = nrm if enc.input_kind == "normalized" else raw
-            extra = {}
-            if path == "eager":
-                out = enc.encode(batch)
-            else:
-                runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=dtype_of(buf), policy="always",
-                                            max_items=max_items)
-                out = enc.encode(batch, path="cudagraph", runner=runner)
-                st = runner.stats_frame()
-                extra = dict(backend=runner.backend, replays=int((~st.miss).sum()), misses=int(st.miss.sum()),
-                             padded_rows=int(st.padded_rows.sum()))
-                del runner
+            out, extra = PATH_CALLS[path](enc, batch, s.params, buf)
             rows.append(_row(common, placement, norm, path, buf, out, ref, cell_tolerance(dt, buf), **extra))
         encoders.clear()
         if "dp" in paths:
@@ -481,7 +496,7 @@ def footprint(p, device: str) -> Footprint:
     ranks = p["dp_world_size"] if device == "cpu" and "dp" in p["paths"] else 1
 
     def cell(name: str) -> Footprint:
-        cfg = VisionConfig.preset(name, p["depth"])
+        cfg = resolve_config(name, p["depth"])
         per_item = p["max_pixels"] // cfg.patch_size ** 2 * 2    # patch rows of one capped item, two frame pairs
         rows = max(per_item * items, max(p["budgets"]) * cfg.merge_unit)
         one = tower_bytes(cfg, rows, per_item, itemsize(p), device) + tower_bytes(cfg, rows, per_item, 8, device)

@@ -55,6 +55,7 @@ import torch
 
 from ..ceilings import attention_tflops, matmul_tflops
 from ..config import PRESET_NAMES, VisionConfig
+from ..checkpoints import resolve_config
 from ..dtypes import dtype_name
 from ..encoder import build_encoder
 from ..floors import flop_floor_us, tower_flops
@@ -366,7 +367,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     bar = show_progress(total=len(p["presets"]) * (len(cells) + 1 + mix_cells), desc="encoder_latency",
                         enabled=progress)
     for preset in p["presets"]:
-        cfg = VisionConfig.preset(preset, p["depth"])
+        cfg = resolve_config(preset, p["depth"])
         torch.manual_seed(p["seed"])
         t0 = time.perf_counter()
         enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"],
@@ -821,7 +822,7 @@ def footprint(p, device: str) -> Footprint:
     tokens = max(max(p["tokens"]), p["engine_max_budget"] if with_folder(p["mixes"], p["image_folder"]) else 0)
 
     def cell(name: str) -> Footprint:
-        cfg = VisionConfig.preset(name, p["depth"])
+        cfg = resolve_config(name, p["depth"])
         rows = tokens * cfg.merge_unit
         longest = rows // min(p["images"])
         one = tower_bytes(cfg, rows, longest, itemsize(p), device) * (2 if p["reference"] else 1)

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from ..config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY, VisionConfig
+from ..checkpoints import resolve_config
 from ..cuda_memory import captured_memory, eager_peak_bytes
 from ..dtypes import dtype_name
 from ..encoder import build_encoder
@@ -104,12 +105,12 @@ def _tower_pool(enc, buf, meta, dev) -> dict:
 
 
 def _config(p: dict, preset: str | None = None) -> VisionConfig:
-    """The captured tower. Unlike the other studies (`VisionConfig.preset(name, depth)`), depth is
+    """The captured tower. Unlike the other studies (`resolve_config(name, depth)`), depth is
     required here and the preset's own depth keeps the preset itself, not a renamed '@depthN'
     copy (same blocks either way; only the name differs)."""
     preset = preset or p["preset"]
-    base = VisionConfig.preset(preset)
-    return base if p["depth"] == base.depth else VisionConfig.preset(preset, p["depth"])
+    base = resolve_config(preset)
+    return base if p["depth"] == base.depth else resolve_config(preset, p["depth"])
 
 
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:

@@ -59,6 +59,7 @@ import pandas as pd
 import torch
 
 from ..config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY, VisionConfig
+from ..checkpoints import resolve_config
 from ..cuda_memory import pool_segment_bytes
 from ..dtypes import dtype_name
 from ..encoder import build_encoder
@@ -595,7 +596,7 @@ def footprint(p, device: str) -> Footprint:
 def preset_footprint(p, preset: str, device: str) -> Footprint:
     """The largest budget of the replay ladder (a power of two at or above the mixes' largest item)
     through the tower, and a batch of n_items of the largest items."""
-    cfg = VisionConfig.preset(preset, p["depth"])
+    cfg = resolve_config(preset, p["depth"])
     largest = max(max(t for t, _ in mix_distribution(m, cfg)) for m in with_folder(p["mixes"], p["image_folder"]))
     budget = 1 << math.ceil(math.log2(max(largest, 1)))
     rows = max(budget, largest * p["n_items"]) * cfg.merge_unit

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
 from .. import limits
-from ..config import is_model_folder        # torch-free, as this module is
+from ..checkpoints import CheckpointError, is_model_folder, resolve_config   # torch-free at import
 
 PROFILES = ("cpu", "gpu")
 KINDS = ("int", "float", "str", "bool", "list[int]", "list[float]", "list[str]")
@@ -88,13 +88,11 @@ def _scalar(kind: str, name: str, value: Any) -> Any:
 
 def _model_folder(name: str, value: str) -> str:
     """A model folder given for parameter ``name``, as its absolute path, checked whole
-    (`workbench.checkpoints.check_model_folder`: its JSON, every safetensors header, the shapes
-    and dtypes against the tower, without reading tensor data) so that a folder that cannot load
-    is refused like any bad value, before a run folder exists. Imported here: it loads torch."""
-    from ..checkpoints import CheckpointError, check_model_folder
-
+    (`workbench.checkpoints.resolve_config`: its JSON, every safetensors header, the shapes and
+    dtypes against the tower, without reading tensor data) so that a folder that cannot load is
+    refused like any bad value, before a run folder exists."""
     try:
-        check_model_folder(value)
+        resolve_config(value)
     except CheckpointError as e:
         raise ParamError(f"{name}={value!r}: not a usable model folder: {e}") from None
     return str(Path(value).expanduser().resolve())

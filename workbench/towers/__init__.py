@@ -1,30 +1,29 @@
-"""Vision towers, one module per family, and the family registry.
+"""Vision towers (nn.Modules), one module per family, and the map from a family name to its tower.
 
-A family module holds its tower class, its presets and its `Family` descriptor (`FAMILY`).
-Adding a family: write its module, then add it to the import and to `FAMILIES` below.
+Each tower module holds its tower class (`TOWER`); everything else about a family (presets,
+checks, sizes, the transformers mapping) is its spec in `workbench.families`, below this package.
+Adding a family: write its tower module, then add it to the import and to `TOWERS` below.
 """
 from __future__ import annotations
 
 from ..config import VisionConfig
 from . import glm4v, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_vl
 from .common import TowerMetadata, VisionTower
-from .family import Family
 from .qwen2_5_vl import Qwen25VisionTower
 from .qwen2_vl import Qwen2VisionTower
 from .qwen3_5 import Qwen35VisionTower
 from .qwen3_vl import Qwen3VLVisionTower
 from .glm4v import Glm4vVisionTower
 
-# name -> descriptor; the order is the order of the preset list and of every family listing
-FAMILIES: dict[str, Family] = {f.name: f for f in (qwen2_vl.FAMILY, qwen2_5_vl.FAMILY, qwen3_vl.FAMILY,
-                                                    qwen3_5.FAMILY, glm4v.FAMILY)}
-TOWERS = {name: f.tower for name, f in FAMILIES.items()}
+# family name -> tower class, in the order of `workbench.families.FAMILIES`
+TOWERS: dict[str, type[VisionTower]] = {m.TOWER.family: m.TOWER for m in (qwen2_vl, qwen2_5_vl, qwen3_vl,
+                                                                            qwen3_5, glm4v)}
 
 
 def build_tower(cfg: VisionConfig, **kw) -> VisionTower:
     """The tower class of cfg.family with random (uninitialized) weights; see VisionTower for kw."""
-    return FAMILIES[cfg.family].tower(cfg, **kw)
+    return TOWERS[cfg.family](cfg, **kw)
 
 
-__all__ = ["FAMILIES", "TOWERS", "Family", "TowerMetadata", "VisionTower", "Qwen2VisionTower", "Qwen25VisionTower",
+__all__ = ["TOWERS", "TowerMetadata", "VisionTower", "Qwen2VisionTower", "Qwen25VisionTower",
            "Qwen3VLVisionTower", "Qwen35VisionTower", "Glm4vVisionTower", "build_tower"]

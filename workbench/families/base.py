@@ -1,13 +1,16 @@
-"""What the package knows about one vision-tower family, in one object.
+"""What the package knows about one vision-tower family, in one object, and the helpers its
+family modules share.
 
-Each family module (`workbench/towers/<family>.py`) holds its tower class, its presets (the vision
-configs and processor constants of the published checkpoints, as data) and one `Family` instance
-that answers every family-specific question the rest of the package asks: how a config is
-validated, its parameter count, its FLOPs per pixel row and per merged token, how it shrinks to
-fewer blocks, and which transformers class and config it corresponds to. `workbench.towers`
-registers the instances (`FAMILIES`); `VisionConfig` delegates to them by ``cfg.family``.
+Each family module (`workbench/families/<family>.py`) holds its presets (the vision configs and
+processor constants of the published checkpoints, as data) and one `Family` instance that answers
+every family-specific question the rest of the package asks: how a config is validated, its
+parameter count, its FLOPs per pixel row and per merged token, how it shrinks to fewer blocks, and
+which transformers class and config it corresponds to. `workbench.families` registers the
+instances (`FAMILIES`); `VisionConfig` delegates to them by ``cfg.family``. The towers (the
+nn.Modules) sit above, in `workbench.towers`, which maps a family name to its tower class.
 
-This module imports nothing heavy: a descriptor is plain Python until a tower is built.
+Plain Python only: importing a spec imports neither torch nor transformers (`to_hf` and the
+reference-model helpers import them when called).
 """
 from __future__ import annotations
 
@@ -20,14 +23,14 @@ import math
 class Family:
     """Base descriptor; a family module subclasses it and sets the class attributes.
 
-    name: the ``VisionConfig.family`` string. tower: the `VisionTower` subclass. presets: dicts of
-    VisionConfig fields (each with its ``name``; ``family`` is added), tiny CPU presets named
-    ``tiny-...``. hf_class: (module, class) of transformers' vision model for this family;
+    name: the ``VisionConfig.family`` string (its tower class, `workbench.towers.TOWERS[name]`,
+    says the same ``family``). presets: dicts of VisionConfig fields (each with its ``name``;
+    ``family`` is added), tiny CPU presets named ``tiny-...``. hf_class: (module, class) of
+    transformers' vision model for this family;
     hf_class_aliases: the names of other transformers vision classes with the same architecture
     (a checkpoint of another layout of the family carries one)."""
 
     name: str = ""
-    tower: type | None = None
     presets: tuple[dict, ...] = ()
     hf_class: tuple[str, str] = ("", "")
     hf_class_aliases: tuple[str, ...] = ()
