@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .files import file_kind, read_regular
+from .files import file_kind, open_regular, read_regular
 from .provenance import META_NAME, atomic_write_text, results_root
 
 REFERENCE_DIRNAME = "reference"
@@ -280,8 +280,9 @@ def _run_folder_above(target: Path, results: Path) -> str | None:
 
 def _written_by_compare(path: Path) -> bool:
     """Whether ``path`` is a regular file whose first line is the header of a CSV compare wrote."""
-    try:
-        first = read_regular(path).split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8")
+    try:        # the header only: a CSV of every value can be large
+        with open_regular(path, follow=False) as f:
+            first = f.readline(64 * 1024).rstrip(b"\r\n").decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return False
     return first.startswith("study,") and first.endswith(CSV_SIGNATURE)
