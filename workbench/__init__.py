@@ -16,7 +16,7 @@ import types
 _EXPORTS = {
     "VisionConfig": "config", "PRESET_NAMES": "config",
     "load_vision_weights": "checkpoints", "resolve_config": "checkpoints",
-    "DTYPES": "encoder", "PATHS": "encoder", "PLACEMENTS": "encoder", "STUDY_PLACEMENTS": "encoder",
+    "DTYPES": "encoder", "PATHS": "vocabulary", "PLACEMENTS": "vocabulary", "STUDY_PLACEMENTS": "vocabulary",
     "VisionEncoder": "encoder", "build_encoder": "encoder",
     "NORMS": "norms", "make_norm": "norms",
     "PatchBatch": "preprocess", "Video": "preprocess", "preprocess": "preprocess", "load_image": "preprocess",

@@ -25,56 +25,21 @@ from torch import nn
 
 from . import limits
 from .config import PRESET_NAMES, VisionConfig
-from .dtypes import dtype_name
+from . import vocabulary
+from .dtypes import BY_NAME, dtype_name
 from .dtypes import resolve_dtype as _resolve_dtype
-from .norms import InputNorm, check_norm_name, make_norm
+from .norms import InputNorm, make_norm
 from .triton_support import interpreting
 from .preprocess import PatchBatch
 from .towers import build_tower
 from .towers.common import GEMM_ALIGN, check_fused
+from .vocabulary import (PATHS, PLACEMENT_TABLE, PLACEMENTS, STUDY_PLACEMENTS, Placement,  # noqa: F401
+                         check_norm_name, check_placement)
 
-@dataclass(frozen=True)
-class Placement:
-    """Where normalization lives, as one row of `PLACEMENT_TABLE`: the encoder wires itself from
-    it, the graph runner checks its buffer dtype against it, the studies enumerate cells with it.
-
-    norm_in: the module that normalizes on the device ("outer", "tower", "runner") or None;
-    input_kind: what the encoder takes, "uint8" (raw pixels) or "normalized" (the CPU
-    processor's float32); buffer_dtypes: graph input buffers that can hold that input (a uint8
-    buffer cannot hold normalized floats); study_only: a deliberate misconfiguration."""
-
-    name: str
-    who: str
-    norm_in: str | None
-    input_kind: str
-    buffer_dtypes: tuple[torch.dtype, ...]
-    study_only: bool = False
-
-
-# every graph input buffer dtype (the runner takes these); normalized floats need a float one
-BUFFER_DTYPES = (torch.bfloat16, torch.uint8, torch.float32)
-_FLOAT_BUFFER = tuple(d for d in BUFFER_DTYPES if d.is_floating_point)
-PLACEMENT_TABLE: dict[str, Placement] = {p.name: p for p in (
-    Placement("processor", "the CPU processor", None, "normalized", _FLOAT_BUFFER),
-    Placement("outer", "the outer model, before it calls the tower", "outer", "uint8", BUFFER_DTYPES),
-    Placement("tower", "the tower's first op", "tower", "uint8", BUFFER_DTYPES),
-    Placement("runner", "the encoder runner, into the graph buffer", "runner", "uint8", _FLOAT_BUFFER),
-    Placement("none", "nobody", None, "uint8", BUFFER_DTYPES),
-    Placement("double", "the CPU processor and the tower (a misconfiguration)", "tower", "normalized",
-              _FLOAT_BUFFER, study_only=True),
-)}
-PLACEMENTS = tuple(n for n, p in PLACEMENT_TABLE.items() if not p.study_only)
-STUDY_PLACEMENTS = tuple(PLACEMENT_TABLE)
-PATHS = ("eager", "cudagraph", "dp")
-TOWER_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+# the graph input buffer dtypes the runner takes, and the tower dtypes (names in workbench.vocabulary)
+BUFFER_DTYPES = tuple(BY_NAME[n] for n in vocabulary.BUFFER_DTYPES)
+TOWER_DTYPES = tuple(BY_NAME[n] for n in vocabulary.TOWER_DTYPES)
 DTYPES = {dtype_name(d): d for d in TOWER_DTYPES}
-
-
-def check_placement(name) -> Placement:
-    """The table row of placement ``name``, or ValueError naming it and the valid ones."""
-    if not isinstance(name, str) or name not in PLACEMENT_TABLE:
-        raise ValueError(f"unknown placement {name!r}; valid: {PLACEMENTS} (and the study case 'double')")
-    return PLACEMENT_TABLE[name]
 
 
 def resolve_dtype(dtype) -> torch.dtype:

@@ -49,6 +49,8 @@ from torch import nn
 
 from workbench.config import VisionConfig
 from workbench.dtypes import names
+from workbench.vocabulary import NORM_NAMES, check_norm_name  # noqa: F401  (the one door for a norm name)
+from workbench.vocabulary import REAL_NORMS as VOCAB_REAL_NORMS
 
 INPUT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -584,17 +586,10 @@ class RowsNorm(TritonNorm):
 # the registry: adding an implementation is one class above and one entry here
 NORMS: dict[str, type[InputNorm]] = {cls.name: cls for cls in (EagerNorm, ChannelNorm, FlatNorm, RowsNorm,
                                                                IdentityNorm)}
-# the norms that normalize: identity models a forgotten normalization, not a design to measure
+assert tuple(NORMS) == NORM_NAMES, "workbench.vocabulary.NORM_NAMES must list NORMS in order"
 REAL_NORMS = tuple(n for n, cls in NORMS.items() if cls.normalizes)
+assert REAL_NORMS == VOCAB_REAL_NORMS, "workbench.vocabulary.REAL_NORMS must be the norms that normalize"
 TILE_KEYS = ("block_rows", "block_cols", "num_warps")
-
-
-def check_norm_name(name) -> str:
-    """``name`` if it is one of NORMS, else ValueError naming it and the valid ones (the one check
-    every entry point uses)."""
-    if not isinstance(name, str) or name not in NORMS:
-        raise ValueError(f"unknown norm {name!r}; valid norms: {', '.join(NORMS)}")
-    return name
 
 
 def make_norm(name: str, cfg: VisionConfig, check_values: bool = True, **rows_config) -> InputNorm:

@@ -258,10 +258,10 @@ class EncoderGraphRunner:
         if backend == "cuda" and not on_cuda:
             raise ValueError(f"backend 'cuda' needs the encoder on a CUDA device, it is on {encoder.device}; "
                              "use backend='emulated' (or 'auto')")
-        if buffer_dtype not in encoder.spec.buffer_dtypes:
+        if dtype_name(buffer_dtype) not in encoder.spec.buffer_dtypes:
             raise ValueError(f"placement {encoder.placement!r} fills the graph buffer with normalized floats, which a "
                              f"{dtype_name(buffer_dtype)} buffer cannot hold; valid buffer dtypes for it: "
-                             f"{names(encoder.spec.buffer_dtypes)}")
+                             f"{', '.join(encoder.spec.buffer_dtypes)}")
         if not isinstance(exact_fit, bool):
             raise ValueError(f"exact_fit must be True or False, got {exact_fit!r}")
         if not isinstance(exact_capture, str) or exact_capture not in EXACT_CAPTURES:

@@ -73,7 +73,7 @@ def _cells(placements, norms, paths, buffer_dtypes):
             for path in paths:
                 bufs = buffer_dtypes if path == "cudagraph" else ["-"]
                 for buf in bufs:
-                    if buf != "-" and dtype_of(buf) not in PLACEMENT_TABLE[placement].buffer_dtypes:
+                    if buf != "-" and dtype_name(dtype_of(buf)) not in PLACEMENT_TABLE[placement].buffer_dtypes:
                         continue  # e.g. a uint8 buffer cannot hold normalized floats: not a configuration
                     yield placement, (norm if placement not in NORM_FREE else "(unused)"), path, buf
 
