@@ -19,7 +19,7 @@ def no_user_results(tmp_path_factory):
     deletes the variable with monkeypatch."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(RESULTS_ENV, str(tmp_path_factory.mktemp("default-results")))
-        # nor the user's cache folder (the command line keeps a copy of the studies' declarations there)
+        # nor the user's cache folder
         mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         yield
 

@@ -10,6 +10,8 @@ one budget), plus the norm-bandwidth benchmark's figures. Each figure must
 """
 from __future__ import annotations
 
+import importlib
+
 import json
 import re
 from pathlib import Path
@@ -50,7 +52,12 @@ CPU_PARAMS = {
 }
 # the column that holds a study's budget, to cut a reference run down to one
 BUDGET_COLUMN = {"cast_cost": "budget", "fp32_memory": "budget", "encoder_latency": "tokens"}
-FIGURES = [(name, stem) for name in sorted(CPU_PARAMS) for stem, *_ in STUDIES[name].figures]
+def declared(name: str):
+    """The summary declaration (workbench.studies.Summarizer) of study ``name``'s folder."""
+    return importlib.import_module(f"workbench.studies.{name}.summary").summarize
+
+
+FIGURES = [(name, stem) for name in sorted(CPU_PARAMS) for stem, *_ in declared(name).figures]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +70,7 @@ def cpu_tables() -> dict[str, pd.DataFrame]:
 
 
 def _prepared(name: str, table: pd.DataFrame) -> pd.DataFrame:
-    prepare = STUDIES[name].prepare
+    prepare = declared(name).prepare
     return prepare(table) if prepare is not None else table
 
 
@@ -88,7 +95,7 @@ def _one_budget(name: str, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _draw(name: str, stem: str, table: pd.DataFrame):
-    plot = {s: p for s, p, *_ in STUDIES[name].figures}[stem]
+    plot = {s: p for s, p, *_ in declared(name).figures}[stem]
     fig = plot(table)
     if fig is not None:
         fig.canvas.draw()

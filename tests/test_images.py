@@ -18,6 +18,8 @@ from workbench.samples import (folder_mix_name, get_mix, image_mix, mix_columns,
 from workbench.studies import ParamError, check_table, wide
 from workbench.studies import encoder_latency as el
 from workbench.studies import padding_waste as pw
+import workbench.studies.encoder_latency.summary  # noqa: F401  (binds encoder_latency.summary)
+import workbench.studies.padding_waste.summary  # noqa: F401  (binds padding_waste.summary)
 
 PRESET = "tiny-qwen2-vl"
 # (photo, height, width, file): the shipped photos saved at several sizes, one size twice
@@ -164,15 +166,15 @@ def test_padding_waste_runs_on_the_folder_and_draws_its_sizes(folder):
     assert dict(zip(zip(sizes.height, sizes.width), sizes.images)) == Counter((h, w) for _, h, w, _ in SAVED)
     assert (sizes.folder == str(folder)).all() and sizes.share.sum() == pytest.approx(1.0)
     assert (mine[mine.case == "runner"].rel_err_vs_eager < 1e-5).all()
-    fig = pw.plot_sizes(t)
+    fig = pw.summary.plot_sizes(t)
     assert len(fig.axes) == 2                               # tokens per item of both mixes; the folder's sizes
-    assert pw.plot_sizes(t[t.mix == "photos"]).axes.__len__() == 1
+    assert pw.summary.plot_sizes(t[t.mix == "photos"]).axes.__len__() == 1
 
 
 def test_encoder_latency_times_the_folders_images(folder):
     t = el.run(device="cpu", progress=False, presets=[PRESET], tokens=[64], images=[1], mixes=[],
                image_folder=str(folder), mix_items=[2], reference=False, reps=1, warmup=0, engine_max_budget=256)
-    w = wide(el.mix_cells(t))
+    w = wide(el.summary.mix_cells(t))
     assert set(w.mix) == {"folder:my photos"} and set(w.images) == {2}
     assert (w.fingerprint == get_mix(folder_mix_name(folder)).fingerprint).all()
     assert "eager" in set(w.path)

@@ -13,6 +13,10 @@ import torch
 import workbench as wb
 from workbench.runner import PHASES, EncoderGraphRunner
 from workbench.studies import STUDIES, ParamError, check_table, load_table, wide
+import workbench.studies.correctness.measure  # noqa: F401  (binds correctness.measure)
+import workbench.studies.encoder_latency.measure  # noqa: F401  (binds encoder_latency.measure)
+import workbench.studies.encoder_latency.params  # noqa: F401  (binds encoder_latency.params)
+import workbench.studies.encoder_latency.summary  # noqa: F401  (binds encoder_latency.summary)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
@@ -22,7 +26,7 @@ TINY = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
 
 @pytest.mark.parametrize("preset", TINY)
 def test_runner_phases_are_timed_and_change_nothing(preset, seed):
-    from workbench.studies.encoder_latency import latency_batch
+    from workbench.studies.encoder_latency.measure import latency_batch
     cfg = wb.VisionConfig.preset(preset)
     enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=seed)
     gen = torch.Generator().manual_seed(seed)
@@ -45,7 +49,7 @@ def test_runner_phases_are_timed_and_change_nothing(preset, seed):
 
 
 def test_runner_without_misses_has_no_miss_phase_and_refuses_a_non_dict():
-    from workbench.studies.encoder_latency import latency_batch
+    from workbench.studies.encoder_latency.measure import latency_batch
     cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
     enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=0)
     batch = latency_batch(cfg, 16, 2, torch.Generator().manual_seed(0))
@@ -70,12 +74,12 @@ def test_latency_table_holds_to_the_schema_and_has_the_metrics(latency_table):
     from workbench.studies import encoder_latency as s
     t = check_table(latency_table)
     assert {"p50_ms", "p90_ms", "speedup", "x_floor", "floor_ms", "speedup_vs_transformers", "cos_min", "rel_err",
-            "ok", "bit_equal", "phases_ms", *s.PHASE_METRICS} <= set(t.metric)
-    assert set(t.metric) <= set(s.METRICS)
+            "ok", "bit_equal", "phases_ms", *s.params.PHASE_METRICS} <= set(t.metric)
+    assert set(t.metric) <= set(s.params.METRICS)
     assert t.device.str.startswith("cpu").all()
     w = wide(t)
     assert set(w.preset) == set(TINY) and set(w.tokens) == {16, 32} and set(w.images) == {1, 4}
-    assert set(w.path) == set(s.LATENCY_PATHS) and set(w.dtype) == {"float32"}
+    assert set(w.path) == set(s.params.LATENCY_PATHS) and set(w.dtype) == {"float32"}
     assert len(w) == 2 * 2 * 2 * 3
     assert (w.p50_ms > 0).all() and (w.p90_ms >= w.p50_ms).all()
 
@@ -143,12 +147,12 @@ def test_kernel_names_fall_into_categories():
 
 def test_presentation_and_summary(latency_table, tmp_path):
     from workbench.studies import encoder_latency as s
-    tab = s.latency_table(latency_table)
+    tab = s.summary.latency_table(latency_table)
     assert len(tab) == 24 and list(tab.path[:3]) == ["eager", "graph", "transformers"]
-    (dev, key), = s.key_numbers(latency_table).items()
+    (dev, key), = s.summary.key_numbers(latency_table).items()
     assert dev.startswith("cpu") and len(key) == 8
     assert np.allclose(key["graph speedup over eager (x)"], key["eager ms"] / key["graph ms"])
-    text = s.findings(latency_table)
+    text = s.summary.findings(latency_table)
     assert text.startswith("On cpu") and "graph output equals eager in 8/8 cells" in text
     assert "agrees with transformers in 8/8" in text and "emulated" in text
     # as the report calls it: all runs concatenated, with run and reference columns
@@ -166,19 +170,19 @@ def test_a_wrong_graph_output_is_never_timed(monkeypatch):
         def encode(self, batch, pad_value=0.0, phases=None):
             return super().encode(batch, pad_value, phases) + 1.0
 
-    monkeypatch.setattr(s, "EncoderGraphRunner", Broken)
+    monkeypatch.setattr(s.measure, "EncoderGraphRunner", Broken)
     t = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0,
               mixes=[])
     w = wide(t)
     g = w[w.path == "graph"].iloc[0]
     assert not g.ok and g.rel_err > 0.01 and np.isnan(g.p50_ms) and np.isnan(g.get("replay_ms", np.nan))
     assert w[w.path == "eager"].p50_ms.notna().all()
-    assert "equals eager in 0/1 cells" in s.findings(t)
+    assert "equals eager in 0/1 cells" in s.summary.findings(t)
 
 
 def test_a_disagreement_with_transformers_times_nothing_and_reference_can_be_skipped(monkeypatch):
     from workbench.studies import encoder_latency as s
-    monkeypatch.setitem(s.COS_MIN, torch.float32, 1.5)     # no cosine reaches it
+    monkeypatch.setitem(s.measure.COS_MIN, torch.float32, 1.5)     # no cosine reaches it
     w = wide(s.run(device="cpu", progress=False, presets=["tiny-qwen2.5-vl"], tokens=[16], images=[2], reps=1,
                    warmup=0, mixes=[]))
     assert not w.ok.any() and "p50_ms" not in w
@@ -210,11 +214,11 @@ def test_the_study_is_registered_with_cpu_and_gpu_profiles():
     study = STUDIES["encoder_latency"]
     assert study is s.STUDY and study.notebook == "notebooks/encoder_latency.ipynb"
     cpu, gpu = study.resolve("cpu"), study.resolve("gpu")
-    assert cpu["presets"] == list(s.TINY_PRESETS) and cpu["dtype"] == "float32" and cpu["norm"] == "eager"
+    assert cpu["presets"] == list(s.params.TINY_PRESETS) and cpu["dtype"] == "float32" and cpu["norm"] == "eager"
     assert gpu["presets"] == [p for p in wb.PRESET_NAMES if not p.startswith("tiny-")]
     assert gpu["dtype"] == "bfloat16" and gpu["tokens"] == [64, 256, 1024, 4096]
-    assert s.grid_for(64, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 16, 16]
-    assert s.grid_for(32, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 8, 16]
+    assert s.measure.grid_for(64, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 16, 16]
+    assert s.measure.grid_for(32, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 8, 16]
 
 
 def test_the_notebook_parameters_cell_is_generated_from_the_declaration():
@@ -236,7 +240,8 @@ def test_the_notebook_runs_with_its_defaults(tmp_path):
     assert {"p50_ms", "p90_ms", "speedup", "x_floor", "floor_ms", "replay_ms", "ok"} <= set(table.metric)
     assert table.device.str.startswith("cpu").all()
     w = wide(table)
-    from workbench.studies.encoder_latency import TINY_PRESETS, mix_cells
+    from workbench.studies.encoder_latency.params import TINY_PRESETS
+    from workbench.studies.encoder_latency.summary import mix_cells
     # the CPU profile: every family's tiny preset, exact-fit cells and the realistic-batch cells
     assert set(w.preset) == set(TINY_PRESETS) and w.ok.astype(bool).all() and len(mix_cells(table))
     doc = json.loads(out.read_text())
@@ -247,7 +252,7 @@ def test_the_notebook_runs_with_its_defaults(tmp_path):
 
 def test_the_breakdown_categories_are_the_profilers():
     from workbench.kernel_profile import KERNEL_CATEGORIES
-    from workbench.studies.encoder_latency import KERNEL_CATS
+    from workbench.studies.encoder_latency.params import KERNEL_CATS
     assert sorted(KERNEL_CATS) == sorted([c for c, _ in KERNEL_CATEGORIES] + ["elementwise"])
 
 
@@ -258,19 +263,19 @@ def test_realistic_batches_time_every_strategy_checked_against_eager(tmp_path):
     t = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0,
               mixes=["photos"], mix_items=[2], engine_max_budget=256)
     check_table(t)
-    m = wide(s.mix_cells(t))
-    assert set(m.path) == set(s.MIX_PATHS) and (m.mix == "photos").all() and (m.images == 2).all()
+    m = wide(s.summary.mix_cells(t))
+    assert set(m.path) == set(s.params.MIX_PATHS) and (m.mix == "photos").all() and (m.images == 2).all()
     assert m.ok.astype(bool).all() and (m.image_p50_ms > 0).all()
     runners = m[m.path.str.startswith("graph_")].set_index("path")
     # the engines' budgets up to 256 (64, 128, 256), the photos (176-378 tokens) partly missing them
     assert runners.loc["graph_engine", "largest_budget"] == 256 and runners.loc["graph_engine", "budgets_n"] == 3
     assert (runners.replays + runners.eager_packs + runners.misses >= 1).all()
-    assert (runners.rel_err <= s.GRAPH_TOL[torch.float32]).all()
+    assert (runners.rel_err <= s.measure.GRAPH_TOL[torch.float32]).all()
     # the exact-fit presentation is untouched by the mix rows; the mix table and figure read them
-    assert set(wide(s.exact_cells(t)).path) == set(s.LATENCY_PATHS)
-    table = s.mix_table(t)
-    assert len(table) == 1 and table.fastest.iloc[0] in s.MIX_PATHS
-    assert "Realistic batches (1 cells" in s.findings(t)
+    assert set(wide(s.summary.exact_cells(t)).path) == set(s.params.LATENCY_PATHS)
+    table = s.summary.mix_table(t)
+    assert len(table) == 1 and table.fastest.iloc[0] in s.params.MIX_PATHS
+    assert "Realistic batches (1 cells" in s.summary.findings(t)
     summary = s.STUDY.summarize(t.assign(run="a", reference=False), tmp_path)
     assert any("encoder_latency_mixes" in str(f) for f in summary.figures)
 
@@ -279,7 +284,7 @@ def test_a_cpu_figure_never_calls_the_emulated_runner_a_cuda_graph(latency_table
     import matplotlib
     matplotlib.use("Agg")
     from workbench.studies import encoder_latency as s
-    fig = s.plot_latency(latency_table)
+    fig = s.summary.plot_latency(latency_table)
     labels = {lab for ax in fig.axes for lab in ax.get_legend_handles_labels()[1]}
     assert not any("CUDA" in lab for lab in labels) and any("emulated" in lab for lab in labels)
 
@@ -290,9 +295,9 @@ def test_graph_against_eager_in_bf16_is_judged_like_a_correctness_verdict():
     cell untimed. The largest such difference measured so far is in results/reference/README.md
     (the new families' encoder_latency runs, glm-4.1v-9b)."""
     from workbench.studies import correctness, encoder_latency as s
-    assert s.GRAPH_TOL[torch.bfloat16] == correctness.TOLERANCE[torch.bfloat16]
-    assert s.GRAPH_TOL[torch.bfloat16] > 0.027         # that largest difference
-    assert s.GRAPH_TOL[torch.float32] < correctness.TOLERANCE[torch.float32]     # fp32 stays at rounding
+    assert s.measure.GRAPH_TOL[torch.bfloat16] == correctness.measure.TOLERANCE[torch.bfloat16]
+    assert s.measure.GRAPH_TOL[torch.bfloat16] > 0.027         # that largest difference
+    assert s.measure.GRAPH_TOL[torch.float32] < correctness.measure.TOLERANCE[torch.float32]     # fp32 stays at rounding
 
 
 def test_realistic_batch_figure_reads_times_that_span_orders_of_magnitude():
@@ -306,13 +311,13 @@ def test_realistic_batch_figure_reads_times_that_span_orders_of_magnitude():
     ref = Path(__file__).resolve().parents[1] / "results" / "reference"
     run = sorted(ref.glob("*-h200-qwen3vl/encoder_latency.parquet"))[-1]
     table = pd.read_parquet(run).assign(run=run.parent.name)
-    fig = el.plot_mixes(table)
+    fig = el.summary.plot_mixes(table)
     axes = [ax for ax in fig.axes if ax.get_title()]
     assert axes and all(ax.get_xscale() == "log" for ax in axes)
     assert len({ax.get_xlim() for ax in axes}) == 1
     plt.close(fig)
-    w = el.mix_cells(table)
+    w = el.summary.mix_cells(table)
     close = w.assign(value=np.where(w.metric.str.endswith("_ms"), 10.0, w.value))  # every time 10 ms
-    fig = el.plot_mixes(close)
+    fig = el.summary.plot_mixes(close)
     assert all(ax.get_xscale() == "linear" for ax in fig.axes if ax.get_title())
     plt.close(fig)

@@ -13,6 +13,7 @@ from workbench.runner import default_budgets
 from workbench.samples import mix_distribution, mix_tokens
 from workbench.studies import check_table, wide
 from workbench.studies import padding_waste as pw
+import workbench.studies.padding_waste.params  # noqa: F401  (binds padding_waste.params)
 
 PRESET = "tiny-qwen2-vl"
 
@@ -35,7 +36,7 @@ def test_the_table_holds_to_the_schema_and_has_every_case(table):
     check_table(table)
     w = wide(table)
     assert set(w.case) == {"replay", "edge", "expected", "runner", "curve", "sizes"}
-    assert set(w[w.case == "runner"].budget_set) == set(pw.BUDGET_SETS)
+    assert set(w[w.case == "runner"].budget_set) == set(pw.params.BUDGET_SETS)
     assert (table.device.str.startswith("cpu")).all()
 
 

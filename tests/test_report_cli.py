@@ -23,6 +23,7 @@ import pytest
 from workbench import provenance as prov
 from workbench import report as rep
 from workbench import studies
+import workbench.studies.correctness.summary  # noqa: F401  (binds correctness.summary)
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_RUN = REPO / "results" / "reference" / "20261130T074611Z-2fedbe0-h200"   # H200: correctness and more
@@ -435,7 +436,7 @@ def test_report_contains_the_written_finding(built):
     assert [(v.device, v.kind, v.folded) for v in section.views] == [
         (ref_device, "newest", False), (local_device, "newest", True)]
     for view, device in zip(section.views, (ref_device, local_device)):
-        expected = correctness.findings(table[table["device"] == device])
+        expected = correctness.summary.findings(table[table["device"] == device])
         assert view.text == expected
         paragraphs = [p.strip() for p in expected.split("\n\n") if p.strip()]
         assert len(paragraphs) >= 2

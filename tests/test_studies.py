@@ -14,6 +14,9 @@ from workbench import ceilings, floors, memory_model, timing, ulps
 from workbench.norms import NORMS, make_norm, normalize_reference
 from workbench.studies import STUDIES, ParamError, TableError, check_table, discover, tidy, wide
 from workbench.studies.params import Param, ParamSpec, ascending_unique
+import workbench.studies.cast_cost.params  # noqa: F401  (binds cast_cost.params)
+import workbench.studies.cast_cost.summary  # noqa: F401  (binds cast_cost.summary)
+import workbench.studies.fp32_memory.summary  # noqa: F401  (binds fp32_memory.summary)
 
 CFG = wb.VisionConfig.preset("qwen2.5-vl-7b")
 D = CFG.patch_dim
@@ -215,7 +218,7 @@ def test_cast_cost_measures_every_design_and_checks_it_first(cast_table):
     from workbench.studies import cast_cost
     check_table(cast_table)
     w = wide(cast_table)
-    assert set(w.design) == set(cast_cost.DESIGNS)
+    assert set(w.design) == set(cast_cost.params.DESIGNS)
     assert (w.max_err_ulp <= 1).all()                  # every design's output is right before timing
     assert (w.staging_us > 0).all() and (w.floor_us > 0).all() and (w.share_of_replay < 1).all()
     assert np.allclose(w.ratio_to_floor, w.staging_us / w.floor_us)
@@ -230,7 +233,7 @@ def test_cast_cost_measures_every_design_and_checks_it_first(cast_table):
         d = VisionConfig.preset(preset).patch_dim
         assert (at.min_bytes == at.valid_rows * d * 3).all()       # uint8 in, bf16 out: the row width counts
     assert (w.device.str.startswith("cpu")).all()
-    assert "Cheapest correct design per budget" in cast_cost.findings(cast_table)
+    assert "Cheapest correct design per budget" in cast_cost.summary.findings(cast_table)
 
 
 @pytest.mark.triton
@@ -238,7 +241,7 @@ def test_cast_cost_measures_every_design_and_checks_it_first(cast_table):
 def test_every_staging_design_feeds_the_tower_normalized_rows(design, seed):
     """With a Triton kernel (interpreter): the valid rows that reach the tower equal the float64
     reference within one bf16 ulp; padding rows of the runner's buffer are zero."""
-    from workbench.studies.cast_cost import build_staging
+    from workbench.studies.cast_cost.measure import build_staging
     cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
     n, big_n = 13, 24
     src = torch.randint(0, 256, (n, cfg.patch_dim), dtype=torch.uint8)
@@ -267,7 +270,7 @@ def test_fp32_memory_models_every_cell_on_the_cpu():
         assert big.loc[fused, "temp_bytes"] == 0
         assert big.loc[fused, "model_bytes"] < big.loc["eager", "model_bytes"] / 3
     assert "pool_bytes" not in set(t.metric)           # nothing measured without CUDA
-    assert "No CUDA measurement" in fp32_memory.findings(t)
+    assert "No CUDA measurement" in fp32_memory.summary.findings(t)
 
 
 def test_every_study_table_holds_to_the_schema(cast_table):

@@ -26,7 +26,8 @@ from workbench.budgets import Budgets
 from workbench.config import VisionConfig
 from workbench.preprocess import preprocess
 from workbench.samples import MIX_NAMES, image_mix, mix_distribution
-from workbench.studies.padding_waste import BUDGET_SETS, budget_sets
+from workbench.studies.padding_waste.params import BUDGET_SETS
+from workbench.studies.padding_waste.measure import budget_sets
 
 EXACT_SPEEDUP = 1.5        # dense cuDNN over flash varlen from 4096 rows (results/reference/README.md)
 LADDER_REPLAYS = 7         # per budget of the replay table: warm-up + 5 reps, and its edge case

@@ -26,7 +26,7 @@ import torch
 
 from workbench.config import VisionConfig
 from workbench.runner import EncoderGraphRunner
-from workbench.studies.encoder_latency import build_models, latency_batch
+from workbench.studies.encoder_latency.measure import build_models, latency_batch
 from workbench.timing import cuda_event_ms
 
 

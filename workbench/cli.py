@@ -10,12 +10,10 @@
   (workbench.compare).
 - ``info``   prints the provenance record a run would store (git, packages, device, clocks).
 - ``notebooks`` regenerates each study notebook's ``parameters`` cell from the study's parameter
-  declaration, and workbench/studies/declarations.json from all of them (``--check`` only reports
-  files that are out of step).
+  declaration (``--check`` only reports notebooks that are out of step).
 
 Every ``--help`` and every refused argument answer without importing torch: the studies'
-declarations come from a saved copy (the committed declarations.json, or one in the user's cache)
-while the source it was made from is unchanged.
+declarations (``studies/<name>/params.py``) and the names they take are torch-free.
 Every ``--set`` is checked against the studies' declarations before a run folder exists; the
 resolved values are what meta.json records and what the notebooks receive. A command turns its
 arguments into a plan (workbench.sweep.SweepPlan), hands it to workbench.sweep and prints the
@@ -152,13 +150,13 @@ def parse_name(text: str | None) -> str | None:
 
 
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
-                  profile: str) -> dict[str, dict[str, Any]]:
+                  profile: str, fits: bool = True) -> dict[str, dict[str, Any]]:
     """Every selected study's parameters for ``profile`` with the ``--set`` overrides applied and
     checked against its declaration; SystemExit (no traceback, before any run folder exists)
     naming the bad study, parameter, value and the valid choices."""
     from .checkpoints import CheckpointError        # light: no torch
 
-    ParamError = _params_module().ParamError       # without the studies package (pandas)
+    from .studies import ParamError
 
     unknown = sorted(k for k in sets if k is not None and k not in studies)
     if unknown:
@@ -177,7 +175,8 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
         overrides.update(sets.get(study.name, {}))
         try:
             plan[study.name] = study.resolve(profile, overrides)
-            study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
+            if fits:
+                study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
         except (ParamError, CheckpointError) as e:   # a model folder changed since its check, too
             errors.append(f"--set: {e}")
     nowhere = sorted(k for k in shared if not any(k in s.params.accepted for s in selected))
@@ -189,173 +188,18 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
     return plan
 
 
-# --------------------------------------------------------------------------- declarations without torch
-#
-# The studies' modules import torch, so reading their parameter declarations (`PARAMS`) costs
-# seconds. `--help` and a refused argument answer from a saved copy instead (`saved_declarations`):
-# - the copy in the user's cache folder, keyed by a hash of the whole package's source and data,
-#   written whenever the studies are imported here;
-# - else the committed workbench/studies/declarations.json, written by `python -m workbench
-#   notebooks` (a test keeps it equal to the studies' declarations): a fresh clone answers at once.
-# Each copy records the files it was made from (`declaration_sources`) and is used only while they
-# are unchanged; without one the studies are imported. A value a copy refuses, the studies would
-# refuse too: it checks kinds, choices, minima, caps, the rules of workbench.studies.params and
-# unknown names; a study's own rules and its checks across parameters run later, with the study.
-
-DECLARATIONS_VERSION = 2
-_PACKAGE = Path(__file__).resolve().parent
-DECLARATIONS = _PACKAGE / "studies" / "declarations.json"
-DECLARATIONS_NAME = DECLARATIONS.relative_to(_PACKAGE.parent).as_posix()
-REGENERATE = "python -m workbench notebooks"      # rewrites DECLARATIONS and the notebooks' parameters cells
-
-
-def _source_hash() -> str:
-    import hashlib
-
-    h = hashlib.sha256(f"{DECLARATIONS_VERSION} {sys.version_info[:2]}".encode())
-    files = sorted(_PACKAGE.rglob("*.py")) + sorted((_PACKAGE.parent / "data").glob("*.toml"))
-    for f in files:
-        try:
-            h.update(f.relative_to(_PACKAGE.parent).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-        except OSError:
-            h.update(b"?")
-    return h.hexdigest()[:20]
-
-
-def declaration_sources() -> dict[str, str]:
-    """{file: hash} of what the declarations are made from: the study package's modules and
-    data/*.toml (line ends as in git, so a checkout with CRLF matches too)."""
-    import hashlib
-
-    root = _PACKAGE.parent
-    files = sorted((_PACKAGE / "studies").glob("*.py")) + sorted((root / "data").glob("*.toml"))
-    return {f.relative_to(root).as_posix(): hashlib.sha256(f.read_bytes().replace(b"\r\n", b"\n")).hexdigest()[:16]
-            for f in files}
-
-
-def declarations_path() -> Path:
-    """Where the cache copy for this source lives ($XDG_CACHE_HOME, else ~/.cache)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "workbench" / f"declarations-{_source_hash()}.json"
-
-
-def _in_package(study) -> bool:
-    """Whether ``study`` is one of this package's (what `discover` finds in a fresh process); a
-    study a caller or a test registered in its own process is not saved for other processes."""
-    return str(getattr(study.run, "__module__", "")).startswith(__package__ + ".studies.")
-
-
-def _studies_loaded() -> bool:
-    """The studies are imported in this process already: the registry itself is as quick as a
-    saved copy, and holds what this process registered besides the package's own."""
-    return __package__ + ".studies" in sys.modules
-
-
-def declarations_text(studies: dict) -> str:
-    """The saved copies' JSON: the package's registered studies' declarations and their sources."""
-    params = _params_module()
-    doc = {"version": DECLARATIONS_VERSION, "sources": declaration_sources(),
-           "studies": {name: [params.to_record(p) for p in study.params]
-                       for name, study in sorted(studies.items()) if _in_package(study)},
-           # former parameter names each study still takes (ParamSpec renamed)
-           "renamed": {name: study.params.renamed for name, study in sorted(studies.items())
-                       if _in_package(study) and study.params.renamed}}
-    return json.dumps(doc, indent=1) + "\n"
-
-
-def write_declarations(studies: dict) -> Path | None:
-    """Save the cache copy for this source; None where it cannot be written."""
-    from .provenance import atomic_write_text
-
-    path = declarations_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, declarations_text(studies))
-    except (OSError, TypeError, ValueError):
-        return None
-    return path
-
-
-def sync_declarations(studies: dict, check: bool = False) -> bool:
-    """Write the committed copy DECLARATIONS (or, with ``check``, only compare). Returns True when
-    it was (or would be) changed."""
-    from .provenance import atomic_write_text
-
-    text = declarations_text(studies)
-    if DECLARATIONS.is_file() and DECLARATIONS.read_text(encoding="utf-8") == text:
-        return False
-    if not check:
-        atomic_write_text(DECLARATIONS, text)
-    return True
-
-
-def _params_module():
-    """workbench.studies.params without the studies package (whose __init__ imports pandas)."""
-    name = "workbench.studies.params"
-    if name in sys.modules:
-        return sys.modules[name]
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, _PACKAGE / "studies" / "params.py")
-    mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "workbench.studies"
-    sys.modules[name] = mod
-    try:
-        spec.loader.exec_module(mod)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return mod
-
-
-class _Declared:
-    """A study as a saved copy declares it: name, params (a ParamSpec without the study's own
-    rules), resolve; what `_resolve_plan` needs to refuse a bad ``--set``."""
-
-    def __init__(self, name: str, params):
-        self.name, self.params = name, params
-
-    def resolve(self, profile: str, overrides=None) -> dict:
-        return self.params.resolve(overrides, profile, study=self.name)
-
-    def check_fits(self, params, device) -> None:
-        """Memory fit needs the study's own footprint: checked with the study, later."""
-
-
-def _load_declarations(path: Path) -> dict[str, _Declared] | None:
-    """{study: _Declared} of the copy at ``path`` where it was made from the files there are now."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        if doc.get("version") != DECLARATIONS_VERSION or doc.get("sources") != declaration_sources():
-            return None
-        params = _params_module()
-        renamed = doc.get("renamed") or {}
-        return {name: _Declared(name, params.ParamSpec(*map(params.from_record, records),
-                                                       renamed=renamed.get(name)))
-                for name, records in doc["studies"].items()}
-    except Exception:  # noqa: BLE001 - any doubt: import the studies instead
-        return None
-
-
-def saved_declarations() -> dict[str, _Declared] | None:
-    """{study: _Declared} from the cache copy, else the committed one; None where neither was made
-    from this source (then the studies are imported)."""
-    return _load_declarations(declarations_path()) or _load_declarations(DECLARATIONS)
-
-
 def registered_studies() -> dict:
-    """The registry (importing every study, and torch with them); saves the cache copy."""
+    """The registry: every study folder's declaration, torch-free (its ``params.py``); the
+    measuring modules load when a study runs."""
     from .studies import discover
 
-    studies = discover()
-    write_declarations(studies)
-    return studies
+    return discover()
 
 
 def precheck(args: argparse.Namespace) -> None:
-    """Refuse, before anything imports torch, what needs no study (--gpus/--shard/--name, a --resume
-    folder that is not there) and what a saved copy refuses (unknown studies or parameters, bad
-    values). Without a copy the full check follows, with the studies."""
+    """Refuse, before anything imports torch, a bad --gpus/--shard/--name, a --resume folder that
+    is not there, unknown studies or parameters and bad values (the declarations are torch-free);
+    the memory fit of each study's largest cell is checked with the plan."""
     gpus = parse_gpus(getattr(args, "gpus", None))
     parse_shard(getattr(args, "shard", None))
     parse_name(getattr(args, "name", None))
@@ -365,14 +209,9 @@ def precheck(args: argparse.Namespace) -> None:
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
         check_gpus(gpus, args.profile)
-    if _studies_loaded():
-        return                                  # the full check follows at once
-    declared = saved_declarations()
-    if not declared:
-        return
-    selected = _select(declared, args.studies)
+    studies = registered_studies()
     profile = "cpu" if args.profile == "auto" else args.profile      # a value's check is the same in both
-    _resolve_plan(_parse_sets(args.set or []), declared, selected, profile)
+    _resolve_plan(_parse_sets(args.set or []), studies, _select(studies, args.studies), profile, fits=False)
 
 
 # options that choose what a new run measures: a resume takes all of them from the run's meta.json
@@ -473,11 +312,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_notebooks(args: argparse.Namespace) -> int:
     studies = registered_studies()
     stale = [study.notebook for _, study in sorted(studies.items()) if sync_notebook(study, check=args.check)]
-    if sync_declarations(studies, check=args.check):
-        stale.append(DECLARATIONS_NAME)
     verb = "out of step" if args.check else "rewritten"
     print(f"notebooks: {len(stale)} {verb}" + (f": {', '.join(stale)}" if stale else "")
-          + (f" (run {REGENERATE})" if args.check and stale else ""))
+          + (" (run python -m workbench notebooks)" if args.check and stale else ""))
     return 1 if args.check and stale else 0
 
 
@@ -635,12 +472,10 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 
 def _params_epilog() -> str:
-    studies = None if _studies_loaded() else saved_declarations()
-    if not studies:
-        try:
-            studies = registered_studies()
-        except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
-            return f"(study parameters unavailable: {e})"
+    try:
+        studies = registered_studies()
+    except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
+        return f"(study parameters unavailable: {e})"
     parts = ["study parameters (--set KEY=VALUE for every study that has KEY, --set STUDY.KEY=VALUE for one;",
              "lists take JSON, a comma-separated string or one value):"]
     for name, study in sorted(studies.items()):
@@ -737,12 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let --csv replace a CSV file that compare wrote before (no other file is ever replaced)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells and the saved declarations "
-                                         "from the studies",
+    p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells from the studies",
                        description="Write each study's declared parameters (CPU defaults) into the "
-                                   "cell tagged 'parameters' of its notebook, and every study's declaration "
-                                   f"into {DECLARATIONS_NAME} (what --help "
-                                   "and a refused --set answer from without importing torch).")
+                                   "cell tagged 'parameters' of its notebook.")
     p.add_argument("--check", action="store_true", help="only report files that are out of step "
                                                         "(exit 1 if any)")
     p.set_defaults(func=cmd_notebooks)

@@ -40,6 +40,7 @@ from . import limits
 from .attention import use_dense
 from .dtypes import dtype_name, names
 from .encoder import BUFFER_DTYPES, VisionEncoder
+from .vocabulary import PHASES
 from .norms import replaying
 from .budgets import Budgets
 from .preprocess import PatchBatch
@@ -185,7 +186,6 @@ def engine_max_items(budgets) -> int:
 
 
 # the phases of `EncoderGraphRunner.encode(..., phases={})`, in the order they run per pack
-PHASES = ("plan", "metadata", "staging", "replay", "copy_out")
 
 
 class _PhaseClock:

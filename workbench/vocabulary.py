@@ -20,6 +20,9 @@ BUFFER_DTYPES = ("bfloat16", "uint8", "float32")            # graph input buffer
 TOWER_DTYPES = ("float32", "bfloat16", "float16", "float64")
 FLOAT_BUFFERS = tuple(d for d in BUFFER_DTYPES if d != "uint8")
 
+# the phases of one runner encode call, as its stats name them
+PHASES = ("plan", "metadata", "staging", "replay", "copy_out")
+
 # how a batch reaches the tower: eager on the encoder, a graph runner's replay, data-parallel ranks
 PATHS = ("eager", "cudagraph", "dp")
 

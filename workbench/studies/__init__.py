@@ -1,30 +1,24 @@
-"""The registry of studies.
+"""The registry of studies. A study is a folder, ``studies/<name>/``:
 
-A study answers one question (its ``question``, which the report prints) and has four parts:
+- ``params.py``: its parameter declaration ``PARAMS = ParamSpec(Param(...), ...)``
+  (workbench.studies.params) and the names it takes, torch-free: the notebook's ``parameters``
+  cell is generated from it, the sweep checks every ``--set`` against it before a run folder
+  exists, ``--help`` lists it, and its resolved values are what meta.json records;
+- ``measure.py``: ``run(device="auto", progress=True, **params) -> DataFrame``, which resolves
+  ``params`` against the declaration (`begin_run`: the device's profile supplies the defaults),
+  measures and returns one tidy long table (workbench.studies.tables); it never plots nor writes;
+- ``summary.py``: the figures, key numbers and findings, declared as ``summarize =
+  Summarizer(...)`` (`Summarizer`); ``summarize(table, out_dir) -> Summary`` turns the tables of
+  every run found into the report's section, and never runs a model;
+- ``__init__.py``: the question it answers (its docstring explains the study once) and
+  ``register(Study(...))``, whose ``run`` and ``summarize`` import ``measure`` and ``summary``
+  only when called.
 
-- a **parameter declaration** ``PARAMS = ParamSpec(Param(...), ...)`` (workbench.studies.params):
-  each parameter once, with kind, allowed values, CPU default and GPU default. It generates the
-  notebook's ``parameters`` cell, checks the sweep's ``--set`` values before a run folder exists,
-  feeds ``--help``, and its resolved values are what meta.json records.
-- a **run function** ``run(device="auto", progress=True, **params) -> pandas.DataFrame`` that
-  resolves ``params`` against the declaration (the device's profile supplies the defaults),
-  measures, and returns one tidy long table (workbench.studies.tables): parameter columns with
-  ``device`` among them, then ``metric``, ``value``, ``unit``. It never plots nor writes files.
-- a **summary declaration**: ``findings(table) -> str`` (a short written finding that names the
-  device), ``figures`` (``(stem, plot, caption)``: ``plot(rows of one run) -> Figure | None``,
-  saved per run as PNG and SVG, the caption saying what it shows), ``key_numbers(table) -> {device: DataFrame}`` with its ``key_caption``,
-  and ``prepare(table) -> table`` where the study reshapes its table first. From them
-  `Study.summarize(table, out_dir) -> Summary` turns the tables of every run found under results/
-  into the report's section (a study with needs of its own may pass ``summarize`` instead).
-  ``table`` is all runs' tables concatenated, with ``run`` (folder name) and ``reference`` (True
-  for runs committed under results/reference/) added by the report. It never runs a model.
-- a **notebook** ``notebooks/<name>.ipynb``: thin; its parameters cell is generated from the
-  declaration (``python -m workbench notebooks``), it calls `notebook_params`, `run_and_save`
-  (the run function, then `save_table`), and the summarize module's plot functions.
-
-Each study lives in its own module in this package and registers itself at import time;
-``discover()`` imports every module, so a new study is picked up by the sweep, the report and the
-command line without touching them. ``STUDIES`` maps name -> Study.
+Its notebook ``notebooks/<name>.ipynb`` is thin: the generated parameters cell,
+`notebook_params`, `run_and_save` (the run function, then `save_table`) and the summary's plots.
+``discover()`` imports every study folder (each registers itself), so a new study is picked up
+by the sweep, the report and the command line without touching them. ``STUDIES`` maps name ->
+Study.
 """
 from __future__ import annotations
 
@@ -37,9 +31,8 @@ from typing import Any, Callable, Mapping
 from ..registry import register_once
 
 from .params import PROFILES, Param, ParamError, ParamSpec
-from .tables import TableError, check_table, load_table, tidy, wide, write_study_table
 
-__all__ = ["PROFILES", "Param", "ParamError", "ParamSpec", "Study", "Summary", "STUDIES", "register",
+__all__ = ["PROFILES", "Param", "ParamError", "ParamSpec", "Study", "Summarizer", "Summary", "STUDIES", "register",
            "discover", "preset_parts", "default_profile", "profile_of", "RunSetup", "begin_run", "notebook_params", "run_and_save", "save_table", "TableError",
            "check_table", "load_table", "tidy", "wide", "write_study_table"]
 
@@ -61,45 +54,22 @@ class Summary:
 
 
 @dataclass(frozen=True)
-class Study:
-    name: str
-    notebook: str                               # path relative to the project root
-    run: Callable[..., Any]                     # run(device=..., **params) -> tidy DataFrame
-    params: ParamSpec                           # the one declaration of its parameters
-    question: str = ""
-    # the summary declaration (module docstring); `summarize` is built from it unless given
-    findings: Callable[[Any], str] | None = None
-    # (stem, plot[, caption]): plot(rows of one run) -> Figure | None; caption: what it shows
+class Summarizer:
+    """A study's summary declaration (in its ``summary.py``), called as ``summarize(table,
+    out_dir) -> Summary``: the figures per run (``(stem, plot, caption)``: ``plot(rows of one run)
+    -> Figure | None``, saved as PNG and SVG), key-number tables per device with their caption
+    (formatted with device=...), the finding, and ``prepare(table) -> table`` where the study
+    reshapes its table first. A study with one tower per preset (``per_preset``) draws each
+    preset's figures on their own."""
+
+    findings: Callable[[Any], str]
     figures: tuple[tuple, ...] = ()
     key_numbers: Callable[[Any], Mapping[str, Any]] | None = None
-    key_caption: str = ""                       # formatted with device=...
+    key_caption: str = ""
     prepare: Callable[[Any], Any] | None = None
-    summarize: Callable[[Any, Path], Summary | str] | None = None
-    # where its section goes in the report: correctness first, then what the right placements cost
-    order: float = float("inf")
-    # the list parameter whose elements are independent cells (each can run on its own, on another
-    # host of a sharded sweep: workbench.sweep); None: the study is one cell
-    cells: str | None = None
-    # its table holds one tower per preset: the report gives each family its own view and summarizes
-    # every preset of a run on its own (figures, key numbers, finding)
     per_preset: bool = False
-    # GPUs one run of the study uses with these resolved params on this device ("cuda" / "cpu");
-    # None: one. `sweep --gpus` gives each study one GPU and warns about those that want more.
-    gpus: Callable[[Mapping[str, Any], str], int] | None = None
-    # estimated peak memory of its largest cell with these resolved params on "cuda" / "cpu"
-    # (workbench.studies.footprint); the sweep refuses a plan whose cell cannot fit the device
-    footprint: Callable[[Mapping[str, Any], str], Any] | None = None
 
-    def __post_init__(self) -> None:
-        # the generic summary, bound to this study (also when dataclasses.replace copied another
-        # study's: it must read this one's declaration)
-        if self.summarize is None or getattr(self.summarize, "__func__", None) is Study._summarize:
-            if self.findings is None:
-                raise ValueError(f"study {self.name!r} declares neither findings nor summarize")
-            object.__setattr__(self, "summarize", self._summarize)
-
-    def _summarize(self, table: Any, out_dir: Path) -> Summary:
-        """Figures per run, key-number tables per device and the finding, from the declaration."""
+    def __call__(self, table: Any, out_dir: Path) -> Summary:
         from .plotting import figures_by_run
 
         if self.prepare is not None:
@@ -107,13 +77,39 @@ class Study:
         tables = ([(self.key_caption.format(device=dev), t) for dev, t in self.key_numbers(table).items()]
                   if self.key_numbers is not None else [])
         out = Summary(text=self.findings(table), tables=tables)
-        # a study of one tower per preset draws each preset's figures on their own
         for preset, heading, rows in preset_parts(table) if self.per_preset else [("", "", table)]:
             figures, captions, runs = figures_by_run(rows, out_dir, self.figures, suffix=preset)
             out.figures += figures
             out.captions.update({f: heading + c for f, c in captions.items()})
             out.groups.update({f: f"{heading}run {run}" for f, run in runs.items()})
         return out
+
+
+@dataclass(frozen=True)
+class Study:
+    """One study, as its folder registers it (``studies/<name>/__init__.py``): the declaration
+    (torch-free), and ``run`` / ``summarize`` / ``footprint``, which import the folder's
+    ``measure`` and ``summary`` modules only when called."""
+
+    name: str
+    notebook: str                               # path relative to the project root
+    run: Callable[..., Any]                     # run(device=..., **params) -> tidy DataFrame
+    params: ParamSpec                           # the one declaration of its parameters
+    summarize: Callable[[Any, Path], Summary | str]
+    question: str = ""
+    # where its section goes in the report: correctness first, then what the right placements cost
+    order: float = float("inf")
+    # the list parameter whose elements are independent cells (each can run on its own, on another
+    # host of a sharded sweep: workbench.sweep); None: the study is one cell
+    cells: str | None = None
+    # its table holds one tower per preset: the report gives each family its own view
+    per_preset: bool = False
+    # GPUs one run of the study uses with these resolved params on this device ("cuda" / "cpu");
+    # None: one. `sweep --gpus` gives each study one GPU and warns about those that want more.
+    gpus: Callable[[Mapping[str, Any], str], int] | None = None
+    # estimated peak memory of its largest cell with these resolved params on "cuda" / "cpu"
+    # (workbench.studies.footprint); the sweep refuses a plan whose cell cannot fit the device
+    footprint: Callable[[Mapping[str, Any], str], Any] | None = None
 
     def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:
         return 1 if self.gpus is None else int(self.gpus(params, device))
@@ -140,6 +136,15 @@ def preset_parts(table: Any) -> list[tuple[str, str, Any]]:
 
 
 STUDIES: dict[str, Study] = {}
+_TABLES = ("TableError", "check_table", "load_table", "tidy", "wide", "write_study_table")
+
+
+def __getattr__(name: str):
+    """The table helpers (workbench.studies.tables, which imports pandas) on first use."""
+    if name in _TABLES:
+        from . import tables
+        return getattr(tables, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(study: Study) -> Study:
@@ -149,9 +154,9 @@ def register(study: Study) -> Study:
 
 
 def discover() -> dict[str, Study]:
-    """Import every study module in this package (each registers itself) and return STUDIES."""
+    """Import every study folder of this package (each registers itself) and return STUDIES."""
     for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_"):
+        if mod.ispkg and not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")
     return STUDIES
 
@@ -254,6 +259,8 @@ def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
     from ..provenance import (META_NAME, collect_meta, finish_meta, iso_utc, new_run_dir, read_meta,
                               results_root as default_root, write_meta)
 
+    from .tables import check_table, write_study_table
+
     table = check_table(table, name=f"{study_name} table")
     if run_dir is None:
         root = Path(results_root) if results_root is not None else default_root()
@@ -292,6 +299,7 @@ def run_and_save(study_name: str, params: Mapping[str, Any], device: Any = "auto
         path = Path(run_dir) / f"{study_name}.parquet"
         if path.is_file():
             print(f"{path}: this run recorded the table already; it is loaded, not measured again")
+            from .tables import load_table
             return load_table(path), path
     study = discover()[study_name]
     study.check_fits(params, "cuda" if profile_of(device) == "gpu" else "cpu")

@@ -15,7 +15,6 @@ import functools
 import os
 from dataclasses import dataclass
 
-from ..dtypes import resolve_dtype
 from .params import ParamError
 
 HEADROOM = 0.9           # of the device's memory a cell may plan to use
@@ -77,6 +76,8 @@ def largest(footprints) -> Footprint:
 
 def itemsize(p) -> int:
     """Bytes of an element of the tower dtype ``p["dtype"]`` (a dtype name)."""
+    from ..dtypes import resolve_dtype
+
     return resolve_dtype(p["dtype"]).itemsize
 
 

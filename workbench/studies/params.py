@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from .. import limits
@@ -332,27 +332,3 @@ def fractions(values: Iterable[float]) -> None:
     bad = [v for v in values if not 0 < v <= 1]
     if bad:
         raise ValueError(f"{bad} are not fractions in (0, 1]")
-
-
-def to_record(param: Param) -> dict[str, Any]:
-    """``param`` as JSON-ready data (the saved declarations of workbench.cli): its fields, ``gpu``
-    only where declared, ``rule`` by name where it is one of this module's (else None: the study
-    checks it)."""
-    record = {f.name: getattr(param, f.name) for f in fields(param)}
-    record["cpu"] = param.default("cpu")
-    if param.gpu is _SAME:
-        del record["gpu"]
-    else:
-        record["gpu"] = param.default("gpu")
-    if record["choices"] is not None:
-        record["choices"] = list(record["choices"])
-    rule = param.rule
-    record["rule"] = rule.__name__ if rule is not None and globals().get(rule.__name__) is rule else None
-    return record
-
-
-def from_record(record: Mapping[str, Any]) -> Param:
-    """The Param of a `to_record` record (KeyError for a rule this module no longer has)."""
-    choices, rule = record.get("choices"), record.get("rule")
-    return Param(**{**record, "choices": tuple(choices) if choices is not None else None,
-                    "rule": globals()[rule] if rule is not None else None})

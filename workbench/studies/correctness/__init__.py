@@ -1,0 +1,41 @@
+"""Correctness study: which (family x placement x path x norm x buffer dtype) cells give the right
+embedding, and does NaN in padding rows or in the graph pool leak into real rows.
+
+Every cell builds the encoder exactly as an engine wires it (see workbench.encoder) and encodes
+the same real photos and a short video; the reference is the same weights in float64, eager, on
+pixels normalized in float64. Wrong cells come from the wiring alone: nothing here knows which
+cells should fail. `ok` is rel_err below a per-dtype tolerance (TOLERANCE, justified there).
+"""
+from __future__ import annotations
+
+from .. import Study, register
+from .params import PARAMS, footprint
+
+
+def run(device="auto", progress=True, **params):
+    """The study's measurement (`measure.run`): one tidy table."""
+    from .measure import run
+
+    return run(device=device, progress=progress, **params)
+
+
+def summarize(table, out_dir):
+    """The report's section from every run's table (`summary.summarize`)."""
+    from .summary import summarize
+
+    return summarize(table, out_dir)
+
+
+STUDY = register(Study(
+    name="correctness",
+    order=1,
+    notebook="notebooks/correctness.ipynb",
+    run=run,
+    summarize=summarize,
+    params=PARAMS,
+    cells="families",
+    footprint=footprint,
+    gpus=lambda p, device: p["dp_world_size"] if device == "cuda" and "dp" in p["paths"] else 1,
+    question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
+             "leak into real rows",
+))

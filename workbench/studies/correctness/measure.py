@@ -1,0 +1,233 @@
+"""The correctness study's measurement: ``run(device, progress, **params)`` -> one tidy table."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ...checkpoints import resolve_config
+from ...dtypes import dtype_name
+from ...dtypes import resolve_dtype as dtype_of
+from ...dp import encode_dp
+from ...encoder import PLACEMENT_TABLE, build_encoder
+from ...formatting import device_label
+from ...norms import normalize_reference
+from ...preprocess import Video, preprocess
+from ...reference import cos_min, rel_err
+from ...runner import EncoderGraphRunner
+from ...samples import sample_images, sample_video
+from .. import begin_run
+from ..plotting import progress as show_progress
+from ..tables import tidy
+from .params import BUFFER_NAMES, METRICS, NORM_FREE, PARAMS
+
+# Relative-error tolerance per tower dtype. A right cell differs from the float64 reference only
+# by rounding: fp32 ~1e-6 (24-bit mantissa, errors grow slowly with depth), bf16 ~1e-2 (8-bit
+# mantissa: unit roundoff 2^-9 = 2e-3 per op, accumulated over blocks and the 5120-wide merger).
+# A wrong normalization changes the input by O(1) relative (raw 0..255 vs ~N(0,1)), and the
+# embedding by > 0.3 relative. The thresholds sit ~10x above the right cells' error, and one to
+# two orders of magnitude below the wrong cells'.
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+# A graph buffer narrower than the tower rounds what it holds: raw 0..255 are exact in bf16, but
+# normalized floats (placements processor, runner, double) are rounded to bf16 there. Such a cell
+# is judged at the precision of the narrowest float in its data path (see `cell_tolerance`).
+PRECISION_ORDER = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+
+def cell_tolerance(dtype: torch.dtype, buffer_dtype: str) -> float:
+    buf = dtype_of(buffer_dtype) if buffer_dtype in BUFFER_NAMES else None
+    if buf is None or not buf.is_floating_point:
+        return TOLERANCE[dtype]
+    return TOLERANCE[max(dtype, buf, key=PRECISION_ORDER.index)]
+
+
+def study_items(max_pixels: int, video_frames: int = 4):
+    """The study's inputs: the real photos (capped at max_pixels) and a short panning video."""
+    photos = sample_images()
+    side = int(np.sqrt(max_pixels))
+    return [*photos.values(), Video(sample_video(video_frames, size=(side // 2, side // 2 + 28)))]
+
+
+def _cells(placements, norms, paths, buffer_dtypes):
+    for placement in placements:
+        for norm in (["eager"] if placement in NORM_FREE else norms):
+            for path in paths:
+                bufs = buffer_dtypes if path == "cudagraph" else ["-"]
+                for buf in bufs:
+                    if buf != "-" and dtype_name(dtype_of(buf)) not in PLACEMENT_TABLE[placement].buffer_dtypes:
+                        continue  # e.g. a uint8 buffer cannot hold normalized floats: not a configuration
+                    yield placement, (norm if placement not in NORM_FREE else "(unused)"), path, buf
+
+
+def _encode_dp_cells(spec: dict) -> dict:
+    """Runs on every dp rank: encodes every (placement, norm) of spec through the dp path."""
+    import torch.distributed as dist
+
+    device = f"cuda:{dist.get_rank()}" if dist.get_backend() == "nccl" else "cpu"
+    out = {}
+    for placement, norm in spec["cells"]:
+        enc = _build(spec["cfg"], placement, norm, spec["dtype"], device, spec["seed"])
+        batch = preprocess(spec["items"], enc.cfg, normalize=enc.input_kind == "normalized")
+        out[(placement, norm)] = PATH_CALLS["dp"](enc, batch, spec, "-")[0].float().cpu()
+    return out
+
+
+def _encode_eager(enc, batch, p: dict, buf: str):
+    return enc.encode(batch), {}
+
+
+def _encode_graph(enc, batch, p: dict, buf: str):
+    """The batch through a graph runner with the cell's buffer dtype, and what its replays did."""
+    runner = EncoderGraphRunner(enc, budgets=list(p["budgets"]), buffer_dtype=dtype_of(buf), policy="always",
+                                max_items=p["max_items"])
+    out = runner.encode(batch)
+    st = runner.stats_frame()
+    return out, dict(backend=runner.backend, replays=int((~st.miss).sum()), misses=int(st.miss.sum()),
+                     padded_rows=int(st.padded_rows.sum()))
+
+
+def _encode_dp(enc, batch, p: dict, buf: str):
+    """On one dp rank (`_encode_dp_cells`, started by `_dp_rows`): the whole batch, sharded and gathered."""
+    return encode_dp(enc, batch), {}
+
+
+# The path axis: each path is the call that runs it, picked here (the encoder runs only eager
+# itself): callable(enc, batch, params, buffer_dtype) -> (embedding, extra columns).
+PATH_CALLS = {"eager": _encode_eager, "cudagraph": _encode_graph, "dp": _encode_dp}
+
+
+def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
+    """Measure every cell; returns the tidy long table (metrics rel_err, cos_min, ok, ...).
+
+    params: see PARAMS (defaults: the device's profile). families: preset names; depth: reduce
+    every tower to this many blocks (real width kept); max_pixels caps the processor's image size;
+    budgets/max_items configure the graph runner; dp_world_size ranks run the dp path (gloo on
+    CPU, NCCL with one GPU per rank; skipped with a note when fewer GPUs are visible). hazard:
+    also run the NaN padding / pool check.
+    """
+    s = begin_run(PARAMS, "correctness", device, params)
+    (families, depth, dtype, placements, norms, paths, buffer_dtypes, max_pixels, budgets, max_items,
+     dp_world_size, hazard, seed) = (s.params[k] for k in PARAMS.names)
+    dev, dt = s.device, s.dtype
+    tol = TOLERANCE[dt]
+    rows = []
+    for fam in families:
+        base = resolve_config(fam, depth)    # the cap below the preset's floor lowers the floor too
+        cfg = dataclasses.replace(base, max_pixels=max_pixels, min_pixels=min(base.min_pixels, max_pixels))
+        items = study_items(max_pixels)
+        raw = preprocess(items, cfg)
+        nrm = preprocess(items, cfg, normalize=True)
+        ref_enc = build_encoder(cfg, placement="processor", norm="eager", dtype=torch.float64, device=dev, seed=seed,
+                                attn_backend="loop")  # exact per-sequence attention, no N^2 mask
+        with torch.no_grad():
+            ref = ref_enc.visual(normalize_reference(raw.pixels, cfg).to(dev), raw.grid_thw).cpu()
+        del ref_enc
+        common = dict(family=cfg.family, preset=fam, depth=cfg.depth, width=cfg.width, dtype=dtype_name(dt), device=device_label(dev), n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
+        cells = list(_cells(placements, norms, [p for p in paths if p != "dp"], buffer_dtypes))
+        encoders = {}
+        for placement, norm, path, buf in show_progress(cells, desc=f"correctness {fam}", enabled=progress):
+            key = (placement, norm)
+            if key not in encoders:
+                encoders[key] = _build(cfg, placement, norm, dt, dev, seed)
+            enc = encoders[key]
+            batch = nrm if enc.input_kind == "normalized" else raw
+            out, extra = PATH_CALLS[path](enc, batch, s.params, buf)
+            rows.append(_row(common, placement, norm, path, buf, out, ref, cell_tolerance(dt, buf), **extra))
+        encoders.clear()
+        if "dp" in paths:
+            rows += _dp_rows(cfg, items, placements, norms, dt, dev, seed, dp_world_size, common, ref, tol)
+        if hazard:
+            rows += _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common)
+        rows += _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref)
+    return tidy(pd.DataFrame(rows), METRICS)
+
+
+
+
+def _row(common, placement, norm, path, buf, out, ref, tol, case="embedding", **extra):
+    err = rel_err(out, ref)
+    return dict(common, case=case, placement=placement, norm=norm, path=path, buffer_dtype=buf,
+                tolerance=tol, rel_err=err, cos_min=cos_min(out, ref), ok=bool(np.isfinite(err) and err < tol),
+                **extra)
+
+
+def _build(cfg, placement, norm, dt, dev, seed):
+    """An engine-like encoder (no input guards); norm-free placements get a stand-in they never call."""
+    return build_encoder(cfg, placement=placement, norm="eager" if norm == "(unused)" else norm, dtype=dt,
+                         device=dev, seed=seed, check_inputs=False)
+
+
+def _dp_rows(cfg, items, placements, norms, dt, dev, seed, world, common, ref, tol):
+    from ...launch import launch
+
+    cells = sorted({(p, n) for p, n, _, _ in _cells(placements, norms, ["eager"], ["-"])})
+    if dev.type == "cuda" and torch.cuda.device_count() < world:
+        return [dict(common, case="embedding", placement=p, norm=n, path="dp", buffer_dtype="-",
+                     note=f"skipped: dp needs {world} GPUs, {torch.cuda.device_count()} visible") for p, n in cells]
+    spec = dict(cfg=cfg, items=items, cells=cells, dtype=dt, seed=seed)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    results = launch(_encode_dp_cells, world_size=world, backend=backend, args=(spec,))
+    out = []
+    for p, n in cells:
+        emb = results[0][(p, n)]
+        agree = all(torch.equal(r[(p, n)], emb) for r in results[1:])
+        out.append(_row(common, p, n, "dp", "-", emb, ref, tol, backend=backend, ranks=world, ranks_agree=agree))
+    return out
+
+
+def _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common):
+    """Tower placement under the graph runner: poison the pool and the padding rows with NaN, then
+    check that no real row changes (bitwise) or stops being finite."""
+    out = []
+    for norm in norms:
+        enc = _build(cfg, "tower", norm, dt, dev, seed)
+        runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=torch.bfloat16, max_items=max_items,
+                                    policy="always")
+        clean = runner.encode(raw).float().cpu()
+        runner.poison_pool()
+        poisoned = runner.encode(raw, pad_value=float("nan")).float().cpu()
+        finite = bool(torch.isfinite(poisoned).all())
+        changed = int((~(poisoned == clean).all(dim=1)).sum())
+        diff = rel_err(poisoned, clean) if finite else float("nan")
+        out.append(dict(common, case="nan_padding", placement="tower", norm=norm, path="cudagraph",
+                        buffer_dtype="bfloat16", rel_err=diff, cos_min=cos_min(poisoned, clean) if finite else
+                        float("nan"), ok=finite and changed == 0, rows_changed=changed, backend=runner.backend))
+    return out
+
+
+def _attention_kernel(enc, batch) -> str:
+    """The attention kernel the eager path runs full attention with for ``batch``: dense cuDNN when
+    every sequence has the same length of at least DENSE_MIN_ROWS rows (varlen backend), else the
+    backend's own (flash varlen, masked SDPA or the per-sequence loop)."""
+    from ...attention import use_dense
+
+    meta = enc.visual.prepare_cached(batch.grid_thw)
+    return "dense" if use_dense(enc.visual.kernels.backend, meta.dense_seqlen) else enc.visual.kernels.backend
+
+
+def _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref):
+    """The same item encoded alone and inside the study's mixed batch (placement tower, eager): on
+    CUDA a single image of at least DENSE_MIN_ROWS rows runs dense cuDNN attention and the mixed
+    batch flash varlen, the choice graph and eager paths also make by packing. ``rel_err`` is item
+    alone vs item in the batch: a kernel choice, shown beside the verdicts' tolerance; the item's
+    own error against the float64 reference is ``rel_err_ref``."""
+    norm = next((n for n in norms if n != "identity"), norms[0])
+    enc = _build(cfg, "tower", norm, dt, dev, seed)
+    with torch.no_grad():
+        together = enc.encode(raw).float().cpu()
+        unit = cfg.merge_unit
+        out = []
+        for i, sl in enumerate(raw.item_slices):
+            one = raw.select([i])
+            alone = enc.encode(one).float().cpu()
+            rows = slice(sl.start // unit, sl.stop // unit)
+            out.append(dict(common, case="kernel_choice", placement="tower", norm=norm, path="eager",
+                            buffer_dtype="-", item=i, kernels=f"{_attention_kernel(enc, one)} alone, "
+                            f"{_attention_kernel(enc, raw)} in the batch",
+                            rel_err=rel_err(alone, together[rows]), rel_err_ref=rel_err(alone, ref[rows]),
+                            bit_equal=bool(torch.equal(alone, together[rows]))))
+    return out

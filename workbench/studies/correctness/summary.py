@@ -1,0 +1,230 @@
+"""The correctness study's figures, key numbers and findings, from its tables (never runs a model)."""
+from __future__ import annotations
+
+from .. import Summarizer
+
+
+import numpy as np
+import pandas as pd
+
+from ...encoder import STUDY_PLACEMENTS
+from ..tables import wide
+from ..plotting import is_cpu, legend_right
+from .params import PATH_COLUMNS
+
+# ---- presentation ---------------------------------------------------------------------------
+def path_column(df: pd.DataFrame) -> pd.Series:
+    return np.where(df.path == "cudagraph", "cudagraph[" + df.buffer_dtype.astype(str) + "]", df.path)
+
+
+def path_label(column: str, cpu: bool) -> str:
+    """A path column as a figure names it: on a CPU the graph runner is emulated, not a CUDA graph."""
+    return column.replace("cudagraph", "emulated graph") if cpu else column
+
+
+# `identity` is itself the bug it models (a forgotten normalization: cast only), so the matrix of
+# placements is drawn over the real implementations and identity gets its own.
+FORGETFUL_NORMS = ("identity",)
+
+
+def _select_norms(df: pd.DataFrame, norms) -> pd.DataFrame:
+    df = _cells_wide(df)
+    d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
+    if norms is None:
+        return d[~d.norm.isin(FORGETFUL_NORMS)]
+    return d[d.norm.isin(list(norms) + ["(unused)"])]
+
+
+def matrix(df: pd.DataFrame, norms=None) -> pd.DataFrame:
+    """placement x path table per family: 'ok' / 'WRONG' (all norms agree) or 'mixed', worst rel_err.
+
+    norms: the implementations to aggregate over (default: all but identity)."""
+    d = _select_norms(df, norms)
+    d["column"] = path_column(d)
+
+    def cell(g):
+        verdict = "ok" if g.ok.all() else ("WRONG" if (~g.ok).all() else "mixed")
+        return f"{verdict} ({g.rel_err.max():.1e})"
+
+    m = d.groupby(["family", "placement", "column"]).apply(cell, include_groups=False).unstack("column")
+    cols = [c for c in PATH_COLUMNS if c in m.columns]
+    order = [p for p in STUDY_PLACEMENTS if p in m.index.get_level_values("placement")]
+    return m[cols].reindex(pd.MultiIndex.from_product([sorted(d.family.unique()), order]))
+
+
+def style_matrix(m: pd.DataFrame):
+    """The matrix as a coloured pandas Styler (green right, red wrong, amber mixed)."""
+    def colour(v):
+        if not isinstance(v, str):
+            return ""
+        if v.startswith("ok"):
+            return "background-color: #c8e6c9"
+        return "background-color: #ffcdd2" if v.startswith("WRONG") else "background-color: #ffe0b2"
+    return m.style.map(colour)
+
+
+def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
+    """Placement x path grid per family: green = right for every norm, red = wrong for every norm,
+    amber = depends on the norm; each cell shows the worst rel_err vs the float64 reference.
+
+    norms: the implementations to aggregate over (default: all but identity)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    d = _select_norms(df, norms)
+    d["column"] = path_column(d)
+    fams = sorted(d.family.unique())
+    fig, axes = plt.subplots(1, len(fams), figsize=(6.2 * len(fams), 4.6), squeeze=False)
+    cmap = ListedColormap(["#ef9a9a", "#ffe082", "#a5d6a7"])  # wrong, mixed, right
+    for ax, fam in zip(axes[0], fams):
+        g = d[d.family == fam]
+        worst = g.groupby(["placement", "column"]).rel_err.max().unstack("column")
+        frac = g.groupby(["placement", "column"]).ok.mean().astype("float64").unstack("column")
+        cols = [c for c in PATH_COLUMNS if c in worst.columns]
+        rows = [p for p in STUDY_PLACEMENTS if p in worst.index]
+        worst, frac = worst.reindex(index=rows, columns=cols), frac.reindex(index=rows, columns=cols)
+        code = np.where(frac.isna(), np.nan, np.where(frac == 1, 2, np.where(frac == 0, 0, 1)))
+        ax.imshow(np.ma.masked_invalid(code.astype(float)), cmap=cmap, vmin=0, vmax=2, aspect="auto")
+        for i in range(len(rows)):
+            for j in range(len(cols)):
+                v = worst.iat[i, j]
+                if pd.isna(v) or np.isnan(code[i, j]):
+                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=8, color="grey")
+                    continue
+                mark = {2: "ok", 0: "WRONG", 1: "mixed"}[int(code[i, j])]
+                ax.text(j, i, f"{mark}\n{v:.1e}", ha="center", va="center", fontsize=8)
+        # the path names of the tables, the buffer dtype on a line of its own (never overlapping)
+        ax.set_xticks(range(len(cols)), [path_label(c, is_cpu(g)).replace("[", "\n[") for c in cols])
+        ax.set_yticks(range(len(rows)), rows)
+        devs = ", ".join(sorted(g.device.unique()))
+        ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs})", fontsize=10)
+    shown = ", ".join(sorted(set(d.norm) - {"(unused)"}))
+    fig.suptitle(title or "Correctness: placement x path")
+    fig.text(0.5, -0.04, f"cell text: worst rel_err vs float64 eager over the norm implementations {shown}; "
+             "n/a: a uint8 buffer cannot hold normalized input", ha="center", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+CONTROL_LABEL = "identity (no norm: control)"
+
+
+def plot_rel_err(df: pd.DataFrame):
+    """rel_err of every cell on a log scale, grouped by placement, one marker per path, with the
+    tolerance line. The identity implementation (no normalization: a control, wrong wherever the
+    device norm is relied on) is drawn apart as grey crosses, never mixed with the real norms."""
+    import matplotlib.pyplot as plt
+
+    df = _cells_wide(df)
+    d = df[(df.case == "embedding") & df.rel_err.notna()].copy()
+    d["column"] = path_column(d)
+    cpu = is_cpu(d)
+    control = d.norm.isin(FORGETFUL_NORMS)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    places = [p for p in STUDY_PLACEMENTS if p in set(d.placement)]
+    markers = dict(zip(PATH_COLUMNS, "osD^v"))
+    series = [(col, g, markers.get(col, "o"), None, path_label(col, cpu)) for col, g in d[~control].groupby("column")]
+    if control.any():
+        series.append((None, d[control], "x", "0.35", CONTROL_LABEL))
+    for k, (_, g, marker, color, label) in enumerate(series):
+        x = [places.index(p) + 0.1 * (k - (len(series) - 1) / 2) for p in g.placement]
+        ax.scatter(x, g.rel_err.clip(lower=1e-9), marker=marker, color=color, label=label, alpha=0.7)
+    for tol in sorted(d.tolerance.unique()):
+        ax.axhline(tol, color="k", ls="--", lw=0.8)
+        ax.text(len(places) - 0.5, tol, f" tol {tol:g}", va="bottom", ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(places)), places)
+    ax.set_ylabel("rel_err vs float64 reference")
+    legend_right(ax, fontsize=8)
+    ax.set_title(f"Every cell's relative error (all families and norms; {', '.join(sorted(d.device.unique()))})")
+    return fig
+
+
+def findings(df: pd.DataFrame) -> str:
+    """A short written finding from the table."""
+    df = _cells_wide(df)
+    d = _select_norms(df, None)
+    d["column"] = path_column(d)
+    parts = []
+    for (dev, dtype), g in d.groupby(["device", "dtype"]):
+        wrong = g[~g.ok]
+        right = sorted(set(g.placement) - set(wrong.placement), key=STUDY_PLACEMENTS.index)
+        bad = []
+        for p in [p for p in STUDY_PLACEMENTS if p in set(wrong.placement)]:
+            cols = [c for c in PATH_COLUMNS if c in set(wrong[wrong.placement == p].column)]
+            every = set(cols) == set(g[g.placement == p].column)
+            bad.append(f"{p} (on every path)" if every else f"{p} (on {', '.join(cols)})")
+        norms_used = sorted(set(g.norm) - {"(unused)"})
+        worst_ok = g[g.ok].rel_err.max()
+        best_bad = wrong.rel_err.min() if len(wrong) else float("nan")
+        parts.append(f"On {dev} ({dtype} towers, {g.family.nunique()} families, norms {', '.join(norms_used)}; "
+                     f"{len(g)} cells): right on every path: {', '.join(right) or 'none'}. "
+                     f"Wrong: {'; '.join(bad) or 'none'}. Right cells stay below {worst_ok:.1e} relative error, "
+                     f"wrong ones start at {best_bad:.2f}: the wiring, not rounding, decides.")
+    # a bf16 graph buffer rounds what it holds: free for raw 0..255, not for normalized floats
+    for (dev, dtype), g in d[(d.path == "cudagraph") & d.ok].groupby(["device", "dtype"]):
+        if dtype == "bfloat16":
+            continue
+        raw_in = g[g.placement == "tower"].groupby("buffer_dtype").rel_err.max()
+        norm_in = g[g.placement.isin(["processor", "runner"])].groupby("buffer_dtype").rel_err.max()
+        if "bfloat16" in norm_in and "float32" in norm_in:
+            parts.append(f"On {dev}, a bfloat16 graph buffer in a {dtype} tower costs precision only where it "
+                         f"holds normalized floats (processor, runner): rel_err {norm_in['bfloat16']:.1e} vs "
+                         f"{norm_in['float32']:.1e} with a float32 buffer; raw 0..255 pixels (placement tower) are exact "
+                         f"in bf16 (rel_err {raw_in.get('bfloat16', float('nan')):.1e}, as eager).")
+    ident = _select_norms(df, FORGETFUL_NORMS)
+    ident = ident[ident.norm.isin(FORGETFUL_NORMS)]
+    if len(ident):
+        ok_places = sorted(set(ident[ident.ok].placement))
+        parts.append("The identity implementation (a forgotten normalization, cast only) is wrong wherever the "
+                     "device norm is relied on" + (f"; it is right only for {', '.join(ok_places)}, where the "
+                                                   "processor already normalized" if ok_places else "") + ".")
+    kc = df[df.case == "kernel_choice"] if "case" in df else df.iloc[0:0]
+    for (dev, dtype), g in kc.groupby(["device", "dtype"]):
+        tol = float(d[(d.device == dev) & (d.dtype == dtype)].tolerance.min()) if len(d) else float("nan")
+        kinds = ", ".join(sorted(set(g.kernels)))
+        parts.append(f"On {dev} ({dtype}), the same item encoded alone and inside the mixed batch (placement tower, "
+                     f"eager; attention {kinds}): {int(g.bit_equal.astype(bool).sum())}/{len(g)} bit-equal, largest "
+                     f"difference rel_err {g.rel_err.max():.1e} against a verdict tolerance of {tol:.0e}: the kernels "
+                     f"a batch's shapes select (attention kernel, GEMM tiling by row count), not wiring; alone the "
+                     f"item stays within {g.rel_err_ref.max():.1e} of float64.")
+    hz = df[df.case == "nan_padding"]
+    if len(hz):
+        leaks = hz[~hz.ok.astype(bool)]
+        parts.append(f"NaN hazard check ({len(hz)} runs: pool and padding rows poisoned with NaN before replay): "
+                     + ("no real row changed in any run." if leaks.empty else
+                        f"real rows changed in {len(leaks)} runs: {', '.join(leaks.norm)}."))
+    return "\n\n".join(parts)
+
+
+def _run_title(what: str, g: pd.DataFrame) -> str:
+    from ..plotting import run_label
+
+    name = str(g["run"].iloc[0]) if "run" in g else "local"
+    return f"{what}, run {name} ({run_label(g)})"
+
+
+def matrix_figure(g: pd.DataFrame):
+    """One run's placement x path matrix (devices are never pooled in one plot)."""
+    return plot_matrix(g, title=_run_title("Correctness matrix", g))
+
+
+def rel_err_figure(g: pd.DataFrame):
+    fig = plot_rel_err(g)
+    fig.axes[0].set_title(_run_title("Every cell's relative error", g), fontsize=10)
+    return fig
+
+
+def _cells_wide(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (wide) from the long table; a wide frame passes through."""
+    return wide(df) if "metric" in df.columns else df
+
+
+# (stem, plot, caption): a new figure is one function above and one line here
+FIGURES = (("correctness_matrix", matrix_figure, "Placement x path verdicts per family (green right for every "
+              "norm, red wrong for every norm, amber norm-dependent), worst relative error in each cell"),
+             ("correctness_rel_err", rel_err_figure, "Relative error of every cell against the float64 reference, "
+              "by placement, with the tolerance; the identity norm (no normalization, a control expected to be wrong "
+              "where the device norm is relied on) as grey crosses"))
+
+summarize = Summarizer(findings=findings, figures=FIGURES, prepare=_cells_wide)

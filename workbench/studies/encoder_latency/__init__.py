@@ -1,0 +1,77 @@
+"""Encoder latency: eager vs CUDA-graph encode per model and token count, beside transformers' own
+vision model with the same weights, and the FLOP floor.
+
+Per (preset, merged tokens, images per call) cell, one batch of random uint8 pixels (``images``
+images of ``tokens / images`` merged tokens each, grids [1, 2h, 2w] patches) is encoded three ways,
+every call starting from pixels on the host, as a serving engine hands them over (in pinned memory
+on CUDA, where engines batch multimodal inputs into pinned buffers; each path gets its input so):
+
+- ``eager``        ``enc.encode(batch, path="eager")``: the outer model calls the tower (placement
+                   ``tower``: the norm is the tower's first op);
+- ``graph``        ``runner.encode(batch)`` with a runner whose only budget is exactly ``tokens``
+                   (``max_items = images``, a uint8 input buffer as engines use today), so every
+                   call is one full replay without padding; the
+                   runner is captured once per cell, outside the timing. Its phases (plan,
+                   metadata, staging, replay, copy_out; `workbench.runner.PHASES`) are timed in
+                   separate calls with ``phases={}`` (the device synchronized around each phase),
+                   so the p50/p90 of the graph path carry no phase synchronization;
+- ``transformers`` transformers' own vision model (SDPA attention) with the same weights, same
+                   dtype and device, fed the CPU-normalized float32 rows its processor produces.
+
+Each time is the wall time of one call with the device synchronized before and after it
+(`workbench.timing.cpu_time_us`), p50 and p90 over ``reps`` after ``warmup`` calls. Beside them:
+the floor, the tower's FLOPs (matmul + full-attention + window-attention blocks, counted by
+`workbench.floors.tower_flops`) at the matmul rate measured in the same run
+(`workbench.ceilings.matmul_tflops`: bf16 on CUDA, fp32 on a CPU), and each time as a multiple of it.
+
+Realistic batches (``mixes`` x ``mix_items``): ``n`` items drawn from a named image mix
+(`workbench.samples.image_mix(mix, n, seed, resized=True, cfg=cfg)`, drawn at the sizes the preset's
+own processor gives), encoded
+by transformers, eager, and three runners over the same batch: ``graph_engine``, the engines'
+budgets (`runner.engine_budgets`: doubling from 64 up to ``engine_max_budget``, which is
+appended; their default items per replay) replaying every pack (policy ``always``);
+``graph_planner``, `plan_budgets` for the mix's distribution with as many graphs, replaying every
+pack; ``graph_auto``, the engines' budgets with policy ``auto`` (a pack replays only where its
+graph is predicted faster than eager). Times are per image (p50 and p90 of the call / n); beside
+them each runner's replays, padded rows, eager packs and misses, and every output checked against
+eager before it is timed. ``image_folder`` (an absolute path) adds a mix of your own images: the
+folder's images, drawn by size and resized (`workbench.samples.get_mix`), its rows named
+``folder:<its name>`` with the folder's ``fingerprint``.
+
+Every cell is checked once before it is timed: the graph output against the eager output (bit-equal
+or within the dtype's tolerance) and ours against transformers (row-wise cosine). A path whose
+check fails is not timed: a latency is never reported for a wrong result (the failed check stays in
+the table as ``ok`` = False).
+"""
+from __future__ import annotations
+
+from .. import Study, register
+from .params import PARAMS, footprint
+
+
+def run(device="auto", progress=True, **params):
+    """The study's measurement (`measure.run`): one tidy table."""
+    from .measure import run
+
+    return run(device=device, progress=progress, **params)
+
+
+def summarize(table, out_dir):
+    """The report's section from every run's table (`summary.summarize`)."""
+    from .summary import summarize
+
+    return summarize(table, out_dir)
+
+
+STUDY = register(Study(
+    name="encoder_latency",
+    order=5,
+    notebook="notebooks/encoder_latency.ipynb",
+    run=run,
+    summarize=summarize,
+    params=PARAMS,
+    cells="presets",
+    footprint=footprint,
+    question="eager vs graph latency per model and token count, beside transformers' own vision model "
+             "with the same weights, against the FLOP and practical floors, and where the time goes by kernel",
+))

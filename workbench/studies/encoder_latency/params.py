@@ -1,0 +1,102 @@
+"""The encoder_latency study's parameter declaration and vocabulary (torch-free: the command line
+reads it without importing torch)."""
+from __future__ import annotations
+
+
+
+from ...config import PRESET_NAMES
+from ...checkpoints import resolve_config
+from ...vocabulary import REAL_NORMS
+from ...vocabulary import PHASES
+from ...samples import MIX_NAMES, check_image_folder, with_folder
+from ..footprint import Footprint, itemsize, largest, tower_bytes
+from ..params import Param, ParamSpec, ascending_unique
+
+REAL_PRESETS = tuple(n for n in PRESET_NAMES if not n.startswith("tiny-"))
+
+
+TINY_PRESETS = tuple(n for n in PRESET_NAMES if n.startswith("tiny-"))
+
+
+LATENCY_PATHS = ("eager", "graph", "transformers")
+
+
+def _divisible(p: dict) -> None:
+    bad = [(t, i) for t in p["tokens"] for i in p["images"] if t % i]
+    if bad:
+        raise ValueError(f"every tokens value must split evenly over every images value (each image holds "
+                         f"tokens / images merged tokens); not divisible: {bad}")
+
+
+# The GPU profile times every real preset at four token counts, each path 1 (check) + warmup + reps
+# calls: minutes on one GPU (each reference run's meta.json records its study_seconds); the
+# table's build_s and capture_s say what building and capturing took.
+PARAMS = ParamSpec(
+    Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(REAL_PRESETS),
+          choices=PRESET_NAMES, model_folders=True, help="towers to time"),
+    Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1, help="blocks per tower (None: the preset's depth)"),
+    Param("tokens", "list[int]", cap="budget_tokens", cpu=[64, 256], gpu=[64, 256, 1024, 4096], minimum=1, rule=ascending_unique,
+          help="merged tokens per call (4 pixel rows each); the graph budget is exactly this"),
+    Param("images", "list[int]", cap="items", cpu=[1, 4], minimum=1, rule=ascending_unique,
+          help="images per call, tokens / images merged tokens each"),
+    Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("float32", "bfloat16"), help="tower dtype"),
+    Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
+          help="the tower's input norm (placement tower)"),
+    Param("fused", "str", cpu="auto", choices=("auto", "off"),
+          help="the towers' fused Triton block kernels: auto (on CUDA for bf16/fp16) or off (plain torch ops)"),
+    Param("breakdown", "bool", cpu=False, gpu=True, help="profile one tower forward per cell: device time by kernel category"),
+    Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
+    Param("reps", "int", cap="reps", cpu=5, gpu=10, minimum=1, help="timed calls per path and cell"),
+    Param("warmup", "int", cap="reps", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
+    Param("mixes", "list[str]", cpu=["photos"], gpu=["screenshots", "documents", "phone_photos", "charts", "video_clips"],
+          choices=MIX_NAMES, empty_ok=True, help="image mixes for the realistic-batch cells ([] for none)"),
+    Param("image_folder", "str", cpu=None, optional=True, rule=check_image_folder,
+          help="absolute path of a folder of your own images: one more mix for those cells (None: none)"),
+    Param("mix_items", "list[int]", cap="items", cpu=[2], gpu=[1, 4], minimum=1, rule=ascending_unique,
+          help="items per realistic batch, drawn from each mix"),
+    Param("engine_max_budget", "int", cap="budget_tokens", cpu=512, gpu=16384, minimum=64,
+          help="the largest budget of the engines' rule (realistic-batch cells)"),
+    Param("seed", "int", minimum=0, cap="seed", cpu=0),
+    check=_divisible,
+)
+
+
+# `kernel_profile.KERNEL_CATEGORIES` plus its fallback, in the order the breakdown figure stacks them
+KERNEL_CATS = ("matmul", "attention", "norm", "rotary", "activation", "input_norm", "copy", "elementwise")
+
+
+METRICS = {
+    "p50_ms": "ms", "p90_ms": "ms", "speedup": "x", "speedup_vs_transformers": "x", "x_floor": "x",
+    "floor_ms": "ms", "plan_ms": "ms", "metadata_ms": "ms", "staging_ms": "ms", "replay_ms": "ms",
+    "copy_out_ms": "ms", "phases_ms": "ms", "rel_err": "relative", "cos_min": "cosine", "bit_equal": "bool",
+    "ok": "bool", "flops_matmul": "FLOP", "flops_attention_full": "FLOP", "flops_attention_window": "FLOP",
+    "matmul_tflops": "TFLOP/s", "build_s": "s", "capture_s": "s",
+    "practical_floor_ms": "ms", "x_practical_floor": "x", "attn_tflops_full": "TFLOP/s",
+    "attn_tflops_window": "TFLOP/s", "kernels_per_call": "count", "fused": "bool", "exact_fit": "bool",
+    "prepare_uncached_ms": "ms", **{f"kernel_{c}_ms": "ms" for c in KERNEL_CATS},
+    # realistic-batch cells (case "mix"), per image
+    "image_p50_ms": "ms", "image_p90_ms": "ms", "replays": "count", "padded_rows": "count", "misses": "count",
+    "eager_packs": "count", "valid_rows": "count", "budgets_n": "count", "largest_budget": "tokens",
+    "runner_s": "s",
+}
+
+
+MIX_PATHS = ("transformers", "eager", "graph_engine", "graph_planner", "graph_auto")
+
+
+PHASE_METRICS = tuple(f"{p}_ms" for p in PHASES)
+
+
+def footprint(p, device: str) -> Footprint:
+    """The largest cell of the largest preset: its rows through our tower, and through
+    transformers' with the same weights when the reference is timed; with realistic batches, the
+    engines' largest budget replayed."""
+    tokens = max(max(p["tokens"]), p["engine_max_budget"] if with_folder(p["mixes"], p["image_folder"]) else 0)
+
+    def cell(name: str) -> Footprint:
+        cfg = resolve_config(name, p["depth"])
+        rows = tokens * cfg.merge_unit
+        longest = rows // min(p["images"])
+        one = tower_bytes(cfg, rows, longest, itemsize(p), device) * (2 if p["reference"] else 1)
+        return Footprint(one, f"{name}, {tokens} tokens")
+    return largest(cell(name) for name in p["presets"])

@@ -1,0 +1,405 @@
+"""The encoder_latency study's figures, key numbers and findings, from its tables (never runs a model)."""
+from __future__ import annotations
+
+from .. import Summarizer
+
+
+import numpy as np
+import pandas as pd
+
+from ...formatting import fmt_us
+from ...runner import PHASES
+from ..plotting import (graph_name, is_cpu, labelled_runs, legend_below, per_run, plain_log_ticks, run_label,
+                       stamp_cpu, value_ticks)
+from ..tables import wide
+from .params import KERNEL_CATS, LATENCY_PATHS, MIX_PATHS, PHASE_METRICS
+
+# ---- presentation ---------------------------------------------------------------------------
+
+PATH_STYLE = {"eager": ("C0", "o", "eager (ours)"), "graph": ("C3", "s", "{graph} (ours)"),
+              "transformers": ("C2", "^", "transformers (SDPA)")}
+
+
+PHASE_COLORS = {"plan": "#b0bec5", "metadata": "#ffb74d", "staging": "#4fc3f7", "replay": "#1565c0",
+                "copy_out": "#81c784"}
+
+
+def exact_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the exact-fit cells (case 'exact'; runs made before the realistic batches have
+    no case column and only those)."""
+    return table if "case" not in table else table[table["case"].isna() | (table["case"] == "exact")]
+
+
+def mix_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the realistic-batch cells (case 'mix')."""
+    return table.iloc[0:0] if "case" not in table else table[table["case"] == "mix"]
+
+
+def latency_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (device, preset, tokens, images, path): the closing table of the study."""
+    w = wide(exact_cells(table))
+    cols = ["run", "reference", "device", "preset", "tokens", "images", "path", "p50_ms", "p90_ms", "floor_ms",
+            "x_floor", "speedup", "speedup_vs_transformers", *PHASE_METRICS, "rel_err", "cos_min", "bit_equal", "ok"]
+    cols = [c for c in cols if c in w]
+    order = {p: i for i, p in enumerate(LATENCY_PATHS)}
+    w = w.assign(_o=w.path.map(order))
+    keys = [c for c in ("run", "device", "preset", "tokens", "images", "_o") if c in w]
+    return w.sort_values(keys)[cols].reset_index(drop=True)
+
+
+def _panels(n: int, width: float = 5.2, height: float = 4.0):
+    import matplotlib.pyplot as plt
+
+    ncols = min(3, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def plot_latency(g: pd.DataFrame):
+    """Per preset, p50 ms per encode call vs merged tokens (log-log): eager, graph, transformers and,
+    on a GPU, the FLOP and practical floors; solid lines one image per call, dashed the packed
+    batch of several images. A CPU run (host times, emulated graphs) is stamped and has no floor."""
+    w = wide(exact_cells(g))
+    presets = list(dict.fromkeys(w.preset))
+    fig, axes = _panels(len(presets))
+    imgs = sorted(w.images.unique())
+    cpu = is_cpu(w)
+    styles = ["-", "--", ":", "-."]
+    for ax, preset in zip(axes.flat, presets):
+        d = w[w.preset == preset]
+        for k, n_img in enumerate(imgs):
+            ls = styles[k % len(styles)]
+            di = d[d.images == n_img]
+            for path, (color, marker, name) in PATH_STYLE.items():
+                c = di[di.path == path].sort_values("tokens")
+                if "p50_ms" not in c or c.p50_ms.isna().all():
+                    continue
+                ax.plot(c.tokens, c.p50_ms, ls=ls, marker=marker, color=color, ms=4,
+                        label=f"{name.format(graph=graph_name(cpu))}, {_images(n_img)}")
+            if cpu:
+                continue
+            fl = di.drop_duplicates("tokens").sort_values("tokens")
+            ax.plot(fl.tokens, fl.floor_ms, ls=ls, marker="_", ms=10, color="k", lw=1, alpha=0.6,
+                    label=f"FLOP floor, {_images(n_img)}")
+            if "practical_floor_ms" in fl and fl.practical_floor_ms.notna().any():
+                ax.plot(fl.tokens, fl.practical_floor_ms, ls=ls, marker="_", ms=14, color="0.45", lw=2, alpha=0.5,
+                        label=f"practical floor, {_images(n_img)}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        value_ticks(ax.xaxis, d.tokens)      # the measured token counts, plainly
+        plain_log_ticks(ax.yaxis)
+        ax.set_xlabel("merged tokens per call (log)")
+        ax.set_ylabel("p50 per encode call (ms, log)")
+        ax.set_title(preset, fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+        if cpu:
+            stamp_cpu(ax)
+    what = ("eager vs the emulated graph runner vs transformers (CPU: no floors)" if cpu else
+            "eager vs CUDA graph vs transformers, and the FLOP and practical floors")
+    fig.suptitle(f"Encoder latency: {what} ({run_label(g)})", fontsize=11)
+    fig.tight_layout()
+    legend_below(fig, *axes.flat[0].get_legend_handles_labels())
+    return fig
+
+
+def _share_bars(w: pd.DataFrame, parts: dict, colors: dict, note, xlabel: str, title: str, cpu: bool = False):
+    """Stacked horizontal bars, one per (preset, tokens) cell of ``w``, as shares of the parts'
+    sum: ``parts`` maps a legend label to its column, ``note(row, total)`` writes the text right of
+    each bar; one panel per images value; ``cpu``: stamped as a smoke test."""
+    imgs = sorted(w.images.unique())
+    n_bars = max((len(w[w.images == i]) for i in imgs), default=1)
+    fig, axes = _panels(max(1, len(imgs)), width=7.0, height=1.6 + 0.32 * n_bars)
+    for ax, n_img in zip(axes.flat, imgs):
+        d = w[w.images == n_img].sort_values(["preset", "tokens"])
+        y = np.arange(len(d))
+        total = d[list(parts.values())].sum(axis=1).to_numpy()
+        left = np.zeros(len(d))
+        for label, col in parts.items():
+            share = d[col].to_numpy() / total
+            ax.barh(y, share, left=left, color=colors[label], label=label)
+            left += share
+        for yi, (row, tot) in enumerate(zip(d.itertuples(), total)):
+            ax.text(1.01, yi, note(row, tot), va="center", fontsize=7)
+        ax.set_yticks(y, [f"{a}, {t} tok" for a, t in zip(d.preset, d.tokens)], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1.7)      # room for the note right of each bar
+        ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", "25%", "50%", "75%", "100%"])
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"{_images(n_img)} per call", fontsize=9)
+        if cpu:
+            stamp_cpu(ax)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    legend_below(fig, *axes.flat[0].get_legend_handles_labels(), ncol=8)
+    return fig
+
+
+def plot_phases(g: pd.DataFrame):
+    """The graph path split into its phases (median per phase, calls with the device synchronized
+    around each phase): each bar is one (preset, tokens) cell, stacked as shares of the phases'
+    sum, labelled "phases <sum of the phase medians>, call p50 <p50 of whole calls without the
+    phase syncs>"; one panel per images value. A CPU run is stamped (emulated graphs, host times)."""
+    w = wide(exact_cells(g))
+    w = w[(w.path == "graph")]
+    if "replay_ms" in w:
+        w = w[w.replay_ms.notna()]
+    cpu = is_cpu(g)
+    return _share_bars(w, dict(zip(PHASES, PHASE_METRICS)), PHASE_COLORS,
+                       lambda r, tot: f"phases {fmt_us(tot * 1e3)}, call p50 {fmt_us(r.p50_ms * 1e3)}",
+                       "share of the graph path (each phase's median, a sync around each phase)",
+                       f"Where the {graph_name(cpu)} path's time goes ({run_label(g)})\n"
+                       "right of each bar: the phases' medians summed, and the p50 of whole calls without the syncs",
+                       cpu=cpu)
+
+
+KERNEL_COLORS = {"matmul": "#1565c0", "attention": "#c62828", "norm": "#f9a825", "rotary": "#6a1b9a",
+                 "activation": "#2e7d32", "input_norm": "#00838f", "copy": "#8d6e63", "elementwise": "#9e9e9e"}
+
+
+def plot_kernels(g: pd.DataFrame):
+    """Device time of one tower forward by kernel category (profiled: the kernels a graph replay
+    runs), one bar per (preset, tokens) cell, as shares, labelled with the total and the kernel
+    count; one panel per images value."""
+    w = wide(exact_cells(g))
+    w = w[(w.path == "graph")]
+    parts = {c: f"kernel_{c}_ms" for c in KERNEL_CATS if f"kernel_{c}_ms" in w}
+    w = w[w[list(parts.values())].notna().all(axis=1)] if parts else w.iloc[0:0]
+    return _share_bars(w, parts, KERNEL_COLORS,
+                       lambda r, tot: f"{fmt_us(tot * 1e3)}, {int(r.kernels_per_call)} kernels",
+                       "share of the tower's device time (one forward, profiled)",
+                       f"Where the tower's device time goes, by kernel ({run_label(g)})")
+
+
+def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per device: preset x tokens x images, the p50 of each path and the floor in ms, the graph
+    path's speedup over eager and over transformers, and each path as a multiple of the floor."""
+    out = {}
+    for dev, g in labelled_runs(exact_cells(table)):
+        w = wide(g)
+        idx = ["preset", "tokens", "images"]
+        p50 = w.pivot_table(index=idx, columns="path", values="p50_ms", aggfunc="first")
+        t = pd.DataFrame(index=p50.index)
+        for path, name in (("eager", "eager ms"), ("graph", "graph ms"), ("transformers", "transformers ms")):
+            t[name] = p50[path] if path in p50 else np.nan
+        t["floor ms"] = w.groupby(idx).floor_ms.first()
+        if "practical_floor_ms" in w:
+            t["practical floor ms"] = w.groupby(idx).practical_floor_ms.first()
+        t["graph speedup over eager (x)"] = t["eager ms"] / t["graph ms"]
+        t["graph speedup over transformers (x)"] = t["transformers ms"] / t["graph ms"]
+        t["graph x floor"] = t["graph ms"] / t["floor ms"]
+        t["eager x floor"] = t["eager ms"] / t["floor ms"]
+        if "practical floor ms" in t:
+            t["graph x practical floor"] = t["graph ms"] / t["practical floor ms"]
+        if "replay_ms" in w:
+            t["graph replay ms"] = w[w.path == "graph"].set_index(idx).replay_ms
+        out[dev] = t.reset_index()
+    return out
+
+
+def _images(n) -> str:
+    n = int(n)
+    return f"{n} image" + ("s" if n > 1 else "")
+
+
+def _cell(r) -> str:
+    return f"{r.preset} at {int(r.tokens)} tokens x {_images(r.images)}"
+
+
+def findings(table: pd.DataFrame) -> str:
+    """The finding per device: checks, where graphs win and by how much, where they lose, how the
+    graph path compares with transformers and with the floor, and where its time goes."""
+    return per_run(table, lambda dev, g: _run_finding(dev, g))
+
+
+def _run_finding(dev: str, g: pd.DataFrame) -> str:
+    text = _exact_finding(dev, exact_cells(g))
+    mixed = mix_cells(g)
+    return text + (" " + _mix_finding(mixed) if len(mixed) else "")
+
+
+def _exact_finding(dev: str, g: pd.DataFrame) -> str:
+    w = wide(g)
+    gr = w[w.path == "graph"]
+    tr = w[w.path == "transformers"]
+    n_cells = len(gr)
+    ok_graph = int(gr.ok.fillna(False).astype(bool).sum()) if "ok" in gr else 0
+    bit = int(gr.bit_equal.fillna(False).astype(bool).sum()) if "bit_equal" in gr else 0
+    text = (f"On {dev} ({', '.join(sorted(map(str, w.dtype.unique())))}; matmul rate "
+            f"{w.matmul_tflops.iloc[0]:.3g} TFLOP/s measured in the run): the graph output equals eager in "
+            f"{ok_graph}/{n_cells} cells ({bit} bit-equal, worst rel_err {gr.rel_err.max():.1e})")
+    if len(tr):
+        agree = int(tr.ok.fillna(False).astype(bool).sum())
+        text += (f"; ours agrees with transformers in {agree}/{len(tr)} cells (smallest row cosine "
+                 f"{tr.cos_min.min():.6f})")
+    text += ". Only checked paths are timed."
+    timed = gr[gr.p50_ms.notna()] if "p50_ms" in gr else gr.iloc[0:0]
+    if len(timed):
+        win = timed[timed.speedup > 1].sort_values("speedup", ascending=False)
+        lose = timed[timed.speedup <= 1].sort_values("speedup")
+        if len(win):
+            best = win.iloc[0]
+            text += (f" CUDA graphs win in {len(win)}/{len(timed)} cells, most at {_cell(best)}: "
+                     f"{best.speedup:.2f}x over eager ({fmt_us(best.p50_ms * 1e3)} vs "
+                     f"{fmt_us(best.p50_ms * best.speedup * 1e3)}); median gain {win.speedup.median():.2f}x.")
+        if len(lose):
+            text += (f" They lose or tie in {len(lose)} cell(s): " + "; ".join(
+                f"{_cell(r)} ({r.speedup:.2f}x)" for r in lose.head(4).itertuples()) + ".")
+        else:
+            text += " They lose in no cell."
+        by_tok = timed.groupby("tokens").speedup.median()
+        text += " Median graph speedup by tokens: " + ", ".join(
+            f"{int(t)}: {s:.2f}x" for t, s in by_tok.items()) + "."
+        vs = (timed.speedup_vs_transformers.dropna() if "speedup_vs_transformers" in timed
+              else pd.Series(dtype=float))
+        if len(vs):
+            text += (f" Against transformers' own tower the graph path is {vs.min():.2f}-{vs.max():.2f}x "
+                     f"(faster in {int((vs > 1).sum())}/{len(vs)} cells).")
+        big = timed[timed.tokens == timed.tokens.max()]
+        small = timed[timed.tokens == timed.tokens.min()]
+        text += (f" The graph path runs at {big.x_floor.min():.1f}-{big.x_floor.max():.1f}x the FLOP floor at "
+                 f"{int(big.tokens.iloc[0])} tokens and {small.x_floor.min():.0f}-{small.x_floor.max():.0f}x at "
+                 f"{int(small.tokens.iloc[0])}, where launches and host work, not FLOPs, set the time.")
+        if "x_practical_floor" in timed and timed.x_practical_floor.notna().any():
+            pf = timed[timed.tokens >= 1024] if (timed.tokens >= 1024).any() else big
+            within = int((pf.x_practical_floor <= 1.25).sum())
+            text += (f" Against the practical floor (matmul FLOPs at the matmul rate plus attention FLOPs at the "
+                     f"fastest attention kernel's rate for the cell's shapes, both measured in the run) the graph "
+                     f"path runs at {pf.x_practical_floor.min():.2f}-{pf.x_practical_floor.max():.2f}x from "
+                     f"{int(pf.tokens.min())} tokens ({within}/{len(pf)} cells within 1.25x).")
+        kcols = [f"kernel_{c}_ms" for c in KERNEL_CATS]
+        if all(c in timed for c in kcols) and timed[kcols].notna().all(axis=1).any():
+            kb = timed[timed[kcols].notna().all(axis=1)]
+            for label, cell in (("smallest", kb[kb.tokens == kb.tokens.min()]),
+                                ("largest", kb[kb.tokens == kb.tokens.max()])):
+                sh = (cell[kcols].sum() / cell[kcols].sum().sum()).sort_values(ascending=False)
+                text += (f" At the {label} token count ({int(cell.tokens.iloc[0])}) the tower's device time is "
+                         + ", ".join(f"{v:.0%} {k[len('kernel_'):-len('_ms')]}" for k, v in sh.head(3).items())
+                         + f" ({int(cell.kernels_per_call.median())} kernels per forward).")
+        if "replay_ms" in timed and timed.replay_ms.notna().any():
+            ph = timed[timed.replay_ms.notna()]
+            host = ph[["plan_ms", "metadata_ms", "staging_ms", "copy_out_ms"]].sum(axis=1) / ph.phases_ms
+            r = ph.loc[host.idxmax()]
+            if "prepare_uncached_ms" in r and pd.notna(r.prepare_uncached_ms):
+                text += (f" Host metadata for a shape seen for the first time takes "
+                         f"{fmt_us(ph.prepare_uncached_ms.min() * 1e3)}-{fmt_us(ph.prepare_uncached_ms.max() * 1e3)}"
+                         f" (prepared uncached); the runner caches it per grid and budget, so a repeated shape "
+                         f"costs only the copy ({fmt_us(ph.metadata_ms.min() * 1e3)}-"
+                         f"{fmt_us(ph.metadata_ms.max() * 1e3)}).")
+            text += (f" Outside the replay (plan, metadata, staging, copy-out) the graph path spends "
+                     f"{host.min():.0%}-{host.max():.0%} of its phase-timed calls, most at {_cell(r)} "
+                     f"(metadata {fmt_us(r.metadata_ms * 1e3)}, staging {fmt_us(r.staging_ms * 1e3)}).")
+    if str(dev).startswith("cpu"):
+        text += (" On a CPU the graph backend is emulated (the same static buffers and call path, replayed "
+                 "eagerly): the differences are the runner's host overhead, not CUDA-graph gains.")
+    return text
+
+
+MIX_STYLE = {"transformers": ("C2", "transformers (SDPA)"), "eager": ("C0", "eager (ours)"),
+             "graph_engine": ("C3", "graph, engines' budgets"), "graph_planner": ("C1", "graph, planner budgets"),
+             "graph_auto": ("C4", "graph, policy auto")}
+
+
+def mix_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per realistic batch (device, preset, mix, items): each strategy's per-image p50,
+    the fastest strategy, and policy auto against the faster of eager and the engines' graphs
+    and against transformers (ratios > 1: auto is slower)."""
+    w = wide(mix_cells(table))
+    if w.empty:
+        return pd.DataFrame()
+    idx = [c for c in ("run", "device", "preset", "mix", "images") if c in w]
+    t = w.pivot_table(index=idx, columns="path", values="image_p50_ms", aggfunc="first")
+    t = t[[p for p in MIX_PATHS if p in t]]
+    out = t.copy()
+    out["fastest"] = t.idxmin(axis=1)
+    if {"graph_auto", "eager", "graph_engine"} <= set(t):
+        out["auto / best of eager, engine graph"] = t["graph_auto"] / t[["eager", "graph_engine"]].min(axis=1)
+        out["engine graph / eager"] = t["graph_engine"] / t["eager"]
+    if {"graph_auto", "transformers"} <= set(t):
+        out["auto / transformers"] = t["graph_auto"] / t["transformers"]
+    return out.reset_index()
+
+
+# the spread of per-image times above which the realistic-batch figure uses a log axis
+LOG_SPREAD = 20.0
+
+
+def plot_mixes(g: pd.DataFrame):
+    """Per preset, per-image p50 (ms) of every strategy on each realistic batch (mix x items);
+    None when the run has no realistic-batch cells."""
+    w = wide(mix_cells(g))
+    if w.empty or "image_p50_ms" not in w:
+        return None
+    presets = list(dict.fromkeys(w.preset))
+    cells = w[["mix", "images"]].drop_duplicates().sort_values(["mix", "images"])
+    fig, axes = _panels(len(presets), width=6.0, height=1.8 + 0.55 * len(cells))
+    cpu = is_cpu(w)
+    paths = [p for p in MIX_PATHS if p in set(w.path)]
+    h = 0.8 / max(1, len(paths))
+    # items of a few hundred tokens beside 12 MP photos (over 100x apart on Qwen3-VL): a log axis
+    # keeps the short bars readable; one scale for every panel, so they compare
+    times = w.image_p50_ms.dropna()
+    times = times[times > 0]
+    log = len(times) > 1 and times.max() / times.min() > LOG_SPREAD
+    for ax, preset in zip(axes.flat, presets):
+        d = w[w.preset == preset]
+        for k, path in enumerate(paths):
+            color, name = MIX_STYLE[path]
+            name = f"{name} (emulated)" if cpu and path.startswith("graph") else name
+            vals = [d[(d.mix == c.mix) & (d.images == c.images) & (d.path == path)].image_p50_ms
+                    for c in cells.itertuples()]
+            vals = [float(v.iloc[0]) if len(v) else np.nan for v in vals]
+            ax.barh(np.arange(len(cells)) + k * h, vals, height=h, color=color, label=name)
+        ax.set_yticks(np.arange(len(cells)) + h * (len(paths) - 1) / 2,
+                      [f"{c.mix} x{int(c.images)}" for c in cells.itertuples()], fontsize=8)
+        ax.invert_yaxis()
+        if log:
+            ax.set_xscale("log")
+            ax.set_xlim(times.min() / 1.5, times.max() * 1.3)      # the same range in every panel
+            plain_log_ticks(ax.xaxis)
+        ax.set_xlabel("p50 per image (ms" + (", log)" if log else ")"))
+        ax.set_title(preset, fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+        if cpu:
+            stamp_cpu(ax)
+    fig.suptitle(f"Realistic batches: per-image time of each strategy ({run_label(g)})", fontsize=11)
+    fig.tight_layout()
+    legend_below(fig, *axes.flat[0].get_legend_handles_labels(), ncol=3)
+    return fig
+
+
+def _mix_finding(g: pd.DataFrame) -> str:
+    t = mix_table(g)
+    if t.empty or "auto / best of eager, engine graph" not in t:
+        return ""
+    ratio = t["auto / best of eager, engine graph"].dropna()
+    lose = t[t["engine graph / eager"] > 1]
+    text = (f"Realistic batches ({len(t)} cells, items drawn from {', '.join(sorted(t.mix.unique()))}): the engines' "
+            f"budgets replay slower than eager in {len(lose)}/{len(t)} cells"
+            + (f", by up to {lose['engine graph / eager'].max():.2f}x ({lose.sort_values('engine graph / eager').iloc[-1].mix})"
+               if len(lose) else "")
+            + f"; policy auto is within 5% of the faster of eager and the engines' graphs in "
+              f"{int((ratio <= 1.05).sum())}/{len(ratio)} cells (worst {ratio.max():.2f}x)")
+    if "auto / transformers" in t:
+        vs = t["auto / transformers"].dropna()
+        text += f" and faster than transformers in {int((vs < 1).sum())}/{len(vs)} (worst {vs.max():.2f}x of its time)"
+    wins = t.fastest.value_counts()
+    return text + ". Fastest per cell: " + ", ".join(f"{k} {v}" for k, v in wins.items()) + "."
+
+
+# (stem, plot, caption): a new figure is one function above and one line here
+FIGURES = (("encoder_latency", plot_latency, "p50 per encode call against merged tokens: eager, the graph runner "
+              "(a CUDA graph on a GPU, emulated on a CPU) and transformers, with the FLOP and practical floors on a "
+              "GPU (a CPU run is a stamped smoke test without floors)"),
+             ("encoder_latency_phases", lambda g: plot_phases(g) if (g.metric == "replay_ms").any() else None,
+              "Where the graph path's time goes: plan, metadata, staging, replay and copy-out (each phase's "
+              "median with a sync around it; beside each bar their sum and the p50 of whole calls)"),
+             ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None,
+              "The tower's device time by kernel category (one forward, profiled)"),
+             ("encoder_latency_mixes", plot_mixes, "Realistic batches: per-image time of transformers, eager, the "
+              "engines' budgets, planner budgets and policy auto"))
+
+summarize = Summarizer(findings=findings, figures=FIGURES, key_numbers=key_numbers, key_caption="Encoder latency on {device}: p50 per encode call (ms) of each path, the FLOP floor and the practical "
+                "floor, the graph path's speedup, and times as multiples of the floors")

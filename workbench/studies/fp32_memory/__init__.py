@@ -1,0 +1,55 @@
+"""fp32 memory: the bytes normalization parks in the CUDA-graph memory pool, measured and modelled.
+
+Three scopes per (norm implementation, budget, graph buffer dtype):
+
+- ``norm``   the norm captured alone, as the tower calls it (input: the graph buffer's dtype, output
+             bf16, ``n_valid`` given, no ``out=``). Measured on CUDA (reserved bytes of its fresh
+             graph pool, peak allocated bytes); modelled everywhere: the allocation trace derived
+             from the implementation (`workbench.norms.InputNorm.alloc_trace`) replayed through a
+             model of torch's caching allocator (`PoolModel`), and the trace itself checked
+             against one counted from a real call with a dispatch mode on the ``meta`` device, so a
+             16384-token budget is sized without memory. The measurement counts the segments
+             of the graph's own pool (see `workbench.cuda_memory.captured_memory`).
+- ``tower``  placement tower: the tower (``depth`` blocks) captured with the norm as its first op,
+             minus the same tower with the norm removed (it then only casts its input): what the
+             norm adds to the pool once the tower's own allocations can reuse the freed
+             temporaries. Measured on CUDA only.
+- ``runner`` placement runner: the norm runs before the graph, writing the bf16 buffer through
+             ``out=``; the pool holds no norm. Its temporaries are transient, outside the pool:
+             peak allocated bytes of one call, measured (CUDA) and modelled.
+
+``temp_bytes`` is the temporary memory alone: the peak of the allocations freed before the call
+returns (for eager: two fp32 copies of the rows, 8 bytes/element).
+"""
+from __future__ import annotations
+
+from .. import Study, register
+from .params import PARAMS, footprint
+
+
+def run(device="auto", progress=True, **params):
+    """The study's measurement (`measure.run`): one tidy table."""
+    from .measure import run
+
+    return run(device=device, progress=progress, **params)
+
+
+def summarize(table, out_dir):
+    """The report's section from every run's table (`summary.summarize`)."""
+    from .summary import summarize
+
+    return summarize(table, out_dir)
+
+
+STUDY = register(Study(
+    name="fp32_memory",
+    order=4,
+    notebook="notebooks/fp32_memory.ipynb",
+    run=run,
+    summarize=summarize,
+    params=PARAMS,
+    cells="presets",
+    per_preset=True,
+    footprint=footprint,
+    question="graph-pool / peak bytes attributable to normalization, measured and modelled",
+))

@@ -1,0 +1,136 @@
+"""The fp32_memory study's measurement: ``run(device, progress, **params)`` -> one tidy table."""
+from __future__ import annotations
+
+
+import pandas as pd
+import torch
+
+from ...config import VisionConfig
+
+from ...cuda_memory import captured_memory, eager_peak_bytes
+from ...encoder import build_encoder
+from ...memory_model import count_allocations, pool_model, trace_peak_bytes
+from ...norms import make_norm
+from ...towers.common import budget_padding, filling_grid
+from .. import begin_run
+from ..plotting import progress as show_progress
+from ..tables import tidy
+from ...dtypes import BY_NAME
+from .params import METRICS, PARAMS, _config
+
+OUT_DTYPE = torch.bfloat16
+
+
+def _counted_trace(mod, cfg: VisionConfig, rows: int, in_dtype, out: bool):
+    """The allocation trace of a real call of ``mod`` (on the meta device), ids renumbered from 0."""
+    x = torch.empty(rows, cfg.patch_dim, dtype=in_dtype, device="meta")
+    dst = torch.empty(rows, cfg.patch_dim, dtype=OUT_DTYPE, device="meta") if out else None
+    nv = None if out else torch.tensor(rows, dtype=torch.int32, device="meta")
+    trace, _ = count_allocations(lambda: mod(x, OUT_DTYPE, out=dst, n_valid=nv))
+    return _renumber(trace)
+
+
+def _renumber(trace):
+    ids: dict = {}
+    return [(kind, ids.setdefault(k, len(ids)), nbytes) for kind, k, nbytes in trace]
+
+
+def _model_row(norm, cfg, rows, in_dtype, out: bool) -> dict:
+    mod = make_norm(norm, cfg, check_values=False).to("meta")
+    trace = mod.alloc_trace(rows, in_dtype, OUT_DTYPE, n_valid=not out, out=out)
+    counted = _counted_trace(mod, cfg, rows, in_dtype, out)
+    pool = pool_model(trace)
+    peak = trace_peak_bytes(trace)
+    return dict(model_bytes=0 if out else pool["pool_bytes"], model_peak_bytes=pool["peak_bytes"],
+                temp_bytes=peak["temp_peak_bytes"],
+                counted_peak_bytes=trace_peak_bytes(counted)["peak_bytes"],
+                trace_matches=_renumber(trace) == counted)
+
+
+def _rel_error(measured: float, model: float) -> float:
+    """measured / model - 1; 0 when both are 0 (a no-op cast allocates nothing), inf when only
+    the model is 0."""
+    if model == 0:
+        return 0.0 if measured == 0 else float("inf")
+    return measured / model - 1
+
+
+def _tower_pool(enc, buf, meta, dev) -> dict:
+    with torch.inference_mode():
+        return captured_memory(lambda: enc.visual.forward_prepared(buf, meta), dev)
+
+
+
+
+def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
+    """Model (every device) and measure (CUDA) every cell; returns the tidy long table."""
+    return begin_run(PARAMS, "fp32_memory", device, params).per_preset(lambda s: _measure(s, progress))
+
+
+def _measure(s, progress: bool) -> pd.DataFrame:
+    """One preset's cells (``s.params["preset"]``)."""
+    dev, p, label = s.device, s.params, s.label
+    cfg = _config(p)
+    cuda = dev.type == "cuda"
+    common = dict(study="fp32_memory", preset=p["preset"], family=cfg.family, depth=cfg.depth,
+                  dtype="bfloat16", device=label)
+    rows = []
+    cells = [(b, buf, n) for b in p["budgets"] for buf in p["buffer_dtypes"] for n in p["norms"]]
+    bar = show_progress(total=len(cells) + len(p["budgets"]) * (1 + len(p["buffer_dtypes"])), desc=f"fp32_memory {p['preset']}",
+                        enabled=progress)
+    for budget in p["budgets"]:
+        n_rows = budget * cfg.merge_unit
+        geo = dict(budget=budget, budget_rows=n_rows)
+        baseline, meta = {}, None
+        if cuda:
+            plain = build_encoder(cfg, placement="none", norm="eager", dtype=OUT_DTYPE, device=dev,
+                                  seed=p["seed"], check_inputs=False)
+            meta = plain.visual.prepare(filling_grid(cfg, budget), **budget_padding(cfg, budget, 1), device=dev)
+            gen = torch.Generator(device=dev).manual_seed(p["seed"])
+            pixels = torch.randint(0, 256, (n_rows, cfg.patch_dim), dtype=torch.uint8, device=dev, generator=gen)
+            for buf_name in p["buffer_dtypes"]:
+                buf = pixels.to(BY_NAME[buf_name])
+                baseline[buf_name] = (buf, _tower_pool(plain, buf, meta, dev))
+                bar.update()
+            del plain
+        for buf_name in p["buffer_dtypes"]:
+            in_dtype = BY_NAME[buf_name]
+            for norm in p["norms"]:
+                r = dict(common, **geo, scope="norm", placement="tower", buffer_dtype=buf_name, norm=norm,
+                         **_model_row(norm, cfg, n_rows, in_dtype, out=False))
+                if cuda:
+                    mod = make_norm(norm, cfg, check_values=False).to(dev)
+                    buf = baseline[buf_name][0]
+                    nv = torch.tensor(n_rows, dtype=torch.int32, device=dev)
+                    m = captured_memory(lambda: mod(buf, OUT_DTYPE, n_valid=nv), dev)
+                    r.update(pool_bytes=m["pool_bytes"], peak_bytes=m["peak_bytes"],
+                             model_error=_rel_error(m["pool_bytes"], r["model_bytes"]))
+                    enc = build_encoder(cfg, placement="tower", norm=norm, dtype=OUT_DTYPE, device=dev,
+                                        seed=p["seed"], check_inputs=False)
+                    t = _tower_pool(enc, buf, meta, dev)
+                    base_t = baseline[buf_name][1]
+                    rows.append(dict(common, **geo, scope="tower", placement="tower", buffer_dtype=buf_name,
+                                     norm=norm, pool_bytes=t["pool_bytes"] - base_t["pool_bytes"],
+                                     peak_bytes=t["peak_bytes"] - base_t["peak_bytes"]))
+                    del enc
+                rows.append(r)
+                bar.update()
+        # runner placement: the norm writes the bf16 buffer through out=, outside the graph
+        for norm in p["norms"]:
+            r = dict(common, **geo, scope="runner", placement="runner", buffer_dtype="bfloat16", norm=norm,
+                     **_model_row(norm, cfg, n_rows, torch.uint8, out=True))
+            if cuda:
+                mod = make_norm(norm, cfg, check_values=False).to(dev)
+                src = baseline[p["buffer_dtypes"][0]][0].to(torch.uint8)
+                dst = torch.empty(n_rows, cfg.patch_dim, dtype=OUT_DTYPE, device=dev)
+                mod(src, OUT_DTYPE, out=dst)      # warm (compiles)
+                m = eager_peak_bytes(lambda: mod(src, OUT_DTYPE, out=dst), dev)
+                r.update(pool_bytes=0, peak_bytes=m["peak_bytes"])
+                del dst
+            rows.append(r)
+        bar.update()
+        baseline.clear()
+        if cuda:
+            torch.cuda.empty_cache()
+    bar.close()
+    return tidy(pd.DataFrame(rows), METRICS)

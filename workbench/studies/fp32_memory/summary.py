@@ -1,0 +1,214 @@
+"""The fp32_memory study's figures, key numbers and findings, from its tables (never runs a model)."""
+from __future__ import annotations
+
+from .. import Summarizer
+
+
+import numpy as np
+import pandas as pd
+
+from ...formatting import fmt_bytes
+from ..plotting import (labelled_runs, legend_below, legend_under, per_run, plain_log_ticks, run_label,
+                       value_ticks)
+from ..tables import wide
+
+# ---- presentation ---------------------------------------------------------------------------
+
+def comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """Norm-scope cells: modelled vs measured pool bytes (MiB) per implementation and budget."""
+    w = wide(table)
+    w = w[w.scope == "norm"]
+    cols = ["device", "preset", "buffer_dtype", "budget", "budget_rows", "norm", "model_bytes", "pool_bytes", "model_error",
+            "temp_bytes", "peak_bytes", "model_peak_bytes", "trace_matches"]
+    return w[[c for c in cols if c in w]].sort_values([c for c in ("device", "preset", "buffer_dtype", "budget", "norm") if c in w]).reset_index(
+        drop=True)
+
+
+BUDGET_AXIS = "graph budget (merged tokens; 1 token = 4 pixel rows)"
+
+
+def _positive(values) -> np.ndarray:
+    """``values`` with zeros (and negatives) as NaN: what a log axis can draw."""
+    v = np.asarray(values, dtype=float)
+    return np.where(v > 0, v, np.nan)
+
+
+def plot_pool(g: pd.DataFrame):
+    """Pool bytes of the norm captured alone vs the budget in merged tokens, one panel per buffer
+    dtype: the model as lines with markers (implementations with the same model share one line
+    and one label), CUDA measurements as open circles, fp32 temporaries dotted; log-log axes. A
+    model that is 0 B at every budget cannot be drawn on a log axis: the legend says so."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    w = wide(g)
+    w = w[w.scope == "norm"]
+    if w.empty:
+        return None
+    bufs = sorted(w.buffer_dtype.unique())
+    measured = "pool_bytes" in w and w.pool_bytes.notna().any()
+    fig, axes = plt.subplots(1, len(bufs), figsize=(6.4 * len(bufs), 5.4), squeeze=False)
+    for ax, buf in zip(axes[0], bufs):
+        d = w[w.buffer_dtype == buf]
+        groups: dict[tuple, list[str]] = {}
+        for norm, c in d.groupby("norm", sort=False):
+            groups.setdefault(tuple(c.sort_values("budget").model_bytes), []).append(norm)
+        notes = []
+        for k, (series, norms) in enumerate(groups.items()):
+            c = d[d.norm == norms[0]].sort_values("budget")
+            name, color = " = ".join(norms), f"C{k}"
+            if not any(v > 0 for v in series):
+                notes.append(f"{name}: 0 B at every budget (nothing to draw on a log axis)")
+                continue
+            ax.plot(c.budget, _positive(series) / 2**20, color=color, marker="o", ms=4, label=name)
+            if (c.temp_bytes > 0).any():
+                ax.plot(c.budget, _positive(c.temp_bytes) / 2**20, color=color, ls=":", lw=1.2, marker=".")
+            if measured:
+                for norm in norms:
+                    m = d[d.norm == norm].sort_values("budget")
+                    ax.scatter(m.budget, _positive(m.pool_bytes) / 2**20, facecolors="none", edgecolors=color, s=60)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        value_ticks(ax.xaxis, d.budget)
+        plain_log_ticks(ax.yaxis)
+        ax.set_xlabel(BUDGET_AXIS)
+        ax.set_ylabel("graph-pool bytes of the norm (MiB, log)")
+        ax.set_title(f"{buf} buffer -> bf16", fontsize=9)
+        handles, labels = ax.get_legend_handles_labels()
+        handles.append(Line2D([], [], color="grey", ls=":", marker="."))
+        labels.append("fp32 temporaries alone")
+        if measured:
+            handles.append(Line2D([], [], marker="o", mfc="none", mec="grey", ls=""))
+            labels.append("measured (CUDA graph pool)")
+        for note in notes:
+            handles.append(Line2D([], [], ls=""))
+            labels.append(note)
+        legend_under(ax, handles, labels)
+    fig.suptitle(f"fp32 memory: pool bytes of the normalization captured alone, lines = model "
+                 f"({run_label(g)})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _bar_note(v: float) -> str:
+    """A tower bar's label: n/a (not measured), 0, or its MiB."""
+    return "n/a" if pd.isna(v) else ("0" if v == 0 else f"{v / 2**20:.0f}")
+
+
+def plot_tower(g: pd.DataFrame):
+    """What each norm adds to the pool of the captured tower (and the runner's transient peak),
+    every bar labelled with its MiB ("0" where the norm adds nothing, "n/a" where not measured);
+    negative bars (the pool with the norm came out smaller) hatched and explained below."""
+    import matplotlib.pyplot as plt
+
+    w = wide(g)
+    t = w[w.scope.isin(["tower", "runner"]) & w.get("peak_bytes", pd.Series(index=w.index)).notna()]
+    if t.empty:
+        return None
+    t = t.assign(cell=t.scope + " / " + t.buffer_dtype)
+    budgets = sorted(t.budget.unique())
+    fig, axes = plt.subplots(1, len(budgets), figsize=(5.4 * len(budgets), 4.4), squeeze=False)
+    negative = False
+    for ax, budget in zip(axes[0], budgets):
+        d = t[t.budget == budget]
+        cells = sorted(d.cell.unique())
+        norms = list(dict.fromkeys(d.norm))
+        width = 0.8 / len(cells)
+        for k, cell in enumerate(cells):
+            c = d[d.cell == cell].set_index("norm").reindex(norms)
+            metric = c.peak_bytes if cell.startswith("runner") else c.pool_bytes
+            values = metric.to_numpy(dtype=float)
+            bars = ax.bar(np.arange(len(norms)) + k * width, np.nan_to_num(values) / 2**20, width,
+                          color=f"C{k}", label=f"{cell}: " + ("transient peak (outside the pool)"
+                                                              if cell.startswith("runner") else "pool bytes added"))
+            for bar, v in zip(bars, values):
+                if v < 0:
+                    bar.set_hatch("///")
+                    negative = True
+            ax.bar_label(bars, [_bar_note(v) for v in values], fontsize=6, padding=1)
+        ax.set_xticks(np.arange(len(norms)) + 0.4 - width / 2, norms, rotation=20, fontsize=8)
+        ax.set_ylabel("MiB (norm minus no norm)")
+        ax.set_title(f"budget {budget} merged tokens ({budget * 4} pixel rows)", fontsize=9)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.margins(y=0.12)
+    fig.suptitle(f"What the norm adds to the captured tower ({run_label(g)})", fontsize=10)
+    fig.tight_layout()
+    note = ("bar labels in MiB; 0: the norm adds nothing (its temporaries reuse memory the tower frees); "
+            "n/a: not measured")
+    if negative:
+        note += ("; hatched below 0: the tower's pool with the norm came out smaller than without it "
+                 "(allocator segment rounding), i.e. nothing measurable added")
+    legend_below(fig, *axes[0][0].get_legend_handles_labels(), ncol=3, title=note, title_fontsize=7)
+    return fig
+
+
+def findings(table: pd.DataFrame) -> str:
+    w = wide(table)
+    return per_run(w, lambda dev, g: _run_finding(dev, g), by_preset=True)
+
+
+def _run_finding(dev: str, g: pd.DataFrame) -> str:
+    n = g[g.scope == "norm"]
+    biggest = n.budget.max()
+    top = n[(n.budget == biggest) & (n.buffer_dtype == n.buffer_dtype.iloc[0])].set_index("norm")
+    fused = [x for x in top.index if x.startswith("triton")]
+    lines = [f"On {dev}, the normalization captured alone at {biggest} tokens ({biggest * 4} rows, "
+             f"{top.buffer_dtype.iloc[0]} buffer): "
+             + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'model_bytes'])}" for x in top.index)
+             + " of pool (model). Its fp32 temporaries: "
+             + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'temp_bytes'])}" for x in top.index)
+             + (f"; the fused kernels ({', '.join(fused)}) keep fp32 in registers and add "
+                f"{fmt_bytes(top.loc[fused, 'temp_bytes'].max())}." if fused else ".")]
+    if "trace_matches" in n:
+        lines.append(f"The modelled allocation trace equals the counted one (dispatch mode, meta device) in "
+                     f"{int(n.trace_matches.fillna(False).sum())}/{len(n)} cells.")
+    if "pool_bytes" in n and n.pool_bytes.notna().any():
+        err = n.model_error.abs().replace(np.inf, np.nan).fillna(np.inf)
+        worst = n.loc[err.idxmax()]
+        lines.append(f"Measured pool bytes vs the allocator model: worst {err.max():.1%} "
+                     f"({worst.norm}, {worst.buffer_dtype}, {int(worst.budget)} tokens); "
+                     f"{int((err <= 0.05).sum())}/{len(n)} cells within 5%.")
+        tw = g[(g.scope == "tower") & (g.budget == biggest)]
+        if len(tw):
+            lines.append(f"Inside the captured {int(tw.depth.iloc[0])}-block tower at {biggest} tokens the norm "
+                         "adds (vs the tower without it): " + ", ".join(
+                             f"{r.norm}/{r.buffer_dtype} {fmt_bytes(r.pool_bytes)}" for r in tw.itertuples())
+                         + ": freed temporaries are partly reused by the tower's own allocations.")
+        rn = g[(g.scope == "runner") & (g.budget == biggest)]
+        if len(rn) and rn.peak_bytes.notna().any():
+            lines.append("The runner placement keeps the norm out of the pool; its transient peak outside "
+                         "the graph: " + ", ".join(f"{r.norm} {fmt_bytes(r.peak_bytes)}" for r in rn.itertuples())
+                         + ".")
+    else:
+        lines.append("No CUDA measurement on this device: graph-pool bytes exist only on a GPU "
+                     "(see the reference run).")
+    return " ".join(lines)
+
+
+def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per device: pool MiB of the norm captured alone, modelled and (CUDA) measured, per
+    implementation and buffer dtype (rows) and budget (columns), with the fp32 temporaries."""
+    out = {}
+    w = wide(table)
+    for dev, g in labelled_runs(w[w.scope == "norm"], by_preset=True):
+        parts = {}
+        for budget, b in g.groupby("budget"):
+            b = b.set_index(["norm", "buffer_dtype"])
+            parts[f"{budget} tok: model MiB"] = b.model_bytes / 2**20
+            if "pool_bytes" in b and b.pool_bytes.notna().any():
+                parts[f"{budget} tok: measured MiB"] = b.pool_bytes / 2**20
+                parts[f"{budget} tok: error %"] = 100 * b.model_error
+            parts[f"{budget} tok: fp32 temp MiB"] = b.temp_bytes / 2**20
+        t = pd.DataFrame(parts).reset_index().rename(columns={"buffer_dtype": "buffer"})
+        out[dev] = t
+    return out
+
+
+# (stem, plot, caption): a new figure is one function above and one line here
+FIGURES = (("fp32_memory_pool", plot_pool, "Graph-pool bytes of the norm captured alone against the budget in "
+              "merged tokens: the allocator model as lines, CUDA measurements as circles, fp32 temporaries dotted"),
+             ("fp32_memory_tower", plot_tower, "What each norm adds to the pool of the captured tower, and the "
+              "runner placement's transient peak, each bar labelled in MiB (CUDA runs only)"))
+
+summarize = Summarizer(findings=findings, figures=FIGURES, key_numbers=key_numbers, key_caption="Graph-pool bytes of the norm captured alone on {device} (model: allocation trace through the "
+                "caching-allocator model; error = measured / model - 1)", per_preset=True)
