@@ -15,7 +15,6 @@ reference-model helpers import them when called).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 
@@ -75,9 +74,8 @@ class Family:
         raise NotImplementedError
 
     def hf_model_class(self) -> type:
-        """transformers' vision model class of this family (imported now)."""
-        module, cls = self.hf_class
-        return getattr(importlib.import_module(module), cls)
+        """transformers' vision model class of this family (imports transformers)."""
+        raise NotImplementedError
 
     def from_hf(self, vc: dict) -> dict:
         """VisionConfig fields (architecture only) from a checkpoint's config.json ``vision_config``

@@ -49,6 +49,9 @@ class Glm4vFamily(Family):
              num_position_embeddings=64, **{**GLM_PROCESSOR, "max_pixels": 1 << 20}),
     )
 
+    def hf_model_class(self) -> type:
+        from transformers.models.glm4v.modeling_glm4v import Glm4vVisionModel
+        return Glm4vVisionModel
     def validate(self, cfg) -> list[str]:
         problems = check_position_table(cfg) + check_unused(cfg, deepstack_indexes=())
         if cfg.merger_hidden <= 0:

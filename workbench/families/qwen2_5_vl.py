@@ -25,6 +25,9 @@ class Qwen25VLFamily(Family):
              fullatt_blocks=(1, 3)),
     )
 
+    def hf_model_class(self) -> type:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+        return Qwen2_5_VisionTransformerPretrainedModel
     def validate(self, cfg) -> list[str]:
         problems = []
         unit = cfg.patch_size * cfg.merge_size

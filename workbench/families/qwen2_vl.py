@@ -33,6 +33,9 @@ class Qwen2VLFamily(Family):
         dict(name="tiny-qwen2-vl", depth=2, width=64, heads=4, mlp_hidden=128, out_hidden=48),
     )
 
+    def hf_model_class(self) -> type:
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+        return Qwen2VisionTransformerPretrainedModel
     def validate(self, cfg) -> list[str]:
         return check_unused(cfg, num_position_embeddings=0, deepstack_indexes=(), merger_hidden=0)
 

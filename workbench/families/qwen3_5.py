@@ -23,7 +23,6 @@ from .qwen3_vl import TINY_QWEN3, TOWER_27, Qwen3VLFamily
 class Qwen35Family(Qwen3VLFamily):
     name = "qwen3.5"
     hf_class = ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5VisionModel")
-    hf_config = ("transformers.models.qwen3_5.configuration_qwen3_5", "Qwen3_5VisionConfig")
     model_types = ("qwen3_5", "qwen3_5_moe")
     study_presets = ("tiny-qwen3.5", None)
     deepstack = False
@@ -32,6 +31,13 @@ class Qwen35Family(Qwen3VLFamily):
         dict(name="tiny-qwen3.5", depth=2, **TINY_QWEN3),
     )
 
+    def hf_model_class(self) -> type:
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+        return Qwen3_5VisionModel
+
+    def hf_config_class(self) -> type:
+        from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+        return Qwen3_5VisionConfig
     def validate(self, cfg) -> list[str]:
         return check_position_table(cfg) + check_unused(cfg, merger_hidden=0, deepstack_indexes=())
 

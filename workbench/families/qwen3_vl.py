@@ -27,7 +27,6 @@ All: 16 heads, patch 16, temporal patch 2, merge 2, num_position_embeddings 2304
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 from .base import Family, check_position_table, check_unused, expect, get, hf_common, need, norm_params
 from .qwen2_vl import qwen_merger_macs
@@ -54,7 +53,6 @@ def qwen3_params(cfg) -> int:
 class Qwen3VLFamily(Family):
     name = "qwen3-vl"
     hf_class = ("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLVisionModel")
-    hf_config = ("transformers.models.qwen3_vl.configuration_qwen3_vl", "Qwen3VLVisionConfig")
     model_types = ("qwen3_vl", "qwen3_vl_moe")
     study_presets = ("tiny-qwen3-vl", "qwen3-vl-8b")
     deepstack = True        # the transformers config takes deepstack_visual_indexes
@@ -67,6 +65,13 @@ class Qwen3VLFamily(Family):
         dict(name="tiny-qwen3-vl", depth=4, deepstack_indexes=(1, 2), **TINY_QWEN3),
     )
 
+    def hf_model_class(self) -> type:
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+        return Qwen3VLVisionModel
+
+    def hf_config_class(self) -> type:
+        from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+        return Qwen3VLVisionConfig
     def validate(self, cfg) -> list[str]:
         problems = check_position_table(cfg) + check_unused(cfg, merger_hidden=0)
         ds = cfg.deepstack_indexes
@@ -94,7 +99,6 @@ class Qwen3VLFamily(Family):
     def to_hf(self, cfg):
         if cfg.eps != 1e-6:
             raise ValueError(f"transformers' {self.hf_class[1]} fixes every LayerNorm eps at 1e-6; eps={cfg.eps}")
-        module, name = self.hf_config
         kw = dict(depth=cfg.depth, hidden_size=cfg.width, hidden_act="gelu_pytorch_tanh",
                   intermediate_size=cfg.mlp_hidden, num_heads=cfg.heads, in_channels=cfg.in_channels,
                   patch_size=cfg.patch_size, spatial_merge_size=cfg.merge_size,
@@ -103,7 +107,7 @@ class Qwen3VLFamily(Family):
                   rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta})
         if self.deepstack:
             kw["deepstack_visual_indexes"] = list(cfg.deepstack_indexes)
-        return getattr(importlib.import_module(module), name)(**kw)
+        return self.hf_config_class()(**kw)
 
     def from_hf(self, vc: dict) -> dict:
         expect(vc, "hidden_act", "gelu_pytorch_tanh", "gelu_pytorch_tanh")
