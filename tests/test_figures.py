@@ -340,7 +340,7 @@ def test_log_tick_labels_never_run_together(lo, hi, inches):
 def _bandwidth_figures(monkeypatch, tmp_path, device: str, one_size: bool) -> dict:
     """The benchmark's figures from the committed H200 file (on ``device``, optionally one row
     count only), kept open: {stem suffix: Figure}."""
-    from workbench.benchmarks import norm_bandwidth_summary as nb
+    from workbench.benchmarks.norm_bandwidth import summary as nb
     from workbench.studies import plotting
 
     doc = json.loads((REFERENCE / "norm_bw-h200-20261130.json").read_text())

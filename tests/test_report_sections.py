@@ -20,7 +20,7 @@ import pytest
 
 from workbench import provenance as prov
 from workbench import report as rep
-from workbench.benchmarks import norm_bandwidth_summary as nbw
+from workbench.benchmarks.norm_bandwidth import BENCHMARK as NBW
 from workbench.studies import Study, Summary
 from workbench.studies.params import ParamSpec
 from workbench.studies.plotting import save_figure
@@ -235,7 +235,7 @@ def test_norm_bandwidth_section_from_the_committed_json(tmp_path):
     result = rep.build_report(tmp_path, studies={})
     out = result.index.parent
     page = result.index.read_text(encoding="utf-8")
-    start = page.index(f">{nbw.TITLE}</h2>")
+    start = page.index(f">{NBW.title}</h2>")
     sec = page[start:page.index('<h2 id="runs">Runs</h2>')]
     srcs = re.findall(r'<img src="([^"]+)"', sec)
     assert len(srcs) == 2 and all(s.startswith("norm_bandwidth/") for s in srcs)
@@ -249,7 +249,7 @@ def test_norm_bandwidth_section_from_the_committed_json(tmp_path):
     assert len(caps) == 2 and all("NVIDIA H200" in c and NORM_BW_JSON.name in c for c in caps)
     assert any("SM-copy ceiling" in c for c in caps) and any("byte floor" in c for c in caps)
 
-    (panel,) = result.benchmark(nbw.NAME).panels
+    (panel,) = result.benchmark(NBW.name).panels
     assert panel.error is None and panel.device == "NVIDIA H200" and panel.date == "2026-11-30"
     doc = json.loads(NORM_BW_JSON.read_text())
     full = [r for r in doc["results"] if r["n_valid"] is None]
@@ -269,7 +269,7 @@ def test_norm_bandwidth_bad_files_show_an_error_line(tmp_path):
     (ref / "norm_bw-broken-20261201.json").write_text('{"benchmark": "norm_bandwidth", ')
     (ref / "norm_bw-empty-20261202.json").write_text('{"benchmark": "norm_bandwidth", "device": "X"}')
     result = rep.build_report(tmp_path, studies={})
-    errors = [p.error for p in result.benchmark(nbw.NAME).panels]
+    errors = [p.error for p in result.benchmark(NBW.name).panels]
     assert len(errors) == 2 and all(errors)
     assert "unreadable JSON" in errors[0] and "results" in errors[1]
     page = result.index.read_text(encoding="utf-8")
@@ -280,7 +280,7 @@ def test_norm_bandwidth_bad_files_show_an_error_line(tmp_path):
 
 def test_no_norm_bandwidth_json_is_one_line(tmp_path):
     result = rep.build_report(tmp_path, studies={})
-    assert result.benchmark(nbw.NAME).panels == [] and result.benchmark(nbw.NAME).note
+    assert result.benchmark(NBW.name).panels == [] and result.benchmark(NBW.name).note
     page = result.index.read_text(encoding="utf-8")
     assert "No committed norm bandwidth benchmark" in page
     assert not (result.index.parent / "norm_bandwidth").exists()
@@ -457,7 +457,7 @@ def test_the_report_discovers_benchmarks_and_names_none(tmp_path):
 
     source = Path(rep.__file__).read_text(encoding="utf-8")
     assert "norm_bandwidth" not in source and "norm_bw" not in source
-    assert nbw.NAME in benchmarks.discover()
+    assert NBW.name in benchmarks.discover()
 
     def summarize(path, doc, out_dir):
         return benchmarks.BenchmarkPanel(source=path.name, device=doc["device"], date="2030-01-01",
@@ -480,7 +480,7 @@ def test_the_benchmark_summary_imports_no_torch():
     import sys
 
     code = ("import sys, workbench.benchmarks as b; b.discover(); "
-            "import workbench.benchmarks.norm_bandwidth_summary; assert 'torch' not in sys.modules, 'torch'")
+            "import workbench.benchmarks.norm_bandwidth.summary; assert 'torch' not in sys.modules, 'torch'")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 

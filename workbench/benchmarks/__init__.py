@@ -1,12 +1,13 @@
 """Runnable GPU benchmarks (``python -m workbench.benchmarks.<name>``) and the registry the report
 reads them through.
 
-A benchmark has two modules: ``<name>.py`` measures (it imports torch, prints a table and ends
-with one JSON line; it exits 2 without CUDA rather than print numbers it did not measure), and
-``<name>_summary.py`` draws the committed result files (``results/reference/*.json`` whose object
-has ``"benchmark": "<name>"``) and writes the finding. The summary module imports no torch and
-registers a `Benchmark` at import time; `discover` imports every ``*_summary`` module, so the
-report shows a new benchmark without naming it.
+A benchmark is a folder, ``benchmarks/<name>/``, in the shape of a study: ``measure.py``
+measures (``python -m workbench.benchmarks.<name>``: it imports torch, prints a table and ends
+with one JSON line; it exits 2 without CUDA rather than print numbers it did not measure),
+``summary.py`` draws the committed result files (``results/reference/*.json`` whose object has
+``"benchmark": "<name>"``) and writes the finding, torch-free, and ``__init__.py`` registers a
+`Benchmark` at import time; `discover` imports every folder, so the report shows a new benchmark
+without naming it.
 """
 from __future__ import annotations
 
@@ -68,9 +69,9 @@ def register(benchmark: Benchmark) -> Benchmark:
 
 
 def discover() -> dict[str, Benchmark]:
-    """Import every ``*_summary`` module of this package (each registers its benchmark; none
-    imports torch) and return BENCHMARKS."""
+    """Import every benchmark folder of this package (each registers its benchmark; none imports
+    torch) and return BENCHMARKS."""
     for mod in pkgutil.iter_modules(__path__):
-        if mod.name.endswith("_summary") and not mod.name.startswith("_"):
+        if mod.ispkg and not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")
     return BENCHMARKS

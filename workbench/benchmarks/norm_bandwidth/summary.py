@@ -12,10 +12,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import Benchmark, BenchmarkPanel, register
+from .. import BenchmarkPanel
 
-NAME = "norm_bandwidth"
-TITLE = "Norm bandwidth (committed benchmark)"
 LAUNCH_BOUND_PCT = 50.0      # below this share of the copy ceiling a call is launch/latency bound
 
 
@@ -66,7 +64,7 @@ def figures(recs, device: str, date: str, sm_copy_gbs: float | None, out_dir: Pa
     neither the ceiling nor the floor is drawn: the bars then show the p50 times."""
     import matplotlib.pyplot as plt
 
-    from ..studies.plotting import cpu_device, legend_right, plain_log_ticks, save_figure, stamp_cpu
+    from ...studies.plotting import cpu_device, legend_right, plain_log_ticks, save_figure, stamp_cpu
 
     cpu = cpu_device(device)
     sizes = sorted({(r["n_rows"], r["rows"]) for r in recs})
@@ -159,7 +157,7 @@ def finding(recs, device: str, date: str) -> str:
 def summarize(path: Path, doc: Mapping[str, Any], out_dir: Path) -> BenchmarkPanel:
     """One committed result file as a panel: figures saved into ``out_dir``, the finding, the
     ceilings and versions it was measured with; a file that breaks the format gets ``error``."""
-    from ..studies.plotting import slug
+    from ...studies.plotting import slug
 
     device = str(doc.get("device") or "unknown device")
     date = benchmark_date(doc, path)
@@ -187,6 +185,3 @@ def summarize(path: Path, doc: Mapping[str, Any], out_dir: Path) -> BenchmarkPan
     except Exception as e:  # noqa: BLE001 - a bad file shows an error line, not a failed report
         panel.error = _one_line(f"{path.name}: {type(e).__name__}: {e}")
     return panel
-
-
-BENCHMARK = register(Benchmark(name=NAME, title=TITLE, summarize=summarize, files="norm_bw-*.json", order=0))

@@ -1,0 +1,5 @@
+import sys
+
+from .measure import main
+
+sys.exit(main())
