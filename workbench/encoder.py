@@ -32,7 +32,8 @@ from .norms import InputNorm, make_norm
 from .triton_support import interpreting
 from .preprocess import PatchBatch
 from .towers import build_tower
-from .towers.common import GEMM_ALIGN, check_fused
+from .towers.common import check_fused
+from .towers.layers import GEMM_ALIGN
 from .vocabulary import (PATHS, PLACEMENT_TABLE, PLACEMENTS, STUDY_PLACEMENTS, Placement,  # noqa: F401
                          check_norm_name, check_placement)
 
@@ -241,7 +242,7 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
     CUDA for bf16/fp16 towers), True or False; gemm_align: the SwiGLU MLPs' hidden width is padded
     to a multiple of it where it is not a multiple of 8, invisibly to state dicts and loading
-    (`towers.common.GatedMLP`; default 64 on every device, 1: no padding; the tower checks it).
+    (`towers.layers.GatedMLP`; default 64 on every device, 1: no padding; the tower checks it).
     Weights are random (seeded, checkpoint-like scales) unless seed is None (seed: an integer
     0..limits.seed); load real ones with `enc.visual.load_hf_state_dict(sd)`.
     check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values
