@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
 from . import limits
-from .config import PRESET_NAMES, VisionConfig
+from .config import VisionConfig
 from . import vocabulary
 from .dtypes import BY_NAME, dtype_name
 from .dtypes import resolve_dtype as _resolve_dtype
@@ -32,7 +30,8 @@ from .norms import InputNorm, make_norm
 from .triton_support import interpreting
 from .preprocess import PatchBatch
 from .towers import build_tower
-from .towers.common import GEMM_ALIGN, check_fused
+from .towers.common import check_fused
+from .towers.layers import GEMM_ALIGN
 from .vocabulary import (PATHS, PLACEMENT_TABLE, PLACEMENTS, STUDY_PLACEMENTS, Placement,  # noqa: F401
                          check_norm_name, check_placement)
 
@@ -241,7 +240,7 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
     CUDA for bf16/fp16 towers), True or False; gemm_align: the SwiGLU MLPs' hidden width is padded
     to a multiple of it where it is not a multiple of 8, invisibly to state dicts and loading
-    (`towers.common.GatedMLP`; default 64 on every device, 1: no padding; the tower checks it).
+    (`towers.layers.GatedMLP`; default 64 on every device, 1: no padding; the tower checks it).
     Weights are random (seeded, checkpoint-like scales) unless seed is None (seed: an integer
     0..limits.seed); load real ones with `enc.visual.load_hf_state_dict(sd)`.
     check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values

@@ -33,12 +33,8 @@ Implementations (`NORMS`):
 ``triton_rows``     2-D tiles of whole rows with per-column scale/shift; skips padding tiles.
 ``identity``        cast only: models a forgotten normalization.
 
-Triton and ``TRITON_INTERPRET``: the kernels are plain functions here and are passed to
-``triton.jit`` lazily, on the first call of a Triton norm in the process. ``triton.jit`` reads
-``TRITON_INTERPRET`` when it wraps a function, so setting ``TRITON_INTERPRET=1`` at any time before
-that first call (e.g. at the top of a test module, before or after importing this one) runs the
-kernels in Triton's CPU interpreter; after the first call the choice is fixed for the process.
-Without the interpreter the Triton norms need CUDA tensors.
+The Triton kernels, their tiles and launch geometry are in `workbench.norm_kernels` (how
+``TRITON_INTERPRET`` picks Triton's CPU interpreter is in its docstring).
 """
 from __future__ import annotations
 
@@ -52,36 +48,13 @@ from workbench.dtypes import names
 from workbench.vocabulary import NORM_NAMES, check_norm_name  # noqa: F401  (the one door for a norm name)
 from workbench.vocabulary import REAL_NORMS as VOCAB_REAL_NORMS
 
+from .norm_kernels import _JITTED, _kernel, launch_channel, launch_flat, launch_rows, rows_tile
+from .norm_kernels import CHANNEL_BLOCK, CHANNEL_WARPS, FLAT_BLOCK, FLAT_WARPS, ROWS_CONFIGS, _is_pow2  # noqa: F401
+from .patches import normalize_reference  # noqa: F401  (the processor's normalization, in float64)
+
 INPUT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TORCH_OUT_DTYPES = TRITON_OUT_DTYPES + (torch.float64,)
-
-# triton_rows tile configurations the GPU benchmark sweeps; the first one is the default.
-# Why these: a row is 1176 contiguous bytes, so a [BLOCK_R, 2048] tile covers BLOCK_R whole rows
-# in one masked pass (43% of the lanes idle, but idle lanes cost issue slots, not bandwidth), and
-# all of the program's loads are issued before its first store. 8 rows x 2048 with 8 warps is 64
-# values per thread: 60 registers for uint8 -> bf16 (Triton 3.9, ptxas sm_90a), so 4 programs
-# (32 warps) fit an SM by registers and keep ~37 KB of reads in flight per SM, about what
-# HBM3e needs (4.8 TB/s x ~0.7 us latency / 132 SMs ~ 26 KB). 65536 rows give 8192 programs
-# (~62 per SM, so the last wave costs < 2%), and padding is skipped at 8-row granularity.
-# The column-looped shapes (512 and 256 wide: 3 and 5 column tiles) waste fewer lanes, but the
-# compiler cannot prove `out` does not alias `pixels`, so each column tile's loads wait for the
-# previous tile's stores (checked in the PTX); the sweep decides between the two trade-offs, and
-# the default is the configuration that won it (results/reference/README.md, "Numbers behind the
-# code's choices", with the geometries tried there and dropped).
-ROWS_CONFIGS = (
-    dict(block_rows=4, block_cols=2048, num_warps=4),
-    dict(block_rows=8, block_cols=2048, num_warps=8),
-    dict(block_rows=8, block_cols=2048, num_warps=4),
-    dict(block_rows=16, block_cols=2048, num_warps=8),
-    dict(block_rows=16, block_cols=512, num_warps=4),
-    dict(block_rows=32, block_cols=256, num_warps=4),
-)
-
-CHANNEL_BLOCK = 2048      # the peer engine's block over one channel's L = T*P*P = 392 values
-FLAT_BLOCK = 1024
-FLAT_WARPS = 4
-CHANNEL_WARPS = 4
 
 _REPLAYING = 0
 
@@ -105,101 +78,6 @@ class replaying:
 
 def _is_capturing() -> bool:
     return _REPLAYING > 0 or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-
-
-# ---- Triton kernels ------------------------------------------------------------------------
-# Kept as plain functions and jitted on first use (see the module docstring). D (columns), L and
-# C are constexpr: with D = 1176 = 8 * 147 known at compile time the compiler can prove 8-element
-# alignment of every row start and vectorize uint8 loads / 16-bit stores; as runtime ints it
-# could only assume 1. Program bases are computed in int64 scalars so N * D may exceed 2**31,
-# while the per-element offsets stay int32 (64-bit vector index math is measurably slower).
-
-from .triton_support import jitted, tl, triton
-
-if tl is not None:
-    def _channel_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
-                        D: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr,
-                        HAS_N_VALID: tl.constexpr):
-        row = tl.program_id(0)
-        ch = tl.program_id(1)
-        base = row.to(tl.int64) * D + ch * L
-        offs = tl.arange(0, BLOCK)
-        # a padding row becomes a fully masked block (the peer geometry masks, it does not exit);
-        # the row test is folded into the bound rather than and-ed in as a scalar mask
-        limit = L
-        if HAS_N_VALID:
-            limit = tl.where(row < tl.load(n_valid_ptr), L, 0)
-        mask = offs < limit
-        w = tl.load(scale_ptr + ch)
-        b = tl.load(shift_ptr + ch)
-        x = tl.load(x_ptr + base + offs, mask=mask, other=0).to(tl.float32)
-        y = x * w + b
-        tl.store(out_ptr + base + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-    def _flat_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
-                     D: tl.constexpr, L: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
-                     HAS_N_VALID: tl.constexpr):
-        start = tl.program_id(0).to(tl.int64) * BLOCK
-        limit = n_rows.to(tl.int64)
-        if HAS_N_VALID:
-            limit = tl.minimum(tl.load(n_valid_ptr).to(tl.int64), limit)
-        # elements of this block that lie in valid rows, clamped to 0..BLOCK, as an int32
-        remaining = tl.minimum(tl.maximum(limit * D - start, 0), BLOCK).to(tl.int32)
-        row0 = start // D
-        col0 = (start - row0 * D).to(tl.int32)
-        i = tl.arange(0, BLOCK)
-        j = col0 + i                          # index counted from the start of row0
-        ch = (j // L) % C
-        mask = i < remaining
-        w = tl.load(scale_ptr + ch, mask=mask, other=0.0)
-        b = tl.load(shift_ptr + ch, mask=mask, other=0.0)
-        x = tl.load(x_ptr + start + i, mask=mask, other=0).to(tl.float32)
-        y = x * w + b
-        tl.store(out_ptr + start + i, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-    def _rows_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
-                     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                     HAS_N_VALID: tl.constexpr):
-        pid = tl.program_id(0)
-        row0 = pid * BLOCK_R
-        limit = n_rows
-        if HAS_N_VALID:
-            n_valid = tl.load(n_valid_ptr)
-            # a padding tile costs one 4-byte load and nothing else
-            if row0 >= n_valid:
-                return
-            limit = tl.minimum(limit, n_valid)
-        rows = row0 + tl.arange(0, BLOCK_R)
-        row_mask = rows < limit
-        base = pid.to(tl.int64) * (BLOCK_R * D)
-        x_tile = x_ptr + base
-        o_tile = out_ptr + base
-        r = tl.arange(0, BLOCK_R)
-        for c0 in tl.static_range(0, D, BLOCK_C):
-            cols = c0 + tl.arange(0, BLOCK_C)
-            col_mask = cols < D
-            # one scale/shift vector per tile, broadcast over its rows: no per-element division
-            w = tl.load(scale_ptr + cols, mask=col_mask, other=0.0)
-            b = tl.load(shift_ptr + cols, mask=col_mask, other=0.0)
-            offs = r[:, None] * D + cols[None, :]
-            mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(x_tile + offs, mask=mask, other=0).to(tl.float32)
-            y = x * w[None, :] + b[None, :]
-            tl.store(o_tile + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-_JITTED: dict = {}
-
-
-def _kernel(name: str):
-    """The jitted norm kernel `name` (see `jitted`)."""
-    fixed_rows = dict(do_not_specialize=["n_rows"])
-    return jitted(_JITTED, name, lambda: {"channel": (_channel_kernel, fixed_rows), "flat": (_flat_kernel, fixed_rows),
-                                          "rows": (_rows_kernel, fixed_rows)},
-                  "the Triton norms need the `triton` package; eager and identity do not")
-
-
-def _is_pow2(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
 
 
 # ---- the modules -----------------------------------------------------------------------------
@@ -529,12 +407,7 @@ class ChannelNorm(TritonNorm):
     kernel_name = "channel"
 
     def launch(self, kernel, pixels, out, nv_ptr, has_nv):
-        n, d = pixels.shape
-        c = self.cfg.in_channels
-        per_channel = d // c
-        block = max(CHANNEL_BLOCK, triton.next_power_of_2(per_channel))
-        kernel[(n, c)](pixels, out, self.scale_ch, self.shift_ch, nv_ptr, n, D=d, L=per_channel,
-                       BLOCK=block, HAS_N_VALID=has_nv, num_warps=CHANNEL_WARPS)
+        launch_channel(kernel, pixels, out, self.scale_ch, self.shift_ch, nv_ptr, has_nv, self.cfg.in_channels)
 
 
 class FlatNorm(TritonNorm):
@@ -544,11 +417,7 @@ class FlatNorm(TritonNorm):
     kernel_name = "flat"
 
     def launch(self, kernel, pixels, out, nv_ptr, has_nv):
-        n, d = pixels.shape
-        c = self.cfg.in_channels
-        kernel[(triton.cdiv(n * d, FLAT_BLOCK),)](pixels, out, self.scale_ch, self.shift_ch, nv_ptr, n,
-                                                  D=d, L=d // c, C=c, BLOCK=FLAT_BLOCK,
-                                                  HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
+        launch_flat(kernel, pixels, out, self.scale_ch, self.shift_ch, nv_ptr, has_nv, self.cfg.in_channels)
 
 
 class RowsNorm(TritonNorm):
@@ -561,12 +430,7 @@ class RowsNorm(TritonNorm):
     def __init__(self, cfg: VisionConfig, check_values: bool = True, block_rows: int | None = None,
                  block_cols: int | None = None, num_warps: int | None = None):
         super().__init__(cfg, check_values)
-        tile = dict(ROWS_CONFIGS[0])
-        tile.update({k: v for k, v in dict(block_rows=block_rows, block_cols=block_cols,
-                                           num_warps=num_warps).items() if v is not None})
-        for key, value in tile.items():
-            if not _is_pow2(value):
-                raise ValueError(f"{key}={value!r} must be a positive power of two")
+        tile = rows_tile(block_rows, block_cols, num_warps)
         self.block_rows, self.block_cols, self.num_warps = (tile["block_rows"], tile["block_cols"],
                                                             tile["num_warps"])
 
@@ -577,10 +441,8 @@ class RowsNorm(TritonNorm):
                 f"num_warps={self.num_warps}")
 
     def launch(self, kernel, pixels, out, nv_ptr, has_nv):
-        n, d = pixels.shape
-        kernel[(triton.cdiv(n, self.block_rows),)](pixels, out, self.scale_col, self.shift_col, nv_ptr, n,
-                                                   D=d, BLOCK_R=self.block_rows, BLOCK_C=self.block_cols,
-                                                   HAS_N_VALID=has_nv, num_warps=self.num_warps)
+        launch_rows(kernel, pixels, out, self.scale_col, self.shift_col, nv_ptr, has_nv, self.block_rows,
+                    self.block_cols, self.num_warps)
 
 
 # the registry: adding an implementation is one class above and one entry here
@@ -609,19 +471,3 @@ def make_norm(name: str, cfg: VisionConfig, check_values: bool = True, **rows_co
         raise ValueError(f"{', '.join(given)} only apply to 'triton_rows', not {name!r}")
     return cls(cfg, check_values=check_values, **given)
 
-
-def normalize_reference(pixels: torch.Tensor, cfg: VisionConfig,
-                        dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The processor's normalization ``(x * rescale - mean[c]) / std[c]`` computed in `dtype`.
-
-    pixels: [N, patch_dim] of any real dtype holding raw values; returns [N, patch_dim] of
-    `dtype` on the pixels' device. For tests and correctness studies (float64 by default, so it
-    is exact to ~1e-16 and the fp32/bf16 kernels can be judged against it).
-    """
-    d = cfg.patch_dim
-    if pixels.dim() != 2 or pixels.shape[1] != d:
-        raise ValueError(f"pixels must be 2-D [N, {d}], got shape {tuple(pixels.shape)}")
-    per_channel = d // cfg.in_channels
-    mean = torch.tensor(cfg.image_mean, dtype=dtype, device=pixels.device).repeat_interleave(per_channel)
-    std = torch.tensor(cfg.image_std, dtype=dtype, device=pixels.device).repeat_interleave(per_channel)
-    return (pixels.to(dtype) * cfg.rescale_factor - mean) / std

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from ..config import VisionConfig
 from . import glm4v, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_vl
-from .common import TowerMetadata, VisionTower
+from .common import VisionTower
+from .metadata import TowerMetadata
 from .qwen2_5_vl import Qwen25VisionTower
 from .qwen2_vl import Qwen2VisionTower
 from .qwen3_5 import Qwen35VisionTower

@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import VisionConfig
-from .common import (GatedMLP, RMSNorm, TowerMetadata, VisionBlock, VisionTower, add_norm,
-                     interpolated_positions)
+from .common import VisionTower
+from .layers import GatedMLP, RMSNorm, VisionBlock, add_norm
+from .metadata import TowerMetadata, interpolated_positions
 
 # transformers' Glm4vVisionPatchMerger builds its LayerNorm with torch's default eps
 MERGER_LN_EPS = 1e-5

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from ..config import VisionConfig
-from .common import (GatedMLP, PatchMerger, RMSNorm, TowerMetadata, VisionBlock, VisionTower,
-                     pad_offsets)
+from .common import VisionTower
+from .layers import GatedMLP, PatchMerger, RMSNorm, VisionBlock
+from .metadata import TowerMetadata, pad_offsets
 
 class Qwen25VLBlock(VisionBlock):
     def __init__(self, cfg: VisionConfig, gemm_align: int):

@@ -9,7 +9,9 @@ from torch import nn
 
 from .. import fused as fk
 from ..config import VisionConfig
-from .common import PatchMerger, TowerMetadata, VisionBlock, VisionTower
+from .common import VisionTower
+from .layers import PatchMerger, VisionBlock
+from .metadata import TowerMetadata
 
 
 class QuickGELU(nn.Module):

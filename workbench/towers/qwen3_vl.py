@@ -34,7 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import VisionConfig
-from .common import (TowerMetadata, VisionBlock, VisionTower, add_norm, interpolated_positions)
+from .common import VisionTower
+from .layers import VisionBlock, add_norm
+from .metadata import TowerMetadata, interpolated_positions
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")

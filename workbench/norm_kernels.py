@@ -1,0 +1,172 @@
+"""The Triton kernels of the Triton norms (`workbench.norms`), their tile constants and launch
+geometry.
+
+The kernels are plain functions here and are passed to ``triton.jit`` lazily, on the first call
+of a Triton norm in the process. ``triton.jit`` reads ``TRITON_INTERPRET`` when it wraps a
+function, so setting ``TRITON_INTERPRET=1`` at any time before that first call (e.g. at the top of
+a test module, before or after importing this one) runs the kernels in Triton's CPU interpreter;
+after the first call the choice is fixed for the process. Without the interpreter the Triton
+norms need CUDA tensors.
+"""
+from __future__ import annotations
+
+# triton_rows tile configurations the GPU benchmark sweeps; the first one is the default.
+# Why these: a row is 1176 contiguous bytes, so a [BLOCK_R, 2048] tile covers BLOCK_R whole rows
+# in one masked pass (43% of the lanes idle, but idle lanes cost issue slots, not bandwidth), and
+# all of the program's loads are issued before its first store. 8 rows x 2048 with 8 warps is 64
+# values per thread: 60 registers for uint8 -> bf16 (Triton 3.9, ptxas sm_90a), so 4 programs
+# (32 warps) fit an SM by registers and keep ~37 KB of reads in flight per SM, about what
+# HBM3e needs (4.8 TB/s x ~0.7 us latency / 132 SMs ~ 26 KB). 65536 rows give 8192 programs
+# (~62 per SM, so the last wave costs < 2%), and padding is skipped at 8-row granularity.
+# The column-looped shapes (512 and 256 wide: 3 and 5 column tiles) waste fewer lanes, but the
+# compiler cannot prove `out` does not alias `pixels`, so each column tile's loads wait for the
+# previous tile's stores (checked in the PTX); the sweep decides between the two trade-offs, and
+# the default is the configuration that won it (results/reference/README.md, "Numbers behind the
+# code's choices", with the geometries tried there and dropped).
+ROWS_CONFIGS = (
+    dict(block_rows=4, block_cols=2048, num_warps=4),
+    dict(block_rows=8, block_cols=2048, num_warps=8),
+    dict(block_rows=8, block_cols=2048, num_warps=4),
+    dict(block_rows=16, block_cols=2048, num_warps=8),
+    dict(block_rows=16, block_cols=512, num_warps=4),
+    dict(block_rows=32, block_cols=256, num_warps=4),
+)
+
+CHANNEL_BLOCK = 2048      # the peer engine's block over one channel's L = T*P*P = 392 values
+FLAT_BLOCK = 1024
+FLAT_WARPS = 4
+CHANNEL_WARPS = 4
+
+
+# ---- Triton kernels ------------------------------------------------------------------------
+# Kept as plain functions and jitted on first use (see the module docstring). D (columns), L and
+# C are constexpr: with D = 1176 = 8 * 147 known at compile time the compiler can prove 8-element
+# alignment of every row start and vectorize uint8 loads / 16-bit stores; as runtime ints it
+# could only assume 1. Program bases are computed in int64 scalars so N * D may exceed 2**31,
+# while the per-element offsets stay int32 (64-bit vector index math is measurably slower).
+
+from .triton_support import jitted, tl, triton
+
+if tl is not None:
+    def _channel_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
+                        D: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr,
+                        HAS_N_VALID: tl.constexpr):
+        row = tl.program_id(0)
+        ch = tl.program_id(1)
+        base = row.to(tl.int64) * D + ch * L
+        offs = tl.arange(0, BLOCK)
+        # a padding row becomes a fully masked block (the peer geometry masks, it does not exit);
+        # the row test is folded into the bound rather than and-ed in as a scalar mask
+        limit = L
+        if HAS_N_VALID:
+            limit = tl.where(row < tl.load(n_valid_ptr), L, 0)
+        mask = offs < limit
+        w = tl.load(scale_ptr + ch)
+        b = tl.load(shift_ptr + ch)
+        x = tl.load(x_ptr + base + offs, mask=mask, other=0).to(tl.float32)
+        y = x * w + b
+        tl.store(out_ptr + base + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    def _flat_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
+                     D: tl.constexpr, L: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
+                     HAS_N_VALID: tl.constexpr):
+        start = tl.program_id(0).to(tl.int64) * BLOCK
+        limit = n_rows.to(tl.int64)
+        if HAS_N_VALID:
+            limit = tl.minimum(tl.load(n_valid_ptr).to(tl.int64), limit)
+        # elements of this block that lie in valid rows, clamped to 0..BLOCK, as an int32
+        remaining = tl.minimum(tl.maximum(limit * D - start, 0), BLOCK).to(tl.int32)
+        row0 = start // D
+        col0 = (start - row0 * D).to(tl.int32)
+        i = tl.arange(0, BLOCK)
+        j = col0 + i                          # index counted from the start of row0
+        ch = (j // L) % C
+        mask = i < remaining
+        w = tl.load(scale_ptr + ch, mask=mask, other=0.0)
+        b = tl.load(shift_ptr + ch, mask=mask, other=0.0)
+        x = tl.load(x_ptr + start + i, mask=mask, other=0).to(tl.float32)
+        y = x * w + b
+        tl.store(out_ptr + start + i, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    def _rows_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
+                     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                     HAS_N_VALID: tl.constexpr):
+        pid = tl.program_id(0)
+        row0 = pid * BLOCK_R
+        limit = n_rows
+        if HAS_N_VALID:
+            n_valid = tl.load(n_valid_ptr)
+            # a padding tile costs one 4-byte load and nothing else
+            if row0 >= n_valid:
+                return
+            limit = tl.minimum(limit, n_valid)
+        rows = row0 + tl.arange(0, BLOCK_R)
+        row_mask = rows < limit
+        base = pid.to(tl.int64) * (BLOCK_R * D)
+        x_tile = x_ptr + base
+        o_tile = out_ptr + base
+        r = tl.arange(0, BLOCK_R)
+        for c0 in tl.static_range(0, D, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            col_mask = cols < D
+            # one scale/shift vector per tile, broadcast over its rows: no per-element division
+            w = tl.load(scale_ptr + cols, mask=col_mask, other=0.0)
+            b = tl.load(shift_ptr + cols, mask=col_mask, other=0.0)
+            offs = r[:, None] * D + cols[None, :]
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_tile + offs, mask=mask, other=0).to(tl.float32)
+            y = x * w[None, :] + b[None, :]
+            tl.store(o_tile + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _is_pow2(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
+
+
+def rows_tile(block_rows: int | None = None, block_cols: int | None = None, num_warps: int | None = None) -> dict:
+    """The triton_rows tile: ROWS_CONFIGS[0] with the entries given replaced; ValueError for one
+    that is not a positive power of two."""
+    tile = dict(ROWS_CONFIGS[0])
+    tile.update({k: v for k, v in dict(block_rows=block_rows, block_cols=block_cols,
+                                       num_warps=num_warps).items() if v is not None})
+    for key, value in tile.items():
+        if not _is_pow2(value):
+            raise ValueError(f"{key}={value!r} must be a positive power of two")
+    return tile
+
+
+_JITTED: dict = {}
+
+
+def _kernel(name: str):
+    """The jitted norm kernel `name` (see `jitted`)."""
+    fixed_rows = dict(do_not_specialize=["n_rows"])
+    return jitted(_JITTED, name, lambda: {"channel": (_channel_kernel, fixed_rows), "flat": (_flat_kernel, fixed_rows),
+                                          "rows": (_rows_kernel, fixed_rows)},
+                  "the Triton norms need the `triton` package; eager and identity do not")
+
+
+def launch_channel(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool, channels: int) -> None:
+    """One program per (row, channel) over its T*P*P values."""
+    n, d = pixels.shape
+    per_channel = d // channels
+    block = max(CHANNEL_BLOCK, triton.next_power_of_2(per_channel))
+    kernel[(n, channels)](pixels, out, scale_ch, shift_ch, nv_ptr, n, D=d, L=per_channel,
+                          BLOCK=block, HAS_N_VALID=has_nv, num_warps=CHANNEL_WARPS)
+
+
+def launch_flat(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool, channels: int) -> None:
+    """A 1-D grid of FLAT_BLOCK elements per program over all N*patch_dim elements."""
+    n, d = pixels.shape
+    kernel[(triton.cdiv(n * d, FLAT_BLOCK),)](pixels, out, scale_ch, shift_ch, nv_ptr, n,
+                                              D=d, L=d // channels, C=channels, BLOCK=FLAT_BLOCK,
+                                              HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
+
+
+def launch_rows(kernel, pixels, out, scale_col, shift_col, nv_ptr, has_nv: bool, block_rows: int,
+                block_cols: int, num_warps: int) -> None:
+    """One program per tile of ``block_rows`` whole rows."""
+    n, d = pixels.shape
+    kernel[(triton.cdiv(n, block_rows),)](pixels, out, scale_col, shift_col, nv_ptr, n,
+                                          D=d, BLOCK_R=block_rows, BLOCK_C=block_cols,
+                                          HAS_N_VALID=has_nv, num_warps=num_warps)

@@ -1,0 +1,161 @@
+"""The host side of the encoder graph runner (`workbench.runner`): its budget rules (the
+default runner's, the engines') and checks, the per-replay records, the costs policy 'auto'
+decides from (`PackCosts`), and the clock of `encode`'s phases."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import limits
+from .budgets import Budgets
+from .preprocess import PatchBatch
+from .towers.metadata import filling_grid
+from .vocabulary import PHASES  # noqa: F401  (the phases of one runner encode call)
+
+
+@dataclass
+class ReplayRecord:
+    """One replay (or one eager miss) of `EncoderGraphRunner.encode`."""
+
+    budget: int            # merged tokens of the replayed budget; 0 for an eager miss
+    items: int             # items packed into it
+    valid_rows: int        # pixel rows that were real
+    padded_rows: int       # pixel rows that were padding
+    miss: bool = False     # True: the item was larger than every budget and ran eagerly
+    exact: bool = False    # True: the budget's exact-fit graph ran (one image filling it, dense attention)
+    eager: bool = False    # True: policy 'auto' ran the pack eagerly (predicted faster than its replay)
+    graph_ms: float = math.nan   # policy 'auto': the predicted replay time of the budget
+    eager_ms: float = math.nan   # policy 'auto': the predicted eager time of the pack
+
+
+@dataclass
+class PackCosts:
+    """What policy 'auto' decides from, measured by the runner on its device at construction:
+    each budget's replay (its general graph, host wall time with the device synchronized, as
+    an encode call sees it) and the eager encode of one image of a few sizes (at most
+    `EAGER_SIZES` of the budgets, spread from the smallest to the largest), interpolated
+    linearly in tokens between them, flat below the smallest and along the last segment above
+    the largest. Construction time is bounded: (1 + `REPS`) replays per budget and (1 + `REPS`)
+    eager calls per measured size, so at most about 4 x (4 x the largest budget's eager time +
+    the sum of the replay times), which `seconds` records."""
+
+    replay_ms: dict[int, float]
+    eager_tokens: tuple[int, ...]
+    eager_points_ms: tuple[float, ...]
+    seconds: float = 0.0
+
+    EAGER_SIZES = 4
+    REPS = 3
+
+    def eager_ms(self, tokens: int) -> float:
+        xs, ys = self.eager_tokens, self.eager_points_ms
+        if tokens <= xs[0] or len(xs) == 1:
+            return ys[0] if tokens <= xs[0] else ys[-1] * tokens / xs[-1]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if tokens <= x1:
+                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        return ys[-1] + (ys[-1] - ys[-2]) * (tokens - xs[-1]) / (xs[-1] - xs[-2])
+
+    def prefer_eager(self, budget: int, tokens: int) -> bool:
+        """Whether a pack of ``tokens`` merged tokens runs faster eagerly than in ``budget``'s graph."""
+        return self.eager_ms(tokens) < self.replay_ms[budget]
+
+    @classmethod
+    @torch.inference_mode()
+    def measure(cls, runner: "EncoderGraphRunner") -> "PackCosts":
+        from .timing import cpu_time_us
+
+        t0 = time.perf_counter()
+        enc, cfg = runner.encoder, runner.encoder.cfg
+        replay = {}
+        for b, cap in runner.graphs.items():
+            replay[b] = cpu_time_us(lambda: runner.replay(cap), reps=cls.REPS, warmup=1)["p50_us"] / 1e3
+        budgets = runner.budgets
+        k = min(cls.EAGER_SIZES, len(budgets))
+        picks = sorted({budgets[round(i * (len(budgets) - 1) / max(1, k - 1))] for i in range(k)})
+        dtype = torch.uint8 if enc.input_kind == "uint8" else torch.float32
+        points = []
+        for tokens in picks:
+            # one image filling `tokens` (zeros are in range for either input kind)
+            batch = PatchBatch(torch.zeros(tokens * cfg.merge_unit, cfg.patch_dim, dtype=dtype, device=runner.device),
+                               filling_grid(cfg, tokens))
+            points.append(cpu_time_us(lambda: enc.encode_eager(batch), reps=cls.REPS, warmup=1)["p50_us"] / 1e3)
+        return cls(replay, tuple(picks), tuple(points), time.perf_counter() - t0)
+
+
+def _check_budgets(budgets, max_items) -> tuple[list[int], int]:
+    """(budgets, max_items) as ints: budgets ascending and distinct (`Budgets.of`), max_items
+    within the `items` cap, and no budget below it."""
+    budgets = list(Budgets.of(budgets, ascending=True))
+    max_items = limits.integer(max_items, "max_items", cap="items")
+    small = [b for b in budgets if b < max_items]
+    if small:
+        raise ValueError(f"budgets {small} are smaller than max_items={max_items}: every item needs at least one "
+                         f"merged token, so such a budget can never hold a full pack; raise them or lower max_items")
+    return budgets, max_items
+
+
+def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
+    """Powers of two from `smallest` up to the first one >= max_tokens (the default runner's budgets;
+    `engine_budgets` is the engines' rule for a configured largest budget)."""
+    max_tokens = limits.integer(max_tokens, "max_tokens", cap="budget_tokens")
+    out = [limits.integer(smallest, "smallest", cap="budget_tokens")]
+    while out[-1] < max_tokens:
+        out.append(out[-1] * 2)
+    return out
+
+
+def engine_budgets(largest: int, smallest: int = 64) -> list[int]:
+    """The serving engines' budget rule (vLLM's encoder CUDA graphs): budgets double from the
+    model's smallest (64 merged tokens for the Qwen towers) up to the configured largest, which is
+    always appended; `engine_max_items` gives their default items per replay."""
+    largest = limits.integer(largest, "largest", cap="budget_tokens")
+    out = [limits.integer(smallest, "smallest", cap="budget_tokens")]
+    while out[-1] * 2 < largest:
+        out.append(out[-1] * 2)
+    if out[-1] != largest:
+        out.append(largest)
+    return sorted(set(out))
+
+
+def engine_max_items(budgets) -> int:
+    """The engines' default items per replay for ``budgets``: min(largest / smallest, smallest)."""
+    b = Budgets.of(budgets)
+    return max(1, min(b[-1] // b[0], b[0]))
+
+
+
+
+class _PhaseClock:
+    """``with clock("replay"): ...`` adds the seconds the block took to ``phases["replay"]``,
+    synchronizing a CUDA device before and after it so that queued work is counted where it was
+    issued. With ``phases=None`` every block is a plain pass-through: no clock, no sync."""
+
+    __slots__ = ("phases", "device", "name", "t0")
+
+    def __init__(self, phases: dict | None, device: torch.device):
+        if phases is not None and not isinstance(phases, dict):
+            raise TypeError(f"phases must be a dict (or None), got {type(phases).__name__}")
+        self.phases = phases
+        self.device = device if phases is not None and device.type == "cuda" else None
+        self.name, self.t0 = None, 0.0
+
+    def __call__(self, name: str) -> "_PhaseClock":
+        self.name = name
+        return self
+
+    def __enter__(self) -> None:
+        if self.phases is not None:
+            if self.device is not None:
+                torch.cuda.synchronize(self.device)
+            self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> bool:
+        if self.phases is not None:
+            if self.device is not None:
+                torch.cuda.synchronize(self.device)
+            self.phases[self.name] = self.phases.get(self.name, 0.0) + time.perf_counter() - self.t0
+        return False
