@@ -45,9 +45,7 @@ import os
 import sys
 import time
 
-from workbench import default_triton_mode
-
-default_triton_mode()
+import workbench.triton_support  # noqa: F401,E402  (TRITON_INTERPRET on a machine without CUDA)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402

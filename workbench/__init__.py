@@ -75,17 +75,6 @@ class _Package(types.ModuleType):
 sys.modules[__name__].__class__ = _Package
 
 
-def default_triton_mode() -> None:
-    """Set TRITON_INTERPRET=1 where torch sees no CUDA device (unless it is set already); called by
-    the modules that hold Triton kernels before they import Triton."""
-    import os
-
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
 def cpu_share(processes: int) -> int:
     """CPU threads each of ``processes`` side-by-side processes gets: this process's usable cores
     (its affinity mask where the OS has one) split evenly, at least one. Left alone, torch in every

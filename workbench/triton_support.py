@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 
-from . import default_triton_mode
+import torch
 
-default_triton_mode()   # before Triton is imported: the interpreter on machines without CUDA
+# before Triton is imported: its interpreter on a machine where torch sees no CUDA device (unless
+# TRITON_INTERPRET is set already)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 try:
     import triton
     import triton.language as tl
