@@ -84,17 +84,6 @@ def test_the_declarations_import_neither_torch_nor_pandas_and_nothing_is_cached(
     assert not list((REPO / "workbench" / "studies").glob("*.json"))
 
 
-def test_a_study_rule_refuses_in_the_light_check_as_in_the_full_one():
-    studies = cli.registered_studies()
-    for sets in ({"correctness": {"norms": ["bogus"]}}, {None: {"seed": -1}}, {"cast_cost": {"budgets": [64, 16]}},
-                 {"encoder_latency": {"tokens": [64], "images": [3]}}):
-        with pytest.raises(SystemExit) as light:
-            cli._resolve_plan(sets, studies, [studies[n] for n in sorted(studies)], "cpu", fits=False)
-        with pytest.raises(SystemExit) as full:
-            cli._resolve_plan(sets, studies, [studies[n] for n in sorted(studies)], "cpu")
-        assert str(light.value) == str(full.value)
-
-
 def _kernel(tmp_path: Path, monkeypatch, python: str) -> None:
     import json
 

@@ -152,10 +152,10 @@ def parse_name(text: str | None) -> str | None:
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
                   profile: str, fits: bool = True) -> dict[str, dict[str, Any]]:
     """Every selected study's parameters for ``profile`` with the ``--set`` overrides applied and
-    checked against its declaration; SystemExit (no traceback, before any run folder exists)
-    naming the bad study, parameter, value and the valid choices."""
+    checked against its declaration (torch-free), then whether each study's largest cell fits the
+    device; SystemExit (no traceback, before any run folder exists) naming the bad study,
+    parameter, value and the valid choices."""
     from .checkpoints import CheckpointError        # light: no torch
-
     from .studies import ParamError
 
     unknown = sorted(k for k in sets if k is not None and k not in studies)
@@ -175,14 +175,17 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
         overrides.update(sets.get(study.name, {}))
         try:
             plan[study.name] = study.resolve(profile, overrides)
-            if fits:
-                study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
-        except (ParamError, CheckpointError) as e:   # a model folder changed since its check, too
+        except (ParamError, CheckpointError) as e:
             errors.append(f"--set: {e}")
     nowhere = sorted(k for k in shared if not any(k in s.params.accepted for s in selected))
     if nowhere:
         valid = {s.name: s.params.names for s in selected}
         errors.append(f"--set: no selected study takes {nowhere}; parameters: {valid}")
+    for study in selected if fits and not errors else ():     # the footprints import torch: values first
+        try:
+            study.check_fits(plan[study.name], DEVICE_OF_PROFILE[profile])
+        except (ParamError, CheckpointError) as e:   # a model folder changed since its check, too
+            errors.append(f"--set: {e}")
     if errors:
         raise SystemExit("\n".join(errors))
     return plan
@@ -197,9 +200,8 @@ def registered_studies() -> dict:
 
 
 def precheck(args: argparse.Namespace) -> None:
-    """Refuse, before anything imports torch, a bad --gpus/--shard/--name, a --resume folder that
-    is not there, unknown studies or parameters and bad values (the declarations are torch-free);
-    the memory fit of each study's largest cell is checked with the plan."""
+    """Refuse, before anything imports torch, a bad --gpus/--shard/--name or a --resume folder
+    that is not there; the studies and their parameters are checked once, by `sweep_plan`."""
     gpus = parse_gpus(getattr(args, "gpus", None))
     parse_shard(getattr(args, "shard", None))
     parse_name(getattr(args, "name", None))
@@ -209,9 +211,6 @@ def precheck(args: argparse.Namespace) -> None:
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
         check_gpus(gpus, args.profile)
-    studies = registered_studies()
-    profile = "cpu" if args.profile == "auto" else args.profile      # a value's check is the same in both
-    _resolve_plan(_parse_sets(args.set or []), studies, _select(studies, args.studies), profile, fits=False)
 
 
 # options that choose what a new run measures: a resume takes all of them from the run's meta.json
@@ -261,10 +260,13 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     from .studies import default_profile
 
     selected = _select(studies, args.studies)
+    sets = _parse_sets(args.set or [])
+    if args.profile == "auto":      # torch tells the profile: refuse a bad value before it loads
+        _resolve_plan(sets, studies, selected, "cpu", fits=False)
     profile = default_profile() if args.profile == "auto" else args.profile
     gpus = parse_gpus(args.gpus)
     shard = parse_shard(args.shard)
-    params = _resolve_plan(_parse_sets(args.set or []), studies, selected, profile)
+    params = _resolve_plan(sets, studies, selected, profile)
     check_gpus(gpus, profile)
     check_profile_device(profile)
     kernel = args.kernel or default_kernel()
@@ -348,12 +350,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     failures: list[str] = []
     if not args.no_sweep:
         precheck(args)
-        profile = args.profile
-        if profile == "auto":
-            from .studies import default_profile
-            profile = default_profile()
         resume, reuse = args.resume, None
         if not resume and not args.studies and not args.set and not args.fresh:
+            from .studies import default_profile
+            profile = default_profile() if args.profile == "auto" else args.profile
             name = parse_name(args.name) or profile
             interrupted = interrupted_run(args.results, name)
             if interrupted is not None:

@@ -32,8 +32,8 @@ from .preprocess import PatchBatch
 from .towers import build_tower
 from .towers.common import check_fused
 from .towers.layers import GEMM_ALIGN
-from .vocabulary import (PATHS, PLACEMENT_TABLE, PLACEMENTS, STUDY_PLACEMENTS, Placement,  # noqa: F401
-                         check_norm_name, check_placement)
+from .vocabulary import PATHS, PLACEMENT_TABLE, PLACEMENTS, STUDY_PLACEMENTS, Placement  # noqa: F401
+from .vocabulary import check_placement
 
 # the graph input buffer dtypes the runner takes, and the tower dtypes (names in workbench.vocabulary)
 BUFFER_DTYPES = tuple(BY_NAME[n] for n in vocabulary.BUFFER_DTYPES)
@@ -251,9 +251,10 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     if weights is None and cfg.checkpoint is not None:
         weights = cfg.checkpoint
     # checked before anything uses them (norm.startswith below, the tower build): a None or a typo
-    # must name itself and the choices, not surface as an AttributeError from deep inside
+    # must name itself and the choices, not surface as an AttributeError from deep inside;
+    # make_norm is the norm's one door (workbench.vocabulary.check_norm_name)
     spec = check_placement(placement)
-    check_norm_name(norm)
+    norm_module = make_norm(norm, cfg, check_values=check_inputs)
     check_fused(fused)
     if seed is not None:
         seed = limits.seed(seed, "seed")
@@ -264,7 +265,7 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     if norm.startswith("triton") and dev.type == "cpu" and not interpreting():
         raise ValueError(f"norm {norm!r} is a Triton kernel; on CPU it runs only under TRITON_INTERPRET=1 "
                          f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
-    enc = VisionEncoder(cfg, spec, make_norm(norm, cfg, check_values=check_inputs), dtype, dev,
+    enc = VisionEncoder(cfg, spec, norm_module, dtype, dev,
                         attn_backend=attn_backend, check_inputs=check_inputs, fused=fused, gemm_align=gemm_align)
     enc.visual.resolve_kernels()     # an attention backend or fused choice this device cannot run fails here
     if weights is not None:
