@@ -29,7 +29,7 @@ from typing import Any
 from .files import atomic_write_bytes, atomic_write_text  # noqa: F401 - kept for studies and cli
 from .runmeta import META_NAME, MetaError, RunMeta, json_default, load, parse  # noqa: F401 - MetaError kept
 from .runmeta import problems as meta_problems  # noqa: F401 - kept for callers of the old name
-from .runstate import RunLock, new_run_dir, run_in_use, slug  # noqa: F401 - kept for studies and cli
+from .runstate import RunLock, run_in_use, slug  # noqa: F401 - kept for studies, cli and tests
 
 # The project root: the folder that holds pyproject.toml and the workbench package.
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -340,3 +340,20 @@ def write_meta(run_dir: Path | str, meta: RunMeta | dict[str, Any], overwrite: b
     return path
 
 
+def new_run_dir(root: Path | str = "results", name: str | None = None) -> Path:
+    """A new folder ``<root>/<UTC timestamp>-<short sha or 'nogit'>[-name][-k]``, made with a plain
+    ``mkdir``, which the file system grants to exactly one caller: two runs started in the same
+    second with the same name get different folders, and a folder is never reused."""
+    stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
+    sha = git_info().get("short") or "nogit"
+    base = f"{stamp}-{sha}" + (f"-{slug(name, what='run name')}" if name else "")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 1000):
+        path = root / (base if k == 1 else f"{base}-{k}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free run folder name {base}[-k] under {root} (999 taken)")

@@ -1,4 +1,4 @@
-"""A run folder and its lifecycle: made atomically (`RunFolder.create`), locked while a process
+"""A run folder and its lifecycle: made atomically (`provenance.new_run_dir`), locked while a process
 works in it (`RunLock`), and its state read back from the files it holds, which is where a resume
 starts.
 
@@ -131,27 +131,6 @@ def slug(text, empty: str | None = None, what: str = "name") -> str:
     raise ValueError(f"{what} {text!r} has no usable characters")
 
 
-def new_run_dir(root: Path | str = "results", name: str | None = None) -> Path:
-    """A new folder ``<root>/<UTC timestamp>-<short sha or 'nogit'>[-name][-k]``, made with a plain
-    ``mkdir``, which the file system grants to exactly one caller: two runs started in the same
-    second with the same name get different folders, and a folder is never reused."""
-    from . import provenance
-
-    stamp = provenance.utc_now().strftime("%Y%m%dT%H%M%SZ")
-    sha = provenance.git_info().get("short") or "nogit"
-    base = f"{stamp}-{sha}" + (f"-{slug(name, what='run name')}" if name else "")
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    for k in range(1, 1000):
-        path = root / (base if k == 1 else f"{base}-{k}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(f"no free run folder name {base}[-k] under {root} (999 taken)")
-
-
 class RunLock:
     """An exclusive flock on a run folder (``<run>/.lock``) while a process works in it. The
     operating system drops it when the holder exits, however it exits, so a folder whose lock can
@@ -233,10 +212,6 @@ class RunFolder:
     path: Path
 
     @classmethod
-    def create(cls, root: Path | str, name: str | None = None) -> "RunFolder":
-        return cls(new_run_dir(root, name))
-
-    @classmethod
     def find(cls, results: Path | str, name: str) -> "RunFolder":
         """``name`` as a folder, or a folder name under ``results``; SystemExit otherwise."""
         for candidate in (Path(name), Path(results) / name):
@@ -263,11 +238,6 @@ class RunFolder:
     def meta(self) -> RunMeta:
         """Its meta.json, read and checked (MetaError otherwise)."""
         return RunMeta.from_json(self.path / META_NAME)
-
-    def write_meta(self, meta: RunMeta | dict, overwrite: bool = False) -> Path:
-        from .provenance import write_meta
-
-        return write_meta(self.path, meta, overwrite)
 
     def state(self, meta: RunMeta | None = None) -> RunState:
         return run_state(self.path, meta if meta is not None else self.meta())

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .notebook_run import default_kernel
-from .provenance import collect_meta, finish_meta, write_meta
+from .provenance import collect_meta, finish_meta, new_run_dir, write_meta
 from .runmeta import MetaError, RunMeta
 from .runstate import RunFolder
 from .stages import finish_study
@@ -200,7 +200,7 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         extra["gpus"] = list(plan.gpus)
         if plan.gpus_emulated:
             extra["gpus_emulated"] = True
-    run = RunFolder.create(plan.results, name=name)
+    run = RunFolder(new_run_dir(plan.results, name=name))
     run_dir, lock = run.path, run.lock()
     lock.acquire()                 # a folder this process just made: nobody else can hold it
     meta = RunMeta()
