@@ -19,14 +19,20 @@ from typing import Any, Mapping
 
 from ..files import atomic_write_text
 from ..provenance import results_root
+from .benchmarks import BenchmarkSection, benchmark_sections, key_findings
 from .html import NO_STUDY_MESSAGE, _newest_first, _view_body, render_html
 from .linked import NO_SANITIZER, RUNS_DIRNAME, _copy_linked, _nh3_missing, localize_html
 from .output import (REPORT_MARKER, REPORT_TITLE, UnsafeOutDir, _FolderLock, _swap_in, _token, _walk_files,
                      _write_failure, _write_marker, check_report_dir)
 from .runs import (ERRATA_NAME, REFERENCE_DIRNAME, REPORT_DIRNAME, ReportError, Run, TableProblem, find_runs,
                    known_devices, load_errata, load_tables, note_table_devices, run_table, study_table)
-from .views import (BenchmarkSection, Comparison, StudySection, View, _Csvs, _study_rank, _summarize,
-                    benchmark_sections, is_cpu, key_findings, newest_mask)
+from .views import Comparison, StudySection, View, _Csvs, _study_rank, _summarize, is_cpu, newest_mask
+
+__all__ = ["BenchmarkSection", "Comparison", "ERRATA_NAME", "NO_SANITIZER", "NO_STUDY_MESSAGE", "REFERENCE_DIRNAME",
+           "REPORT_DIRNAME", "REPORT_MARKER", "REPORT_TITLE", "RUNS_DIRNAME", "ReportError", "ReportResult", "Run",
+           "StudySection", "TableProblem", "UnsafeOutDir", "View", "build_report", "check_report_dir", "find_runs",
+           "is_cpu", "key_findings", "load_tables", "localize_html", "newest_mask", "run_table", "study_table",
+           "_FolderLock", "_view_body"]
 
 @dataclass
 class ReportResult:

@@ -11,8 +11,8 @@ from ..provenance import iso_utc
 from ..runstate import run_in_use, run_state
 from .output import REPORT_TITLE
 from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
-from .views import (COMPARE_ROWS, BenchmarkSection, Comparison, StudySection, View, _runs_words, is_cpu,
-                    key_findings)
+from .benchmarks import BenchmarkSection, key_findings
+from .views import COMPARE_ROWS, Comparison, StudySection, View, _runs_words, is_cpu
 
 NO_STUDY_MESSAGE = (
     "no study exists yet: no module in workbench/studies/ registers one, "
