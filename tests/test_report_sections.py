@@ -528,8 +528,8 @@ def test_figures_of_other_runs_or_towers_are_folded_under_their_group():
                  figures=["s/x-one_a.png", "s/y-one_a.png", "s/x-two_b.png"],
                  groups={"s/x-one_a.png": "fam1, one: run a", "s/y-one_a.png": "fam1, one: run a",
                          "s/x-two_b.png": "fam2, two: run b"},
-                 tables=[("first", "<table><tr></tr><tr></tr></table>", "t1.csv"),
-                         ("second", "<table><tr></tr><tr></tr></table>", "t2.csv")])
+                 tables=[("first", pd.DataFrame({"n": [1]}), "t1.csv"),
+                         ("second", pd.DataFrame({"n": [2]}), "t2.csv")])
     page = rep._view_body("s", v)
     shown = page.split("Figures of")[0]
     assert "x-one_a.png" in shown and "y-one_a.png" in shown and "x-two_b.png" not in shown

@@ -32,8 +32,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .files import file_kind, open_regular, read_regular
-from .provenance import META_NAME, atomic_write_text, results_root
+from .files import atomic_write_text, file_kind, open_regular, read_regular
+from .provenance import results_root
+from .runmeta import META_NAME
 
 REFERENCE_DIRNAME = "reference"
 ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to a study table

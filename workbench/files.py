@@ -1,5 +1,5 @@
 """Files from folders anyone may have written (run folders, model folders, image folders): only
-regular files are opened, and nothing waits.
+regular files are opened, and nothing waits; and files written so that a reader never sees a part.
 
 Opening a named pipe for reading blocks until a writer comes, and a device may never end; a
 symbolic link in a shared folder can point at any file of the reader's. So a path is judged from
@@ -14,6 +14,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import uuid
+from pathlib import Path
 from typing import BinaryIO
 
 # what a path is, for the messages: every one but the regular file is refused unopened
@@ -72,3 +74,35 @@ def read_regular(path, max_bytes: int | None = None, follow: bool = False) -> by
     if max_bytes is not None and len(data) > max_bytes:
         raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", os.fspath(path))
     return data
+
+
+def atomic_write_bytes(path, data: bytes, exclusive: bool = False) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part:
+    a temporary file in the same folder, flushed, then ``os.replace``. With ``exclusive`` it is
+    hard-linked instead, which fails (FileExistsError) where ``path`` exists, even when another
+    process creates it at the same moment: a finished file is never replaced. Parents are made."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise FileExistsError(f"{path} exists; a finished file is never overwritten") from None
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path, text: str, encoding: str = "utf-8") -> Path:
+    return atomic_write_bytes(path, text.encode(encoding))

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .provenance import REPO_ROOT, atomic_write_text
+from .files import atomic_write_text
+from .provenance import REPO_ROOT
 
 
 def run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path, kernel: str) -> None:
@@ -66,13 +67,13 @@ def save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from .provenance import read_meta
-    from .report import Run, run_table
+    from .report.runs import Run, run_table
+    from .runmeta import load
     from .runstate import FIGURES_DIR, figures_marker
 
     folder = run_dir / FIGURES_DIR
     try:   # the same columns the report adds (run, reference, run_date), from the same code
-        run = Run(path=run_dir, meta=read_meta(run_dir), tables={study.name: table})
+        run = Run(path=run_dir, meta=load(run_dir), tables={study.name: table})
         summary = study.summarize(run_table(run, study.name), folder)
         pngs = [folder / Path(f).name for f in getattr(summary, "figures", None) or []]
         drawn = [p.name for png in pngs for p in (png, png.with_suffix(".svg")) if p.is_file()]

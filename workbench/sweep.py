@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .notebook_run import default_kernel
-from .provenance import MetaError, RunLock, collect_meta, finish_meta, load_meta, new_run_dir, write_meta
+from .provenance import collect_meta, finish_meta, new_run_dir, write_meta
+from .runmeta import MetaError, RunMeta
+from .runstate import RunFolder
 from .stages import finish_study
 from .workers import execute_on_gpus, one_gpu_warnings
 
@@ -147,15 +149,12 @@ def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = N
         if exclude is not None and m.parent == exclude:
             continue
         try:
-            meta = load_meta(m.parent)
+            meta = RunMeta.from_json(m)
         except MetaError:          # a broken record of another run counts nothing
             continue
-        params = meta.get("params") or {}
-        if params.get("profile") != profile:
-            continue
-        for name, sec in (meta.get("study_seconds") or {}).items():
-            if isinstance(sec, (int, float)) and not isinstance(sec, bool):
-                known.setdefault(name, (float(sec), dict((params.get("studies") or {}).get(name) or {})))
+        if (meta.params or {}).get("profile") == profile:
+            for name, sec in (meta.study_seconds or {}).items():
+                known.setdefault(name, (float(sec), dict(meta.plan.get(name) or {})))
     return known
 
 
@@ -201,14 +200,14 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         extra["gpus"] = list(plan.gpus)
         if plan.gpus_emulated:
             extra["gpus_emulated"] = True
-    run_dir = new_run_dir(plan.results, name=name)
-    lock = RunLock(run_dir)
+    run = RunFolder(new_run_dir(plan.results, name=name))
+    run_dir, lock = run.path, run.lock()
     lock.acquire()                 # a folder this process just made: nobody else can hold it
-    meta: dict[str, Any] = {}
+    meta = RunMeta()
     outcome = _Outcome()
     try:
-        meta = collect_meta({"profile": plan.profile, "device": plan.device, "mode": plan.mode, "studies": params,
-                             **extra})
+        meta = RunMeta.from_dict(collect_meta({"profile": plan.profile, "device": plan.device, "mode": plan.mode,
+                                               "studies": params, **extra}))
         write_meta(run_dir, meta)
         print(f"sweep: profile {plan.profile}, {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} "
               + (f"(shard {plan.shard[0]}/{plan.shard[1]}) " if plan.shard else "")
@@ -218,24 +217,20 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         _record(run_dir, meta, outcome)
     finally:
         # a complete run keeps no lock file; one with failures keeps it for --resume to take
-        lock.release(remove=not outcome.failures and bool(meta.get("finished_at")))
-    return SweepResult(run_dir, outcome.failures, outcome.warnings, meta["duration_s"], outcome.seconds)
+        lock.release(remove=not outcome.failures and bool(meta.finished_at))
+    return SweepResult(run_dir, outcome.failures, outcome.warnings, meta.duration_s, outcome.seconds)
 
 
 def find_run(results: Path, name: str) -> Path:
-    path = Path(name)
-    for candidate in (path, Path(results) / name):
-        if (candidate / "meta.json").is_file():
-            return candidate
-    raise SystemExit(f"--resume {name!r}: no run folder with a meta.json there or under {results}/")
+    return RunFolder.find(results, name).path
 
 
-def _load_run_meta(run_dir: Path, what: str) -> dict:
+def _load_run_meta(run: RunFolder) -> RunMeta:
     """The run's meta.json, checked; SystemExit naming the file and what is wrong with it."""
     try:
-        return load_meta(run_dir)
-    except (MetaError, OSError) as e:
-        raise SystemExit(f"{what}: {e}") from None
+        return run.meta()
+    except MetaError as e:
+        raise SystemExit(f"--resume: {e}") from None
 
 
 def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str | None = None,
@@ -250,24 +245,24 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
     finished with failures (what resume is for) keeps everything it recorded: the resume is
     appended to ``resumed`` with its own studies, failures and end time."""
     from .provenance import git_info, iso_utc
-    from .runstate import open_failures, run_state
     from .studies import ParamError
 
-    run_dir = find_run(results, str(run))
+    folder = RunFolder.find(results, str(run))
+    run_dir = folder.path
     # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
-    meta = _load_run_meta(run_dir, "--resume")
-    state = run_state(run_dir, meta)
-    if state.finished and not open_failures(meta):
+    meta = _load_run_meta(folder)
+    state = folder.state(meta)
+    if state.finished and not meta.open_failures():
         if not state.left:
             return SweepResult(run_dir, note=f"sweep: {run_dir} is finished and holds every stage of every "
                                              f"planned study; nothing to resume")
         if not resume_finished:
-            raise SystemExit(f"--resume: {run_dir.name} finished at {meta.get('finished_at')} without failures; a "
+            raise SystemExit(f"--resume: {run_dir.name} finished at {meta.finished_at} without failures; a "
                              f"finished run is a record and is not resumed by default. Left: {state.describe_left()}. "
                              f"Pass --resume-finished to finish that (what the run recorded stays as it is; the "
                              f"resume is added to its meta.json under 'resumed').")
-    had_lock = (run_dir / RunLock.NAME).exists()
-    lock = RunLock(run_dir)
+    lock = folder.lock()
+    had_lock = lock.path.exists()
     try:
         got = lock.acquire()
     except OSError as e:
@@ -278,10 +273,10 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
     outcome = _Outcome()
     left: dict[str, list[str]] = {}
     try:
-        meta = _load_run_meta(run_dir, "--resume")      # again, under the lock
-        state = run_state(run_dir, meta)
-        params = meta.get("params") or {}
-        plan, device = params.get("studies") or {}, params.get("device") or "cpu"
+        meta = _load_run_meta(folder)      # again, under the lock
+        state = folder.state(meta)
+        params = meta.params or {}
+        plan, device = meta.plan, params.get("device") or "cpu"
         profile = params.get("profile", "cpu")
         unknown = sorted(set(plan) - set(studies))
         if unknown:
@@ -296,8 +291,8 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
         entry: dict[str, Any] = {"at": iso_utc(timespec="seconds"),
                                  "studies": list(left), "stages": left, "git": now.get("short"),
                                  "dirty": now.get("dirty")}
-        if now.get("sha") != (meta.get("git") or {}).get("sha"):
-            entry["note"] = f"resumed with other code than the run started with ({(meta.get('git') or {}).get('short')})"
+        if now.get("sha") != (meta.git or {}).get("sha"):
+            entry["note"] = f"resumed with other code than the run started with ({(meta.git or {}).get('short')})"
             print(f"sweep: warning: {entry['note']}", file=sys.stderr)
         print(f"sweep: resuming {run_dir}: {state.describe_left()}")
         outcome = _execute([studies[n] for n in left], plan, device, run_dir, state.direct,
@@ -307,7 +302,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
             entry.update(failures=outcome.failures, warnings=outcome.warnings, study_seconds=outcome.seconds,
                          placement=outcome.placement)
             entry["finished_at"] = iso_utc()
-            meta.setdefault("resumed", []).append(entry)
+            meta.resumed = [*(meta.resumed or []), entry]
             write_meta(run_dir, meta, overwrite=True)
         else:
             _record(run_dir, meta, outcome, entry if left else None)
@@ -350,17 +345,17 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
     return out
 
 
-def _record(run_dir: Path, meta: dict, outcome: _Outcome, entry: dict | None = None) -> None:
+def _record(run_dir: Path, meta: RunMeta, outcome: _Outcome, entry: dict | None = None) -> None:
     """Add ``outcome`` (and the resume ``entry``) to the run's unfinished ``meta`` and write it
     finished: what a later ``--gpus`` sweep orders its studies by (``study_seconds``), which GPU ran
     each study as its worker recorded it (``placement``), the failures and the warnings."""
-    meta["study_seconds"] = {**(meta.get("study_seconds") or {}), **outcome.seconds}
+    meta.study_seconds = {**(meta.study_seconds or {}), **outcome.seconds}
     if outcome.placement:
-        meta["placement"] = {**(meta.get("placement") or {}), **outcome.placement}
+        meta.placement = {**(meta.placement or {}), **outcome.placement}
     if entry is not None:
-        meta.setdefault("resumed", []).append(entry)
-    meta["failures"] = outcome.failures
-    meta["warnings"] = (meta.get("warnings") or []) + outcome.warnings
+        meta.resumed = [*(meta.resumed or []), entry]
+    meta.failures = outcome.failures
+    meta.warnings = (meta.warnings or []) + outcome.warnings
     write_meta(run_dir, finish_meta(meta))
 
 
@@ -375,8 +370,8 @@ def longest_first(selected: list, run_dir: Path, profile: str) -> list:
 
 
 def runs_of_this_code(results: Path, name: str):
-    """(run folder, meta) of every run under ``results`` named ``*-<sha>-<name>`` that this code
-    made (same commit, clean tree), newest first; nothing when the tree is dirty or not in git."""
+    """(run folder, RunMeta) of every run under ``results`` named ``*-<sha>-<name>`` that this
+    code made (same commit, clean tree), newest first; nothing when the tree is dirty or not in git."""
     from .provenance import git_info
 
     g = git_info()
@@ -384,20 +379,18 @@ def runs_of_this_code(results: Path, name: str):
         return
     for run in sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True):
         try:
-            meta = load_meta(run)
+            meta = RunFolder(run).meta()
         except MetaError:
             continue
-        if (meta.get("git") or {}).get("sha") == g["sha"] and not (meta.get("git") or {}).get("dirty"):
+        if (meta.git or {}).get("sha") == g["sha"] and not (meta.git or {}).get("dirty"):
             yield run, meta
 
 
 def interrupted_run(results: Path, name: str) -> Path | None:
     """The newest run of this code (`runs_of_this_code`) that never finished and that no process
     is working in: what ``make report`` resumes instead of starting over."""
-    from .provenance import run_in_use
-
     for run, meta in runs_of_this_code(results, name):
-        if not meta.get("finished_at") and not run_in_use(run):
+        if not meta.finished_at and not RunFolder(run).in_use():
             return run
     return None
 
@@ -406,13 +399,10 @@ def reusable_run(results: Path, name: str, profile: str, studies: dict) -> Path 
     """The newest run of this code that ``make report`` can show instead of sweeping again: it
     finished with no open failure, holds every stage of every study, and planned exactly the
     default sweep of ``profile`` (every registered study, at its defaults)."""
-    from .runstate import open_failures, run_state
-
     want = {n: s.resolve(profile) for n, s in studies.items()}
     for run, meta in runs_of_this_code(results, name):
-        params = meta.get("params") or {}
-        if (meta.get("finished_at") and not open_failures(meta) and params.get("profile") == profile
-                and params.get("studies") == want and not params.get("shard")
-                and not run_state(run, meta).left):
+        params = meta.params or {}
+        if (meta.finished_at and not meta.open_failures() and params.get("profile") == profile
+                and meta.plan == want and not params.get("shard") and not RunFolder(run).state(meta).left):
             return run
     return None

@@ -112,11 +112,12 @@ def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
     planned, record the outcome in ``.claims/<study>.json``, repeat until every study is taken."""
     import time
 
-    from .provenance import atomic_write_text, read_meta
+    from .files import atomic_write_text
+    from .runstate import RunFolder
     from .stages import finish_study
 
-    params = read_meta(run_dir).get("params") or {}
-    plan, device = params.get("studies") or {}, params.get("device") or "cpu"
+    meta = RunFolder(run_dir).meta()
+    plan, device = meta.plan, (meta.params or {}).get("device") or "cpu"
     studies = _study_registry()
     for name in names:
         if not _claim(run_dir, name):
