@@ -1,0 +1,273 @@
+"""What the command line accepts: the parser of ``python -m workbench`` and the checks of its
+option values (each a SystemExit naming the value and what is valid, before anything runs);
+workbench.cli runs the commands."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from .notebook_run import FALLBACK_KERNEL, PROJECT_KERNEL
+
+
+def _parse_value(text: str) -> Any:
+    """``--set`` values: JSON where it parses (numbers, lists, true/false, null), else a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
+    """``KEY=VALUE`` applies to every study, ``STUDY.KEY=VALUE`` to one; keyed by study (None = all)."""
+    out: dict[str | None, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects KEY=VALUE or STUDY.KEY=VALUE, got {item!r}")
+        study, dot, name = key.rpartition(".")
+        out.setdefault(study if dot else None, {})[name] = _parse_value(value)
+    return out
+
+
+def _select(studies: dict, names: str | None) -> list:
+    if not names:
+        return [studies[k] for k in sorted(studies)]
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:
+        raise SystemExit(f"--studies {names!r} names no study; give comma-separated names from {sorted(studies)}")
+    unknown = [n for n in wanted if n not in studies]
+    if unknown:
+        raise SystemExit(f"unknown studies {unknown}; registered: {sorted(studies) or 'none'}")
+    return [studies[n] for n in wanted]
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    """``--gpus 0,1`` -> [0, 1]; SystemExit naming the bad value otherwise."""
+    if text is None:
+        return None
+    try:
+        ids = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise SystemExit(f"--gpus {text!r}: give distinct GPU indices separated by commas, e.g. --gpus 0,1")
+    return ids
+
+
+# --shard auto: a job array's task index and count (Slurm counts from its first id in steps)
+SHARD_SOURCES = (("Slurm", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"), ("torchrun", "RANK", "WORLD_SIZE"))
+
+
+def _shard_from_env(env) -> tuple[int, int]:
+    for name, index_var, count_var in SHARD_SOURCES:
+        if index_var in env and count_var in env:
+            try:
+                i, n = int(env[index_var]), int(env[count_var])
+                if name == "Slurm":
+                    step = max(int(env.get("SLURM_ARRAY_TASK_STEP", 1)), 1)
+                    i, rest = divmod(i - int(env.get("SLURM_ARRAY_TASK_MIN", 0)), step)
+                    if rest:
+                        raise ValueError
+            except ValueError:
+                raise SystemExit(f"--shard auto: {index_var}={env[index_var]!r} with {count_var}="
+                                 f"{env[count_var]!r} is not a task index and count") from None
+            return i, n
+    wanted = "; ".join(f"{name}: {i} and {n}" for name, i, n in SHARD_SOURCES)
+    raise SystemExit(f"--shard auto: no job array variables are set ({wanted}); give --shard I/N")
+
+
+def parse_shard(text: str | None, env=None) -> tuple[int, int] | None:
+    """``--shard 1/4`` -> (1, 4); ``auto``: from a job array's variables; SystemExit otherwise."""
+    if text is None:
+        return None
+    if str(text).strip().lower() == "auto":
+        (i, n), sep = _shard_from_env(os.environ if env is None else env), "/"
+    else:
+        i, sep, n = str(text).partition("/")
+        try:
+            i, n = int(i), int(n)
+        except ValueError:
+            sep = ""
+    if not sep or n < 1 or not 0 <= i < n:
+        raise SystemExit(f"--shard {text!r}: give I/N with 0 <= I < N (shard I of N), e.g. --shard 0/2, or auto "
+                         f"(a Slurm array task or a torchrun rank)" + (f"; the job array says {i}/{n}" if sep else ""))
+    return i, n
+
+
+NAME_MAX = 80      # characters of a run name: the folder adds a 25-character time and commit prefix
+
+
+def parse_name(text: str | None) -> str | None:
+    """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX
+    characters; SystemExit naming the bad value otherwise."""
+    from .provenance import slug
+
+    if text is None:
+        return None
+    name = slug(text, empty="")
+    if not name:
+        raise SystemExit(f"--name {text!r} has no letter or digit; give a short name such as --name smoke")
+    if len(name) > NAME_MAX:
+        raise SystemExit(f"--name is {len(name)} characters long; give at most {NAME_MAX}")
+    return name
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sweep")
+    g.add_argument("--profile", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="default parameters to use: auto = gpu on a CUDA host, else cpu "
+                        "(default: %(default)s)")
+    g.add_argument("--studies", metavar="A,B",
+                   help="comma-separated studies to run (default: every registered study)")
+    g.add_argument("--set", action="append", metavar="[STUDY.]KEY=VALUE",
+                   help="override a parameter, for every study or for one (repeatable; VALUE "
+                        "is JSON where it parses, else a string)")
+    g.add_argument("--name", help="suffix of the run folder name (default: the profile)")
+    g.add_argument("--direct", action="store_true",
+                   help="call the studies' run functions in this process instead of executing "
+                        "their notebooks with papermill")
+    g.add_argument("--kernel", default=None,
+                   help=f"Jupyter kernel for papermill (default: the project's kernel {PROJECT_KERNEL!r}, which "
+                        f"make lab registers, where it runs this interpreter; else {FALLBACK_KERNEL!r})")
+    g.add_argument("--resume", metavar="RUN",
+                   help="finish an interrupted run folder (a path, or a folder name under --results): only "
+                        "the studies without a table run, with the parameters its meta.json recorded")
+    g.add_argument("--resume-finished", action="store_true",
+                   help="with --resume: also finish a run that finished without failures but lacks a stage "
+                        "(what it recorded stays; the resume is added to its meta.json)")
+    g.add_argument("--gpus", metavar="0,1,...",
+                   help="spread the studies over these GPUs of this host: one worker process per GPU "
+                        "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device, and "
+                        "OMP_NUM_THREADS to its share of the host's cores unless set), each "
+                        "taking the next study nobody has taken")
+    g.add_argument("--shard", metavar="I/N|auto",
+                   help="run only shard I of N of the selected studies' cells, for a job array (auto: I and N "
+                        "from $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT or torchrun's $RANK/$WORLD_SIZE); "
+                        "cells are dealt longest first by the reference runs' seconds, so every task computes "
+                        "the same split, and the report merges the shards of one run")
+    g.add_argument("--group", metavar="NAME",
+                   help="with --shard: the name the shards of one run share (default: $WORKBENCH_RUN_GROUP, "
+                        "else $SLURM_ARRAY_JOB_ID, else <UTC date>-<git sha>-<name>)")
+
+
+def _params_epilog() -> str:
+    try:
+        from .studies import discover
+
+        studies = discover()
+    except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
+        return f"(study parameters unavailable: {e})"
+    parts = ["study parameters (--set KEY=VALUE for every study that has KEY, --set STUDY.KEY=VALUE for one;",
+             "lists take JSON, a comma-separated string or one value):"]
+    for name, study in sorted(studies.items()):
+        parts.append(f"{name}:")
+        parts.append(study.params.describe("  "))
+    return "\n".join(parts)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog is computed only when help is shown (listing the studies'
+    parameters imports them, and with them torch)."""
+
+    def __init__(self, *args, lazy_epilog=None, **kw):
+        super().__init__(*args, **kw)
+        self._lazy_epilog = lazy_epilog
+
+    def format_help(self) -> str:
+        if self._lazy_epilog is not None and self.epilog is None:
+            self.epilog = self._lazy_epilog()
+        return super().format_help()
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+def _results_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--results", type=Path, metavar="DIR", default=None,
+                   help=f"{what} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
+                        f"the same whatever the working directory)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m workbench",
+        description="Vision-encoder input-normalization workbench: run the studies, build the "
+                    "report, show provenance.",
+        epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
+               "<study>.parquet per study; committed GPU reference runs live in "
+               "results/reference/.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,compare,info,notebooks}",
+                                parser_class=_Parser)
+
+    p = sub.add_parser("report", help="the main job: default sweep, then results/report/index.html",
+                       description="Run the default sweep for this hardware (unless --no-sweep), "
+                                   "then build <results>/report/index.html from every run folder.",
+                       lazy_epilog=_params_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _results_option(p, "folder holding the run folders")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="where to write the report (default: <results>/report)")
+    p.add_argument("--no-sweep", action="store_true",
+                   help="only rebuild the report from the run folders already there")
+    p.add_argument("--fresh", action="store_true",
+                   help="sweep again even when a finished default sweep of this commit exists (by "
+                        "default the report reuses it, and resumes an interrupted one)")
+    _add_sweep_options(p)
+    p.set_defaults(command_name="report")
+
+    p = sub.add_parser("sweep", help="run the studies into a new run folder",
+                       description="Run the registered studies (their notebooks, via papermill) "
+                                   "into a new run folder under --results.",
+                       lazy_epilog=_params_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _results_option(p, "where the new run folder goes")
+    _add_sweep_options(p)
+    p.set_defaults(command_name="sweep")
+
+    p = sub.add_parser("info", help="print this machine's provenance record as JSON",
+                       description="Print the meta.json record a run started now would store.")
+    p.add_argument("--params", metavar="JSON", help="parameters to include, as a JSON object")
+    p.set_defaults(command_name="info")
+
+    p = sub.add_parser("compare", help="compare two runs: every metric both measured, the ratio, what changed",
+                       description="Join the two runs' study tables on their parameter columns and print "
+                                   "every metric present in both with the ratio b/a, flagging timings that "
+                                   "moved beyond both runs' own p10-p90 spread and every verdict change "
+                                   "(ok -> WRONG). From Python: workbench.compare.compare_runs(a, b).")
+    p.add_argument("run_a", metavar="RUN_A", help="a run folder, a run name under --results or its reference/, "
+                                                  "or 'latest'")
+    p.add_argument("run_b", metavar="RUN_B", help="the same, for the second run (ratio = b / a)")
+    _results_option(p, "folder holding the run folders")
+    p.add_argument("--studies", metavar="A,B", help="only these studies")
+    p.add_argument("--all", action="store_true", help="print every value, not only the flagged ones")
+    p.add_argument("--rows", type=_positive_int, default=40, help="rows printed at most (default: %(default)s)")
+    p.add_argument("--csv", type=Path, metavar="FILE",
+                   help="write every compared value to this new CSV file (never inside a run folder)")
+    p.add_argument("--force", action="store_true",
+                   help="let --csv replace a CSV file that compare wrote before (no other file is ever replaced)")
+    p.set_defaults(command_name="compare")
+
+    p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells from the studies",
+                       description="Write each study's declared parameters (CPU defaults) into the "
+                                   "cell tagged 'parameters' of its notebook.")
+    p.add_argument("--check", action="store_true", help="only report files that are out of step "
+                                                        "(exit 1 if any)")
+    p.set_defaults(command_name="notebooks")
+    # internal: one GPU's worker of `sweep --gpus` (not listed in the help)
+    p = sub.add_parser("worker", description="internal: one worker of sweep --gpus")
+    p.add_argument("run_dir")
+    p.add_argument("--studies", required=True)
+    p.add_argument("--kernel", default="python3")
+    p.add_argument("--direct", action="store_true")
+    p.set_defaults(command_name="worker")
+    parser.subcommands = sub.choices
+    return parser
