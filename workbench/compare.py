@@ -1,29 +1,12 @@
 """Compare two runs: every metric both measured, cell by cell, with the ratio and what changed.
 
-``compare_runs(a, b)`` (a notebook's entry point; ``python -m workbench compare A B`` prints it)
-reads both run folders' study tables and joins them on the tables' parameter columns (everything
-before ``metric``, except ``device``, so the same cell measured on two devices is compared too,
-and the columns the report adds: ``run``, ``reference``, ``run_date``). One row per cell and
-metric present in both: the two values, ``ratio`` = b / a, and ``flag``:
-
-- ``verdict changed: ok -> WRONG`` (or ``true -> false``) where a verdict metric (unit ``bool``:
-  ``ok``, ``bit_equal``, ``ranks_agree``...) differs;
-- ``slower beyond spread`` / ``faster beyond spread`` where a timing (unit us, ms or s) moved past
-  both runs' own spread: each run's interval is [p10, p90] of that cell where its table has the
-  p10/p90 metrics beside the median (``p50_ms`` / ``p90_ms``, ``staging_us`` /
-  ``staging_p90_us``), [median, p90] where there is no p10; a timing without a p90 is not flagged
-  (no spread to judge it by);
-- empty otherwise.
-
-A run is named by its folder (a path), its folder name under the results folder or under
-``results/reference/``, or ``latest`` (the newest run by start time, local or reference). Only
-regular files of a run folder are read (a run folder may come from anyone: no link is followed,
-no FIFO opened). Imports no torch.
-
-``write_csv`` saves a comparison (``compare --csv FILE``), atomically, only where `csv_target`
-allows: never inside a run folder (one holding meta.json or a table, anywhere up the path) nor
-in a folder below the results folder, and never over a file unless compare wrote it (its header
-ends with `CSV_SIGNATURE`) and ``force`` is given.
+``compare_runs(a, b)`` joins both runs' study tables on their parameter columns (those before
+``metric``, less ``device`` and the report's own), one row per cell and metric in both: the two
+values, ``ratio`` = b / a and ``flag``: a verdict (unit ``bool``) that changed, or a timing that
+moved past both runs' own [p10, p90] spread ([median, p90] without a p10; no flag without a p90).
+A run is a folder, a folder name under the results folder or its ``reference/``, or ``latest``;
+only regular files of a run folder are read. ``write_csv`` never writes inside a run folder nor
+over a file compare did not write (`csv_target`). Imports no torch.
 """
 from __future__ import annotations
 
@@ -137,22 +120,14 @@ def param_columns(table) -> list[str]:
 
 def _key(v: Any) -> str:
     """One spelling per parameter value: 4 and 4.0 alike, every missing value alike."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    try:
-        import pandas as pd
+    import pandas as pd
 
-        if pd.isna(v):
-            return "-"
-    except (TypeError, ValueError):
-        pass
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()                                   # a numpy scalar
+    if v is None or v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v)):
+        return "-"
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        try:
-            return _key(v.item())
-        except (ValueError, TypeError):
-            pass
     return str(v)
 
 
