@@ -126,3 +126,27 @@ def test_padding_cost_model_of_the_gpu_study_runs_on_a_committed_run():
     assert all(a <= b for a, b in zip(now, then)) and sum(now) < 0.7 * sum(then)
     with pytest.raises(SystemExit, match="no replay table for 'qwen3-vl-8b'"):
         tool.step_seconds(table, "qwen3-vl-8b", 2, before=False)
+
+
+def test_the_finding_gives_each_tower_its_own_verdicts(table):
+    """One paragraph per run and tower: the padded fractions of powers of two and of the planner,
+    the runner's check and (GPU run) the steps where a padded replay loses to eager, each from the
+    rows of that run; a CPU run says it is a smoke test."""
+    from pathlib import Path
+    import workbench.studies.padding_waste.summary  # noqa: F401  (binds padding_waste.summary)
+
+    refs = Path(__file__).resolve().parents[1] / "results" / "reference"
+    ref = sorted(refs.glob("*qwen3vl/padding_waste.parquet"))[-1]
+    both = pd.concat([table.assign(run="local", reference=False),
+                      pd.read_parquet(ref).assign(run=ref.parent.name, reference=True)], ignore_index=True)
+    cpu, gpu = pw.summary.findings(both).split("\n\n")
+    for p, rows in ((cpu, wide(table)), (gpu, wide(pd.read_parquet(ref)))):
+        exp = rows[rows.case == "expected"].pivot_table(index="mix", columns="budget_set",
+                                                        values="padded_frac_expected")
+        assert f"{pw.summary._span(exp.pow2)} of replayed rows with powers of two, {pw.summary._span(exp.planner)}" in p
+        runs = rows[rows.case == "runner"]
+        assert f"max rel_err {runs.rel_err_vs_eager.max():.2g}" in p
+    assert cpu.startswith(f"On {PRESET} on cpu") and "CPU run" in cpu and "CPU run" not in gpu
+    edge = wide(pd.read_parquet(ref)).query("case == 'edge'")
+    assert gpu.startswith("On qwen3-vl-8b on NVIDIA H200")
+    assert f"slower than eager at {int((edge.edge_replay_ms > edge.eager_ms).sum())}/{len(edge)} steps" in gpu

@@ -436,17 +436,23 @@ def test_report_contains_the_written_finding(built):
     assert [(v.device, v.kind, v.folded) for v in section.views] == [
         (ref_device, "newest", False), (local_device, "newest", True)]
     for view, device in zip(section.views, (ref_device, local_device)):
-        expected = correctness.summary.findings(table[table["device"] == device])
+        rows = table[table["device"] == device]
+        expected = correctness.summary.findings(rows)
         assert view.text == expected
         paragraphs = [p.strip() for p in expected.split("\n\n") if p.strip()]
-        assert len(paragraphs) >= 2
+        assert len(paragraphs) == rows.dtype.nunique()          # one per tower dtype, each its own device
         for p in paragraphs:
-            assert f"<p>{html.escape(p)}</p>" in page
+            assert p.startswith(f"On {device} (") and f"<p>{html.escape(p)}</p>" in page
     assert section.text == section.views[0].text
-    assert f"On {ref_device} (bfloat16 towers" in section.views[0].text
+    # the reference run's verdicts: the placements right on every path, outer wrong under the graph runner
+    ref_text = section.views[0].text
+    assert f"On {ref_device} (bfloat16 towers): right on every path: processor, tower, runner." in ref_text
+    assert "Wrong: outer on cudagraph[" in ref_text and "NaN hazard: no real row changed" in ref_text
     # The CPU's marketing name may hold parentheses ("Intel(R) Xeon(R)"): match it literally.
-    assert f"On {local_device} (float32 towers" in section.views[1].text
-    assert "NaN hazard check" in section.views[1].text
+    assert f"On {local_device} (float32 towers)" in section.views[1].text
+    from workbench.studies.tables import wide
+    hazard = wide(table[(table["device"] == local_device) & (table["case"] == "nan_padding")])
+    assert len(hazard) and f"no real row changed in {len(hazard)} poisoned runs" in section.views[1].text
 
 
 def test_report_figures_exist_on_disk(built):

@@ -233,7 +233,14 @@ def test_cast_cost_measures_every_design_and_checks_it_first(cast_table):
         d = VisionConfig.preset(preset).patch_dim
         assert (at.min_bytes == at.valid_rows * d * 3).all()       # uint8 in, bf16 out: the row width counts
     assert (w.device.str.startswith("cpu")).all()
-    assert "Cheapest correct design per budget" in cast_cost.summary.findings(cast_table)
+    # one paragraph per tower, naming its own cheapest design at the fill measured closest to 75%
+    paragraphs = cast_cost.summary.findings(cast_table).split("\n\n")
+    assert len(paragraphs) == w.preset.nunique()
+    for preset, g in w[w.fill == 1.0].groupby("preset"):
+        (p,) = [p for p in paragraphs if p.startswith(f"On {preset} on cpu")]
+        best = g.sort_values("staging_us").iloc[0]
+        assert f"{len(g)}/{len(g)} design outputs" in p and "100% valid" in p
+        assert f": {cast_cost.summary.cell_name(best.design, best.norm)}, " in p and "smoke test" in p
 
 
 @pytest.mark.triton
@@ -270,7 +277,33 @@ def test_fp32_memory_models_every_cell_on_the_cpu():
         assert big.loc[fused, "temp_bytes"] == 0
         assert big.loc[fused, "model_bytes"] < big.loc["eager", "model_bytes"] / 3
     assert "pool_bytes" not in set(t.metric)           # nothing measured without CUDA
-    assert "No CUDA measurement" in fp32_memory.summary.findings(t)
+    text = fp32_memory.summary.findings(t)
+    assert len(text.split("\n\n")) == len(TINY_PRESET_PER_FAMILY) and "No CUDA measurement" in text
+    per_tower = len(wide(t).query("scope == 'norm'")) // len(TINY_PRESET_PER_FAMILY)
+    assert f"trace equals the counted one in {per_tower}/{per_tower} cells" in text
+
+
+def test_fp32_memory_finding_reads_a_gpu_run_from_its_rows():
+    """On a committed H200 run: the eager norm's pool at the largest budget, the model's check
+    against the measured pool and what the norm adds inside the tower, all from that run's rows;
+    the measured columns reach the key numbers."""
+    from pathlib import Path
+
+    from workbench.formatting import fmt_bytes
+    from workbench.studies import fp32_memory
+    refs = Path(__file__).resolve().parents[1] / "results" / "reference"
+    ref = sorted(refs.glob("*qwen3vl/fp32_memory.parquet"))[-1]
+    t = pd.read_parquet(ref).assign(run=ref.parent.name, reference=True)
+    w = wide(t)
+    n, tower = w[(w.scope == "norm") & (w.budget == 16384)], w[(w.scope == "tower") & (w.budget == 16384)]
+    text = fp32_memory.summary.findings(t)
+    assert text.startswith("On qwen3-vl-8b on NVIDIA H200") and "No CUDA measurement" not in text
+    assert f"eager norm parks {fmt_bytes(n[n.norm == 'eager'].model_bytes.max())} in the pool" in text
+    within = int((w[w.scope == "norm"].model_error.abs() <= 0.05).sum())
+    assert f"measured pool in {within}/{len(w[w.scope == 'norm'])} cells" in text
+    assert f"adds at most {fmt_bytes(tower[tower.norm == 'eager'].pool_bytes.max())} (eager)" in text
+    (key,) = fp32_memory.summary.key_numbers(t).values()
+    assert {"16384 tok: measured MiB", "16384 tok: in tower MiB", "16384 tok: runner peak MiB"} <= set(key.columns)
 
 
 def test_every_study_table_holds_to_the_schema(cast_table):

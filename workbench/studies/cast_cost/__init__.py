@@ -19,6 +19,11 @@ byte model), the byte floor at the copy ceiling measured in the same run, and th
 replay at that budget, also measured in the same run, beside its FLOP floor (matmul + attention
 FLOPs at the matmul rate measured in the run). Every design's output is checked against a
 float64 reference before it is timed.
+
+Reading the numbers: the tower replays at a multiple of its FLOP floor, so the input's share of a
+tower at its floor would be that multiple larger; the smallest budgets are bound by the latency of
+one tiny kernel (``launch_us``), not by bytes; CPU times are host times on cache-resident data,
+so ratios below 1x the DRAM floor there are the caches.
 """
 from __future__ import annotations
 

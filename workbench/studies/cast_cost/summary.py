@@ -7,7 +7,7 @@ from .. import Summarizer
 import numpy as np
 import pandas as pd
 
-from ...formatting import fmt_bytes, fmt_us
+from ...formatting import fmt_us
 from ..plotting import (is_cpu, labelled_runs, legend_below, legend_right, per_run, plain_log_ticks, run_label,
                        stamp_cpu)
 from ..tables import wide
@@ -24,7 +24,7 @@ def table_at(table: pd.DataFrame, fill: float = 0.75) -> pd.DataFrame:
     w = wide(table)
     w = w[np.isclose(w.fill, fill)]
     cols = ["run", "reference", "device", "family", "preset", "budget", "design", "norm", "staging_us", "staging_p90_us", "copy_us", "norm_us", "bytes",
-            "floor_us", "ratio_to_floor", "share_of_replay", "replay_us", "max_err_ulp"]
+            "floor_us", "ratio_to_floor", "share_of_replay", "replay_us", "replay_floor_us", "max_err_ulp"]
     cols = [c for c in cols if c in w]
     return w[cols].sort_values([c for c in ("run", "device", "budget", "staging_us") if c in cols]).reset_index(
         drop=True)
@@ -118,15 +118,20 @@ def plot_fill(g: pd.DataFrame, budget: int | None = None):
 
 def key_numbers(table: pd.DataFrame, fill: float = 0.75) -> dict[str, pd.DataFrame]:
     """Per device, the designs (rows, cheapest first at the largest budget) x budgets: staging
-    p50 in us, its ratio to the byte floor, and the bytes moved (MiB), at ``fill``."""
+    p50 in us, its ratio to the byte floor, and the bytes moved (MiB), at ``fill``; a last row
+    gives the tower's own replay at each budget and its ratio to its FLOP floor."""
     out = {}
     for dev, g in labelled_runs(table_at(table, fill), by_preset=True):
         g = g.assign(cell=[cell_name(a, b) for a, b in zip(g.design, g.norm)])
         parts = {}
         for budget, b in g.groupby("budget"):
             b = b.set_index("cell")
+            tower = b.iloc[0]
+            b = pd.concat([b, pd.DataFrame({"staging_us": [tower.replay_us], "bytes": [np.nan],
+                                            "ratio_to_floor": [tower.replay_us / tower.get("replay_floor_us", np.nan)]},
+                                           index=[TOWER_ROW])])
             parts[f"{budget} tok: us"] = b.staging_us
-            if not str(b.device.iloc[0]).startswith("cpu"):     # a CPU has no byte floor to compare with
+            if not is_cpu(g):     # a CPU has no byte floor to compare with
                 parts[f"{budget} tok: x floor"] = b.ratio_to_floor
             parts[f"{budget} tok: MiB"] = b["bytes"] / 2**20
         t = pd.DataFrame(parts)
@@ -135,57 +140,38 @@ def key_numbers(table: pd.DataFrame, fill: float = 0.75) -> dict[str, pd.DataFra
     return out
 
 
+TOWER_ROW = "tower replay (x its FLOP floor)"
+
+
 def findings(table: pd.DataFrame, fill: float = 0.75) -> str:
-    """The finding per device: the cheapest correct design per budget and what the others cost."""
-    w = wide(table)
-    return per_run(w, lambda dev, g: _run_finding(dev, g, fill), by_preset=True)
+    """The finding per device: the check, the cheapest correct design and what today's engine
+    design costs over it (every other number is in `key_numbers`)."""
+    return per_run(wide(table), lambda dev, g: _run_finding(dev, g, fill), by_preset=True)
 
 
 def _run_finding(dev: str, g: pd.DataFrame, fill: float) -> str:
     at = g[np.isclose(g.fill, fill)]
-    if at.empty:
-        at = g[g.fill == g.fill.max()]
+    at = at if len(at) else g[g.fill == g.fill.max()]
     ok = at[at.max_err_ulp <= 1]
-    pct = int(round(at["fill"].iloc[0] * 100))
-    text = (f"On {dev} ({pct}% valid rows; copy ceiling {g.copy_gbs.iloc[0]:.0f} GB/s measured in the run; "
-            f"{len(ok)}/{len(at)} design outputs within 1 bf16 ulp of float64, checked before timing). "
-            "Cheapest correct design per budget: ")
-    best_per = []
-    for budget, b in ok.groupby("budget"):
-        r = b.sort_values("staging_us").iloc[0]
-        best_per.append(f"{budget} tokens: {cell_name(r.design, r.norm)}, {fmt_us(r.staging_us)} "
-                        f"({r.ratio_to_floor:.2f}x its byte floor, {fmt_bytes(r['bytes'])}, "
-                        f"{r.share_of_replay:.2%} of the replay)")
-    text += "; ".join(best_per) + "."
-    top = ok[ok.budget == ok.budget.max()]
-    best = top.sort_values("staging_us").iloc[0]
-
-    def cost(mask, what):
-        c = top[mask]
-        if c.empty:
-            return None
-        r = c.sort_values("staging_us").iloc[0]
-        return (f"{what} ({cell_name(r.design, r.norm)}) +{fmt_us(r.staging_us - best.staging_us)} and "
-                f"+{fmt_bytes(r['bytes'] - best['bytes'])} per replay")
-    costs = [cost(top.design == "uint8_buffer", "the engines' uint8 buffer over all rows"),
-             cost(top.design == "bf16_buffer", "a bf16 buffer (cast every replay)"),
-             cost(top.design == "fp32_buffer", "the legacy fp32 buffer"),
-             cost(top.norm == "eager", "an eager fp32 norm")]
-    costs = [c for c in costs if c]
-    if costs:
-        text += (f" Against it at {int(best.budget)} tokens (one image per replay): " + "; ".join(costs) + ".")
-    if "replay_floor_us" in g:
-        r = top.sort_values("staging_us").iloc[0]
-        text += (f" The tower replay itself ({fmt_us(r.replay_us)} at {int(r.budget)} tokens) runs at "
-                 f"{r.replay_us / r.replay_floor_us:.1f}x its FLOP floor ({g.matmul_tflops.iloc[0]:.3g} "
-                 "TFLOP/s measured), so the input's share would grow by that factor in a tower at its floor.")
-    if "launch_us" in g:
-        text += (f" One tiny kernel replayed alone takes {fmt_us(g.launch_us.iloc[0])} here: the smallest "
-                 "budgets are bound by that latency, not by bytes.")
-    if str(dev).startswith("cpu"):
-        text += (" CPU times are host times on cache-resident data: a smoke test of the wiring, not of "
-                 "bandwidth (ratios below 1x the DRAM floor are the caches).")
-    return text
+    lines = [f"On {dev}: {len(ok)}/{len(at)} design outputs within 1 bf16 ulp of float64."]
+    if len(ok):
+        top = ok[ok.budget == ok.budget.max()].sort_values("staging_us")
+        best = top.iloc[0]
+        name = cell_name(best.design, best.norm)
+        firsts = ok.sort_values("staging_us").groupby("budget").head(1)
+        firsts = [cell_name(r.design, r.norm) for r in firsts.itertuples()]
+        lines += [f"Cheapest correct staging at {int(best.budget)} tokens, {best.fill:.0%} valid: {name}, "
+                  f"{fmt_us(best.staging_us)} ({best.share_of_replay * 100:.2g}% of the replay).",
+                  f"It is the cheapest at {firsts.count(name)}/{len(firsts)} budgets."]
+        engine = top[top.design == "uint8_buffer"]
+        if len(engine):
+            lines.append(f"The engines' uint8 buffer costs +{fmt_us(engine.staging_us.iloc[0] - best.staging_us)} "
+                         "per replay over it.")
+    if is_cpu(g):
+        lines.append("CPU run: host times on cache-resident data, a smoke test.")
+    elif "launch_us" in g:
+        lines.append(f"Launch floor (one tiny kernel replayed alone): {fmt_us(g.launch_us.iloc[0])}.")
+    return " ".join(lines)
 
 
 # (stem, plot, caption): a new figure is one function above and one line here
@@ -195,4 +181,4 @@ FIGURES = (("cast_cost", plot_staging, "Staging time per replay of each input de
               "pay for padding"))
 
 summarize = Summarizer(findings=findings, figures=FIGURES, key_numbers=key_numbers, key_caption="Staging per replay at 75% valid rows on {device} (copy + norm in one graph, p50; x floor = time / "
-                "(bytes moved / copy ceiling))", per_preset=True)
+                "(bytes moved / copy ceiling); the tower replay row: its time / FLOP floor)", per_preset=True)

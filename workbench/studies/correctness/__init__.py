@@ -5,6 +5,13 @@ Every cell builds the encoder exactly as an engine wires it (see workbench.encod
 the same real photos and a short video; the reference is the same weights in float64, eager, on
 pixels normalized in float64. Wrong cells come from the wiring alone: nothing here knows which
 cells should fail. `ok` is rel_err below a per-dtype tolerance (TOLERANCE, justified there).
+
+Reading the verdicts: right and wrong cells lie orders of magnitude apart, so the wiring decides,
+not rounding. A bfloat16 graph buffer rounds what it holds: exact for raw 0..255 pixels
+(placement tower), not for normalized floats (processor, runner). The identity norm (cast only) is
+a control, a forgotten normalization: right only where the processor already normalized. An item
+encoded alone and inside a mixed batch may differ by the kernels the batch's shapes select
+(attention kernel, GEMM tiling by row count), within the tolerance: that is not wiring.
 """
 from __future__ import annotations
 

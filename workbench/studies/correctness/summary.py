@@ -141,60 +141,50 @@ def plot_rel_err(df: pd.DataFrame):
 
 
 def findings(df: pd.DataFrame) -> str:
-    """A short written finding from the table."""
+    """The finding per (device, tower dtype): which placements are right on every path and which
+    are wrong where, the error margin, the bf16 buffer, the identity control, kernel choice and
+    the NaN hazard check; one sentence each."""
     df = _cells_wide(df)
-    d = _select_norms(df, None)
-    d["column"] = path_column(d)
+    d = _select_norms(df, None).assign(column=lambda x: path_column(x))
     parts = []
     for (dev, dtype), g in d.groupby(["device", "dtype"]):
-        wrong = g[~g.ok]
-        right = sorted(set(g.placement) - set(wrong.placement), key=STUDY_PLACEMENTS.index)
-        bad = []
-        for p in [p for p in STUDY_PLACEMENTS if p in set(wrong.placement)]:
-            cols = [c for c in PATH_COLUMNS if c in set(wrong[wrong.placement == p].column)]
-            every = set(cols) == set(g[g.placement == p].column)
-            bad.append(f"{p} (on every path)" if every else f"{p} (on {', '.join(cols)})")
-        norms_used = sorted(set(g.norm) - {"(unused)"})
-        worst_ok = g[g.ok].rel_err.max()
-        best_bad = wrong.rel_err.min() if len(wrong) else float("nan")
-        parts.append(f"On {dev} ({dtype} towers, {g.family.nunique()} families, norms {', '.join(norms_used)}; "
-                     f"{len(g)} cells): right on every path: {', '.join(right) or 'none'}. "
-                     f"Wrong: {'; '.join(bad) or 'none'}. Right cells stay below {worst_ok:.1e} relative error, "
-                     f"wrong ones start at {best_bad:.2f}: the wiring, not rounding, decides.")
-    # a bf16 graph buffer rounds what it holds: free for raw 0..255, not for normalized floats
-    for (dev, dtype), g in d[(d.path == "cudagraph") & d.ok].groupby(["device", "dtype"]):
-        if dtype == "bfloat16":
-            continue
-        raw_in = g[g.placement == "tower"].groupby("buffer_dtype").rel_err.max()
-        norm_in = g[g.placement.isin(["processor", "runner"])].groupby("buffer_dtype").rel_err.max()
-        if "bfloat16" in norm_in and "float32" in norm_in:
-            parts.append(f"On {dev}, a bfloat16 graph buffer in a {dtype} tower costs precision only where it "
-                         f"holds normalized floats (processor, runner): rel_err {norm_in['bfloat16']:.1e} vs "
-                         f"{norm_in['float32']:.1e} with a float32 buffer; raw 0..255 pixels (placement tower) are exact "
-                         f"in bf16 (rel_err {raw_in.get('bfloat16', float('nan')):.1e}, as eager).")
-    ident = _select_norms(df, FORGETFUL_NORMS)
-    ident = ident[ident.norm.isin(FORGETFUL_NORMS)]
-    if len(ident):
-        ok_places = sorted(set(ident[ident.ok].placement))
-        parts.append("The identity implementation (a forgotten normalization, cast only) is wrong wherever the "
-                     "device norm is relied on" + (f"; it is right only for {', '.join(ok_places)}, where the "
-                                                   "processor already normalized" if ok_places else "") + ".")
-    kc = df[df.case == "kernel_choice"] if "case" in df else df.iloc[0:0]
-    for (dev, dtype), g in kc.groupby(["device", "dtype"]):
-        tol = float(d[(d.device == dev) & (d.dtype == dtype)].tolerance.min()) if len(d) else float("nan")
-        kinds = ", ".join(sorted(set(g.kernels)))
-        parts.append(f"On {dev} ({dtype}), the same item encoded alone and inside the mixed batch (placement tower, "
-                     f"eager; attention {kinds}): {int(g.bit_equal.astype(bool).sum())}/{len(g)} bit-equal, largest "
-                     f"difference rel_err {g.rel_err.max():.1e} against a verdict tolerance of {tol:.0e}: the kernels "
-                     f"a batch's shapes select (attention kernel, GEMM tiling by row count), not wiring; alone the "
-                     f"item stays within {g.rel_err_ref.max():.1e} of float64.")
-    hz = df[df.case == "nan_padding"]
-    if len(hz):
-        leaks = hz[~hz.ok.astype(bool)]
-        parts.append(f"NaN hazard check ({len(hz)} runs: pool and padding rows poisoned with NaN before replay): "
-                     + ("no real row changed in any run." if leaks.empty else
-                        f"real rows changed in {len(leaks)} runs: {', '.join(leaks.norm)}."))
+        own = df[(df.device == dev) & (df.dtype == dtype)]
+        right = sorted(set(g.placement) - set(g[~g.ok].placement), key=STUDY_PLACEMENTS.index)
+        lines = [f"On {dev} ({dtype} towers): right on every path: {', '.join(right) or 'none'}.",
+                 f"Wrong: {'; '.join(_wrong(g)) or 'none'}.",
+                 f"Right cells stay below {g[g.ok].rel_err.max():.1e} relative error, wrong ones start at "
+                 f"{g[~g.ok].rel_err.min():.2f}." if (~g.ok).any() else
+                 f"Every cell below {g.rel_err.max():.1e} relative error."]
+        buf = g[(g.path == "cudagraph") & g.ok & g.placement.isin(["processor", "runner"])]
+        buf = buf.groupby("buffer_dtype").rel_err.max()
+        if dtype != "bfloat16" and {"bfloat16", "float32"} <= set(buf.index):
+            lines.append(f"A bfloat16 graph buffer holding normalized floats: rel_err {buf['bfloat16']:.1e} "
+                         f"(float32 buffer {buf['float32']:.1e}).")
+        ident = own[(own.case == "embedding") & own.norm.isin(FORGETFUL_NORMS)]
+        if len(ident):
+            places = sorted(set(ident[ident.ok].placement), key=STUDY_PLACEMENTS.index)
+            lines.append(f"Identity control (cast only, no norm): right only for "
+                         f"{', '.join(places) or 'no placement'}.")
+        kc = own[own.case == "kernel_choice"]
+        if len(kc):
+            lines.append(f"Same item alone vs in the mixed batch: {int(kc.bit_equal.astype(bool).sum())}/{len(kc)} "
+                         f"bit-equal (largest rel_err {kc.rel_err.max():.1e}, tolerance {g.tolerance.min():.0e}).")
+        hz = own[own.case == "nan_padding"]
+        if len(hz):
+            leaks = hz[~hz.ok.astype(bool)]
+            lines.append(f"NaN hazard: no real row changed in {len(hz)} poisoned runs." if leaks.empty else
+                         f"NaN hazard: real rows changed in {len(leaks)}/{len(hz)} runs ({', '.join(leaks.norm)}).")
+        parts.append(" ".join(lines))
     return "\n\n".join(parts)
+
+
+def _wrong(g: pd.DataFrame) -> list[str]:
+    """'<placement> on every path' / '<placement> on <paths>' for each placement with a wrong cell."""
+    out = []
+    for p in [p for p in STUDY_PLACEMENTS if p in set(g[~g.ok].placement)]:
+        bad = [c for c in PATH_COLUMNS if c in set(g[(g.placement == p) & ~g.ok].column)]
+        out.append(f"{p} on {'every path' if set(bad) == set(g[g.placement == p].column) else ', '.join(bad)}")
+    return out
 
 
 def _run_title(what: str, g: pd.DataFrame) -> str:

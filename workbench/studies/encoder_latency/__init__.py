@@ -42,6 +42,14 @@ Every cell is checked once before it is timed: the graph output against the eage
 or within the dtype's tolerance) and ours against transformers (row-wise cosine). A path whose
 check fails is not timed: a latency is never reported for a wrong result (the failed check stays in
 the table as ``ok`` = False).
+
+Reading the numbers: the practical floor is the matmul FLOPs at the matmul rate plus the attention
+FLOPs at the fastest attention kernel's rate for the cell's shapes, both measured in the run; at
+small token counts launches and host work, not FLOPs, set the time (far above either floor). The
+runner caches host metadata per grid and budget, so only a shape seen for the first time pays
+``prepare_uncached_ms``; a repeated one pays the copy (``metadata_ms``). On a CPU the graph
+backend is emulated (the same static buffers and call path, replayed eagerly): its differences
+from eager are the runner's host overhead, not CUDA-graph gains.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ Three scopes per (norm implementation, budget, graph buffer dtype):
 - ``tower``  placement tower: the tower (``depth`` blocks) captured with the norm as its first op,
              minus the same tower with the norm removed (it then only casts its input): what the
              norm adds to the pool once the tower's own allocations can reuse the freed
-             temporaries. Measured on CUDA only.
+             temporaries. Measured on CUDA only; a negative difference (the pool with the
+             norm came out smaller) is allocator segment rounding: nothing measurable added.
 - ``runner`` placement runner: the norm runs before the graph, writing the bf16 buffer through
              ``out=``; the pool holds no norm. Its temporaries are transient, outside the pool:
              peak allocated bytes of one call, measured (CUDA) and modelled.

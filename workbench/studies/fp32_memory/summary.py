@@ -143,62 +143,58 @@ def plot_tower(g: pd.DataFrame):
 
 
 def findings(table: pd.DataFrame) -> str:
-    w = wide(table)
-    return per_run(w, lambda dev, g: _run_finding(dev, g), by_preset=True)
+    """The finding per device: what the eager and the fused norms park in the pool at the largest
+    budget, the model's checks, and what the norm adds inside the tower (numbers: `key_numbers`)."""
+    return per_run(wide(table), _run_finding, by_preset=True)
 
 
 def _run_finding(dev: str, g: pd.DataFrame) -> str:
     n = g[g.scope == "norm"]
-    biggest = n.budget.max()
-    top = n[(n.budget == biggest) & (n.buffer_dtype == n.buffer_dtype.iloc[0])].set_index("norm")
-    fused = [x for x in top.index if x.startswith("triton")]
-    lines = [f"On {dev}, the normalization captured alone at {biggest} tokens ({biggest * 4} rows, "
-             f"{top.buffer_dtype.iloc[0]} buffer): "
-             + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'model_bytes'])}" for x in top.index)
-             + " of pool (model). Its fp32 temporaries: "
-             + ", ".join(f"{x} {fmt_bytes(top.loc[x, 'temp_bytes'])}" for x in top.index)
-             + (f"; the fused kernels ({', '.join(fused)}) keep fp32 in registers and add "
-                f"{fmt_bytes(top.loc[fused, 'temp_bytes'].max())}." if fused else ".")]
+    big = n.budget.max()
+    top = n[n.budget == big]
+    fused = top[top.norm.str.startswith("triton")]
+    eager = top[top.norm == "eager"]
+    lines = [f"On {dev}: at {big} tokens the eager norm parks {fmt_bytes(eager.model_bytes.max())} in the pool "
+             "(model)" + (f", a fused kernel at most {fmt_bytes(fused.model_bytes.max())}." if len(fused) else "."),
+             f"Their fp32 temporaries: eager {fmt_bytes(eager.temp_bytes.max())}"
+             + (f", fused kernels {fmt_bytes(fused.temp_bytes.max())}." if len(fused) else ".")]
     if "trace_matches" in n:
-        lines.append(f"The modelled allocation trace equals the counted one (dispatch mode, meta device) in "
-                     f"{int(n.trace_matches.fillna(False).sum())}/{len(n)} cells.")
-    if "pool_bytes" in n and n.pool_bytes.notna().any():
-        err = n.model_error.abs().replace(np.inf, np.nan).fillna(np.inf)
-        worst = n.loc[err.idxmax()]
-        lines.append(f"Measured pool bytes vs the allocator model: worst {err.max():.1%} "
-                     f"({worst.norm}, {worst.buffer_dtype}, {int(worst.budget)} tokens); "
-                     f"{int((err <= 0.05).sum())}/{len(n)} cells within 5%.")
-        tw = g[(g.scope == "tower") & (g.budget == biggest)]
-        if len(tw):
-            lines.append(f"Inside the captured {int(tw.depth.iloc[0])}-block tower at {biggest} tokens the norm "
-                         "adds (vs the tower without it): " + ", ".join(
-                             f"{r.norm}/{r.buffer_dtype} {fmt_bytes(r.pool_bytes)}" for r in tw.itertuples())
-                         + ": freed temporaries are partly reused by the tower's own allocations.")
-        rn = g[(g.scope == "runner") & (g.budget == biggest)]
-        if len(rn) and rn.peak_bytes.notna().any():
-            lines.append("The runner placement keeps the norm out of the pool; its transient peak outside "
-                         "the graph: " + ", ".join(f"{r.norm} {fmt_bytes(r.peak_bytes)}" for r in rn.itertuples())
-                         + ".")
-    else:
-        lines.append("No CUDA measurement on this device: graph-pool bytes exist only on a GPU "
-                     "(see the reference run).")
+        lines.append(f"Modelled allocation trace equals the counted one in {int(n.trace_matches.fillna(False).sum())}/"
+                     f"{len(n)} cells.")
+    if "pool_bytes" not in n or n.pool_bytes.isna().all():
+        lines.append("No CUDA measurement on this device: graph-pool bytes exist only on a GPU.")
+        return " ".join(lines)
+    err = n.model_error.abs().replace(np.inf, np.nan).fillna(np.inf)
+    lines.append(f"Allocator model within 5% of the measured pool in {int((err <= 0.05).sum())}/{len(n)} cells.")
+    tower = g[(g.scope == "tower") & (g.budget == big)]
+    adds = {"eager": tower[tower.norm == "eager"].pool_bytes.max(),
+            "fused": tower[tower.norm.str.startswith("triton")].pool_bytes.max()}
+    if any(pd.notna(v) for v in adds.values()):
+        lines.append(f"Inside the captured tower at {big} tokens the norm adds at most "
+                     + ", ".join(f"{fmt_bytes(v)} ({k})" for k, v in adds.items() if pd.notna(v)) + ".")
     return " ".join(lines)
 
 
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per device: pool MiB of the norm captured alone, modelled and (CUDA) measured, per
-    implementation and buffer dtype (rows) and budget (columns), with the fp32 temporaries."""
+    implementation and buffer dtype (rows) and budget (columns), with the fp32 temporaries, what
+    the norm adds inside the captured tower and the runner placement's transient peak (CUDA)."""
     out = {}
     w = wide(table)
-    for dev, g in labelled_runs(w[w.scope == "norm"], by_preset=True):
+    for dev, g in labelled_runs(w, by_preset=True):
         parts = {}
         for budget, b in g.groupby("budget"):
-            b = b.set_index(["norm", "buffer_dtype"])
-            parts[f"{budget} tok: model MiB"] = b.model_bytes / 2**20
-            if "pool_bytes" in b and b.pool_bytes.notna().any():
-                parts[f"{budget} tok: measured MiB"] = b.pool_bytes / 2**20
-                parts[f"{budget} tok: error %"] = 100 * b.model_error
-            parts[f"{budget} tok: fp32 temp MiB"] = b.temp_bytes / 2**20
+            scope = {s: b[b.scope == s].set_index(["norm", "buffer_dtype"]) for s in ("norm", "tower", "runner")}
+            n = scope["norm"]
+            parts[f"{budget} tok: model MiB"] = n.model_bytes / 2**20
+            if "pool_bytes" in n and n.pool_bytes.notna().any():
+                parts[f"{budget} tok: measured MiB"] = n.pool_bytes / 2**20
+                parts[f"{budget} tok: error %"] = 100 * n.model_error
+            parts[f"{budget} tok: fp32 temp MiB"] = n.temp_bytes / 2**20
+            if "pool_bytes" in scope["tower"] and scope["tower"].pool_bytes.notna().any():
+                parts[f"{budget} tok: in tower MiB"] = scope["tower"].pool_bytes / 2**20
+            if "peak_bytes" in scope["runner"] and scope["runner"].peak_bytes.notna().any():
+                parts[f"{budget} tok: runner peak MiB"] = scope["runner"].peak_bytes / 2**20
         t = pd.DataFrame(parts).reset_index().rename(columns={"buffer_dtype": "buffer"})
         out[dev] = t
     return out

@@ -6,7 +6,8 @@ what that costs. For each image mix (data/image_mixes.toml) and budget set, this
 
 - **padding**: padded fraction of rows, exactly from the mix's distribution for single items, and
   through the real runner (`EncoderGraphRunner`: CUDA graphs on a GPU, emulated on a CPU) on items
-  drawn from the mix, single (``max_items=1``) and packed; replays per image and graph misses;
+  drawn from the mix, single (``max_items=1``) and packed; replays per image and graph misses (a
+  video's frames each count as one sequence, so a video misses every ``max_items=1`` graph);
 - **norm time on padding**: the tower placement normalizes every row of the budget; an
   ``n_valid``-aware norm (Triton norms skip padding tiles; the eager norm over the valid rows
   only, as placement ``runner`` does) does not. Both are measured per budget at 0, 50 and 100 %

@@ -20,7 +20,8 @@ SET_COLORS = {"pow2": "#9e9e9e", "geometric": "#90caf9", "planner": "#1565c0", "
 
 def padding_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, device, preset, mix, budget set): graphs, expected padded fraction (single items),
-    expected replay time, and the runner's measured padded fraction and time per image per max_items."""
+    expected replay time, and per max_items the runner's measured padded fraction, time per image,
+    share of the tower's FLOPs spent on padding and graph misses."""
     w = wide(table)
     exp = w[w.case == "expected"]
     run_rows = w[w.case == "runner"]
@@ -28,9 +29,10 @@ def padding_table(table: pd.DataFrame) -> pd.DataFrame:
     out = exp[keys + ["graphs", "budgets", "padded_frac_expected", "expected_replay_ms"]].copy()
     for m, g in run_rows.groupby("max_items"):
         g = g.set_index(keys)
-        out = out.join(g[["padded_frac", "encode_ms_per_image"]].rename(columns={
-            "padded_frac": f"padded_frac (runner, max_items={int(m)})",
-            "encode_ms_per_image": f"ms/image (runner, max_items={int(m)})"}), on=keys)
+        cols = {"padded_frac": "padded_frac", "encode_ms_per_image": "ms/image",
+                "flops_padding_frac": "flops_padding_frac", "misses": "misses"}
+        cols = {c: f"{name} (runner, max_items={int(m)})" for c, name in cols.items() if c in g}
+        out = out.join(g[list(cols)].rename(columns=cols), on=keys)
     order = {s: i for i, s in enumerate(BUDGET_SETS)}
     return out.sort_values(keys[:-1] + ["budget_set"], key=lambda s: s.map(order) if s.name == "budget_set" else s
                            ).reset_index(drop=True)
@@ -164,64 +166,56 @@ def plot_sizes(g: pd.DataFrame):
 
 
 def findings(table: pd.DataFrame) -> str:
-    w = wide(table)
-    return per_run(w, lambda dev, g: _run_finding(dev, g), by_preset=True)
+    """The finding per device: padding of powers of two against the planner, the runner's worst
+    cell and check, and what one token over a power of two costs (numbers: `key_numbers`)."""
+    return per_run(wide(table), _run_finding, by_preset=True)
 
 
 def _run_finding(dev: str, g: pd.DataFrame) -> str:
-    exp = g[g.case == "expected"]
-    text = f"On {dev}: "
-    cmp = []
-    for mix, e in exp.groupby("mix", sort=False):
-        s = e.set_index("budget_set")
-        if "pow2" in s.index and "planner" in s.index:
-            a, b = s.loc["pow2"], s.loc["planner"]
-            cmp.append(f"{mix} {a.padded_frac_expected:.0%} -> {b.padded_frac_expected:.0%}")
-    if cmp:
-        text += ("padded fraction of single-item replays, powers of two -> the planner with the same number "
-                 "of graphs: " + "; ".join(cmp) + ".")
+    exp = g[g.case == "expected"].pivot_table(index="mix", columns="budget_set", values="padded_frac_expected")
+    lines = [f"On {dev}:"]
+    if {"pow2", "planner"} <= set(exp):
+        lines.append(f"single items pad {_span(exp.pow2)} of replayed rows with powers of two, {_span(exp.planner)} "
+                     f"with the planner's budgets ({len(exp)} mixes).")
     runs = g[g.case == "runner"]
-    if not runs.empty:
-        worst = runs.sort_values("padded_frac", ascending=False).iloc[0]
-        text += (f" Through the runner on drawn items the worst cell is {worst.mix} / {worst.budget_set} at "
-                 f"max_items={int(worst.max_items)}: {worst.padded_frac:.0%} of replayed rows are padding, "
-                 f"{fmt_us(worst.norm_us_padding)} of norm time and {worst.flops_padding_frac:.0%} of the tower's "
-                 "FLOPs spent on them.")
-        miss = runs[runs.misses > 0]
-        if not miss.empty:
-            r = miss.sort_values("misses", ascending=False).iloc[0]
-            text += (f" {int(r.misses)} of {int(r['items'])} items of {r.mix} ran eagerly (graph misses) at "
-                     f"max_items={int(r.max_items)}: a video's frames each count as one sequence.")
-        bad = runs[runs.rel_err_vs_eager > 0.05]
-        text += (f" Runner output vs eager: max rel_err {runs.rel_err_vs_eager.max():.2g}"
-                 + (f" ({len(bad)} cells above 0.05!)." if len(bad) else "."))
+    if runs.padded_frac.notna().any():
+        r = runs.loc[runs.padded_frac.idxmax()]
+        bad = int((runs.rel_err_vs_eager > 0.05).sum())
+        lines += [f"Worst runner cell: {r.mix} / {r.budget_set} at max_items={int(r.max_items)}, "
+                  f"{r.padded_frac:.0%} of replayed rows padding.",
+                  f"Runner output vs eager: max rel_err {runs.rel_err_vs_eager.max():.2g}"
+                  + (f", {bad} cells above 0.05." if bad else ".")]
     edge = g[g.case == "edge"]
-    if not edge.empty:
-        slow = edge[edge.edge_replay_ms > edge.eager_ms]
-        r = edge.assign(x=edge.edge_replay_ms / edge.prev_full_replay_ms).sort_values("x").iloc[-1]
-        text += (f" An item one token over a power of two replays in the next budget at up to "
-                 f"{r.x:.2f}x the smaller full budget ({int(r.valid_tokens)} tokens: {r.edge_replay_ms:.3g} ms vs "
-                 f"{r.prev_full_replay_ms:.3g} ms)")
-        text += (f"; at {len(slow)} of {len(edge)} steps that padded replay is slower than eager."
-                 if len(slow) else "; eager is slower at every step.")
-    if str(dev).startswith("cpu"):
-        text += (" CPU: the runner is emulated (replays run eagerly), so times are host times of a tiny tower; "
-                 "padding fractions and FLOPs are exact.")
-    return text
+    if len(edge):
+        r = edge.loc[(edge.edge_replay_ms / edge.prev_full_replay_ms).idxmax()]
+        lines += [f"One token over a power of two replays at up to {r.edge_replay_ms / r.prev_full_replay_ms:.2f}x "
+                  f"the smaller full budget ({int(r.valid_tokens)} tokens).",
+                  f"That padded replay is slower than eager at {int((edge.edge_replay_ms > edge.eager_ms).sum())}/"
+                  f"{len(edge)} steps."]
+    if is_cpu(g):
+        lines.append("CPU run: replays emulated, host times of a tiny tower; padding fractions and FLOPs are exact.")
+    return " ".join(lines)
+
+
+def _span(fracs: pd.Series) -> str:
+    """'17-42%', or '0%' where every value rounds alike."""
+    lo, hi = f"{fracs.min():.0%}", f"{fracs.max():.0%}"
+    return lo if lo == hi else f"{lo[:-1]}-{hi}"
 
 
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per run: padding_table with fractions in percent, one table per device."""
+    """Per run: padding_table with fractions in percent, one table per device (and tower)."""
     out = {}
     for dev, g in labelled_runs(table, by_preset=True):
         t = padding_table(g).dropna(axis=1, how="all")
         t = t.drop(columns=[c for c in ("run", "reference", "device", "preset", "budgets") if c in t])
         for c in t.columns:
-            if c.startswith("padded_frac"):
+            if c.startswith(("padded_frac", "flops_padding_frac")):
                 t[c] = (t[c] * 100).round(1)
         names = {"padded_frac_expected": "padded % (single items, exact)",
                  "expected_replay_ms": "ms/image (single items, from the replay table)"}
-        out[dev] = t.rename(columns=lambda c: names.get(c, c.replace("padded_frac", "padded %")))
+        out[dev] = t.rename(columns=lambda c: names.get(c, c.replace("flops_padding_frac", "padding FLOPs %")
+                                                        .replace("padded_frac", "padded %")))
     return out
 
 
