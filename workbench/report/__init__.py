@@ -16,7 +16,7 @@ from ..provenance import results_root
 from .benchmarks import BenchmarkSection, benchmark_sections, key_findings
 from .html import NO_STUDY_MESSAGE, _newest_first, _view_body, render_html
 from .linked import NO_SANITIZER, RUNS_DIRNAME, copy_linked, localize_html, nh3_missing
-from .output import (REPORT_MARKER, REPORT_TITLE, UnsafeOutDir, _token, check_report_dir, finish_marker, swap_in,
+from .output import (REPORT_MARKER, REPORT_TITLE, UnsafeOutDir, _token, check_report_dir, swap_in,
                      write_failure, write_marker)
 from .runs import (ERRATA_NAME, REFERENCE_DIRNAME, REPORT_DIRNAME, ReportError, Run, TableProblem, find_runs,
                    load_errata, load_tables, note_table_devices, run_table, study_table)
@@ -68,7 +68,7 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
                                                                    list[TableProblem]]:
     """The whole report, written into the empty folder ``tmp``; its marker is written first (the
     folder is the report's, for a later cleanup) and again last, listing every file."""
-    write_marker(tmp, results_dir, files=None)
+    write_marker(tmp, results_dir, final=False)
     loaded, problems = load_tables(runs, studies)
     devices = note_table_devices(runs, loaded)
     csvs = Csvs(tmp)
@@ -92,7 +92,7 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
     runs_csv = csvs.write(_runs_frame(runs, by_run), "runs")
     page = render_html(runs, sections, not studies, results_dir, bench, by_run, links, runs_csv, notes)
     atomic_write_text(tmp / "index.html", page)
-    finish_marker(tmp, results_dir)
+    write_marker(tmp, results_dir, final=True)
     return sections, bench, problems
 
 

@@ -123,20 +123,17 @@ def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None)
     return "report"
 
 
-def write_marker(folder: Path, results_dir: Path, files: dict[str, int] | None) -> None:
+def write_marker(folder: Path, results_dir: Path, final: bool) -> None:
+    """The report's marker in ``folder``; ``final``: listing every file written there, with its size."""
+    files = _walk_files(folder)[0] if final else None
+    if files is not None:
+        files.pop(REPORT_MARKER, None)
     doc = {"written_by": "python -m workbench report (workbench.report.build_report)",
            "built_at": iso_utc(timespec="seconds"), "results": str(results_dir),
            "note": ("The report replaces this whole folder each time it is built, after checking "
                     "that it holds only the files listed here; keep nothing else in it."),
            "files": files}
     atomic_write_text(folder / REPORT_MARKER, json.dumps(doc, indent=1) + "\n")
-
-
-def finish_marker(folder: Path, results_dir: Path) -> None:
-    """The marker, listing every file the build wrote into ``folder``."""
-    files, _ = _walk_files(folder)
-    files.pop(REPORT_MARKER, None)
-    write_marker(folder, results_dir, files)
 
 
 def _running(pid: int) -> bool:

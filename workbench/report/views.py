@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..files import atomic_write_bytes, read_regular
 from ..runstate import slug
 from .output import _regular
 from .runs import Run, TableProblem, study_table
@@ -86,21 +85,15 @@ def _runs_words(runs: list[str]) -> str:
 
 
 def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str]]:
-    """Figure files (absolute or relative to ``base``) as paths relative to ``root``, those saved
-    elsewhere copied into ``base``; of a PNG/SVG pair the PNG shown and its SVG linked. ValueError for
-    a figure that is not a regular file."""
+    """Figure files (absolute or relative to ``base``) as paths relative to ``root``; of a PNG/SVG pair
+    the PNG shown and its SVG linked. ValueError for a figure that is not a regular file in ``root``."""
     rels: list[str] = []
     for fig in map(Path, paths):
         fig = fig if fig.is_absolute() else base / fig
         fig = fig.parent.resolve() / fig.name            # its folder's real place; the file itself not followed
-        if not _regular(fig):
-            raise ValueError(f"figure {fig} is missing or not a regular file (a link, a folder...): not shown")
-        if root not in fig.parents:
-            atomic_write_bytes(base / fig.name, read_regular(fig))
-            svg = fig.with_suffix(".svg")
-            if fig.suffix.lower() != ".svg" and _regular(svg) and not (base / svg.name).exists():
-                atomic_write_bytes(base / svg.name, read_regular(svg))
-            fig = base / fig.name
+        if not _regular(fig) or root not in fig.parents:
+            raise ValueError(f"figure {fig} is missing, outside the report folder or not a regular file "
+                             "(a link, a folder...): not shown")
         rel = fig.relative_to(root).as_posix()
         if rel not in rels:
             rels.append(rel)
