@@ -515,8 +515,8 @@ def test_report_survives_a_corrupt_meta_json(tmp_path, cpu_table):
     by_name = {r.name: r for r in result.runs}
     assert set(by_name) == {good.name, bad.name, listy.name, tables_only.name}
     assert "no meta.json" in by_name[tables_only.name].error and by_name[tables_only.name].tables == {}
-    assert by_name[bad.name].meta is None and "unreadable meta.json" in by_name[bad.name].error
-    assert by_name[listy.name].meta is None and "does not hold an object" in by_name[listy.name].error
+    assert not by_name[bad.name].tables and "unreadable meta.json" in by_name[bad.name].error
+    assert not by_name[listy.name].tables and "does not hold an object" in by_name[listy.name].error
     assert by_name[good.name].error is None
 
     page = result.index.read_text(encoding="utf-8")

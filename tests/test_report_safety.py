@@ -195,13 +195,13 @@ def test_run_folders_and_folders_of_runs_are_refused(results, tmp_path):
         rep.build_report(results, run, studies=STUDIES)
     with pytest.raises(rep.UnsafeOutDir, match="inside the run folder"):
         rep.build_report(results, run / "report", studies=STUDIES)
-    with pytest.raises(rep.UnsafeOutDir, match="holds run folders"):
+    with pytest.raises(rep.UnsafeOutDir, match="holds no"):          # a folder of run folders: not marked
         rep.build_report(results, results / "reference", studies=STUDIES)
     tables_only = tmp_path / "elsewhere"                 # a run folder outside the results folder
     (tables_only / "by-hand").mkdir(parents=True)
     (tables_only / "by-hand" / "demo.parquet").write_bytes((run / "demo.parquet").read_bytes())
     before = tree(tmp_path)
-    with pytest.raises(rep.UnsafeOutDir, match="holds run folders"):
+    with pytest.raises(rep.UnsafeOutDir, match="holds no"):
         rep.build_report(results, tables_only, studies=STUDIES)
     a_file = tmp_path / "report.html"
     a_file.write_text("x")
@@ -271,23 +271,21 @@ def test_an_empty_or_new_out_dir_is_used(results, tmp_path):
 
 
 def test_leftovers_of_a_killed_build_are_cleared_and_foreign_ones_kept(results):
-    killed = results / ".report.building-999999-0123abcd"
+    killed = results / ".report.building-999999-0123abcd"      # its process is gone
     killed.mkdir()
     (killed / rep.REPORT_MARKER).write_text('{"files": null}')
     (killed / "half.png").write_bytes(PNG)
-    foreign = results / ".report.building-1-deadbeef"   # the name, but not the report's
+    foreign = results / ".report.building-999998-deadbeef"    # the name, but not the report's
     foreign.mkdir()
     (foreign / "keep.txt").write_text("keep")
-    busy = results / ".report.building-2-0000aaaa"      # another build, working in it now
+    busy = results / f".report.building-{os.getpid()}-0000aaaa"   # another build, working in it now
     busy.mkdir()
     (busy / rep.REPORT_MARKER).write_text('{"files": null}')
     unmarked = results / ".report.old"                  # a page and a figure, no marker: not the report's
     unmarked.mkdir()
     (unmarked / "index.html").write_text("<title>Workbench report</title>")
     (unmarked / "a.png").write_bytes(PNG)
-    with rep._FolderLock(busy) as lock:
-        assert lock.held
-        rep.build_report(results, studies=STUDIES)
+    rep.build_report(results, studies=STUDIES)
     assert not killed.exists() and (unmarked / "a.png").is_file()
     assert (foreign / "keep.txt").read_text() == "keep" and (busy / rep.REPORT_MARKER).is_file()
 
@@ -388,7 +386,7 @@ def test_each_bad_meta_is_listed_with_its_reason_and_the_rest_still_shows(tmp_pa
     for case, run in [*bad.items(), ("deep", deep)]:
         r = by_name[run.name]
         reason = BAD_META[case][1] if case in BAD_META else "nested too deeply"
-        assert r.meta is None and reason in r.error and "left out" in r.error
+        assert not r.tables and reason in r.error and "left out" in r.error
         assert r.error.startswith(("invalid meta.json", "unreadable meta.json"))
         assert html.escape(reason) in row_of(page, run.name)
         assert f"<li>{html.escape(run.name)}: {html.escape(r.error)}</li>" in page

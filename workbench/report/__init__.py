@@ -1,14 +1,8 @@
-"""Build ``results/report/index.html`` from the run folders under ``results/``.
-
-The report only reads: each run folder holds ``meta.json`` (workbench.runmeta) and one
-``<study>.parquet`` tidy table per study it ran. Runs committed under ``results/reference/``
-(measured on GPU hosts) are shown beside local ones, marked as reference and labelled by device.
-For every registered study, the readable tables of all runs are concatenated and handed to the
-study's summarize, one view per device (`views`); the page reads newest first, older runs and CPU
-smoke tests folded; everything it links is inside its folder (`linked`). The steps:
-`runs` (collect), `views` (summarize, as DataFrames), `html` (render at the end), `output` (the
-folder rule: the report writes only its own folder, built beside it and renamed into place).
-Nothing here runs a model.
+"""Build ``results/report/index.html`` from the run folders under ``results/`` (local runs and the
+committed ``reference/`` runs, labelled by device). The steps: `runs` (collect), `views` (each study's
+summarize, one view per device, as DataFrames), `html` (render at the end), `linked` (copies of what
+the page links), `output` (the report writes only its own folder, built beside it and renamed into
+place). Nothing here runs a model.
 """
 from __future__ import annotations
 
@@ -21,18 +15,19 @@ from ..files import atomic_write_text
 from ..provenance import results_root
 from .benchmarks import BenchmarkSection, benchmark_sections, key_findings
 from .html import NO_STUDY_MESSAGE, _newest_first, _view_body, render_html
-from .linked import NO_SANITIZER, RUNS_DIRNAME, _copy_linked, _nh3_missing, localize_html
-from .output import (REPORT_MARKER, REPORT_TITLE, UnsafeOutDir, _FolderLock, _swap_in, _token, _walk_files,
-                     _write_failure, _write_marker, check_report_dir)
+from .linked import NO_SANITIZER, RUNS_DIRNAME, copy_linked, localize_html, nh3_missing
+from .output import (REPORT_MARKER, REPORT_TITLE, UnsafeOutDir, _token, check_report_dir, swap_in,
+                     write_failure, write_marker)
 from .runs import (ERRATA_NAME, REFERENCE_DIRNAME, REPORT_DIRNAME, ReportError, Run, TableProblem, find_runs,
-                   known_devices, load_errata, load_tables, note_table_devices, run_table, study_table)
-from .views import Comparison, StudySection, View, _Csvs, _study_rank, _summarize, is_cpu, newest_mask
+                   load_errata, load_tables, note_table_devices, run_table, study_table)
+from .views import Comparison, Csvs, StudySection, View, is_cpu, newest_mask, study_rank, summarize
 
 __all__ = ["BenchmarkSection", "Comparison", "ERRATA_NAME", "NO_SANITIZER", "NO_STUDY_MESSAGE", "REFERENCE_DIRNAME",
            "REPORT_DIRNAME", "REPORT_MARKER", "REPORT_TITLE", "RUNS_DIRNAME", "ReportError", "ReportResult", "Run",
            "StudySection", "TableProblem", "UnsafeOutDir", "View", "build_report", "check_report_dir", "find_runs",
            "is_cpu", "key_findings", "load_tables", "localize_html", "newest_mask", "run_table", "study_table",
-           "_FolderLock", "_view_body"]
+           "_view_body"]
+
 
 @dataclass
 class ReportResult:
@@ -45,8 +40,7 @@ class ReportResult:
 
     @property
     def problems(self) -> list[str]:
-        """Failed summaries (the CLI exits non-zero for these). Unreadable tables are in
-        ``table_problems`` and benchmark files in ``benchmarks``; neither is counted here."""
+        """Failed summaries (the CLI exits non-zero for these); unreadable tables are not counted."""
         return [f"{s.name}: {s.error.splitlines()[-1]}" for s in self.sections if s.error]
 
     def benchmark(self, name: str) -> BenchmarkSection:
@@ -54,63 +48,52 @@ class ReportResult:
         return b
 
 
-
 def _runs_frame(runs: list[Run], table_problems: Mapping[str, list[str]]):
     import pandas as pd
 
-    rows = []
-    for r in _newest_first(runs):
-        rows.append({"run": r.name, "reference": r.reference, "device": r.device, "git": r.git,
-                     "started_utc": r.started, "duration_s": r.duration_s,
-                     "status": r.error or ("finished" if r.finished else "unfinished"),
-                     "failed": "; ".join(r.recorded.open_failures()) if not r.error else "",
-                     "tables": ", ".join(r.tables),
-                     "unreadable_tables": "; ".join(table_problems.get(r.name) or []),
-                     "skipped_files": "; ".join(f"{n}: {why}" for n, why in r.skipped.items())})
+    rows = [{"run": r.name, "reference": r.reference, "device": r.device, "git": r.meta.git_label,
+             "started_utc": r.started, "duration_s": r.meta.duration_s,
+             "status": r.error or ("finished" if r.meta.finished_at else "unfinished"),
+             "failed": "; ".join(r.meta.open_failures()) if not r.error else "",
+             "tables": ", ".join(r.tables),
+             "unreadable_tables": "; ".join(table_problems.get(r.name) or []),
+             "skipped_files": "; ".join(f"{n}: {why}" for n, why in r.skipped.items())}
+            for r in _newest_first(runs)]
     return pd.DataFrame(rows, columns=["run", "reference", "device", "git", "started_utc", "duration_s",
                                        "status", "failed", "tables", "unreadable_tables", "skipped_files"])
 
 
-
 def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_dir: Path,
-                out_dir: Path, benchmarks: Mapping[str, Any] | None = None, log=None
-                ) -> tuple[list[StudySection], list[BenchmarkSection], list[TableProblem]]:
-    """The whole report, written into the empty folder ``tmp``: figures, a CSV beside every
-    table, copies of what the page links (run records, executed notebooks), its marker written
-    last, listing every file. Nothing on the page points outside the folder."""
-    _write_marker(tmp, results_dir, files=None)     # ours from the start, for the cleanup
+                benchmarks: Mapping[str, Any] | None, log) -> tuple[list[StudySection], list[BenchmarkSection],
+                                                                   list[TableProblem]]:
+    """The whole report, written into the empty folder ``tmp``; its marker is written first (the
+    folder is the report's, for a later cleanup) and again last, listing every file."""
+    write_marker(tmp, results_dir, final=False)
     loaded, problems = load_tables(runs, studies)
-    note_table_devices(runs, loaded)
-    devices = known_devices(runs)
-    csvs = _Csvs(tmp.resolve())
+    devices = note_table_devices(runs, loaded)
+    csvs = Csvs(tmp)
     errata, why = load_errata(results_dir)
     notes = [why] if why else []
-    if _nh3_missing() and any(r.tables for r in runs):
+    if nh3_missing() and any(r.tables for r in runs):
         notes.append(NO_SANITIZER)
-    for note in notes if log is not None else []:
+    for note in notes:
         log(f"report: {note}")
     sections = []
-    ordered = sorted(studies.values(), key=_study_rank)
+    ordered = sorted(studies.values(), key=study_rank)
     for i, s in enumerate(ordered, 1):
-        if log is not None:
-            log(f"report: {s.name} ({i}/{len(ordered)})")
-        sections.append(_summarize(s, runs, tmp, loaded=loaded, problems=[p for p in problems if p.study == s.name],
-                                   devices=devices, csvs=csvs, errata=errata))
+        log(f"report: {s.name} ({i}/{len(ordered)})")
+        sections.append(summarize(s, runs, tmp, loaded, [p for p in problems if p.study == s.name],
+                                  devices, csvs, errata))
     bench = benchmark_sections(results_dir, tmp, benchmarks)
     by_run: dict[str, list[str]] = {}
     for p in problems:
         by_run.setdefault(p.run, []).append(f"{p.study}: {p.reason}")
-    links = _copy_linked(tmp, runs)
+    links = copy_linked(tmp, runs)
     runs_csv = csvs.write(_runs_frame(runs, by_run), "runs")
-    page = render_html(runs, sections, no_study=not studies, results_dir=results_dir,
-                       out_dir=out_dir, benchmarks=bench, table_problems=by_run, links=links,
-                       runs_csv=runs_csv, notes=notes)
+    page = render_html(runs, sections, not studies, results_dir, bench, by_run, links, runs_csv, notes)
     atomic_write_text(tmp / "index.html", page)
-    files, _ = _walk_files(tmp)
-    files.pop(REPORT_MARKER, None)
-    _write_marker(tmp, results_dir, files=files)
+    write_marker(tmp, results_dir, final=True)
     return sections, bench, problems
-
 
 
 def build_report(results_dir: Path | str | None = None, out_dir: Path | str | None = None,
@@ -118,14 +101,10 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
                  benchmarks: Mapping[str, Any] | None = None, log=None) -> ReportResult:
     """Write ``<out_dir>/index.html`` (default ``<results_dir>/report``) and return what it shows.
 
-    ``studies`` defaults to the registry (``workbench.studies.discover()``), ``benchmarks`` to
-    ``workbench.benchmarks.discover()``. ``out_dir`` is replaced as a whole, so it must be new,
-    empty, or a folder the report wrote (`check_report_dir`; UnsafeOutDir otherwise, before
-    anything is read or written). The report is built in a temporary folder beside it and
-    swapped in at the end: a failure at any step (ReportError for a folder that cannot be
-    written, a full disk) leaves the previous report and every run folder as they were. Only
-    reads the results folder. ``log``: called with a line as each study's section starts (the
-    command line prints them).
+    ``studies`` and ``benchmarks`` default to the registries. ``out_dir`` is replaced as a whole, so
+    it must pass `check_report_dir` (UnsafeOutDir before any work otherwise); a failure at any later
+    step (ReportError) leaves the previous report and every run folder as they were. ``log``: called
+    with a line as each study's section starts.
     """
     results_dir = Path(results_dir) if results_dir is not None else results_root()
     out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIRNAME
@@ -135,23 +114,18 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
 
         studies = discover()
     runs = find_runs(results_dir)
-
     out = out_dir.resolve()
     tmp = out.with_name(f".{out.name}.building-{_token()}")
-    made = False
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-        made = True
-        with _FolderLock(tmp, wait=False):        # another build's cleanup leaves it alone
-            sections, bench, problems = _build_into(tmp, runs, studies, results_dir, out_dir, benchmarks, log)
-            _swap_in(tmp, out_dir, results_dir)
-        made = False
+        try:
+            sections, bench, problems = _build_into(tmp, runs, studies, results_dir, benchmarks,
+                                                    log or (lambda line: None))
+            swap_in(tmp, out_dir, results_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)     # gone already where the swap worked
     except OSError as e:
-        raise ReportError(_write_failure(out_dir, e)) from e
-    finally:
-        if made:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return ReportResult(index=out_dir / "index.html", runs=runs, sections=sections,
-                        no_study=not studies, table_problems=[str(p) for p in problems],
-                        benchmarks=bench)
+        raise ReportError(write_failure(out_dir, e)) from e
+    return ReportResult(index=out_dir / "index.html", runs=runs, sections=sections, no_study=not studies,
+                        table_problems=[str(p) for p in problems], benchmarks=bench)

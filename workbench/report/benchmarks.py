@@ -1,8 +1,9 @@
 """The committed benchmarks (``results/reference/*.json``), drawn by the benchmarks that registered
-themselves (workbench.benchmarks; this module names none), and the key findings: the opening of
-each study's and benchmark's newest finding per device."""
+themselves (workbench.benchmarks; this module names none), and the key findings: the opening of each
+study's and benchmark's newest finding per device."""
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from dataclasses import dataclass, field
@@ -13,11 +14,12 @@ from ..files import read_regular
 from .runs import REFERENCE_DIRNAME, _one_line, _why
 from .views import StudySection, _figure_runs, _figures_in, _runs_words, _slug, is_cpu
 
+KEY_FINDING_CHARS = 300              # a key finding: the finding's opening sentences, about this long
+
 
 @dataclass
 class BenchmarkSection:
-    """A registered benchmark (workbench.benchmarks) and its committed result files, drawn;
-    each panel's ``figures`` are paths relative to the report folder."""
+    """A registered benchmark and its committed result files, drawn (figures relative to the report folder)."""
 
     name: str
     title: str
@@ -29,18 +31,13 @@ class BenchmarkSection:
 
 def benchmark_sections(results_dir: Path | str, out_dir: Path,
                        benchmarks: Mapping[str, Any] | None = None) -> list[BenchmarkSection]:
-    """Every registered benchmark (`workbench.benchmarks.discover`) with its committed result
-    files: each ``<results_dir>/reference/*.json`` whose object has ``"benchmark": <name>`` is
-    drawn by that benchmark's summarize into ``<out_dir>/<name>/``; a file named like the
-    benchmark's ``files`` that is not JSON shows its error there."""
-    import fnmatch
-
+    """Each ``<results_dir>/reference/*.json`` holding ``"benchmark": <name>`` drawn by that benchmark's
+    summarize into ``<out_dir>/<name>/``; a file named like its ``files`` that is not JSON shows its error."""
     from ..benchmarks import BenchmarkPanel, discover
 
     benchmarks = discover() if benchmarks is None else benchmarks
     ref = Path(results_dir) / REFERENCE_DIRNAME
     files = sorted(ref.glob("*.json")) if ref.is_dir() else []
-    out_dir = Path(out_dir).resolve()
     sections = []
     for bench in sorted(benchmarks.values(), key=lambda b: (b.order, b.name)):
         sec = BenchmarkSection(name=bench.name, title=bench.title)
@@ -63,7 +60,7 @@ def benchmark_sections(results_dir: Path | str, out_dir: Path,
             sec.svgs.update(svgs)
             own = getattr(panel, "captions", None) or {}
             for f in panel.figures:
-                what = own.get(Path(f).name) or f"{bench.title}: {_figure_runs(f, _slug(Path(path).stem), [])[0]}"
+                what = own.get(Path(f).name) or f"{bench.title}: {_figure_runs(f, _slug(path.stem), [])[0]}"
                 sec.captions[f] = (f"{what}; {panel.device or 'unknown device'}, {panel.date}, from "
                                    f"{REFERENCE_DIRNAME}/{panel.source}.")
             sec.panels.append(panel)
@@ -73,12 +70,8 @@ def benchmark_sections(results_dir: Path | str, out_dir: Path,
     return sections
 
 
-KEY_FINDING_CHARS = 300              # a key finding: the finding's opening sentences, about this long
-
-
 def _first_paragraph(text: str) -> str:
-    """The finding's first paragraph, cut after the sentence that passes KEY_FINDING_CHARS (the
-    whole finding is in its section)."""
+    """The first paragraph, cut after the sentence that passes KEY_FINDING_CHARS."""
     first = next((p.strip() for p in text.split("\n\n") if p.strip()), "")
     if len(first) <= KEY_FINDING_CHARS:
         return first
@@ -89,18 +82,14 @@ def _first_paragraph(text: str) -> str:
     return first[:cut].rstrip(" ;:") + " …"
 
 
-
-def key_findings(sections: list[StudySection], benchmarks: list[BenchmarkSection] = ()) -> dict[str, list[tuple[str, str, str]]]:
-    """{device: [(section anchor, source, first paragraph of its newest finding)]}, GPUs first
-    (each in the order its sections come), CPUs after."""
+def key_findings(sections: list[StudySection],
+                 benchmarks: list[BenchmarkSection] = ()) -> dict[str, list[tuple[str, str, str]]]:
+    """{device: [(section anchor, source, opening of its newest finding)]}, GPUs first, CPUs after."""
     out: dict[str, list[tuple[str, str, str]]] = {}
     for s in sections:
-        for v in s.views:
-            if v.kind != "newest" or v.error:
-                continue
-            # one paragraph per tower where the study measures each on its own (one per family)
+        for v in (v for v in s.views if v.kind == "newest" and not v.error):
+            # a per-preset study: one paragraph per tower, each naming its own run
             paragraphs = [p for p in v.text.split("\n\n") if p.strip()] if s.per_preset else [v.text]
-            # a tower's paragraph names its own run: no list of the view's runs before it
             source = "" if s.per_preset else _runs_words(v.runs)
             for p in paragraphs:
                 if _first_paragraph(p):

@@ -1,5 +1,5 @@
-"""The page, rendered at the end from the views (workbench.report.views): every value that
-comes from a file is HTML-escaped and every link percent-encoded."""
+"""The page, rendered at the end from the views: every value from a file HTML-escaped, every link
+percent-encoded."""
 from __future__ import annotations
 
 import html
@@ -14,10 +14,11 @@ from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
 from .benchmarks import BenchmarkSection, key_findings
 from .views import COMPARE_ROWS, Comparison, StudySection, View, _runs_words, is_cpu
 
-NO_STUDY_MESSAGE = (
-    "no study exists yet: no module in workbench/studies/ registers one, "
-    "so there is nothing to sweep or summarize"
-)
+NO_STUDY_MESSAGE = ("no study exists yet: no module in workbench/studies/ registers one, "
+                    "so there is nothing to sweep or summarize")
+CPU_NOTE = ("CPU smoke test: its verdicts, memory models and planner padding hold on any machine; its "
+            "timings are not measurements")
+TABLE_OPEN_ROWS = 8                  # a key-number table with more rows than this starts folded
 
 
 _CSS = """
@@ -50,12 +51,8 @@ ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
 """
 
 
-TABLE_OPEN_ROWS = 8                  # a key-number table with more rows than this starts folded
-
-
 def _e(x: Any) -> str:
     return html.escape(str(x), quote=True)
-
 
 
 def _href(rel: str) -> str:
@@ -64,15 +61,12 @@ def _href(rel: str) -> str:
     return _e(urllib.parse.quote(rel, safe="/"))
 
 
-
 def _link(rel: str | None, text: str) -> str:
     return f'<a href="{_href(rel)}">{_e(text)}</a>' if rel else _e(text)
 
 
-
 def _newest_first(runs: list[Run]) -> list[Run]:
     return sorted(runs, key=lambda r: (r.started, r.name), reverse=True)
-
 
 
 def _unfinished(r: Run) -> str:
@@ -81,69 +75,69 @@ def _unfinished(r: Run) -> str:
     odd = [n for n in r.skipped if n.endswith(".ipynb")]
     if odd:             # the stages are read from its notebooks; these are not files to read
         return f"interrupted (its stages are not read: {_e(', '.join(odd))}: not a regular file)"
-    left = run_state(r.path, r.recorded).describe_left()
+    left = run_state(r.path, r.meta).describe_left()
     return (f"interrupted (left: {_e(left)}): finish it with <code>python -m workbench sweep --resume "
             f"{_e(r.name)}</code> (make report resumes it when the code is the same)")
 
 
+def _status(r: Run, bad: list[str]) -> str:
+    """The status cell of a run: why it is unusable, or finished/unfinished with what it records."""
+    if r.error:
+        status = f"<span class='problem'>{_e(r.error)}</span>"
+    else:
+        status = "finished" if r.meta.finished_at else _unfinished(r)
+        if r.shard:
+            status += f", shard {_e(r.shard['index'])}/{_e(r.shard['count'])} of {_e(r.shard['group'])}"
+        if r.meta.placement:
+            status += ", " + _e("; ".join(f"{k} on GPU {v.get('gpu')} ({v.get('seconds')} s)"
+                                          for k, v in r.meta.placement.items()))
+        if r.meta.resumed:
+            parts = "; ".join(f"{', '.join(x.get('studies') or [])} at {x.get('at') or '?'}" for x in r.meta.resumed)
+            status += f", resumed ({_e(parts)})"
+        failures = r.meta.open_failures()
+        if failures:
+            status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
+                      f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
+    if r.skipped:
+        status += (f", <span class='problem'>{len(r.skipped)} file{'s' if len(r.skipped) > 1 else ''} "
+                   "not read (below)</span>")
+    if bad:
+        status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
+                   f"table{'s' if len(bad) > 1 else ''} unreadable</span>")
+    return status
 
-def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]] | None = None,
-                links: Mapping[tuple[str, str], str] | None = None, csv: str = "") -> str:
+
+def _items(lines: list[str]) -> str:
+    return "".join(f"<li>{_e(line)}</li>" for line in lines)
+
+
+def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
+                links: Mapping[tuple[str, str], str], csv: str) -> str:
     """Every run folder, newest first, folded (its CSV beside it); what could not be used, what
     failed and what a run warned about stay visible below."""
     if not runs:
         return "<p>No run folder found yet (a run folder holds a <code>meta.json</code>).</p>"
-    table_problems = table_problems or {}
-    links = links or {}
     rows = []
     for r in _newest_first(runs):
-        # the run's meta.json (provenance, parameters), copied into the report folder
-        name = _link(links.get((r.name, "meta.json")), r.name)
+        name = _link(links.get((r.name, "meta.json")), r.name)      # its copied meta.json
         if r.reference:
             name += ' <span class="ref">reference</span>'
-        if r.error:
-            status = f"<span class='problem'>{_e(r.error)}</span>"
-        else:
-            status = "finished" if r.finished else _unfinished(r)
-            if r.shard:
-                status += (f", shard {_e(r.shard['index'])}/{_e(r.shard['count'])} "
-                           f"of {_e(r.shard['group'])}")
-            placement = r.recorded.placement or {}
-            if placement:
-                status += ", " + _e("; ".join(f"{k} on GPU {v.get('gpu')} ({v.get('seconds')} s)"
-                                              for k, v in placement.items()))
-            resumed = r.recorded.resumed or []
-            if resumed:
-                parts = "; ".join(f"{', '.join(x.get('studies') or [])} at {x.get('at') or '?'}" for x in resumed)
-                status += f", resumed ({_e(parts)})"
-            failures = r.recorded.open_failures()
-            if failures:
-                status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
-                          f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
-        if r.skipped:
-            status += (f", <span class='problem'>{len(r.skipped)} file{'s' if len(r.skipped) > 1 else ''} "
-                       "not read (below)</span>")
-        bad = table_problems.get(r.name) or []
-        if bad:
-            status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
-                       f"table{'s' if len(bad) > 1 else ''} unreadable</span>")
-        dur = f"{r.duration_s:.1f} s" if r.duration_s is not None else ""
+        dur = f"{r.meta.duration_s:.1f} s" if r.meta.duration_s is not None else ""
         tables = ", ".join(_link(links.get((r.name, t)), t) for t in r.tables) or '<span class="muted">none</span>'
-        rows.append(
-            f"<tr><td>{name}</td><td>{_e(r.device)}</td><td><code>{_e(r.git)}</code></td>"
-            f"<td>{_e(r.started)}</td><td>{dur}</td><td>{status}</td><td>{tables}</td></tr>")
-    problems = [f"<li>{_e(r.name)}: {_e(r.error)}</li>" for r in runs if r.error]
-    problems += [f"<li>{_e(r.name)}: {_e(n)}: {_e(why)}; not read or copied</li>"
-                 for r in runs for n, why in r.skipped.items()]
-    problems += [f"<li>{_e(name)}: {_e(line)}</li>" for name, lines in table_problems.items() for line in lines]
+        rows.append(f"<tr><td>{name}</td><td>{_e(r.device)}</td><td><code>{_e(r.meta.git_label)}</code></td>"
+                    f"<td>{_e(r.started)}</td><td>{dur}</td><td>{_status(r, table_problems.get(r.name) or [])}"
+                    f"</td><td>{tables}</td></tr>")
+    problems = [f"{r.name}: {r.error}" for r in runs if r.error]
+    problems += [f"{r.name}: {n}: {why}; not read or copied" for r in runs for n, why in r.skipped.items()]
+    problems += [f"{name}: {line}" for name, lines in table_problems.items() for line in lines]
     listing = ("<p class='problem'>Run folders and tables the report could not use:</p><ul class='problem'>"
-               + "".join(problems) + "</ul>") if problems else ""
-    failed = [f"<li>{_e(r.name)}: {_e(f)}</li>" for r in runs if not r.error for f in r.recorded.open_failures()]
+               + _items(problems) + "</ul>") if problems else ""
+    failed = [f"{r.name}: {f}" for r in runs if not r.error for f in r.meta.open_failures()]
     if failed:   # the reason on the page, not only in a tooltip
-        listing += "<p class='problem'>Studies that failed in a run:</p><ul class='problem'>" + "".join(failed) + "</ul>"
-    warned = [f"<li>{_e(r.name)}: {_e(w)}</li>" for r in runs for w in r.recorded.all_warnings()]
+        listing += "<p class='problem'>Studies that failed in a run:</p><ul class='problem'>" + _items(failed) + "</ul>"
+    warned = [f"{r.name}: {w}" for r in runs for w in r.meta.all_warnings()]
     if warned:
-        listing += "<p>Warnings a run recorded:</p><ul>" + "".join(warned) + "</ul>"
+        listing += "<p>Warnings a run recorded:</p><ul>" + _items(warned) + "</ul>"
     n_ref = sum(r.reference for r in runs)
     summary = (f"{len(runs)} run folder{'s' if len(runs) != 1 else ''} ({n_ref} reference), newest first: "
                "device, commit, status, tables (each run's name opens its meta.json)")
@@ -154,87 +148,58 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]] | None 
             + "".join(rows) + "</tbody></table></details>" + listing)
 
 
-
 def _paragraphs(text: str) -> str:
-    parts = [p.strip() for p in text.split("\n\n") if p.strip()]
-    return "".join(f"<p>{_e(p)}</p>" for p in parts)
-
+    return "".join(f"<p>{_e(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
 
 
 def _table_html(df) -> str:
     """A small DataFrame as an HTML table: three significant digits, n/a for missing values."""
     def fmt(v):
-        if isinstance(v, float):
-            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-        return v
-    return df.to_html(index=False, border=0, classes="data", na_rep="n/a", formatters={
-        c: fmt for c in df.columns if df[c].dtype.kind == "f"}, escape=True)
+        return (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}") if isinstance(v, float) else v
 
-
-
-def _figure_html(src: str, alt: str, caption: str = "", svg: str | None = None) -> str:
-    """A figure: the PNG (a link to itself at full size), its caption (what it shows, which run)
-    and its SVG where one was saved."""
-    bits = [_e(caption)] if caption else []
-    if svg:
-        bits.append(f'<a href="{_href(svg)}">SVG</a>')
-    cap = f"<figcaption>{' · '.join(bits)}</figcaption>" if bits else ""
-    return f'<figure><a href="{_href(src)}"><img src="{_href(src)}" alt="{_e(alt)}"></a>{cap}</figure>'
-
+    return df.to_html(index=False, border=0, classes="data", na_rep="n/a", escape=True,
+                      formatters={c: fmt for c in df.columns if df[c].dtype.kind == "f"})
 
 
 def _figures_html(figs: list[str], svgs: Mapping[str, str], captions: Mapping[str, str], alt: str) -> str:
-    if not figs:
-        return ""
-    return ('<div class="figs">' + "".join(_figure_html(f, alt, captions.get(f, ""), svgs.get(f)) for f in figs)
-            + "</div>")
-
+    """Each figure: its PNG (a link to itself at full size), its caption and its SVG where one was saved."""
+    out = []
+    for f in figs:
+        bits = [_e(captions[f])] if captions.get(f) else []
+        bits += [f'<a href="{_href(svgs[f])}">SVG</a>'] if svgs.get(f) else []
+        cap = f"<figcaption>{' · '.join(bits)}</figcaption>" if bits else ""
+        out.append(f'<figure><a href="{_href(f)}"><img src="{_href(f)}" alt="{_e(alt)}"></a>{cap}</figure>')
+    return f'<div class="figs">{"".join(out)}</div>' if figs else ""
 
 
 def _tables_html(tables: list[tuple[str, Any, str]]) -> str:
     out = []
     for caption, df, csv in tables:
         head = f'<span class="caption">{_e(caption)}</span> · <a href="{_href(csv)}">CSV</a>'
-        table = _table_html(df)
         if len(df) > TABLE_OPEN_ROWS or len(tables) > 1:
-            out.append(f'<details class="tablebox"><summary>{head}</summary>{table}</details>')
+            out.append(f'<details class="tablebox"><summary>{head}</summary>{_table_html(df)}</details>')
         else:
-            out.append(f'<div class="tablebox"><p>{head}</p>{table}</div>')
+            out.append(f'<div class="tablebox"><p>{head}</p>{_table_html(df)}</div>')
     if len(tables) > 1:     # one per tower or run: one fold holding each table's own fold
         return (f'<details class="tablebox"><summary><span class="caption">Key numbers: {len(tables)} tables '
                 f"(one per tower or run), each with its CSV</span></summary>{''.join(out)}</details>")
     return "".join(out)
 
 
-
-CPU_NOTE = ("CPU smoke test: its verdicts, memory models and planner padding hold on any machine; its "
-            "timings are not measurements")
-
-
 def _view_body(name: str, v: View) -> str:
-    out = []
-    if v.error:
-        out.append(f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>')
-    for note in v.errata:
-        out.append(f'<p class="errata"><b>Known problem</b> (found after the run; reference/{ERRATA_NAME}): '
-                   f"{_e(note)}</p>")
-    out.append(_paragraphs(v.text))
-    out.append(_tables_html(v.tables))
-    out.append(_grouped_figures_html(v, f"{name} figure"))
-    return "".join(out)
-
+    out = [f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>'] if v.error else []
+    out += [f'<p class="errata"><b>Known problem</b> (found after the run; reference/{ERRATA_NAME}): {_e(note)}</p>'
+            for note in v.errata]
+    return "".join([*out, _paragraphs(v.text), _tables_html(v.tables), _grouped_figures_html(v, f"{name} figure")])
 
 
 def _grouped_figures_html(v: View, alt: str) -> str:
-    """The view's figures; where they fall in several groups (runs, towers of a run), the first
-    group's shown and each other group folded under its name (the findings above cover them all)."""
-    order: dict[str, list[str]] = {}
+    """The view's figures; where they fall in several groups (runs, towers of a run), the first group's
+    shown and each other group folded under its name."""
+    groups: dict[str, list[str]] = {}
     for f in v.figures:
-        order.setdefault(v.groups.get(f, ""), []).append(f)
-    groups = list(order.items())
-    if len(groups) < 2:
-        return _figures_html(v.figures, v.svgs, v.captions, alt)
-    (_, first), rest = groups[0], groups[1:]
+        groups.setdefault(v.groups.get(f, ""), []).append(f)
+    (_, first), *rest = list(groups.items()) or [("", [])]
     out = [_figures_html(first, v.svgs, v.captions, alt)]
     for label, figs in rest:
         out.append(f'<details class="fold"><summary>Figures of {_e(label or "the other runs")} ({len(figs)})'
@@ -242,15 +207,13 @@ def _grouped_figures_html(v: View, alt: str) -> str:
     return "".join(out)
 
 
-
 def _view_html(name: str, v: View) -> str:
     if v.kind == "older":
-        diffs = ("<ul class='diffs'>" + "".join(f"<li>{_e(d)}</li>" for d in v.diffs) + "</ul>") if v.diffs else ""
+        diffs = (f"<p class='muted'>Older runs on {_e(v.device)} ({len(v.runs)}), against the newest:</p>"
+                 f"<ul class='diffs'>{_items(v.diffs)}</ul>") if v.diffs else ""
         what = "verdicts above; their findings and figures" if v.diffs else "their findings and figures"
-        return (f"<p class='muted'>Older runs on {_e(v.device)} ({len(v.runs)}), against the newest:</p>{diffs}"
-                if v.diffs else "") + (
-            f'<details class="fold"><summary>Older runs on {_e(v.device)}: {len(v.runs)} '
-            f"({_e(what)})</summary><p class='muted'>{_e(_runs_words(v.runs))}</p>{_view_body(name, v)}</details>")
+        return (f'{diffs}<details class="fold"><summary>Older runs on {_e(v.device)}: {len(v.runs)} '
+                f"({_e(what)})</summary><p class='muted'>{_e(_runs_words(v.runs))}</p>{_view_body(name, v)}</details>")
     head = f"{_e(v.device)}: newest {_e(_runs_words(v.runs))}"
     if v.folded:
         return (f'<details class="fold"><summary><span class="cpu">CPU</span> {head}. {_e(CPU_NOTE)}.</summary>'
@@ -259,47 +222,34 @@ def _view_html(name: str, v: View) -> str:
     return f"<h3>{head}</h3>{note}{_view_body(name, v)}"
 
 
-
 def _comparison_html(c: Comparison) -> str:
     csv = f' · <a href="{_href(c.csv)}">CSV of every value</a>' if c.csv else ""
     out = f"<p class='muted'>Compared on {_e(c.device)}: {_e(c.line)}{csv}</p>"
     if c.table is not None and len(c.table):
+        first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
         out += (f'<details class="fold"><summary>The {c.flagged} flagged value{"s" if c.flagged != 1 else ""}'
-                f'{" (first " + str(COMPARE_ROWS) + ")" if c.flagged > COMPARE_ROWS else ""}</summary>'
-                f'<div class="tablebox">{_table_html(c.table)}</div></details>')
+                f'{first}</summary><div class="tablebox">{_table_html(c.table)}</div></details>')
     return out
-
 
 
 def _section_html(s: StudySection) -> str:
     out = [f'<h2 id="{_e(s.name)}">{_e(s.name)}</h2>']
-    if s.question:
-        out.append(f"<p><em>{_e(s.question)}</em></p>")
+    out += [f"<p><em>{_e(s.question)}</em></p>"] if s.question else []
     if s.error and not any(v.error for v in s.views):
         out.append(f'<p>The summary failed:</p><pre class="error">{_e(s.error)}</pre>')
-    if not s.views:
-        out.append(_paragraphs(s.text))
-    for v in s.views:
-        out.append(_view_html(s.name, v))
-    for c in s.comparisons:
-        out.append(_comparison_html(c))
-    for line in s.table_problems:
-        out.append(f'<p class="problem">{_e(line)}</p>')
-    for dev in s.missing_devices:
-        out.append(f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>')
-    if s.runs:
-        out.append(f'<p class="muted">From runs: {_e(", ".join(s.runs))}</p>')
+    out += [_view_html(s.name, v) for v in s.views] or [_paragraphs(s.text)]
+    out += [_comparison_html(c) for c in s.comparisons]
+    out += [f'<p class="problem">{_e(line)}</p>' for line in s.table_problems]
+    out += [f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>' for dev in s.missing_devices]
+    out += [f'<p class="muted">From runs: {_e(", ".join(s.runs))}</p>'] if s.runs else []
     return "\n".join(out)
-
 
 
 def _benchmark_html(b: BenchmarkSection) -> str:
     out = [f'<h2 id="{_e(b.name)}">{_e(b.title)}</h2>']
-    if b.note:
-        out.append(f'<p class="muted">{_e(b.note)}</p>')
-    many = len(b.panels) > 1
+    out += [f'<p class="muted">{_e(b.note)}</p>'] if b.note else []
     for p in b.panels:
-        if many:
+        if len(b.panels) > 1:
             out.append(f"<h3>{_e(p.device or p.source)}{', ' + _e(p.date) if p.date else ''}</h3>")
         if p.error:
             out.append(f'<p class="problem">{_e(p.error)}</p>')
@@ -308,7 +258,6 @@ def _benchmark_html(b: BenchmarkSection) -> str:
         if not p.error:
             out.append(f'<p class="muted">From <code>{_e(REFERENCE_DIRNAME)}/{_e(p.source)}</code>.</p>')
     return "\n".join(out)
-
 
 
 def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
@@ -325,26 +274,20 @@ def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
                        f"<ul>{lis}</ul></details>")
         else:
             out.append(f"<h3>{_e(dev)}</h3><ul>{lis}</ul>")
-    out.append("</div>")
-    return "".join(out)
+    return "".join(out) + "</div>"
 
 
-
-def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
-                results_dir: Path, out_dir: Path, benchmarks: list[BenchmarkSection] | None = None,
-                table_problems: Mapping[str, list[str]] | None = None,
-                links: Mapping[tuple[str, str], str] | None = None, runs_csv: str = "",
-                notes: list[str] | None = None) -> str:
+def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, results_dir: Path,
+                benchmarks: list[BenchmarkSection], table_problems: Mapping[str, list[str]],
+                links: Mapping[tuple[str, str], str], runs_csv: str, notes: list[str]) -> str:
     """The page. ``notes``: what the whole page lacks and why (a broken errata file), shown first."""
-    now = iso_utc(timespec="seconds")
-    benchmarks = list(benchmarks or [])
     body = [
         "<h1>Vision-encoder input-normalization workbench: report</h1>",
-        f'<p class="muted">Built {_e(now)} from <code>{_e(results_dir)}</code>: '
+        f'<p class="muted">Built {_e(iso_utc(timespec="seconds"))} from <code>{_e(results_dir)}</code>: '
         f"{len(runs)} run folder(s), {sum(r.reference for r in runs)} of them reference runs. "
         "Newest run per device first; older runs and CPU smoke tests are folded. This folder holds "
         "everything the page links, so it can be zipped and shared.</p>",
-        *(f'<p class="problem">{_e(n)}</p>' for n in notes or []),
+        *(f'<p class="problem">{_e(n)}</p>' for n in notes),
     ]
     if no_study:
         body.append(f'<p class="notice"><strong>{_e(NO_STUDY_MESSAGE[0].upper() + NO_STUDY_MESSAGE[1:])}.</strong> '
@@ -356,12 +299,8 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool,
     toc.append('<a href="#runs">runs</a>')
     body.append(f'<p class="toc">Sections: {" · ".join(toc)}</p>')
     body.append(_key_findings_html(key_findings(sections, benchmarks)))
-    for s in sections:
-        body.append(_section_html(s))
-    for b in benchmarks:
-        body.append(_benchmark_html(b))
-    body.append('<h2 id="runs">Runs</h2>')
-    body.append(_runs_table(runs, table_problems, links, runs_csv))
+    body += [_section_html(s) for s in sections] + [_benchmark_html(b) for b in benchmarks]
+    body += ['<h2 id="runs">Runs</h2>', _runs_table(runs, table_problems, links, runs_csv)]
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{REPORT_TITLE}</title>"
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -1,7 +1,6 @@
 """What the page links, copied into the report folder so it can be zipped and shared: each run's
-meta.json and its executed notebooks' HTML, cleaned by an allow-list (`localize_html`, with nh3):
-no script, no event attribute, no frame or plugin, no link that runs code, nothing loaded from
-outside the folder. Where nh3 is not installed no notebook HTML is copied, and the page says so.
+meta.json and its executed notebooks' HTML, cleaned by an allow-list (nh3): nothing runs, nothing
+loads from outside the folder. Without nh3 no notebook HTML is copied, and the page says so.
 """
 from __future__ import annotations
 
@@ -14,48 +13,31 @@ from ..runmeta import META_NAME
 from .runs import Run, _why
 
 RUNS_DIRNAME = "runs"                # <report>/runs/<run folder>/: copies of what the page links
-
-
 LOCALIZED_NOTE = ("<!-- copied into the workbench report and cleaned by an allow-list (nh3): no script, "
                   "event attribute, frame, plugin or form, no link that runs code, nothing loaded from "
                   "outside the report folder (math shows as TeX source) -->\n")
-
-
 # the page's own rule, for a browser: nothing runs, nothing loads from elsewhere
 _CSP = ("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
         "img-src data: 'self'; font-src data:; form-action 'none'; base-uri 'none'\">\n")
-
-
 NO_SANITIZER = ("executed notebooks' HTML is not copied into the report: the HTML sanitizer nh3 is not "
                 "installed (pip install nh3), and a notebook's HTML is never copied unsanitized")
-
 
 # what nbconvert's export of an executed notebook is made of: text, code, tables, images
 _TAGS = {"a", "abbr", "b", "blockquote", "br", "caption", "code", "col", "colgroup", "dd", "del", "details",
          "div", "dl", "dt", "em", "figcaption", "figure", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "img",
          "kbd", "li", "main", "ol", "p", "pre", "s", "samp", "small", "span", "strong", "style", "sub",
          "summary", "sup", "table", "tbody", "td", "tfoot", "th", "thead", "title", "tr", "u", "ul", "var"}
-
-
 _ATTRIBUTES = {"*": {"class", "id", "title"}, "a": {"href"}, "img": {"src", "alt", "width", "height"},
                "td": {"colspan", "rowspan"}, "th": {"colspan", "rowspan"}, "ol": {"start"}}
-
-
 _DROPPED_WITH_CONTENT = {"script", "svg", "math", "iframe", "object", "noscript", "template"}
-
-
 _IMAGE_DATA = tuple(f"data:image/{t}{sep}" for t in ("png", "jpeg", "gif", "svg+xml") for sep in ";,")
-
-
 _CSS_ESCAPE = re.compile(r"\\([0-9a-fA-F]{1,6})\s?|\\(.)", re.S)
-
-
 _CSS_LOADS = re.compile(r"@import|(?:image-set|image|cross-fade|element|src)\(|url\(\s*(?!['\"]?\s*data:)", re.I)
 
 
 def _relative(url: str) -> bool:
-    """Whether ``url`` (spaces removed, lower case) is a path inside the folder: no scheme, no
-    host, not from the root (``//host`` and ``\\\\host`` reach other machines)."""
+    """Whether ``url`` is a path inside the folder: no scheme, no host, not from the root (``//host``
+    and ``\\\\host`` reach other machines)."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
@@ -63,34 +45,27 @@ def _relative(url: str) -> bool:
     return not (parts.scheme or parts.netloc or url.startswith(("/", "\\")))
 
 
-
 def _attribute(tag: str, name: str, value: str) -> str | None:
-    """nh3's last word on an allowed attribute: an image only from an embedded PNG, JPEG, GIF or
-    SVG or a path in the folder, a link only to http(s) or a path in the folder."""
+    """nh3's last word on an allowed attribute: an image only embedded (PNG, JPEG, GIF, SVG) or in the
+    folder, a link only to http(s) or the folder."""
     if name not in ("href", "src"):
         return value
     url = "".join(value.split()).lower()
-    if name == "src":
-        return value if url.startswith(_IMAGE_DATA) or _relative(url) else None
-    return value if url.startswith(("http://", "https://")) or _relative(url) else None
-
+    allowed = _IMAGE_DATA if name == "src" else ("http://", "https://")
+    return value if url.startswith(allowed) or _relative(url) else None
 
 
 def _loads_nothing(css: str) -> bool:
-    """Whether a stylesheet loads nothing (no @import, no url() but data:), read with its escapes
-    undone (``\\75 rl(`` is ``url(``)."""
+    """Whether a stylesheet loads nothing, read with its escapes undone (``\\75 rl(`` is ``url(``)."""
     plain = _CSS_ESCAPE.sub(lambda m: chr(min(int(m[1], 16), 0x10FFFF)) if m[1] else m[2], css)
     return not _CSS_LOADS.search(plain)
 
 
-
 def localize_html(text: str) -> str:
-    """An executed notebook's HTML export, cleaned by an allow-list (nh3) so that it runs nothing
-    and loads nothing from outside the report folder: the tags and attributes of text, code,
-    tables and images (`_TAGS`, `_ATTRIBUTES`); images embedded or in the folder, links to http(s)
-    or the folder (`_attribute`); ``<style>`` blocks kept where they load nothing; scripts
-    (nbconvert's templates load require.js and MathJax from CDNs), inline SVG and MathML, frames
-    and plugins dropped with their content. ImportError where nh3 is not installed."""
+    """An executed notebook's HTML export, cleaned by an allow-list (nh3) so that it runs nothing and
+    loads nothing from outside the report folder: scripts (nbconvert's load require.js and MathJax from
+    CDNs), inline SVG and MathML, frames and plugins dropped with their content; ``<style>`` kept where
+    it loads nothing. ImportError where nh3 is not installed."""
     import nh3
 
     clean = nh3.clean(text, tags=_TAGS, clean_content_tags=_DROPPED_WITH_CONTENT, attributes=_ATTRIBUTES,
@@ -99,9 +74,7 @@ def localize_html(text: str) -> str:
     return '<!doctype html>\n<meta charset="utf-8">\n' + _CSP + LOCALIZED_NOTE + clean
 
 
-
-def _nh3_missing() -> bool:
-    """Whether the sanitizer `localize_html` needs cannot be imported (then no notebook is copied)."""
+def nh3_missing() -> bool:
     try:
         import nh3  # noqa: F401
     except ImportError:
@@ -109,14 +82,12 @@ def _nh3_missing() -> bool:
     return False
 
 
-
-def _copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:
-    """Copies of each run's meta.json and executed notebooks' HTML (cleaned: `localize_html`;
-    none where nh3 is missing) under ``runs/<run folder>/``: {(run folder name, "meta.json" |
-    study): path relative to ``root``}. Only regular files of the run folder are read; one that
-    cannot be read is added to the run's ``skipped``."""
+def copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:
+    """Copies of each run's meta.json and executed notebooks' HTML (cleaned; none without nh3) under
+    ``runs/<run folder>/``: {(run folder, "meta.json" | study): path relative to ``root``}. A file that
+    cannot be read is added to its run's ``skipped``."""
     links: dict[tuple[str, str], str] = {}
-    notebooks = not _nh3_missing()
+    notebooks = not nh3_missing()
     for r in (r for r in runs if not r.path.is_symlink()):       # a link to a folder elsewhere: none of it
         names = [META_NAME] + ([f"{study}.html" for study in r.tables] if notebooks else [])
         for name in (n for n in names if n not in r.skipped):
@@ -129,6 +100,6 @@ def _copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:
                 continue
             target = root / RUNS_DIRNAME / r.name / name
             atomic_write_text(target, text if name == META_NAME else localize_html(text))
-            links[(r.name, "meta.json" if name == META_NAME else name[:-len(".html")])] = (
-                target.relative_to(root).as_posix())
+            key = "meta.json" if name == META_NAME else name[:-len(".html")]
+            links[(r.name, key)] = target.relative_to(root).as_posix()
     return links

@@ -1,8 +1,7 @@
-"""What the page shows, as data: one `StudySection` per study with one `View` per device (the
-newest run, then the older runs, each summarized by the study on its own rows; figures with
-captions; key-number tables as DataFrames with a CSV beside the page), the newest run against the
-one before it (workbench.compare), and the committed benchmarks (workbench.benchmarks). Nothing
-here renders HTML.
+"""What the page shows, as data: one `StudySection` per study with one `View` per device and kind (the
+newest run, the older runs), each summarized by the study on its own rows, with figures, captions and
+key-number tables as DataFrames (a CSV beside each), and the newest run against the one before it
+(workbench.compare). Nothing here renders HTML.
 """
 from __future__ import annotations
 
@@ -12,15 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..files import atomic_write_bytes, file_kind, read_regular
 from ..runstate import slug
+from .output import _regular
 from .runs import Run, TableProblem, study_table
+
+COMPARE_ROWS = 12                    # flagged rows shown per comparison (all of them in its CSV)
+DIFF_CELLS = 8                       # changed verdict cells named per older run
+
 
 @dataclass
 class View:
-    """One summarize call in a study section: the newest run(s) of one device (``kind``
-    "newest"; the newest run per device and family where the table has a ``family`` column), or
-    that device's older runs ("older"). CPU views and older views are folded on the page."""
+    """One summarize call: the newest run(s) of a device (``kind`` "newest": per family where the table
+    has a ``family`` column), or its older runs ("older"). CPU and older views are folded on the page."""
 
     kind: str
     device: str
@@ -41,7 +43,6 @@ class View:
         return is_cpu(self.device)
 
 
-
 @dataclass
 class Comparison:
     """The newest run of a study on one device against the run before it (workbench.compare)."""
@@ -55,77 +56,52 @@ class Comparison:
     flagged: int = 0
 
 
-
 @dataclass
 class StudySection:
     name: str
     question: str
     runs: list[str]
     text: str = ""                  # the lead view's finding (newest GPU run, else newest CPU run)
-    figures: list[str] = field(default_factory=list)    # paths relative to the report folder, every view
+    figures: list[str] = field(default_factory=list)    # every view's, relative to the report folder
     error: str | None = None
-    svgs: dict[str, str] = field(default_factory=dict)  # figure -> its SVG, where one was saved
     table_problems: list[str] = field(default_factory=list)   # "run X: table unreadable: ..."
     missing_devices: list[str] = field(default_factory=list)  # devices seen elsewhere, not here
-    tables: list[tuple[str, Any]] = field(default_factory=list)  # (caption, DataFrame) of key numbers, every view
     views: list[View] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
     per_preset: bool = False        # its finding has a paragraph per tower (family): each is a key finding
-
-
-
-
-def _regular(path: Path) -> bool:
-    """Whether ``path`` is a regular file, not a link (`file_kind`)."""
-    try:
-        return file_kind(path, follow=False) is None
-    except OSError:
-        return False
-
-
-
-def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str]]:
-    """Figure files (absolute or relative to ``base``) as paths relative to ``root`` (files saved
-    outside it are copied into ``base``), the PNG of a PNG/SVG pair shown and its SVG linked.
-    Only regular files are shown or copied: ValueError for a figure that is a link, missing or
-    anything else."""
-    rels: list[str] = []
-    for fig in map(Path, paths):
-        fig = fig if fig.is_absolute() else base / fig
-        fig = fig.parent.resolve() / fig.name            # its folder's real place; the file itself not followed
-        if not _regular(fig):
-            raise ValueError(f"figure {fig} is missing or not a regular file (a link, a folder...): not shown")
-        if root not in fig.parents:                      # saved elsewhere: copy it (and its SVG) in
-            atomic_write_bytes(base / fig.name, read_regular(fig))
-            svg = fig.with_suffix(".svg")
-            if fig.suffix.lower() != ".svg" and _regular(svg) and not (base / svg.name).exists():
-                atomic_write_bytes(base / svg.name, read_regular(svg))
-            fig = base / fig.name
-        rel = fig.relative_to(root).as_posix()
-        if rel not in rels:
-            rels.append(rel)
-    shown = [r for r in rels if not (r.lower().endswith(".svg")
-                                     and any(o != r and Path(o).with_suffix("").as_posix()
-                                             == Path(r).with_suffix("").as_posix() for o in rels))]
-    svgs = {}
-    for r in shown:
-        svg = Path(r).with_suffix(".svg")
-        if not r.lower().endswith(".svg") and _regular(root / svg):
-            svgs[r] = svg.as_posix()
-    return shown, svgs
-
-
-
-COMPARE_ROWS = 12                    # flagged rows shown per comparison (all of them in its CSV)
-
-
-DIFF_CELLS = 8                       # changed verdict cells named per older run
 
 
 def is_cpu(device: str) -> bool:
     """Whether a table's device name is a CPU ('cpu: <model>'): a smoke test, not a measurement."""
     return str(device).strip().lower().startswith("cpu")
 
+
+def _slug(text: str) -> str:
+    return slug(text, empty="x")
+
+
+def _runs_words(runs: list[str]) -> str:
+    return f"run{'s' if len(runs) > 1 else ''} {', '.join(runs)}"
+
+
+def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str]]:
+    """Figure files (absolute or relative to ``base``) as paths relative to ``root``; of a PNG/SVG pair
+    the PNG shown and its SVG linked. ValueError for a figure that is not a regular file in ``root``."""
+    rels: list[str] = []
+    for fig in map(Path, paths):
+        fig = fig if fig.is_absolute() else base / fig
+        fig = fig.parent.resolve() / fig.name            # its folder's real place; the file itself not followed
+        if not _regular(fig) or root not in fig.parents:
+            raise ValueError(f"figure {fig} is missing, outside the report folder or not a regular file "
+                             "(a link, a folder...): not shown")
+        rel = fig.relative_to(root).as_posix()
+        if rel not in rels:
+            rels.append(rel)
+    stems = [Path(r).with_suffix("").as_posix() for r in rels if not r.lower().endswith(".svg")]
+    shown = [r for r in rels if not (r.lower().endswith(".svg") and Path(r).with_suffix("").as_posix() in stems)]
+    svgs = {r: Path(r).with_suffix(".svg").as_posix() for r in shown
+            if not r.lower().endswith(".svg") and _regular(root / Path(r).with_suffix(".svg"))}
+    return shown, svgs
 
 
 def _starts(runs: list[Run]) -> dict[str, str]:
@@ -136,11 +112,9 @@ def _starts(runs: list[Run]) -> dict[str, str]:
     return out
 
 
-
 def newest_mask(table, starts: Mapping[str, str]):
-    """A boolean Series over ``table``: the rows of the newest run of each device (and each
-    family, where the table has a ``family`` column: a later run that measured one family does not
-    hide the other's newest numbers)."""
+    """The rows of the newest run of each device (and family: a later run of one family does not
+    hide the other's newest numbers), as a boolean Series."""
     import pandas as pd
 
     mask = pd.Series(False, index=table.index)
@@ -151,25 +125,19 @@ def newest_mask(table, starts: Mapping[str, str]):
     return mask
 
 
-
 def _device_order(table, starts: Mapping[str, str]) -> list[str]:
-    """Devices of a study table: GPUs first, each group by its newest run, newest first."""
-    newest = {}
-    for dev, g in table.groupby("device", dropna=True, sort=False):
-        newest[str(dev)] = max(starts.get(str(r), "") for r in g["run"].unique())
-    ordered = sorted(newest, key=lambda d: (newest[d], d), reverse=True)
-    return sorted(ordered, key=is_cpu)                       # stable: newest first within each group
-
+    """GPUs first, then CPUs, each by its newest run, newest first."""
+    newest = {str(dev): max(starts.get(str(r), "") for r in g["run"].unique())
+              for dev, g in table.groupby("device", dropna=True, sort=False)}
+    return sorted(sorted(newest, key=lambda d: (newest[d], d), reverse=True), key=is_cpu)
 
 
 def _runs_newest_first(g, starts: Mapping[str, str]) -> list[str]:
     return sorted(map(str, g["run"].unique()), key=lambda r: (starts.get(r, ""), r), reverse=True)
 
 
-
 def _verdict_diffs(study: str, older, newest, starts: Mapping[str, str]) -> list[str]:
-    """One line per older run of a device: its verdicts against the newest run's, "unchanged"
-    or the cells that changed (workbench.compare)."""
+    """One line per older run: its verdicts against the newest run's, "unchanged" or the cells that changed."""
     from ..compare import compare_tables, verdict_changes
 
     if "unit" not in older.columns or not (older["unit"] == "bool").any():
@@ -179,28 +147,27 @@ def _verdict_diffs(study: str, older, newest, starts: Mapping[str, str]) -> list
     for run in _runs_newest_first(older, starts):
         rows = older[older["run"].astype(str) == run]
         cmp = compare_tables(rows[rows["unit"] == "bool"], newest[newest["unit"] == "bool"], study=study)
+        changed = verdict_changes(cmp) if len(cmp) else []
         if not len(cmp):
             lines.append(f"{run}: no verdict in common with {ref}")
-            continue
-        changed = verdict_changes(cmp)
-        if not changed:
+        elif not changed:
             lines.append(f"{run}: unchanged ({len(cmp)} verdicts shared with {ref})")
-            continue
-        more = f"; and {len(changed) - DIFF_CELLS} more (in the comparison CSV)" if len(changed) > DIFF_CELLS else ""
-        lines.append(f"{run}: {len(changed)} of {len(cmp)} verdicts differ from {ref}: "
-                     + "; ".join(changed[:DIFF_CELLS]) + more)
+        else:
+            more = len(changed) - DIFF_CELLS
+            more_words = f"; and {more} more (in the comparison CSV)" if more > 0 else ""
+            lines.append(f"{run}: {len(changed)} of {len(cmp)} verdicts differ from {ref}: "
+                         + "; ".join(changed[:DIFF_CELLS]) + more_words)
     return lines
 
 
-
-class _Csvs:
-    """CSV files written beside the page, one per table shown, named once each."""
+class Csvs:
+    """CSV files written beside the page, one per table shown, each name used once."""
 
     def __init__(self, root: Path):
         self.root, self.used = root, set()
 
     def write(self, df, *parts: str) -> str:
-        base = "-".join(slug(str(p), empty="x")[:48] for p in parts if str(p)) or "table"
+        base = "-".join(_slug(str(p))[:48] for p in parts if str(p)) or "table"
         name, i = f"{base}.csv", 2
         while name in self.used:
             name, i = f"{base}-{i}.csv", i + 1
@@ -209,27 +176,20 @@ class _Csvs:
         return name
 
 
-
 def _figure_runs(fig: str, study: str, runs: list[str]) -> tuple[str, str | None]:
-    """(what the figure shows, the run it belongs to) from its file name ``<stem>_<run>``: the
-    stem without the study's name, words for underscores; no run where the name holds none."""
+    """(what the figure shows, the run it belongs to) from its file name ``<stem>_<run>``."""
     stem = Path(fig).stem
-    run = next((r for r in sorted(runs, key=len, reverse=True)
-                if stem.endswith("_" + slug(r, empty="x"))), None)
+    run = next((r for r in sorted(runs, key=len, reverse=True) if stem.endswith("_" + _slug(r))), None)
     if run is not None:
-        stem = stem[: -len(slug(run, empty="x")) - 1]
+        stem = stem[: -len(_slug(run)) - 1]
     if stem.startswith(study):
         stem = stem[len(study):]
-    what = " ".join(stem.replace("_", " ").replace("-", " ").split())
-    return what, run
+    return " ".join(stem.replace("_", " ").replace("-", " ").split()), run
 
 
-
-def _caption(fig: str, study: str, view_runs: list[str], by_run: Mapping[str, "Run"], device: str,
+def _caption(fig: str, study: str, view_runs: list[str], by_run: Mapping[str, Run], device: str,
              shows: str | None = None) -> str:
-    """What a figure shows (the study's words where its Summary gives them, else its file name's)
-    and which run it belongs to: device, run, start time, reference; CPU figures say they are not
-    measurements."""
+    """What a figure shows (the Summary's words, else its file name's) and its device, run, start time."""
     what, run = _figure_runs(fig, study, view_runs)
     title = shows.rstrip(". ") if shows else f"{study}{': ' + what if what else ''}"
     if run is None:
@@ -241,9 +201,8 @@ def _caption(fig: str, study: str, view_runs: list[str], by_run: Mapping[str, "R
     return f"{title}, {device}, run {run}{when}{ref}.{cpu}"
 
 
-
 def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
-                    by_run: Mapping[str, "Run"], csvs: _Csvs) -> None:
+                    by_run: Mapping[str, Run], csvs: Csvs) -> None:
     from ..studies import Summary
 
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -251,28 +210,22 @@ def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
     if isinstance(result, str):
         result = Summary(text=result)
     view.text = result.text
-    for caption, df in getattr(result, "tables", []):
-        csv = csvs.write(df, study.name, view.device, view.kind, caption)
-        view.tables.append((caption, df, csv))
+    view.tables = [(caption, df, csvs.write(df, study.name, view.device, view.kind, caption))
+                   for caption, df in getattr(result, "tables", [])]
     view.figures, view.svgs = _figures_in(result.figures, fig_dir, out_dir)
-    # a Summary may say what each figure shows ({file name: words}); the run and device are added here
-    own = getattr(result, "captions", None) or {}
+    own = getattr(result, "captions", None) or {}       # {file name: what it shows}
     view.captions = {f: _caption(f, study.name, view.runs, by_run, view.device, own.get(Path(f).name))
                      for f in view.figures}
     groups = getattr(result, "groups", None) or {}
     view.groups = {f: groups[Path(f).name] for f in view.figures if Path(f).name in groups}
 
 
-
-def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: _Csvs) -> Comparison | None:
-    """The newest run of ``study`` on ``device`` against the newest earlier run that shares a
-    value with it (runs of other towers share none: a comparison with them says nothing); None
-    with one run or where no earlier run shares a value."""
+def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: Csvs) -> Comparison | None:
+    """The newest run on ``device`` against the newest earlier run that shares a value with it (runs
+    of other towers share none); None where there is no such run."""
     from ..compare import compare_tables, summary_line
 
     order = _runs_newest_first(g, starts)
-    if len(order) < 2:
-        return None
     newer = order[0]
     for older in order[1:]:
         cmp = compare_tables(g[g["run"].astype(str) == older], g[g["run"].astype(str) == newer], study=study)
@@ -281,47 +234,35 @@ def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: _Cs
     else:
         return None
     cmp = cmp.rename(columns={"a": older, "b": newer})
-    c = Comparison(device=device, newer=newer, older=older,
-                   line=f"{newer} against {older}: {summary_line(cmp)}.")
     flagged = cmp[cmp["flag"] != ""]
-    c.flagged = len(flagged)
-    c.csv = csvs.write(cmp, "compare", study, device)
+    c = Comparison(device=device, newer=newer, older=older, line=f"{newer} against {older}: {summary_line(cmp)}.",
+                   flagged=len(flagged), csv=csvs.write(cmp, "compare", study, device))
     if len(flagged):
         show = flagged.drop(columns=["study"]).head(COMPARE_ROWS)
-        show = show[[col for col in show.columns if not (show[col].astype(str).isin(["", "-"])).all()]]
-        c.table = show
+        c.table = show[[col for col in show.columns if not show[col].astype(str).isin(["", "-"]).all()]]
     return c
 
 
-
-def _summarize(study: Any, runs: list[Run], out_dir: Path,
-               loaded: Mapping[tuple[str, str], Any] | None = None, problems: list[TableProblem] | None = None,
-               devices: set[str] | None = None, csvs: _Csvs | None = None,
-               errata: Mapping[str, Mapping[str, str]] | None = None) -> StudySection:
-    """A study's section: one view of the newest run(s) per device and one of its older runs,
-    each summarized by the study on its own rows; verdict diffs of the older runs; the newest
-    run against the one before it per device."""
+def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[str, str], Any],
+              problems: list[TableProblem], devices: set[str], csvs: Csvs,
+              errata: Mapping[str, Mapping[str, str]]) -> StudySection:
+    """A study's section: per device a view of the newest run(s) and one of the older runs, each
+    summarized on its own rows, with the older runs' verdict diffs and the newest-against-previous."""
     holders = list(dict.fromkeys(r.logical_name for r in runs if study.name in r.tables))
     section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[],
-                           per_preset=bool(getattr(study, "per_preset", False)))
-    devices = set(devices or ())
-    errata = errata or {}
+                           per_preset=bool(getattr(study, "per_preset", False)),
+                           missing_devices=sorted(devices))
     if not holders:
         section.text = "No run holds a table for this study yet (make sweep)."
-        section.missing_devices = sorted(devices)
         return section
-    out_dir = out_dir.resolve()
-    csvs = csvs or _Csvs(out_dir)
     try:
-        problems = list(problems or [])     # this study's tables that could not be used
+        problems = list(problems)
         table = study_table(study.name, runs, problems=problems, loaded=loaded)
         section.table_problems = [p.line for p in problems]
         if table is None:
             section.text = "No table of this study could be read."
-            section.missing_devices = sorted(devices)
             return section
-        present = set(table["run"].astype(str))
-        section.runs = [name for name in holders if name in present]
+        section.runs = [name for name in holders if name in set(table["run"].astype(str))]
         section.missing_devices = sorted(devices - {str(d) for d in table["device"].dropna().unique()})
         starts = _starts(runs)
         by_run = {r.logical_name: r for r in runs}
@@ -330,7 +271,6 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
         any_gpu = any(not is_cpu(d) for d in order)
         for dev in order:
             on_dev = table["device"].astype(str) == dev
-            slug_dev = _slug(dev)
             for kind, rows in (("newest", table[on_dev & newest]), ("older", table[on_dev & ~newest])):
                 if not len(rows):
                     continue
@@ -340,40 +280,23 @@ def _summarize(study: Any, runs: list[Run], out_dir: Path,
                                if study.name in errata.get(run, {})]
                 if kind == "older":
                     view.diffs = _verdict_diffs(study.name, rows, table[on_dev & newest], starts)
+                fig_dir = out_dir / study.name / f"{_slug(dev)}-{kind}"
                 try:
-                    _summarize_view(study, view, rows, out_dir / study.name / f"{slug_dev}-{kind}", out_dir,
-                                    by_run, csvs)
+                    _summarize_view(study, view, rows, fig_dir, out_dir, by_run, csvs)
                 except Exception:  # noqa: BLE001 - one view failing leaves the others
                     view.error = traceback.format_exc()
                 section.views.append(view)
             cmp = _comparison(study.name, dev, table[on_dev], starts, csvs)
             if cmp is not None:
                 section.comparisons.append(cmp)
-        failed = [v.error for v in section.views if v.error]
-        if failed:
-            section.error = failed[0]
-        lead = next((v for v in section.views if not v.error), None)
-        section.text = lead.text if lead else ""
-        for v in section.views:
-            section.figures += v.figures
-            section.svgs.update(v.svgs)
-            section.tables += [(c, t) for c, t, _ in v.tables]
+        section.error = next((v.error for v in section.views if v.error), None)
+        section.text = next((v.text for v in section.views if not v.error), "")
+        section.figures = [f for v in section.views for f in v.figures]
     except Exception:  # noqa: BLE001 - one broken study must not hide the others
         section.error = traceback.format_exc()
     return section
 
 
-
-def _slug(text: str) -> str:
-    return slug(text, empty="x")
-
-
-
-def _study_rank(study: Any) -> tuple[float, str]:
+def study_rank(study: Any) -> tuple[float, str]:
     """Sections in the order the studies declare (`Study.order`), then by name."""
     return (getattr(study, "order", math.inf), study.name)
-
-
-
-def _runs_words(runs: list[str]) -> str:
-    return f"run{'s' if len(runs) > 1 else ''} {', '.join(runs)}"
