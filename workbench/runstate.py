@@ -1,19 +1,12 @@
-"""A run folder and its lifecycle: made atomically (`provenance.new_run_dir`), locked while a process
-works in it (`RunLock`), and its state read back from the files it holds, which is where a resume
-starts.
+"""A run folder (`RunFolder`): made atomically, locked while a process works in it (`RunLock`), and
+its state read back from the files it holds, which is where a resume starts.
 
-A sweep takes each planned study through four stages, and each stage leaves a file behind, so a
-run killed at any moment (SIGKILL included) can be read back and finished:
-
-- ``table``: ``<study>.parquet`` (written atomically: present means complete);
-- ``notebook``: ``<study>.ipynb`` executed to its end without an exception (papermill records
-  both in the notebook's metadata); runs in ``direct`` mode have no notebooks;
-- ``html``: ``<study>.html``, the readable copy of the executed notebook (papermill mode);
-- ``figures``: ``figures/.<study>.drawn``, the list of figure files, written after the study's
-  figures of this run were all saved.
-
-``meta.json`` says what was planned (``params.studies``) and whether the sweep reached its end
-(``finished_at``).
+Each planned study goes through four stages and each leaves a file, so a run killed at any moment
+(SIGKILL included) can be finished: ``table`` (``<study>.parquet``, written atomically: present
+means complete); ``notebook`` (``<study>.ipynb`` executed to its end without an exception; not in
+``direct`` mode); ``html`` (its readable copy); ``figures`` (``figures/.<study>.drawn``, the list of
+figure files, written once they are all saved). meta.json says what was planned
+(``params.studies``) and whether the sweep reached its end (``finished_at``).
 """
 from __future__ import annotations
 
@@ -23,7 +16,6 @@ import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
 
 from .files import read_regular
 from .runmeta import META_NAME, RunMeta
@@ -33,7 +25,7 @@ FIGURES_DIR = "figures"
 
 
 def figures_marker(run_dir: Path | str, study: str) -> Path:
-    """The file that says the study's figures of this run are all saved (it lists them)."""
+    """The file that lists the study's figures of this run, once they are all saved."""
     return Path(run_dir) / FIGURES_DIR / f".{study}.drawn"
 
 
@@ -89,42 +81,17 @@ class RunState:
         return "; ".join(f"{n} ({', '.join(stages)})" for n, stages in self.left.items()) or "nothing"
 
 
-def study_state(run_dir: Path | str, study: str, direct: bool) -> StudyState:
-    run = RunFolder(Path(run_dir))
-    done = {"table": run.table(study).is_file()}
-    if not direct:
-        done["notebook"] = notebook_done(run.file(study, ".ipynb"))
-        done["html"] = run.file(study, ".html").is_file()
-    done["figures"] = _figures_drawn(run.path, study)
-    return StudyState(study, done)
-
-
-def _typed(meta: RunMeta | Mapping[str, Any]) -> RunMeta:
-    return meta if isinstance(meta, RunMeta) else RunMeta.from_dict(dict(meta))
-
-
-def run_state(run_dir: Path | str, meta: RunMeta | Mapping[str, Any]) -> RunState:
+def run_state(run_dir: Path | str, meta: RunMeta) -> RunState:
     """The state of every study ``meta`` (the run's meta.json, already read) planned."""
-    meta = _typed(meta)
-    direct = (meta.params or {}).get("mode") != "papermill"
-    return RunState(run_dir=Path(run_dir), finished=bool(meta.finished_at), direct=direct,
-                    studies={name: study_state(run_dir, name, direct) for name in meta.plan})
+    return RunFolder(Path(run_dir)).state(meta)
 
-
-def open_failures(meta: RunMeta | Mapping[str, Any]) -> list[str]:
-    """The failures of a run that no later resume has mended (`RunMeta.open_failures`)."""
-    return _typed(meta).open_failures()
-
-
-# --------------------------------------------------------------------------- run folders
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def slug(text, empty: str | None = None, what: str = "name") -> str:
-    """The file-name-safe form of ``text``: letters, digits, '.', '_' and '-' kept, every run of
-    other characters one '-', no '-' or '.' at either end (no hidden files, no option dash).
-    Where nothing is left: ``empty``, or without one a ValueError naming ``what`` and ``text``."""
+    """``text`` safe as a file name: letters, digits, '.', '_' and '-' kept, other runs one '-', no '-'
+    or '.' at either end. Where nothing is left: ``empty``, else a ValueError naming ``what``."""
     out = _UNSAFE.sub("-", str(text)).strip("-.")
     if out or empty is not None:
         return out or empty
@@ -132,9 +99,8 @@ def slug(text, empty: str | None = None, what: str = "name") -> str:
 
 
 class RunLock:
-    """An exclusive flock on a run folder (``<run>/.lock``) while a process works in it. The
-    operating system drops it when the holder exits, however it exits, so a folder whose lock can
-    be taken is not being worked on. The file records the holder's pid and host for people."""
+    """An exclusive flock on ``<run>/.lock`` while a process works in the folder. The system drops it
+    when the holder exits, however it exits; the file names the holder's pid and host for people."""
 
     NAME = ".lock"
 
@@ -182,10 +148,8 @@ class RunLock:
 
 
 def run_in_use(run_dir: Path | str) -> bool:
-    """Whether another process holds the run folder's lock now. Only reads (the lock file is
-    opened read-only, never made, so a read-only results folder works): a shared flock probe
-    conflicts with the holder's exclusive one. A lock file that cannot be opened counts as not in
-    use: this only informs; `RunLock.acquire` is what keeps two processes out of one folder."""
+    """Whether another process holds the folder's lock now: a shared flock probe on the lock file,
+    opened read-only (a read-only results folder works). Only informs; `RunLock` keeps processes out."""
     import errno
     import fcntl
 
@@ -210,6 +174,25 @@ class RunFolder:
     """One run folder: where its files are, its lock, its record and its stages."""
 
     path: Path
+
+    @classmethod
+    def create(cls, root: Path | str, name: str | None = None) -> "RunFolder":
+        """A new folder ``<root>/<UTC time>-<short sha or 'nogit'>[-name][-k]``: ``mkdir`` grants a name
+        to one caller only, so two runs started in the same second never share a folder."""
+        from .provenance import git_info, utc_now
+
+        stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
+        base = f"{stamp}-{git_info().get('short') or 'nogit'}" + (f"-{slug(name, what='run name')}" if name else "")
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        for k in range(1, 1000):
+            path = root / (base if k == 1 else f"{base}-{k}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return cls(path)
+        raise FileExistsError(f"no free run folder name {base}[-k] under {root} (999 taken)")
 
     @classmethod
     def find(cls, results: Path | str, name: str) -> "RunFolder":
@@ -239,5 +222,17 @@ class RunFolder:
         """Its meta.json, read and checked (MetaError otherwise)."""
         return RunMeta.from_json(self.path / META_NAME)
 
+    def study_state(self, study: str, direct: bool) -> StudyState:
+        done = {"table": self.table(study).is_file()}
+        if not direct:
+            done["notebook"] = notebook_done(self.file(study, ".ipynb"))
+            done["html"] = self.file(study, ".html").is_file()
+        done["figures"] = _figures_drawn(self.path, study)
+        return StudyState(study, done)
+
     def state(self, meta: RunMeta | None = None) -> RunState:
-        return run_state(self.path, meta if meta is not None else self.meta())
+        """The state of every study the run planned (``meta``: its meta.json, already read)."""
+        meta = meta if meta is not None else self.meta()
+        direct = (meta.params or {}).get("mode") != "papermill"
+        return RunState(self.path, bool(meta.finished_at), direct,
+                        {name: self.study_state(name, direct) for name in meta.plan})
