@@ -47,7 +47,8 @@ SVG = b"<svg xmlns='http://www.w3.org/2000/svg'/>"
 
 @pytest.fixture(scope="module")
 def base_meta():
-    return RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {"demo": {}}}).finish().to_dict()
+    meta = RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {"demo": {}}})
+    return meta.finish().to_dict()
 
 
 def long_table(device: str = "cpu: test", n: int = 3, **extra) -> pd.DataFrame:

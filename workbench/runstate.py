@@ -49,32 +49,17 @@ def _figures_drawn(run_dir: Path, study: str) -> bool:
 
 
 @dataclass
-class StudyState:
-    """One planned study's stages: which are done, which are left (in order)."""
-
-    name: str
-    done: dict[str, bool]
-
-    @property
-    def left(self) -> list[str]:
-        return [s for s in STAGES if s in self.done and not self.done[s]]
-
-    @property
-    def complete(self) -> bool:
-        return not self.left
-
-
-@dataclass
 class RunState:
     run_dir: Path
     finished: bool                    # meta.json has finished_at: the sweep (or a resume) reached its end
     direct: bool                      # studies ran without notebooks
-    studies: dict[str, StudyState] = field(default_factory=dict)
+    studies: dict[str, dict[str, bool]] = field(default_factory=dict)    # {study: {stage: done}}
 
     @property
     def left(self) -> dict[str, list[str]]:
-        """{study: stages left} for every study that is not complete, in plan order."""
-        return {n: s.left for n, s in self.studies.items() if s.left}
+        """{study: stages left, in order} for every study that is not complete, in plan order."""
+        left = {n: [s for s in STAGES if done.get(s) is False] for n, done in self.studies.items()}
+        return {n: stages for n, stages in left.items() if stages}
 
     def describe_left(self) -> str:
         """'fp32_memory (notebook, html, figures); correctness (table, ...)' or 'nothing'."""
@@ -222,17 +207,18 @@ class RunFolder:
         """Its meta.json, read and checked (MetaError otherwise)."""
         return RunMeta.from_json(self.path / META_NAME)
 
-    def study_state(self, study: str, direct: bool) -> StudyState:
+    def stages_done(self, study: str, direct: bool) -> dict[str, bool]:
+        """{stage: whether its file is there} of the stages a study of this run goes through."""
         done = {"table": self.table(study).is_file()}
         if not direct:
             done["notebook"] = notebook_done(self.file(study, ".ipynb"))
             done["html"] = self.file(study, ".html").is_file()
         done["figures"] = _figures_drawn(self.path, study)
-        return StudyState(study, done)
+        return done
 
     def state(self, meta: RunMeta | None = None) -> RunState:
         """The state of every study the run planned (``meta``: its meta.json, already read)."""
         meta = meta if meta is not None else self.meta()
         direct = (meta.params or {}).get("mode") != "papermill"
         return RunState(self.path, bool(meta.finished_at), direct,
-                        {name: self.study_state(name, direct) for name in meta.plan})
+                        {name: self.stages_done(name, direct) for name in meta.plan})

@@ -65,11 +65,11 @@ def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: b
     again), the HTML, the figures. Returns its failures: a failed stage is recorded, never raised,
     and the stages after it wait for a resume."""
     run = RunFolder(run_dir)
-    state = run.study_state(study.name, direct)
+    done = run.stages_done(study.name, direct)
     table = run.table(study.name)
-    measure = not state.done["table"] or not state.done.get("notebook", True)
+    measure = not done["table"] or not done.get("notebook", True)
     if measure and not direct:
-        state.done["html"] = False        # the notebook runs again: so does its readable copy
+        done["html"] = False        # the notebook runs again: so does its readable copy
     try:
         if measure:
             with console_progress(study.name):
@@ -88,7 +88,7 @@ def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: b
     failures = []
     for stage, do in (("html", lambda: export_html(run.file(study.name, ".ipynb"))),
                       ("figures", lambda: save_run_figures(study, table, run_dir))):
-        if stage in state.done and not state.done[stage]:
+        if done.get(stage) is False:
             problem = do()
             if problem:
                 failures.append(problem)

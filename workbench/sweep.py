@@ -51,9 +51,7 @@ class SweepResult:
 
     run_dir: Path | None              # None: no run folder was made (nothing to run)
     failures: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
     duration_s: float | None = None   # of a new sweep, as its meta.json records it
-    study_seconds: dict[str, float] = field(default_factory=dict)   # of the studies that finished
     resumed: list[str] | None = None  # a resume: the studies it took on; None for a new sweep
     note: str | None = None           # instead of a summary: why nothing ran
 
@@ -61,9 +59,12 @@ class SweepResult:
         if self.note is not None:
             return self.note
         if self.resumed is not None:
-            return (f"sweep: resumed {len(self.resumed)} stud{'y' if len(self.resumed) == 1 else 'ies'}, "
-                    f"{len(self.failures)} failure(s): {self.run_dir}")
+            return (f"sweep: resumed {_studies(len(self.resumed))}, {len(self.failures)} failure(s): {self.run_dir}")
         return f"sweep: done in {self.duration_s:.1f} s, {len(self.failures)} failure(s): {self.run_dir}"
+
+
+def _studies(n: int) -> str:
+    return f"{n} stud{'y' if n == 1 else 'ies'}"
 
 
 @dataclass
@@ -180,9 +181,8 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         recorded = recorded_seconds([Path(plan.results) / "reference"], plan.profile)
         mine, params, cells = shard_plan(studies, params, index, count, recorded)
         if not mine:
-            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({len(studies)} "
-                                          f"stud{'y' if len(studies) == 1 else 'ies'} selected over {count} "
-                                          f"shards); nothing to run")
+            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({_studies(len(studies))} "
+                                          f"selected over {count} shards); nothing to run")
         studies = mine
         extra["shard"] = {"index": index, "count": count, "group": plan.group, "cells": cells}
         name = f"{name}-shard{index}of{count}"
@@ -191,32 +191,30 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         if plan.gpus_emulated:
             extra["gpus_emulated"] = True
     run = RunFolder.create(plan.results, name=name)
-    run_dir, lock = run.path, run.lock()
+    lock = run.lock()
     lock.acquire()                 # a folder this process just made: nobody else can hold it
-    meta = RunMeta()
-    outcome = _Outcome()
+    meta, outcome = RunMeta(), _Outcome()
     try:
         meta = RunMeta.collect({"profile": plan.profile, "device": plan.device, "mode": plan.mode,
                                 "studies": params, **extra})
-        meta.write(run_dir)
-        print(f"sweep: profile {plan.profile}, {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} "
+        meta.write(run.path)
+        print(f"sweep: profile {plan.profile}, {_studies(len(studies))} "
               + (f"(shard {plan.shard[0]}/{plan.shard[1]}) " if plan.shard else "")
-              + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run_dir}")
-        outcome = _execute(studies, params, plan.device, run_dir, plan.direct, plan.kernel or default_kernel(),
+              + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run.path}")
+        outcome = _execute(studies, params, plan.device, run.path, plan.direct, plan.kernel or default_kernel(),
                            plan.profile, plan.gpus)
-        _record(run_dir, meta, outcome)
+        _record(run.path, meta, outcome)
     finally:
         # a complete run keeps no lock file; one with failures keeps it for --resume to take
         lock.release(remove=not outcome.failures and bool(meta.finished_at))
-    return SweepResult(run_dir, outcome.failures, outcome.warnings, meta.duration_s, outcome.seconds)
+    return SweepResult(run.path, outcome.failures, meta.duration_s)
 
 
 def find_run(results: Path, name: str) -> Path:
     return RunFolder.find(results, name).path
 
 
-def _load_run_meta(run: RunFolder) -> RunMeta:
-    """The run's meta.json, checked; SystemExit naming the file and what is wrong with it."""
+def _resume_meta(run: RunFolder) -> RunMeta:
     try:
         return run.meta()
     except MetaError as e:
@@ -236,7 +234,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
     folder = RunFolder.find(results, str(run))
     run_dir = folder.path
     # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
-    meta = _load_run_meta(folder)
+    meta = _resume_meta(folder)
     state = folder.state(meta)
     if state.finished and not meta.open_failures():
         if not state.left:
@@ -256,46 +254,39 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
                          f"read-only?") from None
     if not got:
         raise SystemExit(f"--resume: {run_dir} is in use by another process ({lock.holder()}); wait for it")
-    outcome = _Outcome()
-    left: dict[str, list[str]] = {}
+    outcome, left = _Outcome(), {}
     try:
-        meta = _load_run_meta(folder)      # again, under the lock
+        meta = _resume_meta(folder)      # again, under the lock
         state = folder.state(meta)
         params = meta.params or {}
-        plan, device = meta.plan, params.get("device") or "cpu"
-        profile = params.get("profile", "cpu")
+        plan, device, profile = meta.plan, params.get("device") or "cpu", params.get("profile", "cpu")
         unknown = sorted(set(plan) - set(studies))
         if unknown:
             raise SystemExit(f"--resume: {run_dir.name} planned studies {unknown} that are not registered now")
         left = state.left
-        if left:
-            try:   # the recorded values must still be valid for today's declarations
-                plan = {n: studies[n].resolve(profile, plan[n]) for n in left}
-            except ParamError as e:
-                raise SystemExit(f"--resume: {e}") from None
-        now = git_info()
-        entry: dict[str, Any] = {"at": iso_utc(timespec="seconds"),
-                                 "studies": list(left), "stages": left, "git": now.get("short"),
-                                 "dirty": now.get("dirty")}
-        if now.get("sha") != (meta.git or {}).get("sha"):
-            entry["note"] = f"resumed with other code than the run started with ({(meta.git or {}).get('short')})"
+        try:   # the recorded values must still be valid for today's declarations
+            plan = {n: studies[n].resolve(profile, plan[n]) for n in left}
+        except ParamError as e:
+            raise SystemExit(f"--resume: {e}") from None
+        now, then = git_info(), meta.git or {}
+        entry: dict[str, Any] = {"at": iso_utc(timespec="seconds"), "studies": list(left), "stages": left,
+                                 "git": now.get("short"), "dirty": now.get("dirty")}
+        if now.get("sha") != then.get("sha"):
+            entry["note"] = f"resumed with other code than the run started with ({then.get('short')})"
             print(f"sweep: warning: {entry['note']}", file=sys.stderr)
         print(f"sweep: resuming {run_dir}: {state.describe_left()}")
         outcome = _execute([studies[n] for n in left], plan, device, run_dir, state.direct,
                            kernel or default_kernel(), profile, gpus)
-        if state.finished:
-            # what the run recorded stays; the resume is one more entry
+        if state.finished:      # what the run recorded stays; the resume is one more entry
             entry.update(failures=outcome.failures, warnings=outcome.warnings, study_seconds=outcome.seconds,
-                         placement=outcome.placement)
-            entry["finished_at"] = iso_utc()
+                         placement=outcome.placement, finished_at=iso_utc())
             meta.resumed = [*(meta.resumed or []), entry]
             meta.write(run_dir, overwrite=True)
         else:
             _record(run_dir, meta, outcome, entry if left else None)
     finally:
         lock.release(remove=not outcome.failures or not had_lock)
-    return SweepResult(run_dir, outcome.failures, outcome.warnings, study_seconds=outcome.seconds,
-                       resumed=list(left))
+    return SweepResult(run_dir, outcome.failures, resumed=list(left))
 
 
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool, kernel: str, profile: str,
