@@ -1,12 +1,8 @@
 """A run folder (`RunFolder`): made atomically, locked while a process works in it (`RunLock`), and
-its state read back from the files it holds, which is where a resume starts.
-
-Each planned study goes through four stages and each leaves a file, so a run killed at any moment
-(SIGKILL included) can be finished: ``table`` (``<study>.parquet``, written atomically: present
-means complete); ``notebook`` (``<study>.ipynb`` executed to its end without an exception; not in
-``direct`` mode); ``html`` (its readable copy); ``figures`` (``figures/.<study>.drawn``, the list of
-figure files, written once they are all saved). meta.json says what was planned
-(``params.studies``) and whether the sweep reached its end (``finished_at``).
+its state read back from its files, which is where a resume starts. A study's stages each leave a
+file, so a run killed at any moment can be finished: ``table`` (``<study>.parquet``, written
+atomically), ``notebook`` (``<study>.ipynb`` executed to its end; papermill mode), ``html`` (its
+readable copy), ``figures`` (``figures/.<study>.drawn``, written once all are saved).
 """
 from __future__ import annotations
 
@@ -186,10 +182,6 @@ class RunFolder:
             if (candidate / META_NAME).is_file():
                 return cls(candidate)
         raise SystemExit(f"--resume {name!r}: no run folder with a meta.json there or under {results}/")
-
-    @property
-    def name(self) -> str:
-        return self.path.name
 
     def file(self, study: str, suffix: str) -> Path:
         return self.path / f"{study}{suffix}"
