@@ -196,7 +196,7 @@ def test_concurrent_new_run_dirs_of_the_same_name_are_all_distinct(tmp_path, mon
 
 def _new_run_dir_at_fixed_time(root):
     prov.utc_now = lambda: dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
-    return RunFolder.create(root, name="same").name
+    return RunFolder.create(root, name="same").path.name
 
 
 def test_a_finished_table_is_never_overwritten(tmp_path):
