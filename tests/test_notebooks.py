@@ -95,6 +95,7 @@ def test_a_notebook_run_from_the_notebooks_folder_lands_in_the_results_folder(tm
     folder with its own meta.json, not in notebooks/results/."""
     papermill = pytest.importorskip("papermill")
     from workbench import provenance as prov
+    from workbench.runmeta import RunMeta
     results = tmp_path / "results"
     monkeypatch.setenv(prov.RESULTS_ENV, str(results))      # the project's results/ unless moved
     papermill.execute_notebook(str(ROOT / "notebooks" / "fp32_memory.ipynb"), str(tmp_path / "out.ipynb"),
@@ -102,7 +103,7 @@ def test_a_notebook_run_from_the_notebooks_folder_lands_in_the_results_folder(tm
                                kernel_name="python3")
     (run,) = results.iterdir()
     assert run.name.endswith("-fp32_memory-interactive")
-    meta = prov.read_meta(run)
+    meta = RunMeta.from_json(run).to_dict()
     assert meta["params"]["mode"] == "interactive" and meta["params"]["studies"]["fp32_memory"]["budgets"] == [1024]
     assert not (ROOT / "notebooks" / "results").exists()
     load_table(run / "fp32_memory.parquet")

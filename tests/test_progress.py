@@ -34,9 +34,9 @@ def test_without_the_sweep_a_bar_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_the_report_build_names_each_study_as_it_starts(tmp_path):
-    from workbench import provenance as prov
-    meta = prov.finish_meta(prov.collect_meta({"profile": "cpu", "device": "cpu", "mode": "direct",
-                                               "studies": {"demo": {}}}))
+    from workbench.runmeta import RunMeta
+    meta = RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {"demo": {}}}).finish()
+    meta = meta.to_dict()
     results = tmp_path / "results"
     make_run(results, "20300101T000000Z-abc1234-cpu", meta, {"demo": long_table()})
     lines: list[str] = []

@@ -23,6 +23,8 @@ import pytest
 from workbench import provenance as prov
 from workbench import report as rep
 from workbench import studies
+from workbench.runmeta import RunMeta
+from workbench.runstate import RunFolder, RunLock, run_in_use
 import workbench.studies.correctness.summary  # noqa: F401  (binds correctness.summary)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,42 +109,42 @@ def test_git_info_outside_a_repository_is_recorded_not_raised(tmp_path):
 
 
 def test_finish_meta_adds_end_time_and_duration():
-    meta = prov.collect_meta()
-    meta["started_at"] = prov.iso_utc(prov.utc_now() - dt.timedelta(seconds=2.5))
-    out = prov.finish_meta(meta)
+    meta = RunMeta.collect()
+    meta.started_at = prov.iso_utc(prov.utc_now() - dt.timedelta(seconds=2.5))
+    out = meta.finish()
     assert out is meta
-    assert meta["finished_at"].endswith("Z")
-    assert _parse(meta["finished_at"]) >= _parse(meta["started_at"])
-    assert 2.5 <= meta["duration_s"] < 10
+    assert meta.finished_at.endswith("Z")
+    assert _parse(meta.finished_at) >= _parse(meta.started_at)
+    assert 2.5 <= meta.duration_s < 10
 
 
 def test_write_meta_protects_a_finished_run(tmp_path):
-    meta = prov.collect_meta({"n": 1})
-    path = prov.write_meta(tmp_path, meta)
+    meta = RunMeta.collect({"n": 1})
+    path = meta.write(tmp_path)
     assert path == tmp_path / "meta.json"
-    assert prov.read_meta(tmp_path)["params"] == {"n": 1}
+    assert RunMeta.from_json(tmp_path).params == {"n": 1}
 
-    meta["params"]["n"] = 2                       # unfinished: may be replaced
-    prov.write_meta(tmp_path, meta)
-    assert prov.read_meta(tmp_path)["params"] == {"n": 2}
+    meta.params["n"] = 2                          # unfinished: may be replaced
+    meta.write(tmp_path)
+    assert RunMeta.from_json(tmp_path).params == {"n": 2}
 
-    prov.write_meta(tmp_path, prov.finish_meta(meta))
+    meta.finish().write(tmp_path)
     finished_text = path.read_text()
     assert json.loads(finished_text)["finished_at"]
 
     with pytest.raises(FileExistsError, match="finished run"):
-        prov.write_meta(tmp_path, {**meta, "params": {"n": 3}})
+        dataclasses.replace(meta, params={"n": 3}).write(tmp_path)
     with pytest.raises(FileExistsError):
-        prov.write_meta(tmp_path, prov.collect_meta({"n": 4}))   # even an unfinished one
+        RunMeta.collect({"n": 4}).write(tmp_path)   # even an unfinished one
     assert path.read_text() == finished_text
 
-    prov.write_meta(tmp_path, {**meta, "params": {"n": 5}}, overwrite=True)
-    assert prov.read_meta(tmp_path)["params"] == {"n": 5}
+    dataclasses.replace(meta, params={"n": 5}).write(tmp_path, overwrite=True)
+    assert RunMeta.from_json(tmp_path).params == {"n": 5}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json"]   # no temporary left
 
 
 def test_write_meta_is_atomic(tmp_path, monkeypatch):
-    prov.write_meta(tmp_path, {"started_at": "x", "finished_at": None, "params": {"v": "old"}})
+    RunMeta(started_at="x", params={"v": "old"}).write(tmp_path)
     old_text = (tmp_path / "meta.json").read_text()
 
     def broken_replace(src, dst):
@@ -150,7 +152,7 @@ def test_write_meta_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(prov.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk went away"):
-        prov.write_meta(tmp_path, {"started_at": "x", "finished_at": None, "params": {"v": "new"}})
+        RunMeta(started_at="x", params={"v": "new"}).write(tmp_path)
     monkeypatch.undo()
     assert (tmp_path / "meta.json").read_text() == old_text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json"]
@@ -160,9 +162,8 @@ def test_write_meta_serializes_paths_dtypes_and_numpy_scalars(tmp_path):
     import numpy as np
     import torch
 
-    prov.write_meta(tmp_path, {"finished_at": None, "p": Path("a/b"), "d": torch.bfloat16,
-                               "x": np.float32(1.5), "t": (1, 2)})
-    back = prov.read_meta(tmp_path)
+    RunMeta(extra={"p": Path("a/b"), "d": torch.bfloat16, "x": np.float32(1.5), "t": (1, 2)}).write(tmp_path)
+    back = RunMeta.from_json(tmp_path).extra
     assert back["p"] == "a/b" and back["d"] == "torch.bfloat16" and back["x"] == 1.5
     assert back["t"] == [1, 2]
 
@@ -172,16 +173,16 @@ def test_new_run_dir_names_and_never_reuses_a_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(prov, "utc_now", lambda: fixed)
     short = prov.git_info()["short"]
 
-    d = prov.new_run_dir(tmp_path / "res", name="my run/1")
+    d = RunFolder.create(tmp_path / "res", name="my run/1").path
     assert d.parent == tmp_path / "res" and d.is_dir() and not any(d.iterdir())
     assert d.name == f"20300102T030405Z-{short}-my-run-1"
     (d / "meta.json").write_text("{}")
     # the same second and name again: a new folder, the first one untouched
-    again = prov.new_run_dir(tmp_path / "res", name="my run/1")
+    again = RunFolder.create(tmp_path / "res", name="my run/1").path
     assert again.name == f"20300102T030405Z-{short}-my-run-1-2" and not any(again.iterdir())
     assert (d / "meta.json").read_text() == "{}"
     with pytest.raises(ValueError):
-        prov.new_run_dir(tmp_path / "res", name="///")
+        RunFolder.create(tmp_path / "res", name="///")
 
 
 def test_concurrent_new_run_dirs_of_the_same_name_are_all_distinct(tmp_path, monkeypatch):
@@ -195,7 +196,7 @@ def test_concurrent_new_run_dirs_of_the_same_name_are_all_distinct(tmp_path, mon
 
 def _new_run_dir_at_fixed_time(root):
     prov.utc_now = lambda: dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
-    return prov.new_run_dir(root, name="same").name
+    return RunFolder.create(root, name="same").path.name
 
 
 def test_a_finished_table_is_never_overwritten(tmp_path):
@@ -212,19 +213,19 @@ def test_run_lock_is_exclusive_and_released_when_its_holder_dies(tmp_path):
     run.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import sys, time
-from workbench.provenance import RunLock
+from workbench.runstate import RunLock
 lock = RunLock({str(run)!r}); assert lock.acquire(); print('held', flush=True); time.sleep(60)"""],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert prov.run_in_use(run)
+        assert run_in_use(run)
         with pytest.raises(RuntimeError, match="in use by another process"):
-            with prov.RunLock(run):
+            with RunLock(run):
                 pass
     finally:
         holder.kill()
         holder.wait()
-    assert not prov.run_in_use(run)            # SIGKILL released it
+    assert not run_in_use(run)            # SIGKILL released it
 
 
 def test_write_study_table_round_trips_through_parquet_in_schema_order(tmp_path):
@@ -262,7 +263,7 @@ def test_save_table_interactive_makes_its_own_run_folder(tmp_path):
     assert path.name == "demo.parquet" and run_dir.parent == tmp_path
     assert run_dir.name.endswith("-demo-interactive")
     pd.testing.assert_frame_equal(pd.read_parquet(path), df)
-    meta = prov.read_meta(run_dir)
+    meta = RunMeta.from_json(run_dir).to_dict()
     assert meta["finished_at"] and meta["duration_s"] is not None
     assert meta["params"] == {"studies": {"demo": {"families": ["a"]}}, "mode": "interactive"}
     assert meta["git"]["sha"]
@@ -292,9 +293,8 @@ def test_save_table_interactive_defaults_to_the_project_results_folder(monkeypat
 
 
 def test_save_table_into_a_sweeps_run_dir_leaves_its_meta_alone(tmp_path):
-    run_dir = prov.new_run_dir(tmp_path, name="sweep")
-    meta = prov.collect_meta({"profile": "cpu", "mode": "papermill", "studies": {"demo": {"a": 1}}})
-    prov.write_meta(run_dir, meta)
+    run_dir = RunFolder.create(tmp_path, name="sweep").path
+    RunMeta.collect({"profile": "cpu", "mode": "papermill", "studies": {"demo": {"a": 1}}}).write(run_dir)
     before = (run_dir / "meta.json").read_text()
     path = studies.save_table("demo", _demo_table(), run_dir=run_dir, params={"a": 1})
     assert path == run_dir / "demo.parquet"
@@ -307,11 +307,11 @@ def test_papermill_by_hand_into_a_run_dir_gets_provenance(tmp_path):
     that records both studies' parameters, and the report reads the folder."""
     run_dir = tmp_path / "my-run"
     studies.save_table("demo", _demo_table(), run_dir=run_dir, params={"a": 1, "device": "cpu"})
-    meta = prov.read_meta(run_dir)
+    meta = RunMeta.from_json(run_dir).to_dict()
     assert meta["params"] == {"studies": {"demo": {"a": 1, "device": "cpu"}}, "mode": "notebook"}
     assert meta["finished_at"] and meta["git"]["sha"]
     studies.save_table("demo2", _demo_table(), run_dir=run_dir, params={"b": 2})
-    assert set(prov.read_meta(run_dir)["params"]["studies"]) == {"demo", "demo2"}
+    assert set(RunMeta.from_json(run_dir).to_dict()["params"]["studies"]) == {"demo", "demo2"}
     runs = rep.find_runs(tmp_path)
     assert [r.name for r in runs] == ["my-run"] and runs[0].error is None and set(runs[0].tables) == {
         "demo", "demo2"}
@@ -358,11 +358,11 @@ def cpu_table():
 
 
 def _make_run(root: Path, table: pd.DataFrame, name: str = "cpu") -> Path:
-    meta = prov.collect_meta({"studies": {"correctness": {"families": ["tiny-qwen2-vl"]}}})
-    run_dir = prov.new_run_dir(root, name=name)
-    prov.write_meta(run_dir, meta)
+    meta = RunMeta.collect({"studies": {"correctness": {"families": ["tiny-qwen2-vl"]}}})
+    run_dir = RunFolder.create(root, name=name).path
+    meta.write(run_dir)
     studies.write_study_table(table, run_dir / "correctness.parquet")
-    prov.write_meta(run_dir, prov.finish_meta(meta))
+    meta.finish().write(run_dir)
     return run_dir
 
 
@@ -407,7 +407,7 @@ def test_report_shows_both_devices_and_marks_the_reference(built):
     local_device = pd.read_parquet(local / "correctness.parquet").device.iloc[0]
     ref_device = pd.read_parquet(REFERENCE_RUN / "correctness.parquet").device.iloc[0]
     assert ref_device == "NVIDIA H200" and local_device.startswith("cpu")
-    assert prov.read_meta(REFERENCE_RUN)["device"] == "2x NVIDIA H200"
+    assert RunMeta.from_json(REFERENCE_RUN).to_dict()["device"] == "2x NVIDIA H200"
     assert [r.device for r in result.runs] == [local_device, ref_device]
     assert html.escape(local_device) in page and html.escape(ref_device) in page
     assert "2x NVIDIA H200" not in _row_of(page, REFERENCE_RUN.name)
@@ -641,7 +641,7 @@ def test_cli_sweep_writes_a_finished_run_folder(sweep):
     figs = sorted(f.name for f in (run_dir / "figures").iterdir())
     assert f"correctness_matrix_{run_dir.name}.png" in figs and f"correctness_matrix_{run_dir.name}.svg" in figs
 
-    meta = prov.read_meta(run_dir)
+    meta = RunMeta.from_json(run_dir).to_dict()
     assert meta["finished_at"] and meta["duration_s"] > 0 and meta["failures"] == []
     params = meta["params"]
     assert params["mode"] == "direct" and params["profile"] in ("cpu", "gpu")
@@ -730,7 +730,7 @@ def test_cli_sweep_records_the_coerced_values_that_ran(tmp_path, monkeypatch):
     run_dir, failures = result.run_dir, result.failures
     assert failures == []
     assert seen["budgets"] == [16] and seen["norms"] == ["eager", "triton_rows"] and seen["reps"] == 3
-    recorded = prov.read_meta(run_dir)["params"]["studies"]["cast_cost"]
+    recorded = RunMeta.from_json(run_dir).to_dict()["params"]["studies"]["cast_cost"]
     assert recorded == seen
 
 
@@ -753,7 +753,7 @@ def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path, monkeypatch):
     assert args.func(args) == 1
     (run_dir,) = run_folders(tmp_path)
     assert not (run_dir / "cast_cost.parquet").exists() and (run_dir / "fp32_memory.parquet").exists()
-    meta = prov.read_meta(run_dir)
+    meta = RunMeta.from_json(run_dir).to_dict()
     assert len(meta["failures"]) == 1 and meta["failures"][0].startswith("cast_cost: ")
     assert "no-such-family" in meta["failures"][0]
     page = rep.build_report(tmp_path, studies={}).index.read_text()

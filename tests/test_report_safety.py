@@ -20,6 +20,7 @@ import errno
 import html
 import json
 import os
+import re
 import stat
 import sys
 from html.parser import HTMLParser
@@ -31,6 +32,8 @@ import pytest
 
 from workbench import provenance as prov
 from workbench import report as rep
+from workbench.runmeta import META_NAME, MetaError, RunMeta
+from workbench.runstate import RunLock, run_in_use
 from workbench.studies import Summary
 from workbench.studies.tables import write_study_table
 
@@ -44,8 +47,8 @@ SVG = b"<svg xmlns='http://www.w3.org/2000/svg'/>"
 
 @pytest.fixture(scope="module")
 def base_meta():
-    meta = prov.collect_meta({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {"demo": {}}})
-    return prov.finish_meta(meta)
+    meta = RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {"demo": {}}})
+    return meta.finish().to_dict()
 
 
 def long_table(device: str = "cpu: test", n: int = 3, **extra) -> pd.DataFrame:
@@ -60,9 +63,9 @@ def make_run(root: Path, name: str, meta: dict | None, tables: dict | None = Non
     run = root / name
     run.mkdir(parents=True)
     if meta_text is not None:
-        (run / prov.META_NAME).write_text(meta_text, encoding="utf-8")
+        (run / META_NAME).write_text(meta_text, encoding="utf-8")
     elif meta is not None:
-        (run / prov.META_NAME).write_text(json.dumps(meta), encoding="utf-8")
+        (run / META_NAME).write_text(json.dumps(meta), encoding="utf-8")
     for study, t in (tables or {}).items():
         if isinstance(t, pd.DataFrame):
             write_study_table(t, run / f"{study}.parquet")
@@ -315,19 +318,21 @@ BAD_META = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_META))
-def test_load_meta_names_the_file_and_the_field(tmp_path, base_meta, case):
+def test_run_meta_names_the_file_and_the_field(tmp_path, base_meta, case):
     bad, reason = BAD_META[case]
     run = make_run(tmp_path, "run", copy.deepcopy(base_meta) | bad)
-    with pytest.raises(prov.MetaError) as e:
-        prov.load_meta(run)
+    with pytest.raises(MetaError) as e:
+        RunMeta.from_json(run)
     assert isinstance(e.value, ValueError)
     assert str(e.value).startswith(str(run / "meta.json") + ": ") and reason in str(e.value)
     assert e.value.path == run / "meta.json" and reason in e.value.line
-    assert prov.meta_problems(copy.deepcopy(base_meta) | bad)
-    assert prov.read_meta(run)["finished_at"]            # the raw read still works: write_meta protects it
+    with pytest.raises(MetaError, match=re.escape(reason)):
+        RunMeta.from_dict(copy.deepcopy(base_meta) | bad)
+    with pytest.raises(FileExistsError, match="finished run"):     # a finished run stays, however broken
+        RunMeta().write(run)
 
 
-def test_load_meta_accepts_what_a_sweep_writes(tmp_path, base_meta):
+def test_run_meta_accepts_what_a_sweep_writes(tmp_path, base_meta):
     meta = copy.deepcopy(base_meta)
     meta["params"] |= {"shard": {"index": 1, "count": 2, "group": "g"}, "gpus": [0, 1]}
     meta |= {"failures": [], "warnings": ["w"], "study_seconds": {"demo": 1.5},
@@ -335,9 +340,9 @@ def test_load_meta_accepts_what_a_sweep_writes(tmp_path, base_meta):
              "resumed": [{"at": "2030-01-01T00:00:00Z", "studies": ["demo"], "git": "abc1234", "dirty": False,
                           "note": "n", "stages": {"demo": ["table"]}, "failures": [], "warnings": [],
                           "study_seconds": {"demo": 2}, "placement": {}, "finished_at": "2030"}]}
-    assert prov.meta_problems(meta) == []
+    assert RunMeta.from_dict(meta).to_dict() == meta
     run = make_run(tmp_path, "run", meta)
-    assert prov.load_meta(run) == meta
+    assert RunMeta.from_json(run).to_dict() == meta
 
 
 @pytest.mark.parametrize("text, reason", [
@@ -346,23 +351,22 @@ def test_load_meta_accepts_what_a_sweep_writes(tmp_path, base_meta):
     ('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
     (b"\xff\xfe{}", "unreadable meta.json"),
 ])
-def test_load_meta_unreadable_files(tmp_path, text, reason):
+def test_run_meta_unreadable_files(tmp_path, text, reason):
     run = tmp_path / "run"
     run.mkdir()
     if isinstance(text, bytes):
         (run / "meta.json").write_bytes(text)
     else:
         (run / "meta.json").write_text(text)
-    with pytest.raises(prov.MetaError) as e:
-        prov.load_meta(run)
+    with pytest.raises(ValueError) as e:                # a MetaError is a ValueError
+        RunMeta.from_json(run)
+    assert isinstance(e.value, MetaError)
     assert str(e.value).startswith(str(run / "meta.json")) and reason in e.value.line
-    with pytest.raises(ValueError):                     # read_meta: the same error, as a ValueError
-        prov.read_meta(run)
 
 
-def test_load_meta_of_a_folder_without_one(tmp_path):
-    with pytest.raises(prov.MetaError, match="no such file") as e:
-        prov.load_meta(tmp_path)
+def test_run_meta_of_a_folder_without_one(tmp_path):
+    with pytest.raises(MetaError, match="no such file") as e:
+        RunMeta.from_json(tmp_path)
     assert str(e.value).startswith(str(tmp_path / "meta.json"))
 
 
@@ -417,7 +421,7 @@ def test_markup_planted_everywhere_reaches_the_page_escaped(tmp_path, base_meta)
              "resumed": [{"at": PLANT, "studies": [PLANT], "git": PLANT, "dirty": True, "note": PLANT}],
              "placement": {PLANT: {"gpu": PLANT, "seconds": 1.0, "threads": PLANT}},
              "study_seconds": {PLANT: 1.0}}
-    assert prov.meta_problems(meta) == []
+    assert RunMeta.from_dict(meta).to_dict() == meta
     planted = make_run(root, f"20300101T000000Z-{PLANT}", meta,
                        {"demo": long_table(PLANT, label=PLANT), PLANT: b"not parquet"})
     unfinished = make_run(root, f"20300101T000001Z-{PLANT}-open", base_meta | {"finished_at": None},
@@ -504,28 +508,28 @@ def test_the_simulation_blocks_writes(tmp_path, readonly):
     with pytest.raises(OSError, match="Read-only"):
         (tmp_path / "x").write_text("x")
     with pytest.raises(OSError, match="Read-only"):
-        prov.RunLock(tmp_path).acquire()
+        RunLock(tmp_path).acquire()
     assert not (tmp_path / "x").exists()
 
 
 def test_run_in_use_reads_only(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    assert not prov.run_in_use(run) and not (run / ".lock").exists()     # no lock file: not in use
-    lock = prov.RunLock(run)
+    assert not run_in_use(run) and not (run / ".lock").exists()     # no lock file: not in use
+    lock = RunLock(run)
     assert lock.acquire()
     try:
-        assert prov.run_in_use(run)
+        assert run_in_use(run)
     finally:
         lock.release()
-    assert not prov.run_in_use(run)
+    assert not run_in_use(run)
 
 
 def test_a_read_only_results_folder_is_reported(results, tmp_path, base_meta, readonly):
     open_run = make_run(results, "20300101T000002Z-abc1234-open", base_meta | {"finished_at": None},
                         {"demo": long_table()})
     held_run = make_run(results, "20300101T000003Z-abc1234-held", base_meta | {"finished_at": None})
-    lock = prov.RunLock(held_run)
+    lock = RunLock(held_run)
     assert lock.acquire()
     try:
         before = tree(results)
@@ -694,8 +698,8 @@ def test_a_run_records_the_hosts_load_at_its_start_and_end(monkeypatch):
     """A loaded host inflates every CPU timing, so the record says how loaded it was."""
     loads = iter([(3.0, 2.0, 1.0), (5.5, 2.5, 1.25)])
     monkeypatch.setattr(prov.os, "getloadavg", lambda: next(loads))
-    meta = prov.collect_meta({})
-    assert meta["load_avg"] == {"start": [3.0, 2.0, 1.0]}
-    prov.finish_meta(meta)
-    assert meta["load_avg"] == {"start": [3.0, 2.0, 1.0], "end": [5.5, 2.5, 1.25]}
-    assert prov.meta_problems(meta) == []
+    meta = RunMeta.collect({})
+    assert meta.extra["load_avg"] == {"start": [3.0, 2.0, 1.0]}
+    meta.finish()
+    assert meta.extra["load_avg"] == {"start": [3.0, 2.0, 1.0], "end": [5.5, 2.5, 1.25]}
+    assert RunMeta.from_json(meta.to_json()) == meta

@@ -18,9 +18,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench import provenance as prov
 from workbench import report as rep
 from workbench.benchmarks.norm_bandwidth import BENCHMARK as NBW
+from workbench.runmeta import RunMeta
+from workbench.runstate import RunFolder
 from workbench.studies import Study, Summary
 from workbench.studies.params import ParamSpec
 from workbench.studies.plotting import save_figure
@@ -36,7 +37,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def base_meta():
-    return prov.collect_meta({"studies": {"demo": {}}})
+    return RunMeta.collect({"studies": {"demo": {}}})
 
 
 def long_table(device: str, n: int = 3, metric: str = "staging_us") -> pd.DataFrame:
@@ -44,23 +45,23 @@ def long_table(device: str, n: int = 3, metric: str = "staging_us") -> pd.DataFr
                          "value": [float(i) + 0.5 for i in range(n)], "unit": "us"})
 
 
-def make_run(root: Path, meta: dict, name: str, device: str, tables: dict, reference: bool = False,
+def make_run(root: Path, meta: RunMeta, name: str, device: str, tables: dict, reference: bool = False,
              started: str | None = None) -> Path:
     """A finished run folder under ``root`` (or ``root/reference``) whose meta.json says
     ``device``; ``tables`` maps study -> DataFrame (written checked) or bytes (written as is)."""
     meta = copy.deepcopy(meta)
-    meta["device"] = device
+    meta.device = device
     if started:
-        meta["started_at"] = started
-    run_dir = prov.new_run_dir(root / "reference" if reference else root, name=name)
-    prov.write_meta(run_dir, meta)
+        meta.started_at = started
+    run_dir = RunFolder.create(root / "reference" if reference else root, name=name).path
+    meta.write(run_dir)
     for study, t in tables.items():
         path = run_dir / f"{study}.parquet"
         if isinstance(t, pd.DataFrame):
             write_study_table(t, path)
         else:
             path.write_bytes(t)
-    prov.write_meta(run_dir, prov.finish_meta(meta))
+    meta.finish().write(run_dir)
     return run_dir
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from workbench import cli
 from workbench import provenance as prov
-from workbench.runstate import STAGES, notebook_done, open_failures, run_state
+from workbench.runmeta import RunMeta
+from workbench.runstate import STAGES, notebook_done, run_state
 from workbench.studies.plotting import PROGRESS_ENV
 from workbench.sweep import interrupted_run
 
@@ -48,13 +49,13 @@ def test_a_run_killed_after_its_last_table_is_finished_by_resume(stubs, tmp_path
     table = (run / "stub_a.parquet").read_bytes()
     shutil.rmtree(run / "figures")
     _unfinish(run)
-    state = run_state(run, prov.read_meta(run))
+    state = run_state(run, RunMeta.from_json(run))
     assert not state.finished and state.left == {"stub_a": ["figures"]}
     assert interrupted_run(tmp_path, "cpu") in (run, None)   # None where the tree is dirty
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
     assert "stub_a (figures)" in capsys.readouterr().out
-    meta = prov.read_meta(run)
-    assert meta["finished_at"] and meta["failures"] == [] and meta["resumed"][-1]["stages"] == {"stub_a": ["figures"]}
+    meta = RunMeta.from_json(run)
+    assert meta.finished_at and meta.failures == [] and meta.resumed[-1]["stages"] == {"stub_a": ["figures"]}
     assert run_state(run, meta).left == {}
     assert (run / "stub_a.parquet").read_bytes() == table           # the table was not measured again
     assert sorted(json.loads((run / "figures" / ".stub_a.drawn").read_text())) == sorted(
@@ -67,8 +68,8 @@ def test_an_unfinished_run_with_nothing_left_is_recorded_as_finished(stubs, tmp_
     run = _sweep(tmp_path, "--direct")
     _unfinish(run)
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
-    meta = prov.read_meta(run)
-    assert meta["finished_at"] and "resumed" not in meta
+    meta = RunMeta.from_json(run)
+    assert meta.finished_at and meta.resumed is None
 
 
 @pytest.mark.slow
@@ -84,13 +85,13 @@ def test_a_notebook_that_raised_after_saving_its_table_is_executed_again_on_the_
     (run / "stub_a.html").unlink()
     shutil.rmtree(run / "figures")
     _unfinish(run)
-    assert run_state(run, prov.read_meta(run)).left == {"stub_a": ["notebook", "html", "figures"]}
+    assert run_state(run, RunMeta.from_json(run)).left == {"stub_a": ["notebook", "html", "figures"]}
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
     assert notebook_done(nb) and "loaded, not measured again" in nb.read_text()
     after = (run / "stub_a.parquet").stat()
     assert (after.st_ino, after.st_mtime_ns) == (table.st_ino, table.st_mtime_ns)
     assert (run / "stub_a.html").is_file() and (run / "figures" / ".stub_a.drawn").is_file()
-    assert run_state(run, prov.read_meta(run)).left == {}
+    assert run_state(run, RunMeta.from_json(run)).left == {}
 
 
 def test_a_finished_reference_run_is_refused_and_left_untouched(tmp_path):
@@ -108,11 +109,11 @@ def test_a_finished_reference_run_is_refused_and_left_untouched(tmp_path):
 def test_resume_finished_keeps_every_recorded_field_and_appends_itself(stubs, tmp_path):
     run = _sweep(tmp_path, "--direct")
     (run / "stub_a.parquet").unlink()
-    before = prov.read_meta(run)
+    before = RunMeta.from_json(run).to_dict()
     with pytest.raises(SystemExit, match="--resume-finished"):
         cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name])
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name, "--resume-finished"]) == 0
-    after = prov.read_meta(run)
+    after = RunMeta.from_json(run).to_dict()
     assert {k: v for k, v in after.items() if k != "resumed"} == before
     (entry,) = after["resumed"]
     assert entry["studies"] == ["stub_a"] and entry["failures"] == [] and entry["finished_at"]
@@ -122,14 +123,14 @@ def test_resume_finished_keeps_every_recorded_field_and_appends_itself(stubs, tm
 def test_a_run_that_finished_with_failures_resumes_and_keeps_its_record(stubs, tmp_path):
     run = _sweep(tmp_path, "--direct")
     (run / "stub_a.parquet").unlink()
-    meta = prov.read_meta(run)
-    meta["failures"] = ["stub_a: RuntimeError: out of memory (simulated)"]
-    prov.write_meta(run, meta, overwrite=True)
-    assert open_failures(meta) == meta["failures"]
+    meta = RunMeta.from_json(run)
+    meta.failures = ["stub_a: RuntimeError: out of memory (simulated)"]
+    meta.write(run, overwrite=True)
+    assert meta.open_failures() == meta.failures
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
-    after = prov.read_meta(run)
-    assert after["failures"] == meta["failures"] and after["finished_at"] == meta["finished_at"]
-    assert open_failures(after) == []                      # the resume mended it, and says so in its entry
+    after = RunMeta.from_json(run)
+    assert after.failures == meta.failures and after.finished_at == meta.finished_at
+    assert after.open_failures() == []                      # the resume mended it, and says so in its entry
 
 
 def test_resume_of_a_garbage_meta_json_names_the_file(tmp_path):
@@ -146,8 +147,8 @@ def test_resume_of_a_garbage_meta_json_names_the_file(tmp_path):
 def test_every_stage_has_a_file_that_says_it_is_done(stubs, tmp_path, monkeypatch):
     monkeypatch.setenv(PROGRESS_ENV, "1")
     run = _sweep(tmp_path)
-    state = run_state(run, prov.read_meta(run))
-    assert not state.direct and set(state.studies["stub_a"].done) == set(STAGES)
+    state = run_state(run, RunMeta.from_json(run))
+    assert not state.direct and set(state.studies["stub_a"]) == set(STAGES)
     assert state.left == {}
 
 
@@ -159,9 +160,9 @@ def test_the_report_shows_what_an_interrupted_run_lacks_and_no_mended_failure(st
     page = build_report(tmp_path).index.read_text()
     assert "interrupted (left: stub_a (figures))" in page
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
-    meta = prov.read_meta(run)
-    meta["failures"] = ["stub_a: RuntimeError: simulated"]
-    prov.write_meta(run, meta, overwrite=True)
+    meta = RunMeta.from_json(run)
+    meta.failures = ["stub_a: RuntimeError: simulated"]
+    meta.write(run, overwrite=True)
     assert "1 failed" in build_report(tmp_path).index.read_text()
     (run / "stub_a.parquet").unlink()
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
@@ -185,11 +186,11 @@ def _fake_default_run(root: Path, sha: str, profile: str = "cpu") -> Path:
     studies = discover()
     run = root / f"20261130T000000Z-{sha[:7]}-{profile}"
     run.mkdir(parents=True)
-    meta = prov.collect_meta({"profile": profile, "device": "cpu", "mode": "papermill",
-                              "studies": {n: s.resolve(profile) for n, s in studies.items()}})
-    meta["git"] = {"sha": sha, "short": sha[:7], "dirty": False}
-    meta["failures"] = []
-    prov.write_meta(run, prov.finish_meta(meta))
+    meta = RunMeta.collect({"profile": profile, "device": "cpu", "mode": "papermill",
+                            "studies": {n: s.resolve(profile) for n, s in studies.items()}})
+    meta.git = {"sha": sha, "short": sha[:7], "dirty": False}
+    meta.failures = []
+    meta.finish().write(run)
     for n in studies:
         (run / f"{n}.parquet").write_bytes(b"")
         (run / f"{n}.ipynb").write_text(json.dumps({"metadata": {"papermill": {"end_time": "x", "exception": None}}}))
@@ -212,10 +213,9 @@ def test_make_report_reuses_the_finished_default_sweep_of_this_commit(tmp_path, 
     assert f"reusing {run.name}" in capsys.readouterr().out
     (run / "figures" / ".fp32_memory.drawn").unlink()                              # a stage missing: not reusable
     assert sweep.reusable_run(tmp_path, "cpu", "cpu", discover()) is None
-    meta = prov.read_meta(run)
-    assert meta["params"]["studies"]["fp32_memory"]
+    assert RunMeta.from_json(run).plan["fp32_memory"]
     other = _fake_default_run(tmp_path / "b", sha)
-    m = prov.read_meta(other)
-    m["params"]["studies"]["fp32_memory"]["budgets"] = [1024]                       # not the default plan
-    prov.write_meta(other, m, overwrite=True)
+    m = RunMeta.from_json(other)
+    m.plan["fp32_memory"]["budgets"] = [1024]                                       # not the default plan
+    m.write(other, overwrite=True)
     assert sweep.reusable_run(tmp_path / "b", "cpu", "cpu", discover()) is None

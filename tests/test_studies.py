@@ -12,7 +12,7 @@ import torch
 import workbench as wb
 from workbench import ceilings, floors, memory_model, timing, ulps
 from workbench.norms import NORMS, make_norm, normalize_reference
-from workbench.studies import STUDIES, ParamError, TableError, check_table, discover, tidy, wide
+from workbench.studies import ParamError, TableError, check_table, discover, tidy, wide
 from workbench.studies.params import Param, ParamSpec, ascending_unique
 import workbench.studies.cast_cost.params  # noqa: F401  (binds cast_cost.params)
 import workbench.studies.cast_cost.summary  # noqa: F401  (binds cast_cost.summary)

@@ -6,7 +6,6 @@ in subprocesses, killed and resumed. The sweep's logic (stages, resume, shards, 
 on stub studies in tests/test_resume.py and tests/test_sweep_shards.py."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,8 @@ import pytest
 
 from workbench import cli
 from workbench import provenance as prov
+from workbench.runmeta import RunMeta
+from workbench.runstate import RunFolder, RunLock, run_in_use
 from workbench.studies import load_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,16 +89,16 @@ def test_killed_sweep_leaves_nothing_running_and_resumes_to_the_clean_tables(tmp
     before = (run_dir / "fp32_memory.parquet").read_bytes()
     load_table(run_dir / "fp32_memory.parquet")                  # the finished table is intact
     assert not (run_dir / "correctness.parquet").exists()
-    assert prov.read_meta(run_dir)["finished_at"] is None and not prov.run_in_use(run_dir)
+    assert RunMeta.from_json(run_dir).finished_at is None and not run_in_use(run_dir)
 
     resumed = subprocess.run([sys.executable, "-m", "workbench", "sweep", "--results", str(results),
                               "--resume", run_dir.name], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming" in resumed.stdout and "correctness" in resumed.stdout
     assert (run_dir / "fp32_memory.parquet").read_bytes() == before       # never rewritten
-    meta = prov.read_meta(run_dir)
-    assert meta["finished_at"] and meta["failures"] == []
-    assert [r["studies"] for r in meta["resumed"]] == [["correctness"]]
+    meta = RunMeta.from_json(run_dir)
+    assert meta.finished_at and meta.failures == []
+    assert [r["studies"] for r in meta.resumed] == [["correctness"]]
 
     clean_root = tmp_path / "clean"
     clean = _sweep(clean_root, *SETS)
@@ -116,11 +117,10 @@ def test_killed_sweep_leaves_nothing_running_and_resumes_to_the_clean_tables(tmp
 def test_resume_refuses_a_folder_in_use_and_an_unknown_one(tmp_path):
     """A SystemExit with a message is what the console entry point prints without a traceback and
     exits 1 on (tests/test_sweep_inputs.py runs one through it)."""
-    run = prov.new_run_dir(tmp_path, name="cpu")
-    prov.write_meta(run, prov.collect_meta({"profile": "cpu", "device": "cpu", "mode": "direct",
-                                            "studies": {"fp32_memory": {}}}))
+    run = RunFolder.create(tmp_path, name="cpu").path
+    RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {"fp32_memory": {}}}).write(run)
     before = (run / "meta.json").read_bytes()
-    with prov.RunLock(run):            # another holder: flock locks conflict between open files
+    with RunLock(run):            # another holder: flock locks conflict between open files
         with pytest.raises(SystemExit) as e:
             cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name])
     assert isinstance(e.value.code, str) and "in use by another process" in e.value.code, e.value.code
@@ -136,11 +136,10 @@ def test_make_report_resumes_an_interrupted_run_of_the_same_code(tmp_path, monke
     g = prov.git_info()
     if not g.get("sha") or g.get("dirty"):
         pytest.skip("needs a clean git checkout (CI has one): interrupted runs resume only with the same code")
-    run = prov.new_run_dir(tmp_path, name="cpu")
-    prov.write_meta(run, prov.collect_meta({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {}}))
+    run = RunFolder.create(tmp_path, name="cpu").path
+    RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {}}).write(run)
     assert interrupted_run(tmp_path, "cpu") == run
-    with prov.RunLock(run):
+    with RunLock(run):
         assert interrupted_run(tmp_path, "cpu") is None           # in use: not interrupted
-    meta = json.loads((run / "meta.json").read_text())
-    prov.write_meta(run, prov.finish_meta(meta))
+    RunMeta.from_json(run).finish().write(run)
     assert interrupted_run(tmp_path, "cpu") is None                # finished

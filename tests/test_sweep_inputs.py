@@ -112,7 +112,7 @@ def test_gpus_on_the_cpu_profile_are_refused(tmp_path):
 def test_a_disk_that_refuses_the_run_folder_ends_in_a_message(tmp_path, monkeypatch, code):
     def refuse(*args, **kwargs):
         raise OSError(code, os.strerror(code), str(tmp_path / "run"))
-    monkeypatch.setattr(sweep_module, "new_run_dir", refuse)
+    monkeypatch.setattr(sweep_module.RunFolder, "create", refuse)
     with pytest.raises(SystemExit) as e:
         cli.main(["sweep", "--results", str(tmp_path), "--direct", "--studies", "fp32_memory"])
     assert os.strerror(code) in str(e.value) and "nothing finished was changed" in str(e.value)

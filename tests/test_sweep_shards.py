@@ -248,12 +248,13 @@ def test_gpus_warns_about_a_study_that_wants_more_gpus_than_a_worker_has():
 
 
 def test_the_report_lists_the_warnings_a_run_recorded(tmp_path):
-    from workbench import provenance as prov
     from workbench.report import build_report
+    from workbench.runmeta import RunMeta
     run = tmp_path / "20261130T000000Z-abc1234-gpus"
     run.mkdir()
-    prov.write_meta(run, prov.finish_meta(prov.collect_meta({"profile": "gpu", "device": "cuda", "studies": {}}))
-                    | {"warnings": ["correctness: wants 2 GPUs with these parameters, but each --gpus worker has one"]})
+    meta = RunMeta.collect({"profile": "gpu", "device": "cuda", "studies": {}}).finish()
+    meta.warnings = ["correctness: wants 2 GPUs with these parameters, but each --gpus worker has one"]
+    meta.write(run)
     page = build_report(tmp_path, studies={}).index.read_text()
     assert "Warnings a run recorded:" in page and "correctness: wants 2 GPUs" in page
 

@@ -1,7 +1,6 @@
 """The vision towers against transformers' implementation with identical weights."""
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 

@@ -103,7 +103,7 @@ NAME_MAX = 80      # characters of a run name: the folder adds a 25-character ti
 def parse_name(text: str | None) -> str | None:
     """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX
     characters; SystemExit naming the bad value otherwise."""
-    from .provenance import slug
+    from .runstate import slug
 
     if text is None:
         return None

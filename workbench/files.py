@@ -1,13 +1,10 @@
-"""Files from folders anyone may have written (run folders, model folders, image folders): only
-regular files are opened, and nothing waits; and files written so that a reader never sees a part.
+"""Files from folders anyone may have written (run, model and image folders), opened only where they
+are regular files and without waiting; and files written so that a reader never sees a part.
 
-Opening a named pipe for reading blocks until a writer comes, and a device may never end; a
-symbolic link in a shared folder can point at any file of the reader's. So a path is judged from
-its metadata first (`file_kind`), opened non-blocking, and judged again on the open descriptor,
-in case it was swapped in between. Run folders are read without following links
-(``follow=False``); model and image folders follow them to regular files (a hub snapshot and a
-folder of links into a photo library are made of links), and the callers confine them.
-Light: no torch, no pandas.
+A named pipe blocks its reader until a writer comes and a link may point at any of the reader's
+files, so a path is judged from its metadata, opened non-blocking, and judged again on the open
+descriptor. Run folders are read without following links; model and image folders follow them
+(a hub snapshot is made of links) and their callers confine them. Light: no torch, no pandas.
 """
 from __future__ import annotations
 
@@ -37,10 +34,8 @@ def _kind_of(mode: int) -> str | None:
 
 
 def file_kind(path, follow: bool = True) -> str | None:
-    """None where ``path`` is a regular file (with ``follow``, also a symbolic link to one), else
-    what it is: "a symbolic link" (without ``follow``), "a folder", "a FIFO", "a socket", "a
-    character device", "a block device", "a broken symbolic link". Nothing is opened.
-    FileNotFoundError where nothing is there."""
+    """None where ``path`` is a regular file (with ``follow``, a link to one too), else what it is
+    ("a FIFO", "a broken symbolic link", ...); nothing is opened. FileNotFoundError where nothing is."""
     try:
         mode = (os.stat if follow else os.lstat)(path).st_mode
     except OSError:
@@ -51,9 +46,9 @@ def file_kind(path, follow: bool = True) -> str | None:
 
 
 def open_regular(path, follow: bool = True) -> BinaryIO:
-    """``path`` opened for binary reading where it is a regular file (`file_kind`); otherwise
-    NotRegularFile, nothing opened. Opened non-blocking (a FIFO swapped in after the check does not
-    wait for a writer) and, without ``follow``, never through a link."""
+    """``path`` opened for binary reading where it is a regular file, else NotRegularFile.
+    Non-blocking (a FIFO swapped in after the check does not wait) and, without ``follow``, never
+    through a link."""
     kind = file_kind(path, follow)
     if kind:
         raise NotRegularFile(path, kind)
@@ -67,8 +62,7 @@ def open_regular(path, follow: bool = True) -> BinaryIO:
 
 
 def read_regular(path, max_bytes: int | None = None, follow: bool = False) -> bytes:
-    """The bytes of ``path`` opened by `open_regular` (by default never through a link); OSError
-    (EFBIG) where it holds more than ``max_bytes``."""
+    """The bytes of ``path`` (`open_regular`); OSError (EFBIG) where it holds more than ``max_bytes``."""
     with open_regular(path, follow) as f:
         data = f.read(-1 if max_bytes is None else max_bytes + 1)
     if max_bytes is not None and len(data) > max_bytes:
@@ -77,10 +71,10 @@ def read_regular(path, max_bytes: int | None = None, follow: bool = False) -> by
 
 
 def atomic_write_bytes(path, data: bytes, exclusive: bool = False) -> Path:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part:
-    a temporary file in the same folder, flushed, then ``os.replace``. With ``exclusive`` it is
-    hard-linked instead, which fails (FileExistsError) where ``path`` exists, even when another
-    process creates it at the same moment: a finished file is never replaced. Parents are made."""
+    """Write ``data`` to ``path`` through a flushed temporary file beside it, so that readers see
+    the old file or the new one, never a part. With ``exclusive`` the file is hard-linked into
+    place, which fails (FileExistsError) where ``path`` exists, even when another process creates
+    it at the same moment: a finished file is never replaced. Parents are made."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")

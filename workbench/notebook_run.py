@@ -1,8 +1,6 @@
-"""A study's notebook and what a run keeps of it: execution through papermill into the run folder,
-its HTML export, the study's figures of the run, and the notebooks' ``parameters`` cells kept in
-step with the studies' declarations (the ``notebooks`` command).
-
-Heavy imports (papermill, nbconvert, matplotlib, the studies) stay inside the functions.
+"""A study's notebook and what a run keeps of it: its papermill execution into the run folder, its
+HTML copy, the study's figures of the run; and the ``parameters`` cells kept in step with the
+declarations (the ``notebooks`` command). Heavy imports stay inside the functions.
 """
 from __future__ import annotations
 
@@ -31,23 +29,18 @@ def run_notebook(study: Any, params: dict[str, Any], device: str, run_dir: Path,
     # the kernel inherits this: studies show no progress bars inside the executed notebook
     os.environ[PROGRESS_ENV] = "0"
     pm.execute_notebook(
-        str(nb),
-        str(run_dir / f"{study.name}.ipynb"),
+        str(nb), str(run_dir / f"{study.name}.ipynb"),
         parameters={**params, "device": device, "run_dir": str(run_dir.resolve())},
-        kernel_name=kernel,
-        cwd=str(REPO_ROOT),
-        # a bar of cells on a terminal; in a log file its carriage returns would be noise
-        progress_bar=sys.stderr.isatty(),
+        kernel_name=kernel, cwd=str(REPO_ROOT),
+        progress_bar=sys.stderr.isatty(),         # in a log file a bar's carriage returns are noise
         # the kernel's own log (a transport warning at start, an interrupt at shutdown) is not the
         # study's output; the cells' warnings and errors still reach the executed notebook
-        extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
-    )
+        extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
 
 
 def export_html(notebook: Path) -> str | None:
-    """``<study>.html`` beside the executed notebook, so the report links to something a browser
-    shows (code, tables, figures); the problem as a string instead of an exception where the
-    export fails (nbconvert missing, a full disk): the run records it."""
+    """``<study>.html`` beside the executed notebook, for the report to link; where the export fails
+    (no nbconvert, a full disk), the problem as a string for the run to record."""
     try:
         import nbconvert
         import nbformat
@@ -60,20 +53,17 @@ def export_html(notebook: Path) -> str | None:
 
 
 def save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
-    """The study's figures of this run alone, PNG and SVG, into ``<run_dir>/figures/``, so a run
-    folder (a committed reference run too) carries its own pictures. Returns a warning instead
-    of raising (the run records it as a failure of this stage): a figure that fails to draw
-    never touches the finished measurement."""
+    """The study's figures of this run alone, PNG and SVG, into ``<run_dir>/figures/``; where one
+    fails to draw, the problem as a string (the table stays; the run records the failed stage)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from .report.runs import Run, run_table
-    from .runmeta import load
-    from .runstate import FIGURES_DIR, figures_marker
+    from .runstate import FIGURES_DIR, RunFolder, figures_marker
 
     folder = run_dir / FIGURES_DIR
     try:   # the same columns the report adds (run, reference, run_date), from the same code
-        run = Run(path=run_dir, meta=load(run_dir), tables={study.name: table})
+        run = Run(path=run_dir, meta=RunFolder(run_dir).meta(), tables={study.name: table})
         summary = study.summarize(run_table(run, study.name), folder)
         pngs = [folder / Path(f).name for f in getattr(summary, "figures", None) or []]
         drawn = [p.name for png in pngs for p in (png, png.with_suffix(".svg")) if p.is_file()]
@@ -92,8 +82,8 @@ def _parameters_cell_index(doc: dict) -> int:
 
 
 def sync_notebook(study: Any, check: bool = False) -> bool:
-    """Write the study's declared parameters into its notebook's ``parameters`` cell (or, with
-    ``check``, only compare). Returns True when the notebook was (or would be) changed."""
+    """Write the study's declared parameters into its notebook's ``parameters`` cell (``check``: only
+    compare); whether the notebook was (or would be) changed."""
     path = REPO_ROOT / study.notebook
     doc = json.loads(path.read_text(encoding="utf-8"))
     i = _parameters_cell_index(doc)
@@ -112,10 +102,8 @@ FALLBACK_KERNEL = "python3"           # what a fresh venv (CI, a GPU host's bund
 
 
 def default_kernel() -> str:
-    """The kernel papermill runs the notebooks in: the project's kernel where it is registered and
-    starts this very interpreter (a kernel of that name from another environment would measure
-    another install), else python3. Never fails: no jupyter_client, no kernel, a broken spec all
-    give python3."""
+    """The project's kernel where it is registered and starts this very interpreter (one from another
+    environment would measure another install), else python3; never fails."""
     try:
         from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 

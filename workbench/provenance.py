@@ -1,23 +1,12 @@
-"""Provenance of a run: what code, which packages, which machine, when, and with which parameters.
+"""Provenance of a run: what code, which packages, which machine, when (`collect_meta`, the facts
+a run's meta.json starts from: `workbench.runmeta.RunMeta`).
 
-Every run folder under ``results/`` holds a ``meta.json`` made here:
-
-    meta = collect_meta(params)          # at the start of a run
-    run_dir = new_run_dir("results", name="smoke")
-    write_meta(run_dir, meta)            # unfinished: may be rewritten
-    ...                                  # the run writes its <study>.parquet tables
-                                         # (workbench.studies.tables.write_study_table)
-    write_meta(run_dir, finish_meta(meta))   # finished: protected from being overwritten
-
-Everything here is robust to a missing git, a tree that is not a repository, a missing package,
-and a machine without NVIDIA's management library: such facts are recorded as unavailable, never
-raised. The record's fields and their checks are `workbench.runmeta.RunMeta`; run folders and
-their locks are `workbench.runstate.RunFolder`.
+A missing git, a tree outside a repository, a missing package and a machine without NVIDIA's
+management library are recorded as unavailable, never raised.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import socket
@@ -26,41 +15,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .files import atomic_write_bytes, atomic_write_text  # noqa: F401 - kept for studies and cli
-from .runmeta import META_NAME, MetaError, RunMeta, json_default, load, parse  # noqa: F401 - MetaError kept
-from .runmeta import problems as meta_problems  # noqa: F401 - kept for callers of the old name
-from .runstate import RunLock, run_in_use, slug  # noqa: F401 - kept for studies, cli and tests
-
 # The project root: the folder that holds pyproject.toml and the workbench package.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Distribution names whose versions every run records (those installed).
-PACKAGES = (
-    "torch",
-    "triton",
-    "transformers",
-    "numpy",
-    "pandas",
-    "pyarrow",
-    "matplotlib",
-    "papermill",
-    "nvidia-ml-py",
-    "workbench",
-)
+PACKAGES = ("torch", "triton", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "papermill",
+            "nvidia-ml-py", "workbench")
 
 RESULTS_ENV = "WORKBENCH_RESULTS"
 
 
 def results_root() -> Path:
-    """Where run folders and the report live: ``$WORKBENCH_RESULTS`` when set (moving them on
-    purpose), else the project's ``results/``, whatever the working directory (a notebook opened
-    in JupyterLab runs in notebooks/, a papermill run from anywhere)."""
+    """Where run folders and the report live: ``$WORKBENCH_RESULTS``, else the project's ``results/``
+    whatever the working directory (a notebook runs in notebooks/)."""
     env = os.environ.get(RESULTS_ENV)
     return Path(env).expanduser() if env else REPO_ROOT / "results"
+
+
 _GIT_TIMEOUT_S = 10
-
-
-# --------------------------------------------------------------------------- time
 
 
 def utc_now() -> _dt.datetime:
@@ -72,32 +44,19 @@ def iso_utc(t: _dt.datetime | None = None, timespec: str = "milliseconds") -> st
     return (t or utc_now()).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
-def _parse_iso(s: str) -> _dt.datetime:
+def parse_iso(s: str) -> _dt.datetime:
     return _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
 
 
-# --------------------------------------------------------------------------- git
-
-
 def _git(*args: str, cwd: Path) -> str:
-    out = subprocess.run(
-        ["git", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=_GIT_TIMEOUT_S,
-        check=True,
-    )
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=_GIT_TIMEOUT_S,
+                         check=True)
     return out.stdout.strip()
 
 
 def git_info(root: Path | str | None = None) -> dict[str, Any]:
-    """Commit and dirty flag of the source tree at ``root`` (default: the project root).
-
-    Returns ``{"sha": None, "dirty": None, "error": ...}`` when git is missing or ``root`` is not
-    inside a repository. ``dirty`` counts modified tracked files and untracked files that are not
-    ignored (run outputs under results/ are ignored, so they do not make a tree dirty).
-    """
+    """Commit and dirty flag of the tree at ``root`` (default: the project's); ``sha`` None and an
+    ``error`` where git is missing or ``root`` is in no repository. Ignored files (results/) are not dirt."""
     root = Path(root) if root is not None else REPO_ROOT
     try:
         top = _git("rev-parse", "--show-toplevel", cwd=root)
@@ -112,12 +71,7 @@ def git_info(root: Path | str | None = None) -> dict[str, Any]:
     except (subprocess.TimeoutExpired, OSError) as e:
         return {"sha": None, "short": None, "dirty": None, "error": f"git failed: {e}"}
     changed = [line for line in status.splitlines() if line.strip()]
-    info: dict[str, Any] = {
-        "sha": sha,
-        "short": sha[:7],
-        "dirty": bool(changed),
-        "root": top,
-    }
+    info: dict[str, Any] = {"sha": sha, "short": sha[:7], "dirty": bool(changed), "root": top}
     if changed:
         info["changes"] = changed[:50]
         if len(changed) > 50:
@@ -127,9 +81,6 @@ def git_info(root: Path | str | None = None) -> dict[str, Any]:
     except (subprocess.SubprocessError, OSError):
         pass
     return info
-
-
-# --------------------------------------------------------------------------- packages / device
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
@@ -164,24 +115,17 @@ def torch_info() -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - an unusable torch is a fact to record
         return {"available": False, "error": f"{type(e).__name__}: {e}",
                 "device": f"cpu: {cpu_model()}"}
-    info: dict[str, Any] = {
-        "available": True,
-        "version": torch.__version__,
-        "cuda": torch.version.cuda,
-        "hip": getattr(torch.version, "hip", None),
-        "num_threads": torch.get_num_threads(),
-    }
+    info: dict[str, Any] = {"available": True, "version": torch.__version__, "cuda": torch.version.cuda,
+                            "hip": getattr(torch.version, "hip", None), "num_threads": torch.get_num_threads()}
     try:
         cuda_ok = bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001
         cuda_ok = False
     info["cuda_available"] = cuda_ok
     if cuda_ok:
-        count = torch.cuda.device_count()
-        names = [torch.cuda.get_device_name(i) for i in range(count)]
-        info["device_count"] = count
-        info["device_names"] = names
-        info["device"] = names[0] if count == 1 else f"{count}x {names[0]}"
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info.update(device_count=len(names), device_names=names,
+                    device=names[0] if len(names) == 1 else f"{len(names)}x {names[0]}")
         try:
             info["cudnn"] = torch.backends.cudnn.version()
         except Exception:  # noqa: BLE001
@@ -246,33 +190,18 @@ def nvml_info() -> dict[str, Any] | str:
             pass
 
 
-# --------------------------------------------------------------------------- meta
-
-
 def collect_meta(params: dict | None = None) -> dict[str, Any]:
-    """Everything a run records about itself at its start. Safe on any machine."""
+    """Everything a run records about itself at its start, as the JSON data of a meta.json."""
     started = utc_now()
     tinfo = torch_info()
     return {
-        "schema": 1,
-        "started_at": iso_utc(started),
-        "finished_at": None,
-        "duration_s": None,
-        "git": git_info(),
-        "device": tinfo.get("device"),
-        "packages": package_versions(),
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "executable": sys.executable,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "hostname": socket.gethostname(),
-        "torch": tinfo,
-        "nvml": nvml_info(),
-        "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "CI")
-                if k in os.environ},
+        "schema": 1, "started_at": iso_utc(started), "finished_at": None, "duration_s": None,
+        "git": git_info(), "device": tinfo.get("device"), "packages": package_versions(),
+        "python": platform.python_version(), "python_implementation": platform.python_implementation(),
+        "executable": sys.executable, "platform": platform.platform(), "machine": platform.machine(),
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "hostname": socket.gethostname(),
+        "torch": tinfo, "nvml": nvml_info(),
+        "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "CI") if k in os.environ},
         # a loaded host inflates every CPU timing: what else ran is part of the record
         "load_avg": {"start": load_average()},
         "params": dict(params or {}),
@@ -280,80 +209,8 @@ def collect_meta(params: dict | None = None) -> dict[str, Any]:
 
 
 def load_average() -> list[float] | None:
-    """The host's 1, 5 and 15 minute load averages (runnable processes), or None where the OS
-    has none."""
+    """The host's 1, 5 and 15 minute load averages, or None where the OS has none."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):
         return None
-
-
-def finish_meta(meta: RunMeta | dict[str, Any]):
-    """Stamp the end time and duration onto ``meta`` (a RunMeta or a dict, in place); return it."""
-    finished = utc_now()
-    typed = isinstance(meta, RunMeta)
-    load_avg = (meta.extra if typed else meta).get("load_avg")
-    if isinstance(load_avg, dict):
-        load_avg["end"] = load_average()
-    try:
-        started = _parse_iso(meta.started_at if typed else meta["started_at"])
-        duration = round((finished - started).total_seconds(), 3)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        duration = None
-    for key, value in (("finished_at", iso_utc(finished)), ("duration_s", duration)):
-        if typed:
-            setattr(meta, key, value)
-        else:
-            meta[key] = value
-    return meta
-
-
-def read_meta(run_dir: Path | str) -> dict[str, Any]:
-    """``run_dir/meta.json`` as parsed, without the schema check (`load_meta` adds it): what
-    ``write_meta`` uses to see whether a run finished, so a finished run whose meta.json breaks the
-    schema is still protected. OSError where the file cannot be read; MetaError (a ValueError)
-    where it is not a JSON object."""
-    path = Path(run_dir) / META_NAME
-    with open(path, encoding="utf-8") as f:
-        return parse(path, f.read())
-
-
-def load_meta(run_dir: Path | str) -> dict[str, Any]:
-    """``run_dir/meta.json`` read and checked (`RunMeta`), as a dict; MetaError otherwise."""
-    return load(run_dir).to_dict()
-
-
-def write_meta(run_dir: Path | str, meta: RunMeta | dict[str, Any], overwrite: bool = False) -> Path:
-    """Write ``run_dir/meta.json`` atomically. One that records a finished run (``finished_at``
-    set) is never replaced unless ``overwrite``: a finished run is evidence; the unfinished copy
-    written at the start of a run may be replaced by the finished one."""
-    path = Path(run_dir) / META_NAME
-    if path.exists() and not overwrite:
-        try:
-            old = read_meta(run_dir)
-        except (OSError, ValueError):
-            old = {}
-        if old.get("finished_at"):
-            raise FileExistsError(f"{path} belongs to a finished run; pass overwrite=True to replace it")
-    data = meta.to_dict() if isinstance(meta, RunMeta) else meta
-    atomic_write_text(path, json.dumps(data, indent=2, default=json_default) + "\n")
-    return path
-
-
-def new_run_dir(root: Path | str = "results", name: str | None = None) -> Path:
-    """A new folder ``<root>/<UTC timestamp>-<short sha or 'nogit'>[-name][-k]``, made with a plain
-    ``mkdir``, which the file system grants to exactly one caller: two runs started in the same
-    second with the same name get different folders, and a folder is never reused."""
-    stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
-    sha = git_info().get("short") or "nogit"
-    base = f"{stamp}-{sha}" + (f"-{slug(name, what='run name')}" if name else "")
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    for k in range(1, 1000):
-        path = root / (base if k == 1 else f"{base}-{k}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(f"no free run folder name {base}[-k] under {root} (999 taken)")

@@ -1,21 +1,19 @@
 """A run's record (its ``meta.json``) as a typed value: `RunMeta`.
 
-``RunMeta.from_json(text or path)`` reads one and checks every field the report, the sweep and
-the command line read against `SCHEMA`; what it cannot use is a `MetaError` naming the file and
-the field. Every field may be absent or null; keys it does not know are kept in ``extra`` and
-written back by ``to_json`` (a run folder is a record: reading it loses nothing). Light: no
-torch, no pandas.
+``RunMeta.from_json`` checks every field the code reads against `SCHEMA` and refuses what it cannot
+use with a `MetaError` naming the file and the field. Every field may be absent or null; other keys
+stay in ``extra`` and are written back (reading a record loses nothing). Light: no torch, no pandas.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .files import read_regular
+from .files import atomic_write_text, read_regular
+from .provenance import collect_meta, iso_utc, load_average, parse_iso, utc_now
 
 META_NAME = "meta.json"
 MAX_BYTES = 16 * 2**20          # a meta.json is a few kB; far more is not one
@@ -50,9 +48,8 @@ SCHEMA: dict[str, Any] = {
 
 
 class MetaError(ValueError):
-    """A meta.json that cannot be used. ``str(e)`` starts with the file's path; ``e.reason`` is
-    the why alone, ``e.kind`` "missing", "unreadable" or "invalid", and ``e.line`` the line the
-    report shows beside the run."""
+    """A meta.json that cannot be used: ``str(e)`` starts with its path; ``kind`` is "missing",
+    "unreadable" or "invalid"; ``line`` is what the report shows beside the run."""
 
     def __init__(self, path: Path | str, reason: str, kind: str = "invalid"):
         self.path, self.reason, self.kind = Path(path), reason, kind
@@ -120,8 +117,8 @@ def _check(v: Any, schema: Any, where: str, out: list[str]) -> None:
 
 
 def problems(meta: Any) -> list[str]:
-    """What is wrong with a parsed meta.json against `SCHEMA`, one line per problem; ``[]`` when
-    it is usable. A shard also needs its index, count and group, with 0 <= index < count."""
+    """What is wrong with a parsed meta.json, one line per problem (``[]``: usable). A shard also
+    needs its index, count and group, with 0 <= index < count."""
     if not isinstance(meta, dict):
         return [f"it does not hold an object (a JSON {_kind(meta)})"]
     if _depth(meta, MAX_DEPTH) > MAX_DEPTH:
@@ -154,8 +151,7 @@ def parse(path: Path | str, text: str) -> dict[str, Any]:
 
 
 def read_text(path: Path | str) -> str:
-    """The text of a meta.json, read as a regular file only (`read_regular`: never through a
-    link, never a FIFO) and at most MAX_BYTES; MetaError otherwise."""
+    """The text of a meta.json, a regular file of at most MAX_BYTES (`read_regular`); MetaError otherwise."""
     try:
         return read_regular(path, MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
@@ -167,8 +163,8 @@ def read_text(path: Path | str) -> str:
 
 
 def json_default(o: Any) -> Any:
-    """What json.dumps cannot write, as data: paths and times as text, tuples and sets as lists,
-    numpy and torch scalars as numbers, anything else (a torch.dtype) as its text."""
+    """What json.dumps cannot write: sets and tuples as lists, numpy and torch scalars as numbers,
+    anything else (a path, a torch.dtype) as its text."""
     if isinstance(o, (set, frozenset, tuple)):
         return list(o)
     item = getattr(o, "item", None)
@@ -212,6 +208,11 @@ class RunMeta:
                    path=Path(path), _order=tuple(meta))
 
     @classmethod
+    def collect(cls, params: dict | None = None) -> "RunMeta":
+        """A new run's record: the facts at its start (`provenance.collect_meta`) and ``params``."""
+        return cls.from_dict(collect_meta(params))
+
+    @classmethod
     def from_json(cls, source: str | Path) -> "RunMeta":
         """A meta.json from its text, or from a path (a run folder or the file itself)."""
         if not (isinstance(source, str) and source.lstrip().startswith(("{", "["))):
@@ -232,10 +233,30 @@ class RunMeta:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=json_default) + "\n"
 
-    def replace(self, **changes) -> "RunMeta":
-        return dataclasses.replace(self, **changes)
+    def finish(self) -> "RunMeta":
+        """Stamp the end time, the duration and the end load average on the record; return it."""
+        finished = utc_now()
+        if isinstance(self.extra.get("load_avg"), dict):
+            self.extra["load_avg"]["end"] = load_average()
+        try:
+            self.duration_s = round((finished - parse_iso(self.started_at)).total_seconds(), 3)
+        except (TypeError, ValueError, AttributeError):
+            self.duration_s = None
+        self.finished_at = iso_utc(finished)
+        return self
 
-    # ---------------------------------------------------------------- what callers ask of it
+    def write(self, run_dir: Path | str, overwrite: bool = False) -> Path:
+        """``run_dir/meta.json``, written atomically. A finished run's record (even one that breaks
+        the schema) is evidence and is replaced only with ``overwrite``."""
+        path = Path(run_dir) / META_NAME
+        if path.exists() and not overwrite:
+            try:
+                finished = parse(path, read_text(path)).get("finished_at")
+            except MetaError:
+                finished = None
+            if finished:
+                raise FileExistsError(f"{path} belongs to a finished run; pass overwrite=True to replace it")
+        return atomic_write_text(path, self.to_json())
 
     @property
     def plan(self) -> dict[str, dict]:
@@ -256,10 +277,8 @@ class RunMeta:
         return short + ("+dirty" if g.get("dirty") is True else "") if short else "no git"
 
     def open_failures(self) -> list[str]:
-        """The failures no later resume has mended. A sweep records ``failures`` when it
-        finishes; a resume of a finished run appends an entry to ``resumed`` with the studies it
-        re-ran and their own ``failures``: a study re-run there drops its earlier failures and
-        takes the entry's. Entries without ``failures`` (resumes of a killed run) change nothing."""
+        """The failures no later resume has mended: a ``resumed`` entry with ``failures`` (a resume of
+        a finished run) replaces the failures of the studies it re-ran with its own."""
         failures = list(self.failures or [])
         for entry in self.resumed or []:
             if "failures" in entry:
@@ -273,6 +292,5 @@ class RunMeta:
 
 
 def load(run_dir: Path | str) -> RunMeta:
-    """``run_dir/meta.json`` read and checked: a RunMeta, or MetaError naming the file and saying
-    what is wrong (missing, not a regular file, too large, not JSON, a field of the wrong type)."""
+    """``run_dir/meta.json`` read and checked; MetaError naming the file and what is wrong."""
     return RunMeta.from_json(Path(run_dir) / META_NAME)

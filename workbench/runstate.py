@@ -1,19 +1,8 @@
-"""A run folder and its lifecycle: made atomically (`provenance.new_run_dir`), locked while a process
-works in it (`RunLock`), and its state read back from the files it holds, which is where a resume
-starts.
-
-A sweep takes each planned study through four stages, and each stage leaves a file behind, so a
-run killed at any moment (SIGKILL included) can be read back and finished:
-
-- ``table``: ``<study>.parquet`` (written atomically: present means complete);
-- ``notebook``: ``<study>.ipynb`` executed to its end without an exception (papermill records
-  both in the notebook's metadata); runs in ``direct`` mode have no notebooks;
-- ``html``: ``<study>.html``, the readable copy of the executed notebook (papermill mode);
-- ``figures``: ``figures/.<study>.drawn``, the list of figure files, written after the study's
-  figures of this run were all saved.
-
-``meta.json`` says what was planned (``params.studies``) and whether the sweep reached its end
-(``finished_at``).
+"""A run folder (`RunFolder`): made atomically, locked while a process works in it (`RunLock`), and
+its state read back from its files, which is where a resume starts. A study's stages each leave a
+file, so a run killed at any moment can be finished: ``table`` (``<study>.parquet``, written
+atomically), ``notebook`` (``<study>.ipynb`` executed to its end; papermill mode), ``html`` (its
+readable copy), ``figures`` (``figures/.<study>.drawn``, written once all are saved).
 """
 from __future__ import annotations
 
@@ -23,7 +12,6 @@ import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
 
 from .files import read_regular
 from .runmeta import META_NAME, RunMeta
@@ -33,7 +21,7 @@ FIGURES_DIR = "figures"
 
 
 def figures_marker(run_dir: Path | str, study: str) -> Path:
-    """The file that says the study's figures of this run are all saved (it lists them)."""
+    """The file that lists the study's figures of this run, once they are all saved."""
     return Path(run_dir) / FIGURES_DIR / f".{study}.drawn"
 
 
@@ -57,74 +45,34 @@ def _figures_drawn(run_dir: Path, study: str) -> bool:
 
 
 @dataclass
-class StudyState:
-    """One planned study's stages: which are done, which are left (in order)."""
-
-    name: str
-    done: dict[str, bool]
-
-    @property
-    def left(self) -> list[str]:
-        return [s for s in STAGES if s in self.done and not self.done[s]]
-
-    @property
-    def complete(self) -> bool:
-        return not self.left
-
-
-@dataclass
 class RunState:
     run_dir: Path
     finished: bool                    # meta.json has finished_at: the sweep (or a resume) reached its end
     direct: bool                      # studies ran without notebooks
-    studies: dict[str, StudyState] = field(default_factory=dict)
+    studies: dict[str, dict[str, bool]] = field(default_factory=dict)    # {study: {stage: done}}
 
     @property
     def left(self) -> dict[str, list[str]]:
-        """{study: stages left} for every study that is not complete, in plan order."""
-        return {n: s.left for n, s in self.studies.items() if s.left}
+        """{study: stages left, in order} for every study that is not complete, in plan order."""
+        left = {n: [s for s in STAGES if done.get(s) is False] for n, done in self.studies.items()}
+        return {n: stages for n, stages in left.items() if stages}
 
     def describe_left(self) -> str:
         """'fp32_memory (notebook, html, figures); correctness (table, ...)' or 'nothing'."""
         return "; ".join(f"{n} ({', '.join(stages)})" for n, stages in self.left.items()) or "nothing"
 
 
-def study_state(run_dir: Path | str, study: str, direct: bool) -> StudyState:
-    run = RunFolder(Path(run_dir))
-    done = {"table": run.table(study).is_file()}
-    if not direct:
-        done["notebook"] = notebook_done(run.file(study, ".ipynb"))
-        done["html"] = run.file(study, ".html").is_file()
-    done["figures"] = _figures_drawn(run.path, study)
-    return StudyState(study, done)
-
-
-def _typed(meta: RunMeta | Mapping[str, Any]) -> RunMeta:
-    return meta if isinstance(meta, RunMeta) else RunMeta.from_dict(dict(meta))
-
-
-def run_state(run_dir: Path | str, meta: RunMeta | Mapping[str, Any]) -> RunState:
+def run_state(run_dir: Path | str, meta: RunMeta) -> RunState:
     """The state of every study ``meta`` (the run's meta.json, already read) planned."""
-    meta = _typed(meta)
-    direct = (meta.params or {}).get("mode") != "papermill"
-    return RunState(run_dir=Path(run_dir), finished=bool(meta.finished_at), direct=direct,
-                    studies={name: study_state(run_dir, name, direct) for name in meta.plan})
+    return RunFolder(Path(run_dir)).state(meta)
 
-
-def open_failures(meta: RunMeta | Mapping[str, Any]) -> list[str]:
-    """The failures of a run that no later resume has mended (`RunMeta.open_failures`)."""
-    return _typed(meta).open_failures()
-
-
-# --------------------------------------------------------------------------- run folders
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def slug(text, empty: str | None = None, what: str = "name") -> str:
-    """The file-name-safe form of ``text``: letters, digits, '.', '_' and '-' kept, every run of
-    other characters one '-', no '-' or '.' at either end (no hidden files, no option dash).
-    Where nothing is left: ``empty``, or without one a ValueError naming ``what`` and ``text``."""
+    """``text`` safe as a file name: letters, digits, '.', '_' and '-' kept, other runs one '-', no '-'
+    or '.' at either end. Where nothing is left: ``empty``, else a ValueError naming ``what``."""
     out = _UNSAFE.sub("-", str(text)).strip("-.")
     if out or empty is not None:
         return out or empty
@@ -132,9 +80,8 @@ def slug(text, empty: str | None = None, what: str = "name") -> str:
 
 
 class RunLock:
-    """An exclusive flock on a run folder (``<run>/.lock``) while a process works in it. The
-    operating system drops it when the holder exits, however it exits, so a folder whose lock can
-    be taken is not being worked on. The file records the holder's pid and host for people."""
+    """An exclusive flock on ``<run>/.lock`` while a process works in the folder. The system drops it
+    when the holder exits, however it exits; the file names the holder's pid and host for people."""
 
     NAME = ".lock"
 
@@ -182,10 +129,8 @@ class RunLock:
 
 
 def run_in_use(run_dir: Path | str) -> bool:
-    """Whether another process holds the run folder's lock now. Only reads (the lock file is
-    opened read-only, never made, so a read-only results folder works): a shared flock probe
-    conflicts with the holder's exclusive one. A lock file that cannot be opened counts as not in
-    use: this only informs; `RunLock.acquire` is what keeps two processes out of one folder."""
+    """Whether another process holds the folder's lock now: a shared flock probe on the lock file,
+    opened read-only (a read-only results folder works). Only informs; `RunLock` keeps processes out."""
     import errno
     import fcntl
 
@@ -212,16 +157,31 @@ class RunFolder:
     path: Path
 
     @classmethod
+    def create(cls, root: Path | str, name: str | None = None) -> "RunFolder":
+        """A new folder ``<root>/<UTC time>-<short sha or 'nogit'>[-name][-k]``: ``mkdir`` grants a name
+        to one caller only, so two runs started in the same second never share a folder."""
+        from .provenance import git_info, utc_now
+
+        stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
+        base = f"{stamp}-{git_info().get('short') or 'nogit'}" + (f"-{slug(name, what='run name')}" if name else "")
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        for k in range(1, 1000):
+            path = root / (base if k == 1 else f"{base}-{k}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return cls(path)
+        raise FileExistsError(f"no free run folder name {base}[-k] under {root} (999 taken)")
+
+    @classmethod
     def find(cls, results: Path | str, name: str) -> "RunFolder":
         """``name`` as a folder, or a folder name under ``results``; SystemExit otherwise."""
         for candidate in (Path(name), Path(results) / name):
             if (candidate / META_NAME).is_file():
                 return cls(candidate)
         raise SystemExit(f"--resume {name!r}: no run folder with a meta.json there or under {results}/")
-
-    @property
-    def name(self) -> str:
-        return self.path.name
 
     def file(self, study: str, suffix: str) -> Path:
         return self.path / f"{study}{suffix}"
@@ -239,5 +199,18 @@ class RunFolder:
         """Its meta.json, read and checked (MetaError otherwise)."""
         return RunMeta.from_json(self.path / META_NAME)
 
+    def stages_done(self, study: str, direct: bool) -> dict[str, bool]:
+        """{stage: whether its file is there} of the stages a study of this run goes through."""
+        done = {"table": self.table(study).is_file()}
+        if not direct:
+            done["notebook"] = notebook_done(self.file(study, ".ipynb"))
+            done["html"] = self.file(study, ".html").is_file()
+        done["figures"] = _figures_drawn(self.path, study)
+        return done
+
     def state(self, meta: RunMeta | None = None) -> RunState:
-        return run_state(self.path, meta if meta is not None else self.meta())
+        """The state of every study the run planned (``meta``: its meta.json, already read)."""
+        meta = meta if meta is not None else self.meta()
+        direct = (meta.params or {}).get("mode") != "papermill"
+        return RunState(self.path, bool(meta.finished_at), direct,
+                        {name: self.stages_done(name, direct) for name in meta.plan})

@@ -1,8 +1,6 @@
-"""One study of a run folder taken through the stages it has not reached (workbench.runstate reads
-them back from the folder): its table, its executed notebook, the notebook's HTML, its figures.
-
-A sweep runs this for every study it plans, a resume for every study that has a stage left, and a
-``sweep --gpus`` worker for every study it claims.
+"""One study of a run folder taken through the stages it has not reached (`workbench.runstate`):
+its table, its executed notebook, the notebook's HTML, its figures. A sweep, a resume and each
+``sweep --gpus`` worker run it for every study they take.
 """
 from __future__ import annotations
 
@@ -17,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from .notebook_run import export_html, run_notebook, save_run_figures
+from .runstate import RunFolder
 
 
 @contextmanager
 def console_progress(name: str):
-    """While a study runs (in this process or in its notebook's kernel, which inherits the
-    variable), its progress bars write their count to a file (`plotting.PROGRESS_FILE_ENV`); a
-    thread prints it on the console as plain lines (every 10% or 30 s), so a log shows how far
-    the study has come without a bar's escape codes."""
+    """While a study runs (here or in its notebook's kernel, which inherits the variable), its bars
+    count into a file (`plotting.PROGRESS_FILE_ENV`) that a thread prints as plain lines, every 10%
+    or 30 s: a log shows how far the study has come without a bar's escape codes."""
     from .studies.plotting import PROGRESS_FILE_ENV
 
     path = Path(tempfile.gettempdir()) / f"workbench-progress-{os.getpid()}-{name}.json"
@@ -61,19 +59,17 @@ def console_progress(name: str):
 
 
 def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: bool,
-                 kernel: str) -> tuple[list[str], list[str]]:
-    """Take one study of ``run_dir`` through the stages it has not reached: measure and save its
-    table (or, papermill mode, execute its notebook, which loads a table the run already holds
-    instead of measuring again), export the notebook's HTML, draw the figures. Returns
-    (failures, warnings); a stage that fails is recorded as a failure, never raised, and the
-    stages after it wait for a resume."""
-    from .runstate import study_state
-
-    state = study_state(run_dir, study.name, direct)
-    table = run_dir / f"{study.name}.parquet"
-    measure = not state.done["table"] or not state.done.get("notebook", True)
+                 kernel: str) -> list[str]:
+    """Take one study of ``run_dir`` through the stages it has not reached: its table (measured, or
+    in papermill mode by its notebook, which loads a table the run holds instead of measuring
+    again), the HTML, the figures. Returns its failures: a failed stage is recorded, never raised,
+    and the stages after it wait for a resume."""
+    run = RunFolder(run_dir)
+    done = run.stages_done(study.name, direct)
+    table = run.table(study.name)
+    measure = not done["table"] or not done.get("notebook", True)
     if measure and not direct:
-        state.done["html"] = False        # the notebook runs again: so does its readable copy
+        done["html"] = False        # the notebook runs again: so does its readable copy
     try:
         if measure:
             with console_progress(study.name):
@@ -86,17 +82,15 @@ def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: b
             raise RuntimeError(f"the study wrote no {table.name}")
     except Exception as e:  # noqa: BLE001 - record it, go on with the other studies
         saved = " after saving its table" if table.is_file() else ""
-        message = f"{study.name}: {type(e).__name__}{saved}: {e}"
         print(f"sweep: {study.name} FAILED{saved}: {type(e).__name__}: {e}", file=sys.stderr)
-        return [message], []
-    # the table stays whatever happens here; a stage that fails (a full disk while drawing, no
-    # nbconvert) is a failure the run records, and a resume takes that stage again
+        return [f"{study.name}: {type(e).__name__}{saved}: {e}"]
+    # the table stays whatever happens here; a later stage that fails is a failure to resume
     failures = []
-    for stage, do in (("html", lambda: export_html(run_dir / f"{study.name}.ipynb")),
+    for stage, do in (("html", lambda: export_html(run.file(study.name, ".ipynb"))),
                       ("figures", lambda: save_run_figures(study, table, run_dir))):
-        if stage in state.done and not state.done[stage]:
+        if done.get(stage) is False:
             problem = do()
             if problem:
                 failures.append(problem)
                 print(f"sweep: {study.name} FAILED: {problem}", file=sys.stderr)
-    return failures, []
+    return failures

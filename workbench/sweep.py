@@ -1,12 +1,8 @@
-"""Sweeps: a `SweepPlan` (the studies with their resolved parameters, and how and where to run
-them) in, a run folder ``<results>/<UTC time>-<sha>-<name>/`` and a `SweepResult` out.
+"""Sweeps: a `SweepPlan` in, a run folder ``<results>/<UTC time>-<sha>-<name>/`` and a `SweepResult` out.
 
-`run_sweep` starts a new run folder; `resume_sweep` finishes one that a killed sweep or a failed
-study left behind. Both take each study through the stages it has not reached
-(workbench.stages), in this process or, with GPUs, in one worker process per GPU
-(workbench.workers), and record the outcome in the run's meta.json the same way.
-
-Heavy imports (torch, pandas, the studies) stay inside the functions.
+`run_sweep` starts a run folder; `resume_sweep` finishes one a killed sweep or a failed study left.
+Both take each study through the stages it has not reached (workbench.stages), here or in one
+worker process per GPU (workbench.workers). Heavy imports stay inside the functions.
 """
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .notebook_run import default_kernel
-from .provenance import collect_meta, finish_meta, new_run_dir, write_meta
 from .runmeta import MetaError, RunMeta
 from .runstate import RunFolder
 from .stages import finish_study
@@ -56,9 +51,7 @@ class SweepResult:
 
     run_dir: Path | None              # None: no run folder was made (nothing to run)
     failures: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
     duration_s: float | None = None   # of a new sweep, as its meta.json records it
-    study_seconds: dict[str, float] = field(default_factory=dict)   # of the studies that finished
     resumed: list[str] | None = None  # a resume: the studies it took on; None for a new sweep
     note: str | None = None           # instead of a summary: why nothing ran
 
@@ -66,15 +59,16 @@ class SweepResult:
         if self.note is not None:
             return self.note
         if self.resumed is not None:
-            return (f"sweep: resumed {len(self.resumed)} stud{'y' if len(self.resumed) == 1 else 'ies'}, "
-                    f"{len(self.failures)} failure(s): {self.run_dir}")
+            return (f"sweep: resumed {_studies(len(self.resumed))}, {len(self.failures)} failure(s): {self.run_dir}")
         return f"sweep: done in {self.duration_s:.1f} s, {len(self.failures)} failure(s): {self.run_dir}"
+
+
+def _studies(n: int) -> str:
+    return f"{n} stud{'y' if n == 1 else 'ies'}"
 
 
 @dataclass
 class _Outcome:
-    """What running some studies into a run folder gave."""
-
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)   # wall time of each study that finished
@@ -83,8 +77,8 @@ class _Outcome:
 
 @dataclass(frozen=True)
 class Cell:
-    """A unit of a sharded sweep: a study, the elements of its cell parameter (`Study.cells`) this
-    unit runs (None: the whole study), and its estimated seconds."""
+    """A unit of a sharded sweep: a study, the values of its cell parameter (`Study.cells`) it runs
+    (None: the whole study), and its estimated seconds."""
 
     study: str
     values: tuple | None
@@ -95,9 +89,8 @@ UNTIMED_STUDY_S = 60.0     # the estimate of a study no committed run has timed
 
 
 def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
-    """{element of the study's cell parameter: relative cost}: a tower's FLOPs over 1024 pixel rows
-    at the run's depth where the element is a preset or model folder (the work every cell of a
-    study repeats per tower), else 1."""
+    """{value of the study's cell parameter: relative cost}: a tower's FLOPs over 1024 pixel rows at
+    the run's depth where the value is a preset or model folder, else 1."""
     from .checkpoints import resolve_config
     from .floors import tower_flops
 
@@ -111,10 +104,9 @@ def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
 
 
 def study_cells(study, params: Mapping[str, Any], recorded: tuple[float, Mapping[str, Any]] | None) -> list[Cell]:
-    """``study``'s units of work with ``params``: one per element of its cell parameter where it
-    has several, else one for the whole study. Seconds: ``recorded`` (seconds, params) of an earlier
-    run of the study, per unit of `_cell_weights` of that run's cells, times each cell's weight; an
-    untimed study counts UNTIMED_STUDY_S, shared by its cells by weight."""
+    """``study``'s units of work: one per value of its cell parameter where it has several, else one.
+    Seconds: the rate of ``recorded`` (seconds, params of an earlier run) per `_cell_weights` unit
+    times each cell's weight; an untimed study's UNTIMED_STUDY_S shared by weight."""
     weights = _cell_weights(study, params) if study.cells else {}
     if recorded is not None:
         seconds, then = recorded
@@ -128,9 +120,8 @@ def study_cells(study, params: Mapping[str, Any], recorded: tuple[float, Mapping
 
 
 def shard_cells(cells: list[Cell], count: int) -> list[list[Cell]]:
-    """``cells`` dealt to ``count`` shards, longest first, each to the least-loaded shard (lowest
-    index of equals): a function of its arguments only, so every task of a job array computes the
-    same partition without talking to the others."""
+    """``cells`` dealt to ``count`` shards, longest first, each to the least-loaded (lowest index of
+    equals): a function of its arguments only, so every task of a job array deals the same."""
     loads, parts = [0.0] * count, [[] for _ in range(count)]
     for c in sorted(cells, key=lambda c: (-c.seconds, c.study, repr(c.values))):
         k = min(range(count), key=lambda i: (loads[i], i))
@@ -140,8 +131,8 @@ def shard_cells(cells: list[Cell], count: int) -> list[list[Cell]]:
 
 
 def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = None) -> dict[str, tuple[float, dict]]:
-    """{study: (seconds, params)} from the newest run under ``folders`` (meta.json ``study_seconds``
-    of that profile; folder names start with the UTC time) that timed it, ``exclude`` left out."""
+    """{study: (seconds, params)} from the newest run of ``profile`` under ``folders`` that timed it
+    (meta.json ``study_seconds``; folder names start with the UTC time), ``exclude`` left out."""
     metas = sorted((m for f in folders for m in Path(f).glob("*/meta.json")), key=lambda m: m.parent.name,
                    reverse=True)
     known: dict[str, tuple[float, dict]] = {}
@@ -160,8 +151,8 @@ def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = N
 
 def shard_plan(studies: list, params: Mapping[str, dict], index: int, count: int,
                recorded: Mapping[str, tuple[float, dict]]) -> tuple[list, dict[str, dict], dict[str, list | None]]:
-    """Shard ``index`` of ``count``: (its studies, their params restricted to its cells, {study:
-    cell values it runs, None for the whole study}). Cells are balanced by `study_cells` seconds."""
+    """Shard ``index`` of ``count``: (its studies, their params restricted to its cells, {study: cell
+    values it runs, None for the whole study}), balanced by `study_cells` seconds."""
     cells = [c for s in studies for c in study_cells(s, params[s.name], recorded.get(s.name))]
     mine = shard_cells(cells, count)[index]
     chosen: dict[str, list | None] = {}
@@ -190,9 +181,8 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         recorded = recorded_seconds([Path(plan.results) / "reference"], plan.profile)
         mine, params, cells = shard_plan(studies, params, index, count, recorded)
         if not mine:
-            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({len(studies)} "
-                                          f"stud{'y' if len(studies) == 1 else 'ies'} selected over {count} "
-                                          f"shards); nothing to run")
+            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({_studies(len(studies))} "
+                                          f"selected over {count} shards); nothing to run")
         studies = mine
         extra["shard"] = {"index": index, "count": count, "group": plan.group, "cells": cells}
         name = f"{name}-shard{index}of{count}"
@@ -200,33 +190,31 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         extra["gpus"] = list(plan.gpus)
         if plan.gpus_emulated:
             extra["gpus_emulated"] = True
-    run = RunFolder(new_run_dir(plan.results, name=name))
-    run_dir, lock = run.path, run.lock()
+    run = RunFolder.create(plan.results, name=name)
+    lock = run.lock()
     lock.acquire()                 # a folder this process just made: nobody else can hold it
-    meta = RunMeta()
-    outcome = _Outcome()
+    meta, outcome = RunMeta(), _Outcome()
     try:
-        meta = RunMeta.from_dict(collect_meta({"profile": plan.profile, "device": plan.device, "mode": plan.mode,
-                                               "studies": params, **extra}))
-        write_meta(run_dir, meta)
-        print(f"sweep: profile {plan.profile}, {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} "
+        meta = RunMeta.collect({"profile": plan.profile, "device": plan.device, "mode": plan.mode,
+                                "studies": params, **extra})
+        meta.write(run.path)
+        print(f"sweep: profile {plan.profile}, {_studies(len(studies))} "
               + (f"(shard {plan.shard[0]}/{plan.shard[1]}) " if plan.shard else "")
-              + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run_dir}")
-        outcome = _execute(studies, params, plan.device, run_dir, plan.direct, plan.kernel or default_kernel(),
+              + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run.path}")
+        outcome = _execute(studies, params, plan.device, run.path, plan.direct, plan.kernel or default_kernel(),
                            plan.profile, plan.gpus)
-        _record(run_dir, meta, outcome)
+        _record(run.path, meta, outcome)
     finally:
         # a complete run keeps no lock file; one with failures keeps it for --resume to take
         lock.release(remove=not outcome.failures and bool(meta.finished_at))
-    return SweepResult(run_dir, outcome.failures, outcome.warnings, meta.duration_s, outcome.seconds)
+    return SweepResult(run.path, outcome.failures, meta.duration_s)
 
 
 def find_run(results: Path, name: str) -> Path:
     return RunFolder.find(results, name).path
 
 
-def _load_run_meta(run: RunFolder) -> RunMeta:
-    """The run's meta.json, checked; SystemExit naming the file and what is wrong with it."""
+def _resume_meta(run: RunFolder) -> RunMeta:
     try:
         return run.meta()
     except MetaError as e:
@@ -235,14 +223,10 @@ def _load_run_meta(run: RunFolder) -> RunMeta:
 
 def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str | None = None,
                  gpus: tuple[int, ...] | list[int] | None = None, resume_finished: bool = False) -> SweepResult:
-    """Finish the run folder ``run`` (a path, or a folder name under ``results``): take every study
-    its meta.json planned through the stages it has not reached (table, executed notebook, HTML,
-    figures: workbench.runstate), with the parameters it recorded; a finished table is never
-    touched. ``studies`` is the registry (name -> study).
-
-    A run killed before its end gets its end recorded here. A finished run is a record: one that
-    finished without failures is refused unless ``resume_finished`` asks for it, and one that
-    finished with failures (what resume is for) keeps everything it recorded: the resume is
+    """Finish the run folder ``run`` (a path, or a name under ``results``): every study it planned
+    through the stages it has not reached, with the parameters it recorded (``studies``: the
+    registry). A killed run gets its end recorded. A finished run is a record: without failures it
+    is refused unless ``resume_finished``; either way it keeps what it recorded, and the resume is
     appended to ``resumed`` with its own studies, failures and end time."""
     from .provenance import git_info, iso_utc
     from .studies import ParamError
@@ -250,7 +234,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
     folder = RunFolder.find(results, str(run))
     run_dir = folder.path
     # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
-    meta = _load_run_meta(folder)
+    meta = _resume_meta(folder)
     state = folder.state(meta)
     if state.finished and not meta.open_failures():
         if not state.left:
@@ -270,53 +254,45 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
                          f"read-only?") from None
     if not got:
         raise SystemExit(f"--resume: {run_dir} is in use by another process ({lock.holder()}); wait for it")
-    outcome = _Outcome()
-    left: dict[str, list[str]] = {}
+    outcome, left = _Outcome(), {}
     try:
-        meta = _load_run_meta(folder)      # again, under the lock
+        meta = _resume_meta(folder)      # again, under the lock
         state = folder.state(meta)
         params = meta.params or {}
-        plan, device = meta.plan, params.get("device") or "cpu"
-        profile = params.get("profile", "cpu")
+        plan, device, profile = meta.plan, params.get("device") or "cpu", params.get("profile", "cpu")
         unknown = sorted(set(plan) - set(studies))
         if unknown:
             raise SystemExit(f"--resume: {run_dir.name} planned studies {unknown} that are not registered now")
         left = state.left
-        if left:
-            try:   # the recorded values must still be valid for today's declarations
-                plan = {n: studies[n].resolve(profile, plan[n]) for n in left}
-            except ParamError as e:
-                raise SystemExit(f"--resume: {e}") from None
-        now = git_info()
-        entry: dict[str, Any] = {"at": iso_utc(timespec="seconds"),
-                                 "studies": list(left), "stages": left, "git": now.get("short"),
-                                 "dirty": now.get("dirty")}
-        if now.get("sha") != (meta.git or {}).get("sha"):
-            entry["note"] = f"resumed with other code than the run started with ({(meta.git or {}).get('short')})"
+        try:   # the recorded values must still be valid for today's declarations
+            plan = {n: studies[n].resolve(profile, plan[n]) for n in left}
+        except ParamError as e:
+            raise SystemExit(f"--resume: {e}") from None
+        now, then = git_info(), meta.git or {}
+        entry: dict[str, Any] = {"at": iso_utc(timespec="seconds"), "studies": list(left), "stages": left,
+                                 "git": now.get("short"), "dirty": now.get("dirty")}
+        if now.get("sha") != then.get("sha"):
+            entry["note"] = f"resumed with other code than the run started with ({then.get('short')})"
             print(f"sweep: warning: {entry['note']}", file=sys.stderr)
         print(f"sweep: resuming {run_dir}: {state.describe_left()}")
         outcome = _execute([studies[n] for n in left], plan, device, run_dir, state.direct,
                            kernel or default_kernel(), profile, gpus)
-        if state.finished:
-            # what the run recorded stays; the resume is one more entry
+        if state.finished:      # what the run recorded stays; the resume is one more entry
             entry.update(failures=outcome.failures, warnings=outcome.warnings, study_seconds=outcome.seconds,
-                         placement=outcome.placement)
-            entry["finished_at"] = iso_utc()
+                         placement=outcome.placement, finished_at=iso_utc())
             meta.resumed = [*(meta.resumed or []), entry]
-            write_meta(run_dir, meta, overwrite=True)
+            meta.write(run_dir, overwrite=True)
         else:
             _record(run_dir, meta, outcome, entry if left else None)
     finally:
         lock.release(remove=not outcome.failures or not had_lock)
-    return SweepResult(run_dir, outcome.failures, outcome.warnings, study_seconds=outcome.seconds,
-                       resumed=list(left))
+    return SweepResult(run_dir, outcome.failures, resumed=list(left))
 
 
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool, kernel: str, profile: str,
              gpus: tuple[int, ...] | list[int] | None = None) -> _Outcome:
-    """Run each study of ``selected`` into ``run_dir``, one after the other in this process, or
-    with ``gpus`` in one worker process per GPU (workbench.workers), longest first by earlier runs'
-    times of ``profile``."""
+    """Run each study of ``selected`` into ``run_dir``: one after the other here, or with ``gpus`` in
+    one worker process per GPU, longest first by earlier runs' times of ``profile``."""
     import time
 
     from tqdm.auto import tqdm
@@ -326,8 +302,8 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
         wider = one_gpu_warnings(selected, plan, device)
         for w in wider:
             print(f"sweep: {w}", file=sys.stderr)
-        failures, warnings, placed, finished = execute_on_gpus(ordered, run_dir, direct, kernel, gpus)
-        return _Outcome(failures, wider + warnings, finished, placed)
+        failures, placed, finished = execute_on_gpus(ordered, run_dir, direct, kernel, gpus)
+        return _Outcome(failures, wider, finished, placed)
 
     out = _Outcome()
     # a bar on a terminal; in a log, one plain line per study (no carriage returns)
@@ -337,18 +313,15 @@ def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: boo
         if bar.disable:
             print(f"sweep: study {k}/{len(selected)}: {study.name}", flush=True)
         t0 = time.perf_counter()
-        failed, warned = finish_study(study, plan[study.name], device, run_dir, direct, kernel)
+        failed = finish_study(study, plan[study.name], device, run_dir, direct, kernel)
         out.failures += failed
-        out.warnings += warned
         if not failed:
             out.seconds[study.name] = round(time.perf_counter() - t0, 1)
     return out
 
 
 def _record(run_dir: Path, meta: RunMeta, outcome: _Outcome, entry: dict | None = None) -> None:
-    """Add ``outcome`` (and the resume ``entry``) to the run's unfinished ``meta`` and write it
-    finished: what a later ``--gpus`` sweep orders its studies by (``study_seconds``), which GPU ran
-    each study as its worker recorded it (``placement``), the failures and the warnings."""
+    """Add ``outcome`` (and the resume ``entry``) to the run's unfinished ``meta`` and write it finished."""
     meta.study_seconds = {**(meta.study_seconds or {}), **outcome.seconds}
     if outcome.placement:
         meta.placement = {**(meta.placement or {}), **outcome.placement}
@@ -356,22 +329,20 @@ def _record(run_dir: Path, meta: RunMeta, outcome: _Outcome, entry: dict | None 
         meta.resumed = [*(meta.resumed or []), entry]
     meta.failures = outcome.failures
     meta.warnings = (meta.warnings or []) + outcome.warnings
-    write_meta(run_dir, finish_meta(meta))
+    meta.finish().write(run_dir)
 
 
 def longest_first(selected: list, run_dir: Path, profile: str) -> list:
-    """``selected`` ordered longest first by the time each study took in the newest other run of
-    the same profile that timed it (meta.json ``study_seconds``, under the results folder and its
-    reference/ runs); studies never timed go first, in their given order. Workers that take
-    studies in this order finish close together (longest-processing-time-first scheduling)."""
+    """``selected`` longest first by `recorded_seconds` of the other runs beside ``run_dir`` and
+    under reference/ (untimed first, as given), so that the workers finish close together."""
     root = run_dir.parent
     known = {name: sec for name, (sec, _) in recorded_seconds([root, root / "reference"], profile, run_dir).items()}
     return sorted(selected, key=lambda s: (s.name in known, -known.get(s.name, 0.0)))
 
 
 def runs_of_this_code(results: Path, name: str):
-    """(run folder, RunMeta) of every run under ``results`` named ``*-<sha>-<name>`` that this
-    code made (same commit, clean tree), newest first; nothing when the tree is dirty or not in git."""
+    """(run folder, RunMeta) of every run ``*-<sha>-<name>`` under ``results`` this code made (same
+    commit, clean tree), newest first; none from a dirty tree or one outside git."""
     from .provenance import git_info
 
     g = git_info()
@@ -387,8 +358,8 @@ def runs_of_this_code(results: Path, name: str):
 
 
 def interrupted_run(results: Path, name: str) -> Path | None:
-    """The newest run of this code (`runs_of_this_code`) that never finished and that no process
-    is working in: what ``make report`` resumes instead of starting over."""
+    """The newest run of this code that never finished and no process works in (``make report``
+    resumes it instead of starting over)."""
     for run, meta in runs_of_this_code(results, name):
         if not meta.finished_at and not RunFolder(run).in_use():
             return run
@@ -396,9 +367,8 @@ def interrupted_run(results: Path, name: str) -> Path | None:
 
 
 def reusable_run(results: Path, name: str, profile: str, studies: dict) -> Path | None:
-    """The newest run of this code that ``make report`` can show instead of sweeping again: it
-    finished with no open failure, holds every stage of every study, and planned exactly the
-    default sweep of ``profile`` (every registered study, at its defaults)."""
+    """The newest run of this code ``make report`` shows instead of sweeping again: finished with no
+    open failure, every stage of every study there, and exactly the default sweep of ``profile``."""
     want = {n: s.resolve(profile) for n, s in studies.items()}
     for run, meta in runs_of_this_code(results, name):
         params = meta.params or {}

@@ -1,9 +1,7 @@
 """``sweep --gpus``: one worker process per GPU of this host, each pinned to its GPU with
-CUDA_VISIBLE_DEVICES, each taking the next study nobody has taken from the run's shared list (a
-claim file per study decides who runs it) and recording how it went beside the claim.
-
-The parent side is `execute_on_gpus`; each worker is ``python -m workbench worker RUN --studies
-A,B,...`` (an internal command), whose body is `work`.
+CUDA_VISIBLE_DEVICES, each taking the next study nobody has taken (a claim file per study decides
+who runs it) and recording how it went beside the claim. The parent side is `execute_on_gpus`;
+each worker is ``python -m workbench worker RUN --studies A,B,...``, whose body is `work`.
 """
 from __future__ import annotations
 
@@ -15,15 +13,13 @@ from pathlib import Path
 from . import cpu_share
 from .provenance import REPO_ROOT
 
-# `sweep --gpus` on a host without them, for tests of the worker plumbing: N pretend GPUs (each
-# worker still runs on the CPU; meta.json records gpus_emulated)
+# N pretend GPUs, for tests of the worker plumbing on a host without them (meta.json says so)
 EMULATE_GPUS_ENV = "WORKBENCH_EMULATE_GPUS"
 
 CLAIMS_DIR = ".claims"
 
-# The modules outside the workbench package that define the selected studies (a user's own study
-# module, a test's stub), comma-separated: a worker imports them before it looks its studies up,
-# so a study registered there runs under --gpus too. The sweep sets it for its workers.
+# the modules outside the package that define the selected studies (a user's, a test's stub),
+# comma-separated: a worker imports them so that the studies they register run under --gpus too
 STUDY_MODULES_ENV = "WORKBENCH_STUDY_MODULES"
 
 
@@ -49,8 +45,8 @@ def check_gpus(gpus: list[int] | tuple[int, ...] | None, profile: str) -> None:
 
 
 def one_gpu_warnings(selected: list, plan: dict, device: str) -> list[str]:
-    """What ``sweep --gpus`` cannot give: each worker sees one GPU, so a study that wants more
-    (correctness's dp path on CUDA) skips those rows, as it would on a one-GPU host."""
+    """Each worker sees one GPU, so a study that wants more (correctness's dp path on CUDA) skips
+    those rows, as on a one-GPU host: a warning each."""
     out = []
     for s in selected:
         n = s.gpus_wanted(plan[s.name], device)
@@ -61,10 +57,8 @@ def one_gpu_warnings(selected: list, plan: dict, device: str) -> list[str]:
 
 
 def study_modules(selected: list) -> tuple[list[str], list[str]]:
-    """(modules, import roots) of the selected studies defined outside the workbench package (the
-    module of each one's run function): what a worker must import (each module registers its
-    studies when imported) and where it finds them. A study defined in ``__main__`` (a script, a
-    notebook) has no module a worker could import: the worker reports it as not registered."""
+    """(modules, import roots) of the selected studies defined outside the workbench package: what a
+    worker imports to register them. One defined in ``__main__`` (a script, a notebook) has none."""
     modules: list[str] = []
     roots: list[str] = []
     for study in selected:
@@ -85,7 +79,6 @@ def study_modules(selected: list) -> tuple[list[str], list[str]]:
 
 
 def _study_registry() -> dict:
-    """The studies a worker knows: the package's, and those the modules named by the sweep register."""
     import importlib
 
     from .studies import discover
@@ -107,9 +100,8 @@ def _claim(run_dir: Path, study: str) -> bool:
 
 
 def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
-    """One GPU's worker: take the next unclaimed study of ``names``, run it (serially, in this
-    process, on the GPU its CUDA_VISIBLE_DEVICES names) with the parameters the run's meta.json
-    planned, record the outcome in ``.claims/<study>.json``, repeat until every study is taken."""
+    """One GPU's worker: claim the next study of ``names``, run it here with the parameters the run
+    planned, record the outcome in ``.claims/<study>.json``; until every study is taken."""
     import time
 
     from .files import atomic_write_text
@@ -117,28 +109,27 @@ def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
     from .stages import finish_study
 
     meta = RunFolder(run_dir).meta()
-    plan, device = meta.plan, (meta.params or {}).get("device") or "cpu"
+    device = (meta.params or {}).get("device") or "cpu"
     studies = _study_registry()
     for name in names:
         if not _claim(run_dir, name):
             continue
         t0 = time.perf_counter()
         if name in studies:
-            failures, warnings = finish_study(studies[name], plan[name], device, run_dir, direct, kernel)
+            failures = finish_study(studies[name], meta.plan[name], device, run_dir, direct, kernel)
         else:
-            failures, warnings = [f"{name}: not registered in the worker process (a study defined in a script "
-                                  f"or notebook cannot run under --gpus: define it in an importable module)"], []
+            failures = [f"{name}: not registered in the worker process (a study defined in a script "
+                        f"or notebook cannot run under --gpus: define it in an importable module)"]
         record = {"study": name, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid(),
                   "threads": os.environ.get("OMP_NUM_THREADS", ""),
-                  "seconds": round(time.perf_counter() - t0, 1), "failures": failures, "warnings": warnings}
+                  "seconds": round(time.perf_counter() - t0, 1), "failures": failures}
         atomic_write_text(run_dir / CLAIMS_DIR / f"{name}.json", json.dumps(record))
 
 
 def execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
-                    gpus: list[int] | tuple[int, ...]) -> tuple[list[str], list[str], dict, dict]:
+                    gpus: list[int] | tuple[int, ...]) -> tuple[list[str], dict, dict]:
     """Run ``selected`` (in this order) with one worker process per GPU. Returns (failures,
-    warnings, {study: {gpu, seconds, threads}}, {study: seconds} of the studies that finished
-    without a failure)."""
+    {study: {gpu, seconds, threads}}, {study: seconds} of the studies that finished without one)."""
     import shutil
     import subprocess
 
@@ -153,9 +144,8 @@ def execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
         if direct:
             cmd.append("--direct")
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(g)}
-        # each worker gets its share of the host's cores: with torch's default of one thread per
-        # core in every worker, the workers oversubscribe the host and every study runs slower
-        # (results/reference/README.md has by how much); an OMP_NUM_THREADS the user set wins
+        # a share of the host's cores each: torch's default of one thread per core in every worker
+        # oversubscribes the host (results/reference/README.md has by how much); the user's value wins
         env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(gpus))))
         if modules:
             env[STUDY_MODULES_ENV] = ",".join(modules)
@@ -163,23 +153,20 @@ def execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
         procs.append((g, subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT))))
     codes = {g: p.wait() for g, p in procs}
     failures: list[str] = []
-    warnings: list[str] = []
     placed: dict[str, dict] = {}
     seconds: dict[str, float] = {}
     for s in selected:
-        rec_path = claims / f"{s.name}.json"
-        if rec_path.is_file():
-            rec = json.loads(rec_path.read_text())
+        record, claim = claims / f"{s.name}.json", claims / f"{s.name}.claim"
+        if record.is_file():
+            rec = json.loads(record.read_text())
             failures += rec["failures"]
-            warnings += rec["warnings"]
-            placed[s.name] = {"gpu": rec["gpu"], "seconds": rec["seconds"], "threads": rec.get("threads", "")}
+            placed[s.name] = {"gpu": rec["gpu"], "seconds": rec["seconds"], "threads": rec["threads"]}
             if not rec["failures"]:
                 seconds[s.name] = rec["seconds"]
-        elif (claims / f"{s.name}.claim").is_file():
-            who = (claims / f"{s.name}.claim").read_text().strip()
-            failures.append(f"{s.name}: its worker ({who}) died before finishing it "
+        elif claim.is_file():
+            failures.append(f"{s.name}: its worker ({claim.read_text().strip()}) died before finishing it "
                             f"(exit codes {codes}); resume the run to re-run it")
         else:
             failures.append(f"{s.name}: no worker took it (exit codes {codes}); resume the run to run it")
     shutil.rmtree(claims, ignore_errors=True)
-    return failures, warnings, placed, seconds
+    return failures, placed, seconds

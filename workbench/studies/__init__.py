@@ -256,32 +256,32 @@ def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
 
     ``params`` are recorded as the study's parameters. An existing table is never replaced.
     """
-    from ..provenance import (META_NAME, collect_meta, finish_meta, iso_utc, new_run_dir, read_meta,
-                              results_root as default_root, write_meta)
+    from ..provenance import iso_utc, results_root as default_root
+    from ..runmeta import META_NAME, RunMeta
+    from ..runstate import RunFolder
 
     from .tables import check_table, write_study_table
 
     table = check_table(table, name=f"{study_name} table")
     if run_dir is None:
         root = Path(results_root) if results_root is not None else default_root()
-        run_dir, mode = new_run_dir(root, name=f"{study_name}-interactive"), "interactive"
+        run, mode = RunFolder.create(root, name=f"{study_name}-interactive"), "interactive"
     else:
-        run_dir, mode = Path(run_dir), "notebook"
-        run_dir.mkdir(parents=True, exist_ok=True)
-    path = write_study_table(table, run_dir / f"{study_name}.parquet")
-    meta_path = run_dir / META_NAME
+        run, mode = RunFolder(Path(run_dir)), "notebook"
+        run.path.mkdir(parents=True, exist_ok=True)
+    path = write_study_table(table, run.table(study_name))
     recorded = {study_name: dict(params or {})}
-    if not meta_path.exists():
-        meta = collect_meta({"studies": recorded, "mode": mode})
+    if not (run.path / META_NAME).exists():
+        meta = RunMeta.collect({"studies": recorded, "mode": mode})
         started = _NOTEBOOK_STARTED.pop(study_name, None)
         if started is not None:
-            meta["started_at"] = iso_utc(started)
-        write_meta(run_dir, finish_meta(meta))
+            meta.started_at = iso_utc(started)
+        meta.finish().write(run.path)
     else:
-        meta = read_meta(run_dir)
-        if (meta.get("params") or {}).get("mode") == "notebook":     # ours: add this study
-            meta["params"].setdefault("studies", {}).update(recorded)
-            write_meta(run_dir, finish_meta(meta), overwrite=True)
+        meta = run.meta()
+        if (meta.params or {}).get("mode") == "notebook":     # ours: add this study
+            meta.params.setdefault("studies", {}).update(recorded)
+            meta.finish().write(run.path, overwrite=True)
     return path
 
 

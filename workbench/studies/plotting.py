@@ -8,7 +8,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..provenance import slug as provenance_slug
+from ..runstate import slug as provenance_slug
 
 
 def slug(text: str) -> str:

@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ..provenance import atomic_write_bytes
+from ..files import atomic_write_bytes
 
 VALUE_COLUMNS = ("metric", "value", "unit")
 REQUIRED_PARAMS = ("device",)

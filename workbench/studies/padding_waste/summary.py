@@ -7,7 +7,6 @@ from .. import Summarizer
 import numpy as np
 import pandas as pd
 
-from ...formatting import fmt_us
 from ..plotting import (graph_name, is_cpu, labelled_runs, legend_right, legend_under, per_run, plain_log_ticks,
                        run_label, stamp_cpu, value_ticks)
 from ..tables import wide
