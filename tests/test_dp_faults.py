@@ -317,3 +317,30 @@ def test_ranks_do_not_outlive_a_sigkilled_launcher(launcher, kill):
                 pass
         proc.stdout.close()
         proc.wait()
+
+
+def _sum_rows(x):
+    return x.sum()
+
+
+@pytest.mark.timeout(600)
+def test_a_script_without_a_main_guard_and_large_arguments_fails_in_seconds(tmp_path):
+    """Spawned ranks re-run such a script and die before reading what the launcher sends them: with
+    arguments past a pipe's buffer (a 2 MB array, pickled by value; a tensor would travel as a
+    shared-memory handle) the launcher used to block in that write for ever."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(f"import sys, time, numpy\nsys.path.insert(0, {str(TESTS)!r})\n"
+                      "import test_dp_faults\nfrom workbench.launch import launch\n"
+                      "t = time.monotonic()\n"
+                      "try:\n"
+                      "    launch(test_dp_faults._sum_rows, 2, backend='gloo', args=(numpy.ones((512, 512)),),"
+                      f" timeout_s={WORK_TIMEOUT_S}, start_timeout_s={START_S})\n"
+                      "except Exception as e:\n"
+                      "    if __name__ != '__main__':\n"
+                      "        raise                      # a rank re-running the script dies here\n"
+                      "    print(__name__, 'raised', type(e).__name__, round(time.monotonic() - t, 1))\n"
+                      "    print(e)\n")
+    p = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=500)
+    mine = [line for line in p.stdout.splitlines() if line.startswith("__main__ raised")]
+    assert mine and mine[0].startswith("__main__ raised RankError"), (p.stdout[-2000:], p.stderr[-2000:])
+    assert float(mine[0].split()[-1]) < START_S and "main__':` guard" in p.stdout

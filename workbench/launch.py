@@ -73,7 +73,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _rank_main(rank, world_size, backend, port, fn, args, folder, parent_pid, timeout_s):
+def _rank_main(rank, world_size, backend, port, fn, folder, parent_pid, timeout_s):
     """One rank (started by start_processes, which passes `rank` and reports an exception)."""
     _die_with_parent(parent_pid)
     # the stderr file also says to the launcher that this rank has started (spawned, imported)
@@ -91,7 +91,7 @@ def _rank_main(rank, world_size, backend, port, fn, args, folder, parent_pid, ti
     # a collective whose peer is gone fails after this instead of blocking when nothing watches
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=float(timeout_s)))
-    result = fn(*args)
+    result = fn(*torch.load(Path(folder, "args.pt"), map_location="cpu", weights_only=False))
     part = _file(folder, rank, "part")
     torch.save(result, part)
     os.replace(part, _file(folder, rank, "pt"))  # whole or absent: the launcher never reads half a file
@@ -118,7 +118,11 @@ def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = ()
             raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     backend = _backend(backend, world_size)
     with tempfile.TemporaryDirectory(prefix="wb-launch-") as folder:
-        ctx = mp.start_processes(_rank_main, (world_size, backend, _free_port(), fn, args, folder, os.getpid(),
+        # the arguments travel in a file: what goes down a spawned process's pipe stays a few kB, for
+        # the launcher's write into that pipe blocks for ever when a rank dies before reading it (a
+        # script without a main guard re-runs itself there and fails)
+        torch.save(args, Path(folder, "args.pt"))
+        ctx = mp.start_processes(_rank_main, (world_size, backend, _free_port(), fn, folder, os.getpid(),
                                               timeout_s), nprocs=world_size, join=False, start_method="spawn")
         try:
             _wait(ctx, folder, timeout_s, start_timeout_s)
