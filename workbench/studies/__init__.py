@@ -85,6 +85,20 @@ class Summarizer:
         return out
 
 
+class _Part:
+    """A function of a study's folder, imported when first called (``measure.run`` imports torch;
+    the registry must not). Its ``__module__`` is the study's package, where the study was defined."""
+
+    def __init__(self, package: str, module: str, name: str):
+        self.__module__, self._module, self._name = package, f"{package}.{module}", name
+
+    def __call__(self, *args, **kw):
+        return getattr(importlib.import_module(self._module), self._name)(*args, **kw)
+
+    def __repr__(self) -> str:
+        return f"<{self._module}.{self._name}>"
+
+
 @dataclass(frozen=True)
 class Study:
     """One study, as its folder registers it (``studies/<name>/__init__.py``): the declaration
@@ -93,9 +107,12 @@ class Study:
 
     name: str
     notebook: str                               # path relative to the project root
-    run: Callable[..., Any]                     # run(device=..., **params) -> tidy DataFrame
     params: ParamSpec                           # the one declaration of its parameters
-    summarize: Callable[[Any, Path], Summary | str]
+    # the study's folder (a package): run and summarize default to its measure.run and
+    # summary.summarize, imported when first called
+    package: str | None = None
+    run: Callable[..., Any] | None = None       # run(device=..., **params) -> tidy DataFrame
+    summarize: Callable[[Any, Path], Summary | str] | None = None
     question: str = ""
     # where its section goes in the report: correctness first, then what the right placements cost
     order: float = float("inf")
@@ -110,6 +127,13 @@ class Study:
     # estimated peak memory of its largest cell with these resolved params on "cuda" / "cpu"
     # (workbench.studies.footprint); the sweep refuses a plan whose cell cannot fit the device
     footprint: Callable[[Mapping[str, Any], str], Any] | None = None
+
+    def __post_init__(self) -> None:
+        for field_name, module, attr in (("run", "measure", "run"), ("summarize", "summary", "summarize")):
+            if getattr(self, field_name) is None:
+                if self.package is None:
+                    raise ValueError(f"study {self.name!r} gives neither {field_name} nor its package")
+                object.__setattr__(self, field_name, _Part(self.package, module, attr))
 
     def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:
         return 1 if self.gpus is None else int(self.gpus(params, device))

@@ -8,13 +8,13 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..runstate import slug as provenance_slug
+from ..runstate import slug as run_slug
 
 
 def slug(text: str) -> str:
-    """`workbench.provenance.slug` of a figure stem, run or device name; 'x' where nothing usable
+    """`workbench.runstate.slug` of a figure stem, run or device name; 'x' where nothing usable
     is left (a figure is never refused for its name)."""
-    return provenance_slug(text, empty="x")
+    return run_slug(text, empty="x")
 
 
 def save_figure(fig, out_dir: str | Path, stem: str) -> list[Path]:

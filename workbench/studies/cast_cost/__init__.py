@@ -31,26 +31,11 @@ from .. import Study, register
 from .params import PARAMS, footprint
 
 
-def run(device="auto", progress=True, **params):
-    """The study's measurement (`measure.run`): one tidy table."""
-    from .measure import run
-
-    return run(device=device, progress=progress, **params)
-
-
-def summarize(table, out_dir):
-    """The report's section from every run's table (`summary.summarize`)."""
-    from .summary import summarize
-
-    return summarize(table, out_dir)
-
-
 STUDY = register(Study(
     name="cast_cost",
     order=2,
     notebook="notebooks/cast_cost.ipynb",
-    run=run,
-    summarize=summarize,
+    package=__name__,
     params=PARAMS,
     cells="presets",
     per_preset=True,
@@ -58,3 +43,4 @@ STUDY = register(Study(
     question="per-replay input staging cost for each graph buffer dtype vs the byte floor and vs the tower's "
              "own time",
 ))
+run, summarize = STUDY.run, STUDY.summarize

@@ -19,26 +19,11 @@ from .. import Study, register
 from .params import PARAMS, footprint
 
 
-def run(device="auto", progress=True, **params):
-    """The study's measurement (`measure.run`): one tidy table."""
-    from .measure import run
-
-    return run(device=device, progress=progress, **params)
-
-
-def summarize(table, out_dir):
-    """The report's section from every run's table (`summary.summarize`)."""
-    from .summary import summarize
-
-    return summarize(table, out_dir)
-
-
 STUDY = register(Study(
     name="correctness",
     order=1,
     notebook="notebooks/correctness.ipynb",
-    run=run,
-    summarize=summarize,
+    package=__name__,
     params=PARAMS,
     cells="families",
     footprint=footprint,
@@ -46,3 +31,4 @@ STUDY = register(Study(
     question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "
              "leak into real rows",
 ))
+run, summarize = STUDY.run, STUDY.summarize

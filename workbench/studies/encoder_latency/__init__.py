@@ -57,29 +57,15 @@ from .. import Study, register
 from .params import PARAMS, footprint
 
 
-def run(device="auto", progress=True, **params):
-    """The study's measurement (`measure.run`): one tidy table."""
-    from .measure import run
-
-    return run(device=device, progress=progress, **params)
-
-
-def summarize(table, out_dir):
-    """The report's section from every run's table (`summary.summarize`)."""
-    from .summary import summarize
-
-    return summarize(table, out_dir)
-
-
 STUDY = register(Study(
     name="encoder_latency",
     order=5,
     notebook="notebooks/encoder_latency.ipynb",
-    run=run,
-    summarize=summarize,
+    package=__name__,
     params=PARAMS,
     cells="presets",
     footprint=footprint,
     question="eager vs graph latency per model and token count, beside transformers' own vision model "
              "with the same weights, against the FLOP and practical floors, and where the time goes by kernel",
 ))
+run, summarize = STUDY.run, STUDY.summarize

@@ -28,29 +28,15 @@ from .. import Study, register
 from .params import PARAMS, footprint
 
 
-def run(device="auto", progress=True, **params):
-    """The study's measurement (`measure.run`): one tidy table."""
-    from .measure import run
-
-    return run(device=device, progress=progress, **params)
-
-
-def summarize(table, out_dir):
-    """The report's section from every run's table (`summary.summarize`)."""
-    from .summary import summarize
-
-    return summarize(table, out_dir)
-
-
 STUDY = register(Study(
     name="fp32_memory",
     order=4,
     notebook="notebooks/fp32_memory.ipynb",
-    run=run,
-    summarize=summarize,
+    package=__name__,
     params=PARAMS,
     cells="presets",
     per_preset=True,
     footprint=footprint,
     question="graph-pool / peak bytes attributable to normalization, measured and modelled",
 ))
+run, summarize = STUDY.run, STUDY.summarize

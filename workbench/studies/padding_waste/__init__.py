@@ -57,29 +57,15 @@ from .. import Study, register
 from .params import PARAMS, footprint
 
 
-def run(device="auto", progress=True, **params):
-    """The study's measurement (`measure.run`): one tidy table."""
-    from .measure import run
-
-    return run(device=device, progress=progress, **params)
-
-
-def summarize(table, out_dir):
-    """The report's section from every run's table (`summary.summarize`)."""
-    from .summary import summarize
-
-    return summarize(table, out_dir)
-
-
 STUDY = register(Study(
     name="padding_waste",
     order=3,
     notebook="notebooks/padding_waste.ipynb",
-    run=run,
-    summarize=summarize,
+    package=__name__,
     params=PARAMS,
     cells="presets",
     per_preset=True,
     footprint=footprint,
     question="for a budget set and an image mix, padded rows, norm and tower work spent on them",
 ))
+run, summarize = STUDY.run, STUDY.summarize
