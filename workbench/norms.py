@@ -45,7 +45,7 @@ from torch import nn
 
 from workbench.config import VisionConfig
 from workbench.dtypes import names
-from workbench.vocabulary import NORM_NAMES, check_norm_name  # noqa: F401  (the one door for a norm name)
+from workbench.vocabulary import NORM_NAMES, check_norm_name  # the one door for a norm name
 from workbench.vocabulary import REAL_NORMS as VOCAB_REAL_NORMS
 
 from .norm_kernels import _JITTED, _kernel, launch_channel, launch_flat, launch_rows, rows_tile

@@ -2,21 +2,12 @@
 reads it without importing torch)."""
 from __future__ import annotations
 
-
-
 from ...config import PRESET_NAMES, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY
 from ...checkpoints import resolve_config
-from ...vocabulary import NORM_NAMES as NORMS, PATHS, PLACEMENT_TABLE, STUDY_PLACEMENTS
+from ...vocabulary import BUFFER_DTYPES as BUFFER_NAMES, NORM_NAMES as NORMS, PATHS, STUDY_PLACEMENTS
 from ...samples import SAMPLE_NAMES
 from ..footprint import Footprint, itemsize, largest, tower_bytes
 from ..params import Param, ParamSpec, ascending_unique
-
-# norm implementations do not matter where no device norm runs
-NORM_FREE = tuple(n for n, p in PLACEMENT_TABLE.items() if p.norm_in is None)
-
-
-BUFFER_NAMES = ("bfloat16", "uint8", "float32")
-
 
 PATH_COLUMNS = ["eager", "cudagraph[bfloat16]", "cudagraph[uint8]", "cudagraph[float32]", "dp"]
 
@@ -32,8 +23,8 @@ PARAMS = ParamSpec(
           help="where normalization lives"),
     Param("norms", "list[str]", cpu=list(NORMS), choices=NORMS, help="norm implementations"),
     Param("paths", "list[str]", cpu=list(PATHS), choices=PATHS, help="execution paths"),
-    Param("buffer_dtypes", "list[str]", cpu=["bfloat16", "uint8", "float32"],
-          choices=("bfloat16", "uint8", "float32"), help="graph input buffer dtypes (cudagraph path)"),
+    Param("buffer_dtypes", "list[str]", cpu=list(BUFFER_NAMES), choices=BUFFER_NAMES,
+          help="graph input buffer dtypes (cudagraph path)"),
     Param("max_pixels", "int", cap="frame_pixels", cpu=112 * 112, gpu=448 * 448, minimum=56 * 56, help="processor cap on image size"),
     Param("budgets", "list[int]", cap="budget_tokens", cpu=[16, 64], gpu=[64, 128, 256, 512, 1024], minimum=1,
           rule=ascending_unique, help="graph budgets in merged tokens"),
