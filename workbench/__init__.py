@@ -17,6 +17,7 @@ _EXPORTS = {
     "VisionConfig": "config", "PRESET_NAMES": "config",
     "load_vision_weights": "checkpoints", "resolve_config": "checkpoints",
     "DTYPES": "encoder", "PATHS": "vocabulary", "PLACEMENTS": "vocabulary", "STUDY_PLACEMENTS": "vocabulary",
+    "PREPROCESS_BACKENDS": "vocabulary",
     "VisionEncoder": "encoder", "build_encoder": "encoder",
     "NORMS": "norms", "make_norm": "norms",
     "PatchBatch": "preprocess", "Video": "preprocess", "preprocess": "preprocess", "load_image": "preprocess",

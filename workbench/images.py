@@ -178,18 +178,24 @@ def _check_image(x: Any, what: str) -> tuple[int, int]:
     return h, w
 
 
+def _loaded_pil(x: Image.Image, index: int, where: str) -> Image.Image:
+    """``x`` with its pixels decoded: a truncated or corrupt file fails here, on first decode,
+    with a ValueError naming the item."""
+    try:
+        x.load()
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise ValueError(f"item {index}: {where} could not be decoded ({type(e).__name__}: {e}); the "
+                         f"file is truncated or corrupt: re-encode it or leave the item out") from e
+    return x
+
+
 def _rgb_resized(x: Any, size: tuple[int, int], index: int, where: str) -> np.ndarray:
     """One checked image or frame -> HxWx3 uint8 at `size` (H, W), PIL bicubic."""
     h, w = size
     if isinstance(x, Image.Image):
-        try:
-            x.load()  # a truncated or corrupt file fails here, on first decode
-        except MemoryError:
-            raise
-        except Exception as e:
-            raise ValueError(f"item {index}: {where} could not be decoded ({type(e).__name__}: {e}); the "
-                             f"file is truncated or corrupt: re-encode it or leave the item out") from e
-        rgb = _pil_rgb(x)
+        rgb = _pil_rgb(_loaded_pil(x, index, where))
         return np.asarray(rgb if rgb.size == (w, h) else rgb.resize((w, h), Image.Resampling.BICUBIC))
     arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
     if arr.ndim == 2:

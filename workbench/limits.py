@@ -140,3 +140,12 @@ def integer(value, what: str, minimum: int = 1, cap: str | None = None) -> int:
 def seed(value, what: str = "seed") -> int:
     """A random seed: an integer 0..cap (numpy's generators take no negative seed)."""
     return integer(value, what, minimum=0, cap="seed")
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity mask, where the OS has one): the bound on
+    every thread or worker count a user asks for."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

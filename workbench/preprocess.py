@@ -24,6 +24,7 @@ and the patchify, in `workbench.patches`.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -34,6 +35,10 @@ from . import limits
 from .images import ACCEPTED_INPUTS, MAX_ASPECT, _CHANNELS, _check_image, _check_uint8, smart_resize  # noqa: F401
 from .images import _composite_on_white, _rgb_resized, load_image  # noqa: F401
 from .patches import PatchBatch, _patchify, normalize_rows  # noqa: F401
+from .devices import resolve_device
+from .torch_images import cpu_count, frames_nchw, hwc_rgb, patchify, resize, torch_threads
+from .torch_images import normalize as normalize_tv
+from .vocabulary import PREPROCESS_BACKENDS, check_backend  # noqa: F401
 
 __all__ = ["PatchBatch", "Video", "smart_resize", "preprocess", "load_image", "ACCEPTED_INPUTS"]
 
@@ -123,7 +128,8 @@ def _items(inputs: Any) -> list[tuple[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 # preprocess
 # ---------------------------------------------------------------------------------------------
-def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatch:
+def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str = "pil",
+               threads: int | None = None, device: Any = None) -> PatchBatch:
     """Images and/or videos -> `PatchBatch` in the transformers Qwen2-VL layout (module docstring).
 
     cfg: a VisionConfig or a preset name (as `build_encoder` takes).
@@ -152,6 +158,21 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatc
     Returns uint8 pixels, or with `normalize=True` float32 pixels equal to transformers' default
     (rescale + normalize) output. grid_thw is [1, gh, gw] per image and [T/2, gh, gw] per video.
 
+    backend (`PREPROCESS_BACKENDS`; every backend gives the same grids and row layout):
+      * ``"pil"``: transformers' PIL processors, bit for bit (the colour rules and PIL resize above);
+      * ``"torchvision"``: transformers' torchvision-backed processors (its default wherever
+        torchvision is installed, and what vLLM runs), in torch alone: torch's native uint8
+        antialiased bicubic on the CPU, its RGBA compositing and fused normalization
+        (`workbench.torch_images`). Within one or two levels of ``"pil"`` on a fraction of a
+        percent of the values of a photo;
+      * ``"cuda"``: the torchvision path on a device (``device``: 'auto'/None = CUDA where there is
+        one, else the CPU, where it emulates the device's float arithmetic): the host hands the
+        decoded uint8 image over and the device converts, resizes (float32, clamped and rounded),
+        patchifies and, with ``normalize=True``, normalizes. The rows stay on that device.
+    threads: host threads the backend may use (1 .. the cores this process may run on; None: the
+    PIL backend one, the others torch's current intra-op count). The PIL backend resizes that many
+    items at once; the torchvision one sets torch's intra-op threads for the call.
+
     Caps (workbench.limits), all checked from shapes before any pixel is converted: items per call
     (`items`), frames per video (`frames`), pixels of each decoded image or frame (`input_pixels`),
     patch rows of each item after resizing (`item_rows`) and of the batch (`batch_rows`). A PIL
@@ -164,6 +185,16 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatc
                          f"is not supported (must be 3)")
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {normalize!r}")
+    backend = check_backend(backend)
+    if threads is not None:
+        threads = limits.integer(threads, "threads")
+        if threads > cpu_count():
+            raise ValueError(f"threads={threads} exceeds the {cpu_count()} cores this process may run on; "
+                             f"valid: 1..{cpu_count()} (or None)")
+    if device is not None and backend != "cuda":
+        raise ValueError(f"device={device!r} is for backend 'cuda' (the host backends run on the CPU); "
+                         f"got backend {backend!r}")
+    dev = resolve_device(device) if backend == "cuda" else torch.device("cpu")
     p, m, tp = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
     factor = p * m
     # every item checked and sized from its shape first: no pixel is converted before the whole
@@ -186,14 +217,39 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False) -> PatchBatc
         plans.append((i, kind, frames, (th, tw), grid))
     total = limits.check("batch_rows", sum(math.prod(g) for *_, g in plans),
                          f"patch rows of the batch ({len(plans)} items)")
-    pixels, start = np.empty((total, cfg.patch_dim), np.uint8), 0
-    for i, kind, frames, size, grid in plans:
-        resized = np.empty((len(frames), *size, 3), np.uint8)
-        for j, frame in enumerate(frames):
-            resized[j] = _rgb_resized(frame, size, i, "the image" if kind == "image" else f"frame {j} of the video")
-        _patchify(resized, p, m, tp, pixels[start:start + math.prod(grid)])
-        start += math.prod(grid)
-    batch = PatchBatch(torch.from_numpy(pixels), torch.tensor([g for *_, g in plans], dtype=torch.int64))
-    if normalize:
-        batch = PatchBatch(normalize_rows(batch.pixels, cfg), batch.grid_thw)
-    return batch
+    starts = np.cumsum([0] + [math.prod(g) for *_, g in plans]).tolist()
+    grid_thw = torch.tensor([g for *_, g in plans], dtype=torch.int64)
+    if backend == "pil":
+        pixels = np.empty((total, cfg.patch_dim), np.uint8)
+
+        def one(k: int) -> None:
+            i, kind, frames, size, grid = plans[k]
+            resized = np.empty((len(frames), *size, 3), np.uint8)
+            for j, frame in enumerate(frames):
+                resized[j] = _rgb_resized(frame, size, i, _where(kind, j))
+            _patchify(resized, p, m, tp, pixels[starts[k]:starts[k + 1]])
+
+        _each(one, len(plans), threads or 1)
+        rows = torch.from_numpy(pixels)
+        return PatchBatch(normalize_rows(rows, cfg) if normalize else rows, grid_thw)
+    rows = torch.empty((total, cfg.patch_dim), dtype=torch.uint8, device=dev)
+    with torch_threads(threads):
+        for k, (i, kind, frames, size, grid) in enumerate(plans):
+            item = frames_nchw([hwc_rgb(f, i, _where(kind, j)) for j, f in enumerate(frames)], dev)
+            patchify(resize(item, size, float_path=backend == "cuda"), p, m, tp, rows[starts[k]:starts[k + 1]])
+        return PatchBatch(normalize_tv(rows, cfg) if normalize else rows, grid_thw)
+
+
+def _where(kind: str, j: int) -> str:
+    return "the image" if kind == "image" else f"frame {j} of the video"
+
+
+def _each(fn, n: int, threads: int) -> None:
+    """fn(0) .. fn(n - 1), on ``threads`` threads at once (PIL's resize releases the GIL)."""
+    if threads == 1 or n == 1:
+        for k in range(n):
+            fn(k)
+        return
+    with ThreadPoolExecutor(min(threads, n)) as pool:
+        for f in [pool.submit(fn, k) for k in range(n)]:
+            f.result()

@@ -26,6 +26,10 @@ PHASES = ("plan", "metadata", "staging", "replay", "copy_out")
 # how a batch reaches the tower: eager on the encoder, a graph runner's replay, data-parallel ranks
 PATHS = ("eager", "cudagraph", "dp")
 
+# how wb.preprocess resizes and patchifies: transformers' PIL processors, its torchvision-backed
+# ones (the default of transformers 5 and what vLLM runs), torchvision's path on the GPU
+PREPROCESS_BACKENDS = ("pil", "torchvision", "cuda")
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -72,3 +76,10 @@ def check_placement(name) -> Placement:
     if not isinstance(name, str) or name not in PLACEMENT_TABLE:
         raise ValueError(f"unknown placement {name!r}; valid: {PLACEMENTS} (and the study case 'double')")
     return PLACEMENT_TABLE[name]
+
+
+def check_backend(name) -> str:
+    """``name`` if it is one of PREPROCESS_BACKENDS, else ValueError naming it and the valid ones."""
+    if not isinstance(name, str) or name not in PREPROCESS_BACKENDS:
+        raise ValueError(f"unknown preprocessing backend {name!r}; valid: {', '.join(PREPROCESS_BACKENDS)}")
+    return name
