@@ -142,7 +142,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         if "dp" in paths:
             rows += _dp_rows(cfg, items, placements, norms, dt, dev, seed, dp_world_size, common, ref, tol)
         if hazard:
-            rows += _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common)
+            rows += _hazard_rows(cfg, raw, placements, norms, dt, dev, seed, budgets, max_items, common)
         rows += _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref)
     return tidy(pd.DataFrame(rows), METRICS)
 
@@ -180,12 +180,19 @@ def _dp_rows(cfg, items, placements, norms, dt, dev, seed, world, common, ref, t
     return out
 
 
-def _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common):
-    """Tower placement under the graph runner: poison the pool and the padding rows with NaN, then
-    check that no real row changes (bitwise) or stops being finite."""
+# the placements whose graph replays the NaN hazard check poisons: tower always (its norm runs on
+# the padding rows inside the graph), fold and device when the study runs them (the folded patch
+# embedding, and normalized rows staged into the buffer, meet the same padding)
+HAZARD_PLACEMENTS = ("tower", "fold", "device")
+
+
+def _hazard_rows(cfg, raw, placements, norms, dt, dev, seed, budgets, max_items, common):
+    """Under the graph runner: poison the pool and the padding rows with NaN, then check that no
+    real row changes (bitwise) or stops being finite."""
     out = []
-    for norm in norms:
-        enc = _build(cfg, "tower", norm, dt, dev, seed)
+    chosen = [p for p in HAZARD_PLACEMENTS if p == "tower" or p in placements]
+    for placement, norm in ((p, n) for p in chosen for n in (["(unused)"] if p in NORM_FREE else norms)):
+        enc = _build(cfg, placement, norm, dt, dev, seed)
         runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=torch.bfloat16, max_items=max_items,
                                     policy="always")
         clean = runner.encode(raw).float().cpu()
@@ -194,7 +201,7 @@ def _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common):
         finite = bool(torch.isfinite(poisoned).all())
         changed = int((~(poisoned == clean).all(dim=1)).sum())
         diff = rel_err(poisoned, clean) if finite else float("nan")
-        out.append(dict(common, case="nan_padding", placement="tower", norm=norm, path="cudagraph",
+        out.append(dict(common, case="nan_padding", placement=placement, norm=norm, path="cudagraph",
                         buffer_dtype="bfloat16", rel_err=diff, cos_min=cos_min(poisoned, clean) if finite else
                         float("nan"), ok=finite and changed == 0, rows_changed=changed, backend=runner.backend))
     return out

@@ -173,7 +173,8 @@ def findings(df: pd.DataFrame) -> str:
         if len(hz):
             leaks = hz[~hz.ok.astype(bool)]
             lines.append(f"NaN hazard: no real row changed in {len(hz)} poisoned runs." if leaks.empty else
-                         f"NaN hazard: real rows changed in {len(leaks)}/{len(hz)} runs ({', '.join(leaks.norm)}).")
+                         f"NaN hazard: real rows changed in {len(leaks)}/{len(hz)} runs "
+                         f"({', '.join(leaks.placement + ' / ' + leaks.norm)}).")
         parts.append(" ".join(lines))
     return "\n\n".join(parts)
 
