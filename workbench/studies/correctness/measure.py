@@ -34,7 +34,7 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torc
 
 
 # A graph buffer narrower than the tower rounds what it holds: raw 0..255 are exact in bf16, but
-# normalized floats (placements processor, runner, double) are rounded to bf16 there. Such a cell
+# normalized floats (placements processor, runner, device, double) are rounded to bf16 there. Such a cell
 # is judged at the precision of the narrowest float in its data path (see `cell_tolerance`).
 PRECISION_ORDER = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 

@@ -155,7 +155,7 @@ def findings(df: pd.DataFrame) -> str:
                  f"Right cells stay below {g[g.ok].rel_err.max():.1e} relative error, wrong ones start at "
                  f"{g[~g.ok].rel_err.min():.2f}." if (~g.ok).any() else
                  f"Every cell below {g.rel_err.max():.1e} relative error."]
-        buf = g[(g.path == "cudagraph") & g.ok & g.placement.isin(["processor", "runner"])]
+        buf = g[(g.path == "cudagraph") & g.ok & g.placement.isin(["processor", "runner", "device"])]
         buf = buf.groupby("buffer_dtype").rel_err.max()
         if dtype != "bfloat16" and {"bfloat16", "float32"} <= set(buf.index):
             lines.append(f"A bfloat16 graph buffer holding normalized floats: rel_err {buf['bfloat16']:.1e} "
