@@ -229,10 +229,14 @@ def test_state_dict_keys_do_not_change_with_the_fold(preset):
 
 
 # ---- bad input ------------------------------------------------------------------------------------
-def test_a_normalized_batch_into_fold_is_refused_naming_what_it_takes():
+def normalized_and_encoder(placement):
+    """A CPU-normalized batch and a tiny encoder of ``placement``, which takes uint8."""
     cfg = small_cfg("tiny-qwen2-vl")
-    normalized = wb.preprocess(mixed_items(1)[:1], cfg, normalize=True)
-    enc = encoder(cfg, "fold", 0)
+    return wb.preprocess(mixed_items(1)[:1], cfg, normalize=True), encoder(cfg, placement, 0)
+
+
+def test_a_normalized_batch_into_fold_is_refused_naming_what_it_takes():
+    normalized, enc = normalized_and_encoder("fold")
     with pytest.raises(ValueError, match=r"placement 'fold' takes raw uint8 pixels .*got torch\.float32.*folded"):
         enc.encode(normalized)
     runner = EncoderGraphRunner(enc, budgets=[64], buffer_dtype=torch.uint8)
@@ -241,9 +245,7 @@ def test_a_normalized_batch_into_fold_is_refused_naming_what_it_takes():
 
 
 def test_a_float_batch_into_device_is_refused_and_a_uint8_buffer_too():
-    cfg = small_cfg("tiny-qwen2-vl")
-    normalized = wb.preprocess(mixed_items(1)[:1], cfg, normalize=True)
-    enc = encoder(cfg, "device", 0)
+    normalized, enc = normalized_and_encoder("device")
     with pytest.raises(ValueError, match=r"placement 'device' takes raw uint8 pixels .*GPU preprocessor"):
         enc.encode(normalized)
     with pytest.raises(ValueError, match=r"placement 'device' fills the graph buffer with normalized floats .*"
@@ -264,23 +266,6 @@ def test_the_runner_of_device_takes_its_uint8_batch_or_the_normalized_one(seed):
 
 
 # ---- the studies' models of the two placements -------------------------------------------------------
-@pytest.mark.parametrize("design", ["fold", "device"])
-def test_staging_designs_of_fold_and_device_feed_the_tower_what_it_takes(design, seed):
-    from workbench import ulps
-    from workbench.studies.cast_cost.measure import build_staging
-    cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
-    n, big_n = 13, 24
-    src = torch.randint(0, 256, (n, cfg.patch_dim), dtype=torch.uint8)
-    ref = normalize_reference(src, cfg)
-    st = build_staging(design, "eager", cfg, src, ref.float(), big_n, torch.bfloat16)
-    y = st.result()
-    assert y.dtype == torch.bfloat16 and torch.equal(y[n:], torch.zeros_like(y[n:]))
-    if design == "fold":
-        assert st.raw and torch.equal(y[:n], src.to(torch.bfloat16))
-    else:
-        assert not st.raw and ulps.bf16_ulps(y[:n], ref.to(torch.bfloat16)).max() <= 1
-
-
 def test_fp32_memory_models_fold_without_temporaries_and_device_outside_the_pool():
     from workbench.studies import fp32_memory
     from workbench.studies.fp32_memory import summary

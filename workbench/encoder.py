@@ -290,7 +290,8 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     one a config read from a folder carries, ``cfg.checkpoint``); without, the weights are random
     (seeded, see ``seed``).
 
-    placement: one of PLACEMENTS (or 'double'); norm: one of NORMS; dtype: tower dtype; device:
+    placement: one of PLACEMENTS (or 'double'); norm: one of NORMS (checked, but run by no one
+    for the placements of `vocabulary.NORM_FREE_PLACEMENTS`: processor, fold, none); dtype: tower dtype; device:
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
     CUDA for bf16/fp16 towers), True or False; gemm_align: the SwiGLU MLPs' hidden width is padded
     to a multiple of it where it is not a multiple of 8, invisibly to state dicts and loading
