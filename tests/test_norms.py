@@ -209,9 +209,9 @@ def test_value_check_skipped_while_capturing(monkeypatch, gen):
     # the check syncs (bool of a device reduction), which a CUDA graph capture forbids
     import workbench.norms as norms
     x = _pixels(gen, rows=3, dtype=torch.float32) + 0.5
-    monkeypatch.setattr(norms, "_is_capturing", lambda: True)
+    monkeypatch.setattr(norms, "in_graph", lambda: True)
     make_norm("eager", CFG)(x, torch.float32)
-    monkeypatch.setattr(norms, "_is_capturing", lambda: False)
+    monkeypatch.setattr(norms, "in_graph", lambda: False)
     with pytest.raises(ValueError, match="integers"):
         make_norm("eager", CFG)(x, torch.float32)
 

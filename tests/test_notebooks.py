@@ -42,12 +42,15 @@ def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(tmp_p
         assert verdicts("tower", path) == {True}
         assert verdicts("runner", path) == {True}
         assert verdicts("processor", path) == {True}
+        assert verdicts("fold", path) == {True}
+        assert verdicts("device", path) == {True}
         assert verdicts("none", path) == {False}
         assert verdicts("double", path) == {False}
     assert verdicts("outer", "eager") == {True} and verdicts("outer", "dp") == {True}
     assert verdicts("outer", "cudagraph") == {False}
     hazard = df[df.case == "nan_padding"]
-    assert len(hazard) == 5 * len(families) and hazard.ok.all()         # every norm on every family
+    # every norm on every family for tower and device, once for fold (no norm)
+    assert len(hazard) == (5 + 5 + 1) * len(families) and hazard.ok.all()
     executed = json.loads((tmp_path / "out.ipynb").read_text())
     images = [o for c in executed["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 2

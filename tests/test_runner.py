@@ -8,7 +8,7 @@ import workbench as wb
 from workbench.reference import rel_err
 from workbench.runner import EncoderGraphRunner, default_budgets
 
-CORRECT = ("processor", "tower", "runner")
+CORRECT = ("processor", "fold", "device", "tower", "runner")
 FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl")
 BUDGETS = [8, 16, 24, 32]
 

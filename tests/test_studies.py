@@ -244,10 +244,11 @@ def test_cast_cost_measures_every_design_and_checks_it_first(cast_table):
 
 
 @pytest.mark.triton
-@pytest.mark.parametrize("design", ["bf16_buffer", "uint8_buffer", "uint8_valid", "runner"])
+@pytest.mark.parametrize("design", ["bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fold", "device"])
 def test_every_staging_design_feeds_the_tower_normalized_rows(design, seed):
     """With a Triton kernel (interpreter): the valid rows that reach the tower equal the float64
-    reference within one bf16 ulp; padding rows of the runner's buffer are zero."""
+    reference within one bf16 ulp (fold's tower takes the raw pixels: equal to them, its folded
+    weights normalize); padding rows of the runner's and device's buffers are zero."""
     from workbench.studies.cast_cost.measure import build_staging
     cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
     n, big_n = 13, 24
@@ -255,8 +256,9 @@ def test_every_staging_design_feeds_the_tower_normalized_rows(design, seed):
     ref = normalize_reference(src, cfg)
     st = build_staging(design, "triton_rows", cfg, src, ref.float(), big_n, torch.bfloat16)
     y = st.result()
-    assert ulps.bf16_ulps(y[:n], ref.to(torch.bfloat16)).max() <= 1
-    if design == "runner":
+    assert st.raw == (design == "fold")
+    assert ulps.bf16_ulps(y[:n], (src if st.raw else ref).to(torch.bfloat16)).max() <= 1
+    if design in ("runner", "device", "fold"):
         assert torch.equal(y[n:], torch.zeros_like(y[n:]))
 
 

@@ -82,7 +82,7 @@ def test_build_encoder_rejects_none_norm_and_placement_with_the_valid_choices():
         wb.build_encoder("tiny-qwen2-vl", norm=None, device="cpu")
     with pytest.raises(ValueError, match=r"unknown norm 3; valid"):
         wb.build_encoder("tiny-qwen2-vl", norm=3, device="cpu")
-    with pytest.raises(ValueError, match=r"unknown placement None; valid: \('processor', 'outer'"):
+    with pytest.raises(ValueError, match=r"unknown placement None; valid: \('processor', 'fold', 'device', 'outer'"):
         wb.build_encoder("tiny-qwen2-vl", placement=None, norm="eager", device="cpu")
     with pytest.raises(ValueError, match=r"unknown placement None; valid"):
         wb.build_encoder("tiny-qwen2-vl", placement=None, norm=None, device="cpu")

@@ -5,6 +5,15 @@ the tower and whose `.encode(batch, path)` is what a model runner calls. The pla
 the way engines wire them, so that their failures come from the wiring alone:
 
 - ``processor``: the CPU processor normalizes (`wb.preprocess(..., normalize=True)`); no device norm.
+- ``fold``: the normalization is folded into the patch embedding's weights and bias
+  (`towers.layers.FoldedPatchEmbed`): the tower casts the raw uint8 rows to its dtype and runs no
+  norm at all, on every path (``norm=`` is unused).
+- ``device``: preprocessing on the GPU; its last step normalizes the uint8 rows with ``norm=``
+  into the tower dtype, out of place, at the entry of `encode` (and of the dp path's per-rank
+  encode), before any path is chosen: eager, the graph runner (which then stages normalized
+  floats: a float buffer, copied like `processor`'s) and dp all receive normalized rows. Unlike
+  ``runner`` (normalizes straight into the graph buffer, valid rows only, fused with staging) it
+  writes a tensor of its own first; unlike ``outer`` (skipped by the graph path) no path misses it.
 - ``outer``: the outer model normalizes in `get_image_features` before calling the tower. A graph
   runner calls the tower directly and so skips it: the cudagraph path sees raw pixels.
 - ``tower``: normalization is the tower's first op, so every path that runs the tower gets it.
@@ -72,12 +81,15 @@ class VisionEncoder(nn.Module):
         super().__init__()
         self.spec, self.cfg, self.norm = placement, cfg, norm
         self.check_inputs = check_inputs
-        device_norm = self.spec.norm_in == "tower"
-        self.visual = build_tower(cfg, input_norm=norm if device_norm else None, device_norm=device_norm,
-                                  attn_backend=attn_backend, fused=fused, gemm_align=gemm_align)
-        # the outer model's own norm (placement `outer`) and the model runner's (placement `runner`)
-        self.outer_norm = norm if self.spec.norm_in == "outer" else None
-        self.runner_norm = norm if self.spec.norm_in == "runner" else None
+        where = self.spec.norm_in
+        self.visual = build_tower(cfg, input_norm=norm if where == "tower" else None, device_norm=where == "tower",
+                                  fold_norm=where == "fold", attn_backend=attn_backend, fused=fused,
+                                  gemm_align=gemm_align)
+        # the GPU preprocessor's norm (placement `device`), the outer model's own (placement
+        # `outer`) and the model runner's (placement `runner`)
+        self.preprocessor_norm = norm if where == "device" else None
+        self.outer_norm = norm if where == "outer" else None
+        self.runner_norm = norm if where == "runner" else None
         self.to(device=device)
         self.visual.to(dtype=dtype)
 
@@ -102,6 +114,26 @@ class VisionEncoder(nn.Module):
         """'normalized' (float32 from the CPU processor) or 'uint8' (raw pixels)."""
         return self.spec.input_kind
 
+    # ---- the GPU preprocessor's last step (placement `device`) -------------------------------
+    def device_preprocess(self, batch: PatchBatch) -> PatchBatch:
+        """Placement `device`: the batch's uint8 rows normalized on this encoder's device into its
+        dtype, out of place (the whole batch, one norm call); the batch itself otherwise. What
+        every path then receives (`Placement.runner_input`)."""
+        if self.preprocessor_norm is None:
+            return batch
+        pixels = batch.pixels.to(self.device, non_blocking=True)
+        return PatchBatch(self.preprocessor_norm(pixels, self.dtype), batch.grid_thw)
+
+    def graph_input(self, batch: PatchBatch) -> PatchBatch:
+        """The batch a graph runner stages, checked: for placement `device`, the normalized rows
+        `encode` hands it, or a uint8 batch given to `runner.encode` directly, which is
+        preprocessed here as `encode` would; for every other placement the batch itself."""
+        if self.preprocessor_norm is not None and batch.pixels.dtype == torch.uint8:
+            self.check_batch(batch)
+            return self.device_preprocess(batch)
+        self.check_batch(batch, kind=self.spec.runner_input)
+        return batch
+
     # ---- the outer model's eager entry point -------------------------------------------------
     def get_image_features(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """What the engine's model calls on the eager path: outer norm (if placed here), then tower."""
@@ -117,7 +149,9 @@ class VisionEncoder(nn.Module):
         return self.runner_norm(pixels, out_dtype or self.dtype, out=out, n_valid=n_valid)
 
     # ---- the model runner's entry point ------------------------------------------------------
-    def check_batch(self, batch: PatchBatch) -> None:
+    def check_batch(self, batch: PatchBatch, kind: str | None = None) -> None:
+        """Refuse a batch this encoder cannot take: kind 'uint8' or 'normalized' (default: the
+        placement's input_kind; a graph runner checks what it receives, `Placement.runner_input`)."""
         if not isinstance(batch, PatchBatch):
             raise TypeError(f"encode takes a wb.PatchBatch (from wb.preprocess), got {type(batch).__name__}")
         if batch.n_items == 0:
@@ -126,15 +160,32 @@ class VisionEncoder(nn.Module):
             raise ValueError(f"batch rows have {batch.pixels.shape[1]} columns, the {self.cfg.name!r} tower "
                              f"takes {self.cfg.patch_dim}")
         if self.check_inputs:
-            want_float = self.spec.input_kind == "normalized"
+            want_float = (kind or self.spec.input_kind) == "normalized"
             if want_float and not batch.pixels.dtype.is_floating_point:
-                raise ValueError(f"placement {self.placement!r} takes CPU-normalized float pixels "
-                                 f"(wb.preprocess(..., normalize=True)), got {batch.pixels.dtype}")
+                raise ValueError(f"placement {self.placement!r} takes {self._normalized_source()} float pixels "
+                                 f"{self._normalized_call()}, got {batch.pixels.dtype}")
             if not want_float and batch.pixels.dtype != torch.uint8:
                 raise ValueError(f"placement {self.placement!r} takes raw uint8 pixels (wb.preprocess(...)), "
-                                 f"got {batch.pixels.dtype}")
+                                 f"got {batch.pixels.dtype}" + self._uint8_why())
             if want_float:
                 self._check_normalized(batch.pixels)
+
+    def _normalized_source(self) -> str:
+        return "CPU-normalized" if self.spec.input_kind == "normalized" else "device-normalized"
+
+    def _normalized_call(self) -> str:
+        if self.spec.input_kind == "normalized":
+            return "(wb.preprocess(..., normalize=True))"
+        return "(enc.device_preprocess(batch), or uint8 rows)"
+
+    def _uint8_why(self) -> str:
+        """Why a uint8 placement refuses normalized floats, where it is not obvious."""
+        if self.spec.norm_in == "fold":
+            return ("; its normalization is folded into the patch embedding's weights, so normalized input "
+                    "would be normalized twice")
+        if self.spec.norm_in == "device":
+            return "; its GPU preprocessor normalizes them (enc.device_preprocess) before every path"
+        return ""
 
     # normalized values may sit this far outside their channel's range: a cast of the processor's
     # float32 to bf16 or fp16 rounds them by less
@@ -169,7 +220,7 @@ class VisionEncoder(nn.Module):
             else:
                 why = "outside what the processor makes of levels 0..255"
             raise ValueError(
-                f"placement {self.placement!r} takes CPU-normalized pixels (wb.preprocess(..., normalize=True)); "
+                f"placement {self.placement!r} takes {self._normalized_source()} pixels {self._normalized_call()}; "
                 f"found {value!r} at row {start + r}, column {col} (channel {int(channel[col])}, expected "
                 f"{float(lo[col]):.4f}..{float(hi[col]):.4f}): {why} "
                 f"(build_encoder(..., check_inputs=False) skips this check)")
@@ -194,9 +245,10 @@ class VisionEncoder(nn.Module):
                              "call workbench.dp.encode_dp(enc, batch) on each rank (under torchrun, or in a "
                              "function started by workbench.launch.launch(fn, world_size))")
         self.check_batch(batch)
+        if path == "eager" and runner is not None:
+            raise TypeError("path 'eager' takes no runner (runner= is for path 'cudagraph')")
+        batch = self.device_preprocess(batch)     # placement device: before any path is chosen
         if path == "eager":
-            if runner is not None:
-                raise TypeError("path 'eager' takes no runner (runner= is for path 'cudagraph')")
             return self.encode_eager(batch)
         return self._graph_runner(batch, runner).encode(batch)
 
@@ -219,6 +271,8 @@ class VisionEncoder(nn.Module):
 
     @torch.no_grad()
     def encode_eager(self, batch: PatchBatch) -> torch.Tensor:
+        """The eager path on a batch as the paths receive it (`Placement.runner_input`: for
+        placement `device`, already normalized by `device_preprocess`)."""
         pixels = batch.pixels.to(self.device, non_blocking=True)
         pixels = self.runner_normalize(pixels)
         return self.get_image_features(pixels, batch.grid_thw)
@@ -236,7 +290,8 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     one a config read from a folder carries, ``cfg.checkpoint``); without, the weights are random
     (seeded, see ``seed``).
 
-    placement: one of PLACEMENTS (or 'double'); norm: one of NORMS; dtype: tower dtype; device:
+    placement: one of PLACEMENTS (or 'double'); norm: one of NORMS (checked, but run by no one
+    for the placements of `vocabulary.NORM_FREE_PLACEMENTS`: processor, fold, none); dtype: tower dtype; device:
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
     CUDA for bf16/fp16 towers), True or False; gemm_align: the SwiGLU MLPs' hidden width is padded
     to a multiple of it where it is not a multiple of 8, invisibly to state dicts and loading

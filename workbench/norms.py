@@ -76,7 +76,9 @@ class replaying:
         return False
 
 
-def _is_capturing() -> bool:
+def in_graph() -> bool:
+    """Whether the code runs inside a CUDA graph capture or an emulated replay (`replaying`),
+    where host-side checks and host-decided work must not happen."""
     return _REPLAYING > 0 or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
@@ -209,7 +211,7 @@ class InputNorm(nn.Module):
             if n_valid.device != pixels.device:
                 raise ValueError(f"n_valid is on {n_valid.device} but pixels on {pixels.device}")
         if (self.check_values and pixels.dtype != torch.uint8 and pixels.numel()
-                and not _is_capturing()):
+                and not in_graph()):
             # NaN fails `x == round(x)`, so it is caught here as well
             bad = (pixels < 0) | (pixels > 255) | (pixels != torch.round(pixels))
             if bool(bad.any()):

@@ -12,7 +12,11 @@ copy_out: `PHASES`), synchronizing the device around each; without ``phases`` no
 
 The runner calls `encoder.visual.forward_prepared` directly, as engines do: whatever the outer
 model does before calling its tower (placement `outer`) does not happen here. Only the model
-runner's own normalization (placement `runner`) and the tower's first op (placement `tower`) do.
+runner's own normalization (placement `runner`) and the tower's first op (placement `tower`) do,
+and what happened before the encoder was called: placement `device` hands the runner rows the
+GPU preprocessor already normalized (`VisionEncoder.graph_input`), which it stages like the CPU
+processor's (a float buffer); placement `fold` needs no norm (the patch embedding's folded
+weights, refreshed before each replay when the parameters changed: `VisionTower.refresh_derived`).
 
 Backends: ``cuda`` (torch.cuda.CUDAGraph capture and replay) and ``emulated`` (the same static
 buffers, padding and call path, replayed eagerly: the placement bugs reproduce on a CPU).
@@ -113,9 +117,9 @@ class EncoderGraphRunner:
             raise ValueError(f"backend 'cuda' needs the encoder on a CUDA device, it is on {encoder.device}; "
                              "use backend='emulated' (or 'auto')")
         if dtype_name(buffer_dtype) not in encoder.spec.buffer_dtypes:
-            raise ValueError(f"placement {encoder.placement!r} fills the graph buffer with normalized floats, which a "
-                             f"{dtype_name(buffer_dtype)} buffer cannot hold; valid buffer dtypes for it: "
-                             f"{', '.join(encoder.spec.buffer_dtypes)}")
+            raise ValueError(f"placement {encoder.placement!r} fills the graph buffer with normalized floats "
+                             f"(normalized by {encoder.spec.who}), which a {dtype_name(buffer_dtype)} buffer cannot "
+                             f"hold; valid buffer dtypes for it: {', '.join(encoder.spec.buffer_dtypes)}")
         if not isinstance(exact_fit, bool):
             raise ValueError(f"exact_fit must be True or False, got {exact_fit!r}")
         if not isinstance(exact_capture, str) or exact_capture not in EXACT_CAPTURES:
@@ -270,7 +274,7 @@ class EncoderGraphRunner:
         that needs one encode, timed, does not pay a second one to warm up. Packs that policy
         'auto' would run eagerly are prepared too (their metadata is cheap, no graph is captured
         for them unless they fit exactly)."""
-        self.encoder.check_batch(batch)
+        batch = self.encoder.graph_input(batch)
         packs, _ = self.plan(batch)
         for budget, idx in packs:
             sub = batch.select(idx, copy=False)
@@ -304,6 +308,9 @@ class EncoderGraphRunner:
         dst[n:].fill_(pad_value)
 
     def replay(self, cap: _Captured) -> torch.Tensor:
+        # a replay runs no forward in Python: weights derived from the parameters (placement
+        # fold's folded patch embedding) are refreshed here, in place, when the parameters changed
+        self.tower.refresh_derived()
         if self.backend == "cuda":
             cap.graph.replay()
         else:
@@ -337,7 +344,7 @@ class EncoderGraphRunner:
         wall times of finished work. None (the default) times nothing and never synchronizes.
         policy: 'always' replays every pack for this call whatever the runner's policy (one runner,
         both behaviours); None: the runner's."""
-        self.encoder.check_batch(batch)
+        batch = self.encoder.graph_input(batch)
         if policy not in (None, *POLICIES):
             raise ValueError(f"unknown policy {policy!r}; valid: {POLICIES} or None (the runner's, {self.policy!r})")
         costs = None if policy == "always" else self.costs

@@ -76,7 +76,8 @@ class PackCosts:
         budgets = runner.budgets
         k = min(cls.EAGER_SIZES, len(budgets))
         picks = sorted({budgets[round(i * (len(budgets) - 1) / max(1, k - 1))] for i in range(k)})
-        dtype = torch.uint8 if enc.input_kind == "uint8" else torch.float32
+        # what the runner's eager calls receive (placement device: normalized rows)
+        dtype = torch.uint8 if enc.spec.runner_input == "uint8" else torch.float32
         points = []
         for tokens in picks:
             # one image filling `tokens` (zeros are in range for either input kind)

@@ -36,10 +36,14 @@ class Placement:
     """Where normalization lives, as one row of `PLACEMENT_TABLE`: the encoder wires itself from
     it, the graph runner checks its buffer dtype against it, the studies enumerate cells with it.
 
-    norm_in: the module that normalizes on the device ("outer", "tower", "runner") or None;
-    input_kind: what the encoder takes, "uint8" (raw pixels) or "normalized" (the CPU
-    processor's float32); buffer_dtypes: names of the graph input buffers that can hold that input
-    (a uint8 buffer cannot hold normalized floats); study_only: a deliberate misconfiguration."""
+    norm_in: what normalizes on the device, "device" (the GPU preprocessor, before the encoder),
+    "outer", "tower", "runner", or "fold" (nothing runs: the normalization is folded into the patch
+    embedding's weights), or None (nothing on the device); input_kind: what the encoder takes,
+    "uint8" (raw pixels) or "normalized" (the CPU processor's float32); runner_input: what the
+    graph runner (and `VisionEncoder.encode_eager`) receive, the encoder's input_kind unless a
+    step before the paths changes it (placement device: normalized floats); buffer_dtypes: names
+    of the graph input buffers that can hold what the runner stages (a uint8 buffer cannot hold
+    normalized floats); study_only: a deliberate misconfiguration."""
 
     name: str
     who: str
@@ -47,10 +51,24 @@ class Placement:
     input_kind: str
     buffer_dtypes: tuple[str, ...]
     study_only: bool = False
+    runner_input: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.runner_input is None:
+            object.__setattr__(self, "runner_input", self.input_kind)
+
+    @property
+    def runs_norm(self) -> bool:
+        """Whether a norm implementation (`norm=` of build_encoder) runs anywhere on the device."""
+        return self.norm_in not in (None, "fold")
 
 
 PLACEMENT_TABLE: dict[str, Placement] = {p.name: p for p in (
     Placement("processor", "the CPU processor", None, "normalized", FLOAT_BUFFERS),
+    Placement("fold", "the patch embedding's weights and bias (folded in: no norm kernel)", "fold", "uint8",
+              BUFFER_DTYPES),
+    Placement("device", "the GPU preprocessor, before the encoder: resize, patchify and normalize on the device",
+              "device", "uint8", FLOAT_BUFFERS, runner_input="normalized"),
     Placement("outer", "the outer model, before it calls the tower", "outer", "uint8", BUFFER_DTYPES),
     Placement("tower", "the tower's first op", "tower", "uint8", BUFFER_DTYPES),
     Placement("runner", "the encoder runner, into the graph buffer", "runner", "uint8", FLOAT_BUFFERS),
@@ -60,7 +78,8 @@ PLACEMENT_TABLE: dict[str, Placement] = {p.name: p for p in (
 )}
 PLACEMENTS = tuple(n for n, p in PLACEMENT_TABLE.items() if not p.study_only)
 STUDY_PLACEMENTS = tuple(PLACEMENT_TABLE)
-NORM_FREE_PLACEMENTS = tuple(n for n, p in PLACEMENT_TABLE.items() if p.norm_in is None)
+# placements where the norm implementation does not matter: none runs (the studies run one cell)
+NORM_FREE_PLACEMENTS = tuple(n for n, p in PLACEMENT_TABLE.items() if not p.runs_norm)
 
 
 def check_norm_name(name) -> str:

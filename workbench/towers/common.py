@@ -21,7 +21,7 @@ from torch import nn
 from .. import fused as fk
 from ..attention import check_backend, resolve_backend
 from ..config import VisionConfig
-from .layers import GEMM_ALIGN, PatchEmbed, check_gemm_align
+from .layers import GEMM_ALIGN, FoldedPatchEmbed, PatchEmbed, check_gemm_align
 from .layers import (GEMM_ALIGN_CHOICES, GEMM_FAST_MULTIPLE, GatedMLP, PatchMerger, RMSNorm,  # noqa: F401
                      VisionAttention, VisionBlock, add_norm, padded_width)
 from .metadata import (TowerMetadata, budget_padding, check_grid, filling_grid, merge_block_positions,
@@ -97,6 +97,9 @@ class VisionTower(nn.Module):
     `input_norm` is the device normalization module when normalization is the tower's first op
     (placement `tower`); `device_norm=True` declares that the tower is built for device
     normalization, and then a missing norm module is an error rather than a silent identity.
+    `fold_norm=True` (placement `fold`): the normalization is folded into the patch embedding
+    (`FoldedPatchEmbed`); the tower takes raw pixel values, casts them to its dtype and runs no
+    norm (no input_norm then).
     `gemm_align` (one of GEMM_ALIGN_CHOICES, default GEMM_ALIGN on every device): the SwiGLU MLPs'
     hidden width is padded to a multiple of it where it is not a multiple of 8 (`padded_width`;
     1: no padding), invisibly to `state_dict()` and to loading (`GatedMLP`).
@@ -106,7 +109,7 @@ class VisionTower(nn.Module):
     patch_bias: bool = False          # the patch embedding's Conv3d has a bias (Qwen3-VL, GLM-4.1V)
 
     def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
-                 attn_backend: str = "auto", fused="auto", gemm_align: int = GEMM_ALIGN):
+                 attn_backend: str = "auto", fused="auto", gemm_align: int = GEMM_ALIGN, fold_norm: bool = False):
         super().__init__()
         if cfg.family != self.family:
             raise ValueError(f"{type(self).__name__} builds family {self.family!r}, config {cfg.name!r} "
@@ -115,13 +118,19 @@ class VisionTower(nn.Module):
             raise ValueError("this tower is built for device normalization (device_norm=True) but no norm "
                              "module was given; pass input_norm=wb.make_norm(name, cfg) with name in "
                              "wb.NORMS (an implicit identity would silently skip normalization)")
+        if not isinstance(fold_norm, bool):
+            raise ValueError(f"fold_norm must be True or False, got {fold_norm!r}")
+        if fold_norm and (device_norm or input_norm is not None):
+            raise ValueError("fold_norm=True folds the normalization into the patch embedding; a tower built so "
+                             "takes no input_norm (device_norm=False): it would normalize twice")
         self.cfg = cfg
         self.device_norm = device_norm
         self.input_norm = input_norm
         self.attn_backend = check_backend(attn_backend)
         self.fused = check_fused(fused)
         self.gemm_align = check_gemm_align(gemm_align)     # the families build their MLPs with it
-        self.patch_embed = PatchEmbed(cfg, bias=self.patch_bias)
+        self.fold_norm = fold_norm
+        self.patch_embed = (FoldedPatchEmbed if fold_norm else PatchEmbed)(cfg, bias=self.patch_bias)
 
     # ---- properties ------------------------------------------------------------------------
     @property
@@ -204,8 +213,16 @@ class VisionTower(nn.Module):
         return super()._apply(fn, recurse)
 
     # ---- device side -----------------------------------------------------------------------
+    def refresh_derived(self) -> bool:
+        """Bring the tensors derived from the parameters up to date (the folded patch embedding
+        of placement `fold`, `FoldedPatchEmbed.refresh`), in place; a host-side check when they
+        are fresh. A graph runner calls it before its replays, which run no forward in Python."""
+        return self.fold_norm and self.patch_embed.refresh()
+
     def embed_input(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
-        """First op: normalize on the device (placement `tower`) or cast what arrives."""
+        """First op: normalize on the device (placement `tower`) or cast what arrives (raw
+        0..255 values are exact in bf16, fp16 and fp32: with `fold_norm`, the patch embedding's
+        folded weights normalize them)."""
         if self.input_norm is not None:
             return self.input_norm(pixels, self.dtype, n_valid=meta.n_valid)
         # no device norm: the tower trusts its input, as engines' towers do (a uint8 batch is
@@ -292,7 +309,7 @@ class VisionTower(nn.Module):
         return kernels if kernels is not None else self.resolve_kernels()
 
     def forward(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """pixels [N, patch_dim] (uint8 for a device-normalizing tower, else float) -> merged
+        """pixels [N, patch_dim] (uint8 for a device-normalizing or folded tower, else float) -> merged
         [N/4, embed_width] (see `run_blocks` for what follows the merged tokens in Qwen3-VL)."""
         if pixels.dim() != 2 or pixels.shape[1] != self.cfg.patch_dim:
             raise ValueError(f"pixels must be [N, {self.cfg.patch_dim}], got {tuple(pixels.shape)}")

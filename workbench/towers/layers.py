@@ -11,6 +11,7 @@ from .. import fused as fk
 from ..fused import apply_rotary
 from ..attention import varlen_attention
 from ..config import VisionConfig
+from ..norms import in_graph
 
 
 # ---- GEMM alignment of the SwiGLU MLPs ---------------------------------------------------------
@@ -153,6 +154,78 @@ class PatchEmbed(nn.Module):
         if self.proj.bias is None:
             return x @ w.view(w.shape[0], -1).t()
         return F.linear(x, w.view(w.shape[0], -1), self.proj.bias)
+
+
+class FoldedPatchEmbed(PatchEmbed):
+    """The patch embedding with the input normalization folded into it (placement `fold`): it
+    takes raw pixel values (0..255, cast to the tower dtype) and gives what `PatchEmbed` gives on
+    normalized ones. Column j of the matmul belongs to channel c = j // (T*P*P), whose
+    normalization is x * s_c + t_c (s = rescale / std, t = -mean / std, `VisionConfig.norm_scale`
+    / `norm_shift`), so W' = W * s (per column) and b' = b + W @ t (Qwen2/2.5-VL have no bias:
+    then b' = W @ t is one).
+
+    ``proj.weight`` / ``proj.bias`` stay the checkpoint's parameters: state dicts, loading and
+    random init see only them. ``folded_weight`` [width, patch_dim] and ``folded_bias`` [width]
+    are non-persistent buffers derived from them in float64 and rounded once to the tower dtype.
+    `refresh` redoes them when the parameters changed since (their version counters or storage:
+    a load, an init, ``.to(dtype)``), writing into the same buffers (``copy_``), so a captured
+    CUDA graph reads the new values at its next replay; the forward refreshes except while a
+    graph is captured or (emulated) replayed, where no Python runs: the graph runner refreshes
+    before its replays (`VisionTower.refresh_derived`). Once fresh, the forward is one matmul
+    with bias, the same as `PatchEmbed`'s."""
+
+    def __init__(self, cfg: VisionConfig, bias: bool = False):
+        super().__init__(cfg, bias=bias)
+        self.cfg = cfg
+        self.register_buffer("folded_weight", torch.empty(cfg.width, cfg.patch_dim), persistent=False)
+        self.register_buffer("folded_bias", torch.empty(cfg.width), persistent=False)
+        self._source = None           # the parameters' state the buffers were folded from
+
+    def _source_key(self) -> tuple:
+        w, b = self.proj.weight, self.proj.bias
+        return tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in (w, b) if t is not None)
+
+    def _column_constants(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, t) per input column, float64 [patch_dim] each."""
+        per_channel = self.cfg.patch_dim // self.cfg.in_channels
+        s, t = (torch.tensor(v, dtype=torch.float64, device=device).repeat_interleave(per_channel)
+                for v in (self.cfg.norm_scale, self.cfg.norm_shift))
+        return s, t
+
+    @torch.no_grad()
+    def refresh(self) -> bool:
+        """Fold the current parameters into the buffers if they changed since the last fold;
+        returns whether it did. In place where the buffers already have the parameters' dtype
+        and device (and can be written in the current mode); allocated anew otherwise."""
+        key = self._source_key()
+        if key == self._source:
+            return False
+        w = self.proj.weight
+        w64 = w.detach().reshape(w.shape[0], -1).to(torch.float64)
+        s, t = self._column_constants(w.device)
+        b64 = w64 @ t
+        if self.proj.bias is not None:
+            b64 = b64 + self.proj.bias.detach().to(torch.float64)
+        for name, value in (("folded_weight", w64 * s), ("folded_bias", b64)):
+            buf = getattr(self, name)
+            # an inference tensor can only be written inside inference mode
+            writable = not buf.is_inference() or torch.is_inference_mode_enabled()
+            if buf.shape == value.shape and buf.dtype == w.dtype and buf.device == w.device and writable:
+                buf.copy_(value)          # rounds once into the tower dtype
+            else:
+                setattr(self, name, value.to(w.dtype))
+        self._source = key
+        return True
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._source = None           # new dtype or device: fold again from the converted parameters
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [N, patch_dim] raw 0..255 values, tower dtype
+        if not in_graph():
+            self.refresh()
+        return F.linear(x, self.folded_weight, self.folded_bias)
 
 
 class VisionAttention(nn.Module):

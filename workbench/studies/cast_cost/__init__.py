@@ -11,7 +11,13 @@ graph normalizes it. The designs, each with every norm implementation where it h
 - ``runner``       the runner normalizes the source rows straight into the bf16 buffer (valid rows
                    only, ``out=``) and zeroes the padding; no norm in the graph;
 - ``fp32_buffer``  fp32 buffer holding CPU-normalized floats (the legacy path): zero + copy, then
-                   the tower casts fp32 -> bf16 (its "norm" column is that cast).
+                   the tower casts fp32 -> bf16 (its "norm" column is that cast);
+- ``fold``         placement fold: uint8 buffer, zero + copy; the graph only casts it to bf16 (its
+                   "norm" column is that cast: the patch embedding's folded weights normalize), no
+                   norm kernel; checked against the raw pixels, which is what its tower takes;
+- ``device``       placement device: the GPU preprocessor normalizes the valid rows into a bf16
+                   tensor of its own before the encoder ("norm", outside the graph), the runner
+                   copies them into the bf16 buffer and zeroes the padding ("copy").
 
 Per (design, norm, budget, fill) it measures the copy part, the norm part and both together (CUDA:
 graph replays on cold L2, median and p90; CPU: host time), the bytes each moves (workbench.memory_model

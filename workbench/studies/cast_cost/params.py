@@ -10,10 +10,13 @@ from ...vocabulary import REAL_NORMS
 from ..footprint import Footprint, largest, largest_budget
 from ..params import Param, ParamSpec, ascending_unique, fractions
 
-DESIGNS = ("bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fp32_buffer")
+DESIGNS = ("bf16_buffer", "uint8_buffer", "uint8_valid", "runner", "fp32_buffer", "fold", "device")
 
 
 LEGACY_NORM = "(cpu)"       # fp32_buffer: normalized on the CPU; its norm column is the tower's cast
+FOLD_NORM = "(none)"        # fold: no norm anywhere; its norm column is the tower's uint8 cast
+# the designs without a norm implementation (one cell each) and what their norm column holds
+NO_NORM = {"fp32_buffer": LEGACY_NORM, "fold": FOLD_NORM}
 
 
 PARAMS = ParamSpec(

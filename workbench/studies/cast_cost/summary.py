@@ -11,12 +11,12 @@ from ...formatting import fmt_us
 from ..plotting import (is_cpu, labelled_runs, legend_below, legend_right, per_run, plain_log_ticks, run_label,
                        stamp_cpu)
 from ..tables import wide
-from .params import DESIGNS, LEGACY_NORM
+from .params import DESIGNS, FOLD_NORM, LEGACY_NORM, NO_NORM
 
 # ---- presentation ---------------------------------------------------------------------------
 
 def cell_name(design: str, norm: str) -> str:
-    return design if norm == LEGACY_NORM else f"{design} / {norm}"
+    return design if norm in NO_NORM.values() else f"{design} / {norm}"
 
 
 def table_at(table: pd.DataFrame, fill: float = 0.75) -> pd.DataFrame:
@@ -98,7 +98,7 @@ def plot_fill(g: pd.DataFrame, budget: int | None = None):
     d = w[w.budget == budget]
     fig, ax = plt.subplots(figsize=(9, 5.2))
     styles = {"eager": ("-", "o"), "triton_channel": (":", "s"), "triton_flat": ("-.", "^"),
-              "triton_rows": ("--", "D"), LEGACY_NORM: ("-", "x")}
+              "triton_rows": ("--", "D"), LEGACY_NORM: ("-", "x"), FOLD_NORM: ("-", "P")}
     colors = {design: f"C{i}" for i, design in enumerate(DESIGNS)}
     for (design, norm), c in d.groupby(["design", "norm"], sort=False):
         c = c.sort_values("fill")

@@ -8,7 +8,10 @@ cells should fail. `ok` is rel_err below a per-dtype tolerance (TOLERANCE, justi
 
 Reading the verdicts: right and wrong cells lie orders of magnitude apart, so the wiring decides,
 not rounding. A bfloat16 graph buffer rounds what it holds: exact for raw 0..255 pixels
-(placement tower), not for normalized floats (processor, runner). The identity norm (cast only) is
+(placements tower, fold), not for normalized floats (processor, runner, device). Placement fold
+(the normalization folded into the patch embedding) rounds the folded weights to the tower dtype
+instead of the normalized pixels: in bf16 its error is a little larger than tower's, shown beside
+it. The identity norm (cast only) is
 a control, a forgotten normalization: right only where the processor already normalized. An item
 encoded alone and inside a mixed batch may differ by the kernels the batch's shapes select
 (attention kernel, GEMM tiling by row count), within the tolerance: that is not wiring.

@@ -30,11 +30,14 @@ from .params import BUFFER_NAMES, METRICS, PARAMS
 # A wrong normalization changes the input by O(1) relative (raw 0..255 vs ~N(0,1)), and the
 # embedding by > 0.3 relative. The thresholds sit ~10x above the right cells' error, and one to
 # two orders of magnitude below the wrong cells'.
+# Placement fold is judged by the same bounds: it rounds the folded patch-embedding weights and
+# bias to the tower dtype instead of the normalized pixels, so in bf16 its error sits a little
+# above tower's, still an order below the bound and far below a wrong cell's.
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
 # A graph buffer narrower than the tower rounds what it holds: raw 0..255 are exact in bf16, but
-# normalized floats (placements processor, runner, double) are rounded to bf16 there. Such a cell
+# normalized floats (placements processor, runner, device, double) are rounded to bf16 there. Such a cell
 # is judged at the precision of the narrowest float in its data path (see `cell_tolerance`).
 PRECISION_ORDER = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
@@ -142,7 +145,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         if "dp" in paths:
             rows += _dp_rows(cfg, items, placements, norms, dt, dev, seed, dp_world_size, common, ref, tol)
         if hazard:
-            rows += _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common)
+            rows += _hazard_rows(cfg, raw, placements, norms, dt, dev, seed, budgets, max_items, common)
         rows += _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref)
     return tidy(pd.DataFrame(rows), METRICS)
 
@@ -180,12 +183,19 @@ def _dp_rows(cfg, items, placements, norms, dt, dev, seed, world, common, ref, t
     return out
 
 
-def _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common):
-    """Tower placement under the graph runner: poison the pool and the padding rows with NaN, then
-    check that no real row changes (bitwise) or stops being finite."""
+# the placements whose graph replays the NaN hazard check poisons: tower always (its norm runs on
+# the padding rows inside the graph), fold and device when the study runs them (the folded patch
+# embedding, and normalized rows staged into the buffer, meet the same padding)
+HAZARD_PLACEMENTS = ("tower", "fold", "device")
+
+
+def _hazard_rows(cfg, raw, placements, norms, dt, dev, seed, budgets, max_items, common):
+    """Under the graph runner: poison the pool and the padding rows with NaN, then check that no
+    real row changes (bitwise) or stops being finite."""
     out = []
-    for norm in norms:
-        enc = _build(cfg, "tower", norm, dt, dev, seed)
+    chosen = [p for p in HAZARD_PLACEMENTS if p == "tower" or p in placements]
+    for placement, norm in ((p, n) for p in chosen for n in (["(unused)"] if p in NORM_FREE else norms)):
+        enc = _build(cfg, placement, norm, dt, dev, seed)
         runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=torch.bfloat16, max_items=max_items,
                                     policy="always")
         clean = runner.encode(raw).float().cpu()
@@ -194,7 +204,7 @@ def _hazard_rows(cfg, raw, norms, dt, dev, seed, budgets, max_items, common):
         finite = bool(torch.isfinite(poisoned).all())
         changed = int((~(poisoned == clean).all(dim=1)).sum())
         diff = rel_err(poisoned, clean) if finite else float("nan")
-        out.append(dict(common, case="nan_padding", placement="tower", norm=norm, path="cudagraph",
+        out.append(dict(common, case="nan_padding", placement=placement, norm=norm, path="cudagraph",
                         buffer_dtype="bfloat16", rel_err=diff, cos_min=cos_min(poisoned, clean) if finite else
                         float("nan"), ok=finite and changed == 0, rows_changed=changed, backend=runner.backend))
     return out

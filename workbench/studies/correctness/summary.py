@@ -155,7 +155,7 @@ def findings(df: pd.DataFrame) -> str:
                  f"Right cells stay below {g[g.ok].rel_err.max():.1e} relative error, wrong ones start at "
                  f"{g[~g.ok].rel_err.min():.2f}." if (~g.ok).any() else
                  f"Every cell below {g.rel_err.max():.1e} relative error."]
-        buf = g[(g.path == "cudagraph") & g.ok & g.placement.isin(["processor", "runner"])]
+        buf = g[(g.path == "cudagraph") & g.ok & g.placement.isin(["processor", "runner", "device"])]
         buf = buf.groupby("buffer_dtype").rel_err.max()
         if dtype != "bfloat16" and {"bfloat16", "float32"} <= set(buf.index):
             lines.append(f"A bfloat16 graph buffer holding normalized floats: rel_err {buf['bfloat16']:.1e} "
@@ -173,7 +173,8 @@ def findings(df: pd.DataFrame) -> str:
         if len(hz):
             leaks = hz[~hz.ok.astype(bool)]
             lines.append(f"NaN hazard: no real row changed in {len(hz)} poisoned runs." if leaks.empty else
-                         f"NaN hazard: real rows changed in {len(leaks)}/{len(hz)} runs ({', '.join(leaks.norm)}).")
+                         f"NaN hazard: real rows changed in {len(leaks)}/{len(hz)} runs "
+                         f"({', '.join(leaks.placement + ' / ' + leaks.norm)}).")
         parts.append(" ".join(lines))
     return "\n\n".join(parts)
 

@@ -18,6 +18,13 @@ Three scopes per (norm implementation, budget, graph buffer dtype):
 - ``runner`` placement runner: the norm runs before the graph, writing the bf16 buffer through
              ``out=``; the pool holds no norm. Its temporaries are transient, outside the pool:
              peak allocated bytes of one call, measured (CUDA) and modelled.
+- ``device`` placement device: the GPU preprocessor's norm makes a bf16 tensor of the valid rows
+             before the encoder is called (out of place, no ``n_valid``); the graph then only
+             stages it. Nothing in the pool; a transient peak outside it, as for ``runner``.
+- ``fold``   placement fold: no norm at all; the graph's first op casts its buffer to the tower
+             dtype (a bf16 copy of a uint8 buffer, nothing for a bf16 one), which is the trace of
+             the identity norm on that call: no fp32 temporary. Modelled, and on CUDA the cast
+             captured alone.
 
 ``temp_bytes`` is the temporary memory alone: the peak of the allocations freed before the call
 returns (for eager: two fp32 copies of the rows, 8 bytes/element).

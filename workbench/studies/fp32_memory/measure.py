@@ -21,11 +21,11 @@ from .params import METRICS, PARAMS, _config
 OUT_DTYPE = torch.bfloat16
 
 
-def _counted_trace(mod, cfg: VisionConfig, rows: int, in_dtype, out: bool):
+def _counted_trace(mod, cfg: VisionConfig, rows: int, in_dtype, out: bool, n_valid: bool):
     """The allocation trace of a real call of ``mod`` (on the meta device), ids renumbered from 0."""
     x = torch.empty(rows, cfg.patch_dim, dtype=in_dtype, device="meta")
     dst = torch.empty(rows, cfg.patch_dim, dtype=OUT_DTYPE, device="meta") if out else None
-    nv = None if out else torch.tensor(rows, dtype=torch.int32, device="meta")
+    nv = torch.tensor(rows, dtype=torch.int32, device="meta") if n_valid else None
     trace, _ = count_allocations(lambda: mod(x, OUT_DTYPE, out=dst, n_valid=nv))
     return _renumber(trace)
 
@@ -35,13 +35,24 @@ def _renumber(trace):
     return [(kind, ids.setdefault(k, len(ids)), nbytes) for kind, k, nbytes in trace]
 
 
-def _model_row(norm, cfg, rows, in_dtype, out: bool) -> dict:
+# How each scope calls its norm: (out= given, n_valid given, inside the graph). The tower's first
+# op reads the whole buffer and is told the valid rows; the runner writes the bf16 buffer through
+# out=; the GPU preprocessor (placement device) normalizes the valid rows into a tensor of its own,
+# before the encoder; placement fold's graph only casts the buffer to the tower dtype, which is
+# what the identity norm does on that call.
+CALLS = {"norm": (False, True, True), "runner": (True, False, False), "device": (False, False, False),
+         "fold": (False, False, True)}
+FOLD_CAST = "identity"
+
+
+def _model_row(norm, cfg, rows, in_dtype, scope: str) -> dict:
+    out, n_valid, in_graph = CALLS[scope]
     mod = make_norm(norm, cfg, check_values=False).to("meta")
-    trace = mod.alloc_trace(rows, in_dtype, OUT_DTYPE, n_valid=not out, out=out)
-    counted = _counted_trace(mod, cfg, rows, in_dtype, out)
+    trace = mod.alloc_trace(rows, in_dtype, OUT_DTYPE, n_valid=n_valid, out=out)
+    counted = _counted_trace(mod, cfg, rows, in_dtype, out, n_valid)
     pool = pool_model(trace)
     peak = trace_peak_bytes(trace)
-    return dict(model_bytes=0 if out else pool["pool_bytes"], model_peak_bytes=pool["peak_bytes"],
+    return dict(model_bytes=pool["pool_bytes"] if in_graph else 0, model_peak_bytes=pool["peak_bytes"],
                 temp_bytes=peak["temp_peak_bytes"],
                 counted_peak_bytes=trace_peak_bytes(counted)["peak_bytes"],
                 trace_matches=_renumber(trace) == counted)
@@ -60,6 +71,16 @@ def _tower_pool(enc, buf, meta, dev) -> dict:
         return captured_memory(lambda: enc.visual.forward_prepared(buf, meta), dev)
 
 
+
+
+def _outside_peak(norm, cfg, baseline, p, n_rows, dev, scope: str) -> int:
+    """Peak allocated bytes of one eager call of the norm as ``scope`` (runner, device) calls it,
+    outside any graph (CUDA)."""
+    mod = make_norm(norm, cfg, check_values=False).to(dev)
+    src = baseline[p["buffer_dtypes"][0]][0].to(torch.uint8)
+    dst = torch.empty(n_rows, cfg.patch_dim, dtype=OUT_DTYPE, device=dev) if CALLS[scope][0] else None
+    mod(src, OUT_DTYPE, out=dst)      # warm (compiles)
+    return eager_peak_bytes(lambda: mod(src, OUT_DTYPE, out=dst), dev)["peak_bytes"]
 
 
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
@@ -97,7 +118,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
             in_dtype = BY_NAME[buf_name]
             for norm in p["norms"]:
                 r = dict(common, **geo, scope="norm", placement="tower", buffer_dtype=buf_name, norm=norm,
-                         **_model_row(norm, cfg, n_rows, in_dtype, out=False))
+                         **_model_row(norm, cfg, n_rows, in_dtype, "norm"))
                 if cuda:
                     mod = make_norm(norm, cfg, check_values=False).to(dev)
                     buf = baseline[buf_name][0]
@@ -115,18 +136,26 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                     del enc
                 rows.append(r)
                 bar.update()
-        # runner placement: the norm writes the bf16 buffer through out=, outside the graph
-        for norm in p["norms"]:
-            r = dict(common, **geo, scope="runner", placement="runner", buffer_dtype="bfloat16", norm=norm,
-                     **_model_row(norm, cfg, n_rows, torch.uint8, out=True))
+        # runner placement: the norm writes the bf16 buffer through out=, outside the graph;
+        # device placement: the GPU preprocessor's norm makes a bf16 tensor of its own, before the
+        # encoder (the graph then stages it: a copy, no norm in the pool)
+        for scope in ("runner", "device"):
+            for norm in p["norms"]:
+                r = dict(common, **geo, scope=scope, placement=scope, buffer_dtype="bfloat16", norm=norm,
+                         **_model_row(norm, cfg, n_rows, torch.uint8, scope))
+                if cuda:
+                    r.update(pool_bytes=0, peak_bytes=_outside_peak(norm, cfg, baseline, p, n_rows, dev, scope))
+                rows.append(r)
+        # fold placement: no norm at all; the graph casts its buffer to the tower dtype (a bf16 copy
+        # of a uint8 buffer, nothing for a bf16 one), no fp32 temporary
+        for buf_name in p["buffer_dtypes"]:
+            r = dict(common, **geo, scope="fold", placement="fold", buffer_dtype=buf_name, norm="(unused)",
+                     **_model_row(FOLD_CAST, cfg, n_rows, BY_NAME[buf_name], "fold"))
             if cuda:
-                mod = make_norm(norm, cfg, check_values=False).to(dev)
-                src = baseline[p["buffer_dtypes"][0]][0].to(torch.uint8)
-                dst = torch.empty(n_rows, cfg.patch_dim, dtype=OUT_DTYPE, device=dev)
-                mod(src, OUT_DTYPE, out=dst)      # warm (compiles)
-                m = eager_peak_bytes(lambda: mod(src, OUT_DTYPE, out=dst), dev)
-                r.update(pool_bytes=0, peak_bytes=m["peak_bytes"])
-                del dst
+                buf = baseline[buf_name][0]
+                m = captured_memory(lambda: buf.to(OUT_DTYPE), dev)
+                r.update(pool_bytes=m["pool_bytes"], peak_bytes=m["peak_bytes"],
+                         model_error=_rel_error(m["pool_bytes"], r["model_bytes"]))
             rows.append(r)
         bar.update()
         baseline.clear()

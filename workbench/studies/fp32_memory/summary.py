@@ -90,6 +90,12 @@ def plot_pool(g: pd.DataFrame):
     return fig
 
 
+# the scopes whose norm runs outside the graph (placements runner and device): a transient peak
+OUTSIDE_SCOPES = ("runner", "device")
+# placement fold's rows in the tables: no norm, the graph's cast of its buffer only
+FOLD_LABEL = "fold: cast only"
+
+
 def _bar_note(v: float) -> str:
     """A tower bar's label: n/a (not measured), 0, or its MiB."""
     return "n/a" if pd.isna(v) else ("0" if v == 0 else f"{v / 2**20:.0f}")
@@ -102,7 +108,7 @@ def plot_tower(g: pd.DataFrame):
     import matplotlib.pyplot as plt
 
     w = wide(g)
-    t = w[w.scope.isin(["tower", "runner"]) & w.get("peak_bytes", pd.Series(index=w.index)).notna()]
+    t = w[w.scope.isin(["tower", *OUTSIDE_SCOPES]) & w.get("peak_bytes", pd.Series(index=w.index)).notna()]
     if t.empty:
         return None
     t = t.assign(cell=t.scope + " / " + t.buffer_dtype)
@@ -116,11 +122,12 @@ def plot_tower(g: pd.DataFrame):
         width = 0.8 / len(cells)
         for k, cell in enumerate(cells):
             c = d[d.cell == cell].set_index("norm").reindex(norms)
-            metric = c.peak_bytes if cell.startswith("runner") else c.pool_bytes
+            outside = cell.split(" / ")[0] in OUTSIDE_SCOPES
+            metric = c.peak_bytes if outside else c.pool_bytes
             values = metric.to_numpy(dtype=float)
             bars = ax.bar(np.arange(len(norms)) + k * width, np.nan_to_num(values) / 2**20, width,
                           color=f"C{k}", label=f"{cell}: " + ("transient peak (outside the pool)"
-                                                              if cell.startswith("runner") else "pool bytes added"))
+                                                              if outside else "pool bytes added"))
             for bar, v in zip(bars, values):
                 if v < 0:
                     bar.set_hatch("///")
@@ -162,10 +169,12 @@ def _run_finding(dev: str, g: pd.DataFrame) -> str:
         lines.append(f"Modelled allocation trace equals the counted one in {int(n.trace_matches.fillna(False).sum())}/"
                      f"{len(n)} cells.")
     if "pool_bytes" not in n or n.pool_bytes.isna().all():
+        lines += _placement_lines(g, big)
         lines.append("No CUDA measurement on this device: graph-pool bytes exist only on a GPU.")
         return " ".join(lines)
     err = n.model_error.abs().replace(np.inf, np.nan).fillna(np.inf)
     lines.append(f"Allocator model within 5% of the measured pool in {int((err <= 0.05).sum())}/{len(n)} cells.")
+    lines += _placement_lines(g, big)
     tower = g[(g.scope == "tower") & (g.budget == big)]
     adds = {"eager": tower[tower.norm == "eager"].pool_bytes.max(),
             "fused": tower[tower.norm.str.startswith("triton")].pool_bytes.max()}
@@ -173,6 +182,22 @@ def _run_finding(dev: str, g: pd.DataFrame) -> str:
         lines.append(f"Inside the captured tower at {big} tokens the norm adds at most "
                      + ", ".join(f"{fmt_bytes(v)} ({k})" for k, v in adds.items() if pd.notna(v)) + ".")
     return " ".join(lines)
+
+
+def _placement_lines(g: pd.DataFrame, big: int) -> list[str]:
+    """Placements fold and device at the largest budget (model): what reaches the pool, what is
+    transient."""
+    out = []
+    fold = g[(g.scope == "fold") & (g.budget == big)]
+    if len(fold):
+        out.append(f"Placement fold runs no norm: its graph casts the buffer, at most "
+                   f"{fmt_bytes(fold.model_bytes.max())} in the pool (model), fp32 temporaries "
+                   f"{fmt_bytes(fold.temp_bytes.max())}.")
+    dev = g[(g.scope == "device") & (g.budget == big)]
+    if len(dev):
+        out.append(f"Placement device normalizes before the encoder: nothing in the pool, transient fp32 "
+                   f"temporaries up to {fmt_bytes(dev.temp_bytes.max())} outside it (model).")
+    return out
 
 
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -184,7 +209,9 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     for dev, g in labelled_runs(w, by_preset=True):
         parts = {}
         for budget, b in g.groupby("budget"):
-            scope = {s: b[b.scope == s].set_index(["norm", "buffer_dtype"]) for s in ("norm", "tower", "runner")}
+            b = b.assign(norm=b.norm.where(b.scope != "fold", FOLD_LABEL),
+                         scope=b.scope.replace("fold", "norm"))       # fold's cast beside the norms
+            scope = {s: b[b.scope == s].set_index(["norm", "buffer_dtype"]) for s in ("norm", "tower", *OUTSIDE_SCOPES)}
             n = scope["norm"]
             parts[f"{budget} tok: model MiB"] = n.model_bytes / 2**20
             if "pool_bytes" in n and n.pool_bytes.notna().any():
@@ -193,8 +220,9 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
             parts[f"{budget} tok: fp32 temp MiB"] = n.temp_bytes / 2**20
             if "pool_bytes" in scope["tower"] and scope["tower"].pool_bytes.notna().any():
                 parts[f"{budget} tok: in tower MiB"] = scope["tower"].pool_bytes / 2**20
-            if "peak_bytes" in scope["runner"] and scope["runner"].peak_bytes.notna().any():
-                parts[f"{budget} tok: runner peak MiB"] = scope["runner"].peak_bytes / 2**20
+            for name in OUTSIDE_SCOPES:
+                if "peak_bytes" in scope[name] and scope[name].peak_bytes.notna().any():
+                    parts[f"{budget} tok: {name} peak MiB"] = scope[name].peak_bytes / 2**20
         t = pd.DataFrame(parts).reset_index().rename(columns={"buffer_dtype": "buffer"})
         out[dev] = t
     return out
