@@ -33,6 +33,7 @@ from torch import nn
 from . import limits
 from .config import VisionConfig
 from . import vocabulary
+from .devices import resolve_device  # noqa: F401  (re-exported: its old home)
 from .dtypes import BY_NAME, dtype_name
 from .dtypes import resolve_dtype as _resolve_dtype
 from .norms import InputNorm, make_norm
@@ -53,21 +54,6 @@ DTYPES = {dtype_name(d): d for d in TOWER_DTYPES}
 def resolve_dtype(dtype) -> torch.dtype:
     """A tower dtype from a dtype, a name or an alias (bf16, fp32, fp16, fp64)."""
     return _resolve_dtype(dtype, allowed=TOWER_DTYPES, what="tower dtype")
-
-
-def resolve_device(device) -> torch.device:
-    """'auto' -> cuda when available, else cpu; anything else must be a valid, present device."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"invalid device {device!r}; valid: 'auto', 'cpu', 'cuda', 'cuda:N'") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but this torch has no CUDA device; use 'cpu' or 'auto'")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {device!r}; valid: 'auto', 'cpu', 'cuda', 'cuda:N'")
-    return dev
 
 
 class VisionEncoder(nn.Module):
