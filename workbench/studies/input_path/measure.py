@@ -103,14 +103,17 @@ def _measure(s, progress: bool) -> pd.DataFrame:
         host: dict[tuple, list[float]] = {}
         works = sorted({host_work(pl) for pl in p["placements"]})
         for work in works:
-            combos = [("cuda", 1)] if work == "decode" else [(b, t) for b in p["backends"] for t in p["threads"]]
+            # one image per call: PIL's threads (items resized at once) cannot help it, so PIL at 1 thread
+            combos = [("cuda", 1)] if work == "decode" else [(b, t) for b in p["backends"] for t in p["threads"]
+                                                              if b != "pil" or t == min(p["threads"])]
             for backend, threads in combos:
                 if work == "decode":
                     fns = [lambda im=im: hwc_rgb(im, 0, "the image").contiguous() for im in images]
                 else:
                     fns = [lambda im=im: preprocess(im, cfg, backend=backend, threads=threads,
                                                     normalize=work == "rows_fp32") for im in images]
-                host[work, backend, threads] = [_ms(f, torch.device("cpu"), p["reps"]) for f in fns]
+                # each image is a sample of its own: a few repetitions each (the median) are enough
+                host[work, backend, threads] = [_ms(f, torch.device("cpu"), min(p["reps"], 3)) for f in fns]
         bar.update()
         # ---- the link and the device-side preprocessing, per image ---------------------------
         link: dict[tuple, float] = {}
