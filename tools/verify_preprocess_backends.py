@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 import workbench as wb
-from workbench.photos import random_images, sample_images
+from workbench.photos import sample_images
 
 FAMILIES = {"qwen2-vl": "qwen2-vl-7b", "qwen2.5-vl": "qwen2.5-vl-7b", "qwen3-vl": "qwen3-vl-8b",
             "qwen3.5": "tiny-qwen3.5", "glm4v": "glm-4.1v-9b"}

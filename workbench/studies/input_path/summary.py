@@ -48,20 +48,27 @@ def breakdown(table: pd.DataFrame, backend: str = "torchvision", threads: int = 
     return out.drop(columns=["processor_ms"])
 
 
+def _grid(n: int, most_cols: int, width: float):
+    """A figure of ``n`` panels, at most ``most_cols`` a row, ``width`` inches each; the unused hidden."""
+    import matplotlib.pyplot as plt
+
+    ncols = min(most_cols, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
 def plot_breakdown(g: pd.DataFrame):
     """The main figure: per mix and path, a stacked bar per placement: host preprocessing, host to
     device, device-side preprocessing, the device norm and the rest of the encoder, per image."""
-    import matplotlib.pyplot as plt
 
     b = breakdown(g)
     if b.empty:
         return None
     panels = list(b.groupby(["mix", "path"], sort=False))
-    ncols = min(2, len(panels))
-    nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7.4 * ncols, 3.6 * nrows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
+    fig, axes = _grid(len(panels), 2, 7.4)
     for ax, ((mix, path), d) in zip(axes.flat, panels):
         d = d.set_index("placement").loc[_order(d.placement)]
         y = np.arange(len(d))
@@ -90,7 +97,6 @@ def plot_breakdown(g: pd.DataFrame):
 def plot_load(g: pd.DataFrame):
     """Time to embedding (p50 solid, p99 dashed) against arrival rate per placement, one panel per
     (mix, host workers), the encoder on graphs where the run has them."""
-    import matplotlib.pyplot as plt
 
     w = wide(g)
     if "p99_ms" not in w:
@@ -99,11 +105,7 @@ def plot_load(g: pd.DataFrame):
     path = "cudagraph" if "cudagraph" in set(w.path) else w.path.iloc[0]
     w = w[w.path == path]
     panels = list(w.groupby(["mix", "workers"], sort=False))
-    ncols = min(3, len(panels))
-    nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
+    fig, axes = _grid(len(panels), 3, 5.2)
     colors = {p: f"C{i}" for i, p in enumerate(INPUT_PLACEMENTS)}
     for ax, ((mix, workers), d) in zip(axes.flat, panels):
         for pl in _order(d.placement):
