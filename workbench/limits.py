@@ -52,6 +52,9 @@ class Limits:
     draws: int = 1 << 22                  # sizes one mix_sizes / mix_tokens call draws (records, no pixels)
     list_items: int = 64                  # values of one list parameter of a study (a sweep axis)
     folder_images: int = 1 << 16          # image files one folder mix reads (each decoded once; samples.get_mix)
+    threads: int = 1024                   # host threads of one preprocessing call (also: the cores there)
+    workers: int = 1024                   # host processor workers of the serving model
+    sim_requests: int = 1_000_000         # requests the serving model simulates per arrival rate
 
     @classmethod
     def names(cls) -> list[str]:
