@@ -67,6 +67,8 @@ def _images(executed: Path) -> int:
     ("fp32_memory", {"model_bytes", "temp_bytes", "counted_peak_bytes", "trace_matches"}),
     ("padding_waste", {"padded_frac", "padded_frac_expected", "norm_us_padding", "matmul_flops_padding",
                        "replay_ms", "edge_replay_ms", "encode_ms_per_image"}),
+    ("input_path", {"host_ms", "h2d_bytes", "h2d_ms", "device_ms", "encoder_ms", "total_ms", "p50_ms", "p99_ms",
+                    "max_images_per_s"}),
 ])
 def test_input_path_notebooks_run_with_defaults(tmp_path, study, metrics):
     papermill = pytest.importorskip("papermill")
