@@ -16,7 +16,7 @@ import workbench as wb
 from workbench.patches import _patchify
 from workbench.photos import random_images, sample_images
 from workbench.preprocess import Video, preprocess
-from workbench.torch_images import cpu_count
+from workbench.limits import cpu_count
 
 from backend_inputs import backend_inputs
 

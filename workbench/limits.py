@@ -152,3 +152,12 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def within_cores(n: int, what: str) -> int:
+    """``n`` if this process may run on at least ``n`` cores, else ValueError naming ``what``, the
+    value and the valid range (a thread count asked of the machine that runs it)."""
+    cores = cpu_count()
+    if n > cores:
+        raise ValueError(f"{what}={n} exceeds the {cores} cores this process may run on; valid: 1..{cores}")
+    return n

@@ -36,7 +36,7 @@ from .images import ACCEPTED_INPUTS, MAX_ASPECT, _CHANNELS, _check_image, _check
 from .images import _composite_on_white, _rgb_resized, load_image  # noqa: F401
 from .patches import PatchBatch, _patchify, normalize_rows  # noqa: F401
 from .devices import resolve_device
-from .torch_images import cpu_count, frames_nchw, hwc_rgb, patchify, resize, torch_threads
+from .torch_images import frames_nchw, hwc_rgb, patchify, resize, torch_threads
 from .torch_images import normalize as normalize_tv
 from .vocabulary import PREPROCESS_BACKENDS, check_backend  # noqa: F401
 
@@ -163,8 +163,8 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
       * ``"torchvision"``: transformers' torchvision-backed processors (its default wherever
         torchvision is installed, and what vLLM runs), in torch alone: torch's native uint8
         antialiased bicubic on the CPU, its RGBA compositing and fused normalization
-        (`workbench.torch_images`). Within one or two levels of ``"pil"`` on a fraction of a
-        percent of the values of a photo;
+        (`workbench.torch_images`). Close to ``"pil"``, not equal (README, "Preprocessing
+        backends", for the measured differences);
       * ``"cuda"``: the torchvision path on a device (``device``: 'auto'/None = CUDA where there is
         one, else the CPU, where it emulates the device's float arithmetic): the host hands the
         decoded uint8 image over and the device converts, resizes (float32, clamped and rounded),
@@ -187,10 +187,7 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
         raise TypeError(f"normalize must be a bool, got {normalize!r}")
     backend = check_backend(backend)
     if threads is not None:
-        threads = limits.integer(threads, "threads")
-        if threads > cpu_count():
-            raise ValueError(f"threads={threads} exceeds the {cpu_count()} cores this process may run on; "
-                             f"valid: 1..{cpu_count()} (or None)")
+        threads = limits.within_cores(limits.integer(threads, "threads"), "threads")
     if device is not None and backend != "cuda":
         raise ValueError(f"device={device!r} is for backend 'cuda' (the host backends run on the CPU); "
                          f"got backend {backend!r}")

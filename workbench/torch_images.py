@@ -5,16 +5,18 @@ of `workbench.preprocess`.
 transformers 5 picks its torchvision backend wherever torchvision is installed, and that is what
 vLLM runs (``use_fast=True``). Its steps, per image, and what each is here:
 
-* a PIL image is converted to RGB as the PIL processors convert it (`images._pil_rgb`), then made a
-  channels-first uint8 tensor; an array or tensor is made channels-first first, then a grey one has
-  its channel repeated and an RGBA one is composited on white in float32 (levels / 255, then
-  ``rgb * a + (1 - a)``, then back to uint8 by ``x * (256 - 0.001)`` truncated: torchvision's
-  ``to_dtype`` with scaling), which is not quite the PIL backends' rounding;
+* a PIL image is converted to RGB as the PIL processors convert it (`images._pil_rgb`); a grey
+  array or tensor has its channel repeated and an RGBA one is composited on white in float32
+  (levels / 255, then ``rgb * a + (1 - a)``, then back to uint8 by ``x * (256 - 0.001)``
+  truncated: torchvision's ``to_dtype`` with scaling), which is not quite the PIL backends'
+  rounding. transformers makes a channels-first tensor of it; here the frames stay channels last
+  in memory and are viewed channels first (`frames_nchw`): the resize gives the same values on
+  either layout and is faster on this one;
 * the resize is torch's antialiased bicubic interpolation (``align_corners=False``). On the CPU
-  torchvision hands the uint8 image to torch's native uint8 kernel (fixed-point, within one or
-  two levels of PIL's); on any other device it computes in float32, clamps to 0..255 and rounds.
-  The two differ by several levels on a sixth of the values of a photo, so the ``cuda`` backend
-  (float path) and the ``torchvision`` backend (native path) are different processors;
+  torchvision hands the uint8 image to torch's native uint8 kernel (fixed-point, close to PIL's);
+  on any other device it computes in float32, clamps to 0..255 and rounds. The two differ by
+  several levels on many values of a photo (README, "Preprocessing backends"), so the ``cuda``
+  backend (float path) and the ``torchvision`` backend (native path) are different processors;
 * rescale and normalize are fused: ``(x - mean / rescale) / (std / rescale)`` in float32;
 * the patchify is a reshape and permute into the Qwen2-VL row layout (`workbench.patches`).
 """
@@ -30,7 +32,6 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .images import _loaded_pil, _pil_rgb
-from .limits import cpu_count  # noqa: F401  (re-exported: the backends' thread bound)
 
 # torchvision's to_dtype(float -> uint8, scale=True) multiplies by 255 + 1 - eps and truncates
 _TO_UINT8 = 255 + 1.0 - 1e-3

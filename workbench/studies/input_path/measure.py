@@ -20,6 +20,7 @@ from ...runner import EncoderGraphRunner, engine_max_items
 from ...samples import image_mix, mix_columns, with_folder
 from ...serving_model import StageCosts, latency_curve, max_images_per_s
 from ...torch_images import hwc_rgb
+from ...torch_images import normalize as normalize_tv
 from .. import begin_run
 from ..plotting import progress as show_progress
 from ..tables import tidy
@@ -53,14 +54,15 @@ def _ms(fn, dev: torch.device, reps: int) -> float:
 
 
 def _payloads(img, cfg) -> dict[str, torch.Tensor]:
-    """The host tensors of one image that could cross the link, by payload name."""
-    raw = preprocess(img, cfg, backend="torchvision").pixels
+    """The host tensors of one image that could cross the link, by payload name (one
+    preprocessing call: the other forms are views, casts and the normalization of its rows)."""
+    batch = preprocess(img, cfg, backend="torchvision")
+    raw, (_, gh, gw) = batch.pixels, batch.grid_thw[0].tolist()
     per = cfg.patch_size ** 2
     frame = raw.view(raw.shape[0], cfg.in_channels, cfg.temporal_patch_size, per)[:, :, 0].contiguous()
     decoded = hwc_rgb(img, 0, "the image").contiguous()
-    g = preprocess(img, cfg, backend="torchvision").grid_thw[0].tolist()
-    resized = torch.empty((g[1] * cfg.patch_size, g[2] * cfg.patch_size, 3), dtype=torch.uint8)
-    norm = preprocess(img, cfg, backend="torchvision", normalize=True).pixels
+    resized = torch.empty((gh * cfg.patch_size, gw * cfg.patch_size, 3), dtype=torch.uint8)
+    norm = normalize_tv(raw, cfg)      # what backend torchvision's normalize=True gives
     return {"fp32_rows": norm, "bf16_rows": norm.to(torch.bfloat16), "uint8_rows": raw, "uint8_frame": frame,
             "resized_image": resized, "decoded_image": decoded}
 
@@ -93,7 +95,9 @@ def _measure(s, progress: bool) -> pd.DataFrame:
     bar = show_progress(total=len(p["mixes"]) * (2 + len(p["placements"]) * len(p["paths"])),
                         desc=f"input_path {p['preset']}", enabled=progress)
     rows: list[dict] = []
-    encoders = {pl: build_encoder(cfg, placement=pl, norm=p["norm"], dtype=dt, device=dev, seed=p["seed"])
+    # engines check no input values: the timed paths do not either (the other studies alike)
+    encoders = {pl: build_encoder(cfg, placement=pl, norm=p["norm"], dtype=dt, device=dev, seed=p["seed"],
+                                  check_inputs=False)
                 for pl in p["placements"]}
     for mix in p["mixes"]:
         images = [_fit(im, p["max_side"]) for im in image_mix(mix, p["n_items"], seed=p["seed"])]
@@ -133,18 +137,18 @@ def _measure(s, progress: bool) -> pd.DataFrame:
         uint8_rows = [pi["uint8_rows"].to(dev) for pi in per_image]
         norm_ms = statistics.fmean(_ms(lambda r=r: norm(r, dt), dev, p["reps"]) for r in uint8_rows)
         for pl in p["placements"]:
-            if encoders[pl].spec.norm_in is not None and pl != "fold":
+            if encoders[pl].spec.runs_norm:
                 rows.append(dict(m, placement=pl, part="normalize", device_ms=norm_ms))
         bar.update()
         # ---- the encoder, per placement and path ----------------------------------------------
         batches = {"rows_fp32": preprocess(images, cfg, backend="torchvision", normalize=True).to(dev),
                    "rows_uint8": preprocess(images, cfg, backend="torchvision").to(dev),
-                   "decode": preprocess([x for x in on_dev], cfg, backend="cuda", device=dev)}
+                   "decode": preprocess(on_dev, cfg, backend="cuda", device=dev)}
         tokens = batches["rows_uint8"].n_rows // cfg.merge_unit / n
         for pl in p["placements"]:
             enc, batch = encoders[pl], batches[host_work(pl)]
             for path in p["paths"]:
-                runner = _runner(enc, cfg, mix, n, pl) if path == "cudagraph" else None
+                runner = _runner(enc, cfg, mix, n) if path == "cudagraph" else None
                 one = [batch.select([i]) for i in range(n)]
 
                 def call(b, runner=runner, path=path, enc=enc):
@@ -178,12 +182,12 @@ def _fit(im, side):
     return im.resize((max(1, round(im.size[0] * s)), max(1, round(im.size[1] * s))), Image.Resampling.BICUBIC)
 
 
-def _runner(enc, cfg, mix: str, n: int, placement: str):
+def _runner(enc, cfg, mix: str, n: int):
     """The planner's budgets for ``mix`` holding ``n`` items, policy auto, the placement's buffer
     (uint8 where it can hold the input, else bf16)."""
     planned = plan_budgets(mix, max_graphs=4, cfg=cfg)
     items = max(n, engine_max_items(planned))
-    buf = torch.uint8 if "uint8" in enc.spec.buffer_dtypes and placement != "runner" else torch.bfloat16
+    buf = torch.uint8 if "uint8" in enc.spec.buffer_dtypes else torch.bfloat16
     return EncoderGraphRunner(enc, budgets=list(Budgets.of(planned).holding(items)), buffer_dtype=buf,
                               max_items=items, policy="auto")
 

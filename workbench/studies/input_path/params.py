@@ -84,10 +84,7 @@ PARAMS = ParamSpec(
 def check_cores(threads) -> None:
     """Refuse thread counts above the cores of the machine that runs the study (checked when the
     run starts, there: a sweep resolves a GPU host's defaults on the machine it starts from)."""
-    cores = limits.cpu_count()
-    if max(threads) > cores:
-        raise ValueError(f"threads={list(threads)}: {max(threads)} exceeds the {cores} cores this process may "
-                         f"run on; valid: 1..{cores}")
+    limits.within_cores(max(threads), "threads")
 
 
 METRICS = {"host_ms": "ms", "h2d_bytes": "bytes", "h2d_ms": "ms", "device_ms": "ms", "encoder_ms": "ms",

@@ -60,6 +60,14 @@ def _grid(n: int, most_cols: int, width: float):
     return fig, axes
 
 
+def _finish(fig, axes, title: str, ncol: int, fontsize: int):
+    """The figure's title, layout and one legend below it (the first panel's entries)."""
+    fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    legend_below(fig, *axes.flat[0].get_legend_handles_labels(), ncol=ncol)
+    return fig
+
+
 def plot_breakdown(g: pd.DataFrame):
     """The main figure: per mix and path, a stacked bar per placement: host preprocessing, host to
     device, device-side preprocessing, the device norm and the rest of the encoder, per image."""
@@ -88,10 +96,7 @@ def plot_breakdown(g: pd.DataFrame):
                      fontsize=9)
         if is_cpu(g):
             stamp_cpu(ax)
-    fig.suptitle(f"Input path per placement ({run_label(g)})", fontsize=11)
-    fig.tight_layout()
-    legend_below(fig, *axes.flat[0].get_legend_handles_labels(), ncol=5)
-    return fig
+    return _finish(fig, axes, f"Input path per placement ({run_label(g)})", ncol=5, fontsize=11)
 
 
 def plot_load(g: pd.DataFrame):
@@ -118,11 +123,9 @@ def plot_load(g: pd.DataFrame):
         ax.set_title(f"{mix}, {int(workers)} host worker{'s' if workers != 1 else ''}, encoder {path}", fontsize=9)
         if is_cpu(g):
             stamp_cpu(ax)
-    fig.suptitle(f"At load: one serving encoder, modelled from the measured stages ({run_label(g)})", fontsize=10)
-    fig.tight_layout()
-    h, lab = axes.flat[0].get_legend_handles_labels()
-    legend_below(fig, h, lab, ncol=min(6, len(lab)))
-    return fig
+    labels = axes.flat[0].get_legend_handles_labels()[1]
+    return _finish(fig, axes, f"At load: one serving encoder, modelled from the measured stages ({run_label(g)})",
+                   ncol=min(6, len(labels)), fontsize=10)
 
 
 def plot_link(g: pd.DataFrame):
@@ -142,19 +145,14 @@ def plot_link(g: pd.DataFrame):
         for i, (pin, c) in enumerate(d.groupby("pinned")):
             c = c.set_index("payload").loc[order]
             ax.barh(y + 0.4 * i - 0.2, c.h2d_ms, height=0.38, label=f"{pin} memory")
-            if i == 0:
-                for yi, v in enumerate(c.h2d_bytes):
-                    ax.text(0, yi - 0.45, f" {v / 2**20:.3g} MiB", fontsize=7, va="bottom")
-        ax.set_yticks(y, order, fontsize=8)
+        mib = d.groupby("payload").h2d_bytes.first() / 2**20      # the same bytes either way
+        ax.set_yticks(y, [f"{p} ({mib[p]:.3g} MiB)" for p in order], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("host to device per image (ms)")
         ax.set_title(mix, fontsize=9)
         if is_cpu(g):
             stamp_cpu(ax)
-    fig.suptitle(f"What crosses the link per image ({run_label(g)})", fontsize=10)
-    fig.tight_layout()
-    legend_below(fig, *axes.flat[0].get_legend_handles_labels(), ncol=2)
-    return fig
+    return _finish(fig, axes, f"What crosses the link per image ({run_label(g)})", ncol=2, fontsize=10)
 
 
 def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
