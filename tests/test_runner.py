@@ -212,3 +212,16 @@ def test_packs_the_costs_send_eagerly_equal_the_eager_path_and_are_recorded(item
     with torch.no_grad():
         ref = enc.encode(batch, path="eager")
     assert rel_err(out, ref) < 1e-5
+
+
+def test_a_runner_takes_the_costs_of_another_over_the_same_budgets_only():
+    from workbench.runner import PackCosts
+    enc = wb.build_encoder(small_cfg("tiny-qwen2.5-vl"), placement="tower", norm="eager", dtype=torch.float32,
+                           device="cpu", seed=3)
+    costs = PackCosts(replay_ms={b: 1.0 for b in BUDGETS}, eager_tokens=(BUDGETS[0],), eager_points_ms=(1.0,))
+    EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4, costs=costs)      # accepted (emulated: policy always)
+    with pytest.raises(ValueError, match=r"costs were measured over budgets \[8, 16\].*pass costs only"):
+        EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4,
+                           costs=PackCosts(replay_ms={8: 1.0, 16: 1.0}, eager_tokens=(8,), eager_points_ms=(1.0,)))
+    with pytest.raises(TypeError, match="costs must be the PackCosts"):
+        EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4, costs={8: 1.0})

@@ -96,11 +96,16 @@ class EncoderGraphRunner:
     the variants its items never use: each costs warm-up forwards and a capture). They share the
     pool (replays never overlap). Budgets chosen by the planner are item sizes, so single items
     often fit exactly.
+
+    costs: for policy 'auto', the `PackCosts` another runner measured over the same budgets of
+    an encoder of the same tower (a study building one runner per placement measures them once:
+    the placements differ by the input stage, microseconds against replays of milliseconds);
+    None measures them at construction.
     """
 
     def __init__(self, encoder, budgets=(64, 128, 256, 512, 1024), buffer_dtype=torch.bfloat16,
                  max_items: int = 16, backend: str = "auto", warmup: int = 2, exact_fit: bool = True,
-                 policy: str = "auto", exact_capture: str = "construction"):
+                 policy: str = "auto", exact_capture: str = "construction", costs: PackCosts | None = None):
         if not isinstance(encoder, VisionEncoder):
             raise TypeError(f"encoder must be a wb.VisionEncoder (from wb.build_encoder), got {type(encoder).__name__}")
         self.encoder = encoder
@@ -147,9 +152,10 @@ class EncoderGraphRunner:
                     self._exact_graph(self.graphs[b], 1)
         # the policy in force: 'auto' measures its costs on a real graph backend only (module docstring)
         self.policy = "always" if backend == "emulated" else policy
+        shared = None if costs is None else _check_costs(costs, self.budgets)
         self.costs = None
         if self.policy == "auto":
-            self.costs = PackCosts.measure(self)
+            self.costs = PackCosts.measure(self) if shared is None else shared
 
     # ---- construction ------------------------------------------------------------------------
     # the largest budget a default runner captures; larger items run eagerly (misses)
@@ -443,3 +449,13 @@ def default_runner(encoder, batch: PatchBatch) -> "EncoderGraphRunner":
                   f"was captured again). To capture once, pass runner=wb.EncoderGraphRunner(enc, "
                   f"budgets=[...]) with budgets covering your largest item.", stacklevel=4)
     return encoder._default_runner
+
+
+def _check_costs(costs, budgets: list[int]) -> PackCosts:
+    """``costs`` if it is a PackCosts measured over exactly ``budgets``, else TypeError/ValueError."""
+    if not isinstance(costs, PackCosts):
+        raise TypeError(f"costs must be the PackCosts of another runner (runner.costs) or None, got {type(costs).__name__}")
+    if sorted(costs.replay_ms) != list(budgets):
+        raise ValueError(f"costs were measured over budgets {sorted(costs.replay_ms)}, this runner has {list(budgets)}; "
+                         "pass costs only between runners of the same budgets (or None to measure them)")
+    return costs

@@ -36,8 +36,60 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 def _summary(samples_us: list[float]) -> dict:
     s = sorted(samples_us)
+    lo, hi = median_ci(s)
     return dict(p50_us=_quantile(s, 0.5), p10_us=_quantile(s, 0.1), p90_us=_quantile(s, 0.9),
-                min_us=s[0], reps=len(s))
+                min_us=s[0], reps=len(s), ci_lo_us=lo, ci_hi_us=hi)
+
+
+# ---- repeat until the number is known ----------------------------------------------------------
+CONFIDENCE = 0.95
+REL_CI = 0.02
+
+
+def median_ci(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: the order statistics
+    (x_(j), x_(n-1-j)) (0-based, sorted) with the largest j whose binomial coverage
+    1 - 2 P(Bin(n, 1/2) <= j) is at least ``confidence``. (nan, nan) when even the full range
+    covers less (fewer than 6 samples at 95%)."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r} must lie in (0, 1)")
+    s = sorted(values)
+    n = len(s)
+    j, cdf, best = 0, 0.0, None
+    log_half = n * math.log(0.5)
+    while j < (n + 1) // 2:
+        cdf += math.exp(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + log_half)
+        if 1 - 2 * cdf < confidence:
+            break
+        best, j = j, j + 1
+    if best is None:
+        return math.nan, math.nan
+    return float(s[best]), float(s[n - 1 - best])
+
+
+def is_known(values, rel: float = REL_CI, confidence: float = CONFIDENCE) -> bool:
+    """Whether the median's confidence interval lies within ``rel`` of the median on both sides."""
+    lo, hi = median_ci(values, confidence)
+    if math.isnan(lo):
+        return False
+    med = _quantile(sorted(values), 0.5)
+    return max(med - lo, hi - med) <= rel * abs(med)
+
+
+def until_known(measure, min_reps: int, max_reps: int, rel: float = REL_CI,
+                confidence: float = CONFIDENCE) -> list[float]:
+    """Samples from ``measure(k)`` (k new samples per call, a list) until the median is known:
+    at least ``min_reps`` and at most ``max_reps`` of them, stopping as soon as the median's
+    confidence interval lies within ``rel`` of it (`is_known`), as pyperf and asv repeat.
+    Rounds grow by half of what is there, so a noisy measurement costs few rounds."""
+    if min_reps < 1 or max_reps < min_reps:
+        raise ValueError(f"need 1 <= min_reps <= max_reps, got min_reps={min_reps}, max_reps={max_reps}")
+    if not rel > 0:
+        raise ValueError(f"rel={rel!r} must be > 0 (the interval's half-width as a fraction of the median)")
+    samples = list(measure(min_reps))
+    while len(samples) < max_reps and not is_known(samples, rel, confidence):
+        samples += measure(min(max_reps - len(samples), max(1, len(samples) // 2)))
+    return samples
 
 
 def _sync() -> None:
@@ -51,23 +103,30 @@ def require_cuda(what: str) -> None:
         raise RuntimeError(f"{what} needs a CUDA device; none is available")
 
 
-def cpu_time_us(fn, reps: int = 10, warmup: int = 2) -> dict:
-    """Host wall time of ``fn()`` (time.perf_counter): dict(p50_us, p10_us, p90_us, min_us, reps).
+def cpu_time_us(fn, reps: int = 10, warmup: int = 2, min_reps: int | None = None, rel: float = REL_CI) -> dict:
+    """Host wall time of ``fn()`` (time.perf_counter): dict(p50_us, p10_us, p90_us, min_us, reps,
+    ci_lo_us, ci_hi_us: the median's 95% interval, nan below 6 samples).
 
     Each rep is bracketed by a device synchronize (when CUDA is initialized), so queued GPU work
     is included and never leaks into the next rep. The same statistics as `graph_replay_us`.
+    ``reps`` calls are timed; with ``min_reps`` given, between ``min_reps`` and ``reps`` of them,
+    until the median is known within ``rel`` (`until_known`).
     """
     if reps < 1:
         raise ValueError(f"reps={reps} must be >= 1")
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(reps):
-        _sync()
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        samples.append((time.perf_counter() - t0) * 1e6)
+
+    def measure(k: int) -> list[float]:
+        out = []
+        for _ in range(k):
+            _sync()
+            t0 = time.perf_counter()
+            fn()
+            _sync()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return out
+    samples = measure(reps) if min_reps is None else until_known(measure, min(min_reps, reps), reps, rel)
     return _summary(samples)
 
 

@@ -19,6 +19,7 @@ from ...budgets import Budgets
 from ...runner import EncoderGraphRunner, engine_max_items
 from ...samples import image_mix, mix_columns, with_folder
 from ...serving_model import StageCosts, latency_curve, max_images_per_s
+from ...timing import median_ci, until_known
 from ...torch_images import hwc_rgb
 from ...torch_images import normalize as normalize_tv
 from .. import begin_run
@@ -40,17 +41,39 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _ms(fn, dev: torch.device, reps: int) -> float:
-    """Median wall time of ``fn()`` in ms, the device synchronized around each call (one warm-up)."""
+def _samples(fn, dev: torch.device, reps: int, min_reps: int | None = None) -> list[float]:
+    """Wall times of ``fn()`` in ms, the device synchronized around each call, after one warm-up:
+    ``reps`` of them, or with ``min_reps`` between it and ``reps``, until the median is known
+    within 2% (`workbench.timing.until_known`)."""
     fn()
     _sync(dev)
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        _sync(dev)
-        ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
+
+    def measure(k: int) -> list[float]:
+        ts = []
+        for _ in range(k):
+            t = time.perf_counter()
+            fn()
+            _sync(dev)
+            ts.append((time.perf_counter() - t) * 1e3)
+        return ts
+    return measure(reps) if min_reps is None else until_known(measure, min(min_reps, reps), reps)
+
+
+def _ms(fn, dev: torch.device, reps: int) -> float:
+    """Median of ``reps`` wall times of ``fn()`` in ms (`_samples`)."""
+    return statistics.median(_samples(fn, dev, reps))
+
+
+def _known(samples: list[list[float]]) -> dict:
+    """What the encoder rows record of their repetitions: the mean per-image median, the mean
+    count, and the widest 95% interval of a median as a fraction of it (nan below 6 samples)."""
+    meds = [statistics.median(s) for s in samples]
+    rel = []
+    for s, med in zip(samples, meds):
+        lo, hi = median_ci(s)
+        rel.append(max(med - lo, hi - med) / med if med > 0 else math.nan)
+    return dict(ms=statistics.fmean(meds), reps=statistics.fmean(len(s) for s in samples),
+                ci_rel=max(rel) if rel and not any(math.isnan(r) for r in rel) else NA)
 
 
 def _payloads(img, cfg) -> dict[str, torch.Tensor]:
@@ -145,21 +168,25 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                    "rows_uint8": preprocess(images, cfg, backend="torchvision").to(dev),
                    "decode": preprocess(on_dev, cfg, backend="cuda", device=dev)}
         tokens = batches["rows_uint8"].n_rows // cfg.merge_unit / n
+        costs = None     # policy auto's costs: measured by the mix's first runner, shared by the others
         for pl in p["placements"]:
             enc, batch = encoders[pl], batches[host_work(pl)]
             for path in p["paths"]:
-                runner = _runner(enc, cfg, mix, n) if path == "cudagraph" else None
+                runner = _runner(enc, cfg, mix, n, costs) if path == "cudagraph" else None
+                costs = runner.costs if runner is not None and costs is None else costs
                 one = [batch.select([i]) for i in range(n)]
 
                 def call(b, runner=runner, path=path, enc=enc):
                     return enc.encode(b, path=path, runner=runner) if runner is not None else enc.encode(b)
                 with torch.inference_mode():
-                    single = [_ms(lambda b=b: call(b), dev, p["reps"]) for b in one]
-                    whole = _ms(lambda: call(batch), dev, p["reps"])
-                enc_ms = statistics.fmean(single)
-                table = _batch_table(statistics.fmean(single), whole, n)
-                rows.append(dict(m, placement=pl, path=path, k=1.0, encoder_ms=enc_ms, tokens_per_image=tokens))
-                rows.append(dict(m, placement=pl, path=path, k=float(n), batch_ms=whole))
+                    single = _known([_samples(lambda b=b: call(b), dev, p["reps"], p["min_reps"]) for b in one])
+                    whole = _known([_samples(lambda: call(batch), dev, p["reps"], p["min_reps"])])
+                enc_ms = single["ms"]
+                table = _batch_table(enc_ms, whole["ms"], n)
+                rows.append(dict(m, placement=pl, path=path, k=1.0, encoder_ms=enc_ms, tokens_per_image=tokens,
+                                 timed_reps=single["reps"], ci_rel=single["ci_rel"]))
+                rows.append(dict(m, placement=pl, path=path, k=float(n), batch_ms=whole["ms"], timed_reps=whole["reps"],
+                                 ci_rel=whole["ci_rel"]))
                 rows += _totals(m, pl, path, host, link, dev_pre, enc_ms, pinned_set)
                 rows += _load(m, p, pl, path, host, link, dev_pre, table, pinned_set)
                 runner = None
@@ -182,14 +209,16 @@ def _fit(im, side):
     return im.resize((max(1, round(im.size[0] * s)), max(1, round(im.size[1] * s))), Image.Resampling.BICUBIC)
 
 
-def _runner(enc, cfg, mix: str, n: int):
+def _runner(enc, cfg, mix: str, n: int, costs=None):
     """The planner's budgets for ``mix`` holding ``n`` items, policy auto, the placement's buffer
-    (uint8 where it can hold the input, else bf16)."""
+    (uint8 where it can hold the input, else bf16); exact-fit graphs captured by the first pack
+    that needs one (in the timed calls' warm-up), policy auto's ``costs`` shared between the
+    placements' runners (one tower, the same budgets) where given."""
     planned = plan_budgets(mix, max_graphs=4, cfg=cfg)
     items = max(n, engine_max_items(planned))
     buf = torch.uint8 if "uint8" in enc.spec.buffer_dtypes else torch.bfloat16
     return EncoderGraphRunner(enc, budgets=list(Budgets.of(planned).holding(items)), buffer_dtype=buf,
-                              max_items=items, policy="auto")
+                              max_items=items, policy="auto", exact_capture="first_use", costs=costs)
 
 
 def _batch_table(one_ms: float, k_ms: float, n: int) -> list[float]:

@@ -76,7 +76,10 @@ PARAMS = ParamSpec(
           rule=_rates, help="arrival rates of the serving model as fractions of its highest sustainable rate"),
     Param("sim_requests", "int", cap="sim_requests", cpu=20000, gpu=100000, minimum=100,
           help="requests the serving model simulates per rate"),
-    Param("reps", "int", cap="reps", cpu=2, gpu=10, minimum=1, help="timed repetitions per measurement"),
+    Param("reps", "int", cap="reps", cpu=2, gpu=20, minimum=1,
+          help="most timed repetitions per measurement (the encoder's: until its median is known within 2%)"),
+    Param("min_reps", "int", cap="reps", cpu=2, gpu=6, minimum=1,
+          help="fewest timed repetitions of an encoder call, at most reps (6 and more give a 95% interval of the median)"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
 )
 
@@ -90,7 +93,8 @@ def check_cores(threads) -> None:
 METRICS = {"host_ms": "ms", "h2d_bytes": "bytes", "h2d_ms": "ms", "device_ms": "ms", "encoder_ms": "ms",
            "total_ms": "ms", "p50_ms": "ms", "p99_ms": "ms", "max_images_per_s": "images/s",
            "utilization_gpu": "fraction", "utilization_host": "fraction", "utilization_link": "fraction",
-           "stable": "bool", "batch_ms": "ms", "tokens_per_image": "tokens"}
+           "stable": "bool", "batch_ms": "ms", "tokens_per_image": "tokens", "timed_reps": "count",
+           "ci_rel": "fraction"}
 
 
 def footprint(p, device: str) -> Footprint:
