@@ -20,6 +20,32 @@ from workbench.ulps import bf16_ulps  # noqa: E402
 
 pytestmark = pytest.mark.triton
 
+
+@pytest.fixture(autouse=True)
+def gpu_geometry(monkeypatch):
+    """The kernels on the GPU's grids, interpreted: these tests exercise its program boundaries
+    (the studies' interpreted runs take coarser grids, `norm_kernels.INTERPRETER_GEOMETRY`)."""
+    from workbench import norm_kernels
+    monkeypatch.setattr(norm_kernels, "INTERPRETER_GEOMETRY", "gpu")
+
+
+def test_the_interpreters_coarse_grids_give_the_same_values(monkeypatch, gen):
+    from workbench import norm_kernels
+    x = _pixels(gen, rows=600)
+    for name in ("triton_flat", "triton_rows"):
+        fine = make_norm(name, CFG)(x, torch.bfloat16)
+        monkeypatch.setattr(norm_kernels, "INTERPRETER_GEOMETRY", "coarse")
+        coarse = make_norm(name, CFG)(x, torch.bfloat16)
+        monkeypatch.setattr(norm_kernels, "INTERPRETER_GEOMETRY", "gpu")
+        assert torch.equal(fine, coarse)
+        _assert_correct(coarse, x, name)
+        # padding rows past n_valid stay untouched on the coarse grid too
+        monkeypatch.setattr(norm_kernels, "INTERPRETER_GEOMETRY", "coarse")
+        out = _poison(600, torch.bfloat16)
+        make_norm(name, CFG)(x, torch.bfloat16, out=out, n_valid=torch.tensor(450, dtype=torch.int32))
+        monkeypatch.setattr(norm_kernels, "INTERPRETER_GEOMETRY", "gpu")
+        assert torch.equal(out[:450], fine[:450]) and torch.isnan(out[450:].float()).all()
+
 CFG = VisionConfig.preset("qwen2-vl-7b")
 D = CFG.patch_dim
 ROWS = 37

@@ -37,6 +37,21 @@ FLAT_BLOCK = 1024
 FLAT_WARPS = 4
 CHANNEL_WARPS = 4
 
+# Under Triton's CPU interpreter each program runs as Python over numpy arrays, so a launch costs
+# per program, not per element (about 0.2 ms per Triton op of each program): there the flat
+# kernel and the default rows tile take far larger blocks, the same kernel code and masks on a
+# coarser grid, which is what makes the CPU studies' Triton cells take seconds rather than
+# minutes. The channel kernel keeps its one program per (row, channel): its geometry is its
+# design. ``INTERPRETER_GEOMETRY = "gpu"`` keeps the GPU grids there too (the kernel unit tests
+# use it, to exercise the GPU's program boundaries); CUDA always runs the GPU grids.
+INTERPRETER_GEOMETRY = "coarse"
+INTERPRETER_FLAT_BLOCK = 1 << 16
+INTERPRETER_BLOCK_ROWS = 512
+
+
+def _coarse(pixels) -> bool:
+    return pixels.device.type != "cuda" and INTERPRETER_GEOMETRY == "coarse"
+
 
 # ---- Triton kernels ------------------------------------------------------------------------
 # Kept as plain functions and jitted on first use (see the module docstring). D (columns), L and
@@ -158,15 +173,19 @@ def launch_channel(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool
 def launch_flat(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool, channels: int) -> None:
     """A 1-D grid of FLAT_BLOCK elements per program over all N*patch_dim elements."""
     n, d = pixels.shape
-    kernel[(triton.cdiv(n * d, FLAT_BLOCK),)](pixels, out, scale_ch, shift_ch, nv_ptr, n,
-                                              D=d, L=d // channels, C=channels, BLOCK=FLAT_BLOCK,
-                                              HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
+    block = INTERPRETER_FLAT_BLOCK if _coarse(pixels) else FLAT_BLOCK
+    kernel[(triton.cdiv(n * d, block),)](pixels, out, scale_ch, shift_ch, nv_ptr, n,
+                                         D=d, L=d // channels, C=channels, BLOCK=block,
+                                         HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
 
 
 def launch_rows(kernel, pixels, out, scale_col, shift_col, nv_ptr, has_nv: bool, block_rows: int,
-                block_cols: int, num_warps: int) -> None:
-    """One program per tile of ``block_rows`` whole rows."""
+                block_cols: int, num_warps: int, default_tile: bool = False) -> None:
+    """One program per tile of ``block_rows`` whole rows (the default tile interpreted:
+    ``INTERPRETER_BLOCK_ROWS``)."""
     n, d = pixels.shape
+    if default_tile and _coarse(pixels):
+        block_rows = max(block_rows, INTERPRETER_BLOCK_ROWS)
     kernel[(triton.cdiv(n, block_rows),)](pixels, out, scale_col, shift_col, nv_ptr, n,
                                           D=d, BLOCK_R=block_rows, BLOCK_C=block_cols,
                                           HAS_N_VALID=has_nv, num_warps=num_warps)

@@ -433,6 +433,7 @@ class RowsNorm(TritonNorm):
                  block_cols: int | None = None, num_warps: int | None = None):
         super().__init__(cfg, check_values)
         tile = rows_tile(block_rows, block_cols, num_warps)
+        self._default_tile = tile == rows_tile()
         self.block_rows, self.block_cols, self.num_warps = (tile["block_rows"], tile["block_cols"],
                                                             tile["num_warps"])
 
@@ -444,7 +445,7 @@ class RowsNorm(TritonNorm):
 
     def launch(self, kernel, pixels, out, nv_ptr, has_nv):
         launch_rows(kernel, pixels, out, self.scale_col, self.shift_col, nv_ptr, has_nv, self.block_rows,
-                    self.block_cols, self.num_warps)
+                    self.block_cols, self.num_warps, default_tile=self._default_tile)
 
 
 # the registry: adding an implementation is one class above and one entry here
