@@ -235,3 +235,16 @@ def test_cuda_exact_fit_graphs_match_eager_and_read_no_stale_memory(preset, exac
         assert st.exact.tolist() == want, name
         assert torch.isfinite(got).all() and rel_err(got, ref) < 2e-2, name
     assert {1, 4} <= set(runner.graphs[1024].exact)       # captured with the runner or on first use
+
+
+def test_cuda_a_runner_given_anothers_costs_decides_from_them_and_measures_nothing():
+    cfg = dataclasses.replace(wb.VisionConfig.preset("qwen2.5-vl-7b").reduced(2), max_pixels=448 * 448)
+    tower = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=2)
+    first = EncoderGraphRunner(tower, budgets=[64, 256, 1024], buffer_dtype=torch.uint8, max_items=4, policy="auto")
+    assert first.costs is not None and first.costs.seconds > 0
+    proc = wb.build_encoder(cfg, placement="runner", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=2)
+    second = EncoderGraphRunner(proc, budgets=[64, 256, 1024], buffer_dtype=torch.bfloat16, max_items=4,
+                                policy="auto", costs=first.costs)
+    assert second.costs is first.costs
+    batch = wb.preprocess(items(), cfg)
+    assert rel_err(second.encode(batch), proc.encode(batch)) < 2e-2
