@@ -152,10 +152,11 @@ class EncoderGraphRunner:
                     self._exact_graph(self.graphs[b], 1)
         # the policy in force: 'auto' measures its costs on a real graph backend only (module docstring)
         self.policy = "always" if backend == "emulated" else policy
-        shared = None if costs is None else _check_costs(costs, self.budgets)
+        if costs is not None:
+            _check_costs(costs, self.budgets)
         self.costs = None
         if self.policy == "auto":
-            self.costs = PackCosts.measure(self) if shared is None else shared
+            self.costs = PackCosts.measure(self) if costs is None else costs
 
     # ---- construction ------------------------------------------------------------------------
     # the largest budget a default runner captures; larger items run eagerly (misses)
@@ -451,11 +452,10 @@ def default_runner(encoder, batch: PatchBatch) -> "EncoderGraphRunner":
     return encoder._default_runner
 
 
-def _check_costs(costs, budgets: list[int]) -> PackCosts:
-    """``costs`` if it is a PackCosts measured over exactly ``budgets``, else TypeError/ValueError."""
+def _check_costs(costs, budgets: list[int]) -> None:
+    """TypeError/ValueError unless ``costs`` is a PackCosts measured over exactly ``budgets``."""
     if not isinstance(costs, PackCosts):
         raise TypeError(f"costs must be the PackCosts of another runner (runner.costs) or None, got {type(costs).__name__}")
     if sorted(costs.replay_ms) != list(budgets):
         raise ValueError(f"costs were measured over budgets {sorted(costs.replay_ms)}, this runner has {list(budgets)}; "
                          "pass costs only between runners of the same budgets (or None to measure them)")
-    return costs

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import pandas as pd
 import torch
@@ -19,7 +18,7 @@ from ...budgets import Budgets
 from ...runner import EncoderGraphRunner, engine_max_items
 from ...samples import image_mix, mix_columns, with_folder
 from ...serving_model import StageCosts, latency_curve, max_images_per_s
-from ...timing import median_ci, until_known
+from ...timing import cpu_time_us
 from ...torch_images import hwc_rgb
 from ...torch_images import normalize as normalize_tv
 from .. import begin_run
@@ -36,43 +35,20 @@ def host_work(placement: str) -> str:
     return HOST_WORK.get(placement, "rows_uint8")
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+def _ms(fn, reps: int) -> float:
+    """Median host wall time of ``fn()`` in ms over ``reps`` calls after one warm-up, the device
+    synchronized around each (`workbench.timing.cpu_time_us`)."""
+    return cpu_time_us(fn, reps=reps, warmup=1)["p50_us"] / 1e3
 
 
-def _samples(fn, dev: torch.device, reps: int, min_reps: int | None = None) -> list[float]:
-    """Wall times of ``fn()`` in ms, the device synchronized around each call, after one warm-up:
-    ``reps`` of them, or with ``min_reps`` between it and ``reps``, until the median is known
-    within 2% (`workbench.timing.until_known`)."""
-    fn()
-    _sync(dev)
-
-    def measure(k: int) -> list[float]:
-        ts = []
-        for _ in range(k):
-            t = time.perf_counter()
-            fn()
-            _sync(dev)
-            ts.append((time.perf_counter() - t) * 1e3)
-        return ts
-    return measure(reps) if min_reps is None else until_known(measure, min(min_reps, reps), reps)
-
-
-def _ms(fn, dev: torch.device, reps: int) -> float:
-    """Median of ``reps`` wall times of ``fn()`` in ms (`_samples`)."""
-    return statistics.median(_samples(fn, dev, reps))
-
-
-def _known(samples: list[list[float]]) -> dict:
-    """What the encoder rows record of their repetitions: the mean per-image median, the mean
-    count, and the widest 95% interval of a median as a fraction of it (nan below 6 samples)."""
-    meds = [statistics.median(s) for s in samples]
-    rel = []
-    for s, med in zip(samples, meds):
-        lo, hi = median_ci(s)
-        rel.append(max(med - lo, hi - med) / med if med > 0 else math.nan)
-    return dict(ms=statistics.fmean(meds), reps=statistics.fmean(len(s) for s in samples),
+def _known(fns, reps: int, min_reps: int) -> dict:
+    """Each of ``fns`` timed between ``min_reps`` and ``reps`` calls, until its median is known
+    (`cpu_time_us(min_reps=)`); what the encoder rows record of them: the mean median in ms, the
+    mean count, and the widest 95% interval of a median as a fraction of it (nan below 6 calls)."""
+    ts = [cpu_time_us(f, reps=reps, warmup=1, min_reps=min_reps) for f in fns]
+    rel = [max(t["p50_us"] - t["ci_lo_us"], t["ci_hi_us"] - t["p50_us"]) / t["p50_us"] if t["p50_us"] > 0
+           else math.nan for t in ts]
+    return dict(ms=statistics.fmean(t["p50_us"] for t in ts) / 1e3, reps=statistics.fmean(t["reps"] for t in ts),
                 ci_rel=max(rel) if rel and not any(math.isnan(r) for r in rel) else NA)
 
 
@@ -93,9 +69,9 @@ def _payloads(img, cfg) -> dict[str, torch.Tensor]:
 def _h2d_ms(x: torch.Tensor, dev: torch.device, pinned: bool, reps: int) -> float:
     """One host-to-device copy of ``x`` (a CPU run emulates the link with a host copy)."""
     if dev.type != "cuda":
-        return _ms(lambda: x.clone(), dev, reps)
+        return _ms(lambda: x.clone(), reps)
     src = x.pin_memory() if pinned else x
-    return _ms(lambda: src.to(dev, non_blocking=pinned), dev, reps)
+    return _ms(lambda: src.to(dev, non_blocking=pinned), reps)
 
 
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
@@ -140,7 +116,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                     fns = [lambda im=im: preprocess(im, cfg, backend=backend, threads=threads,
                                                     normalize=work == "rows_fp32") for im in images]
                 # each image is a sample of its own: a few repetitions each (the median) are enough
-                host[work, backend, threads] = [_ms(f, torch.device("cpu"), min(p["reps"], 3)) for f in fns]
+                host[work, backend, threads] = [_ms(f, min(p["reps"], 3)) for f in fns]
         bar.update()
         # ---- the link and the device-side preprocessing, per image ---------------------------
         link: dict[tuple, float] = {}
@@ -153,12 +129,12 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                 rows.append(dict(m, payload=payload, pinned=pinned, h2d_bytes=statistics.fmean(sizes),
                                  h2d_ms=link[payload, pinned]))
         on_dev = [pi["decoded_image"].to(dev) for pi in per_image]
-        dev_pre = statistics.fmean(_ms(lambda x=x: preprocess(x, cfg, backend="cuda", device=dev), dev, p["reps"])
+        dev_pre = statistics.fmean(_ms(lambda x=x: preprocess(x, cfg, backend="cuda", device=dev), p["reps"])
                                    for x in on_dev)
         rows.append(dict(m, placement="device", part="resize_patchify", device_ms=dev_pre))
         norm = make_norm(p["norm"], cfg).to(dev)
         uint8_rows = [pi["uint8_rows"].to(dev) for pi in per_image]
-        norm_ms = statistics.fmean(_ms(lambda r=r: norm(r, dt), dev, p["reps"]) for r in uint8_rows)
+        norm_ms = statistics.fmean(_ms(lambda r=r: norm(r, dt), p["reps"]) for r in uint8_rows)
         for pl in p["placements"]:
             if encoders[pl].spec.runs_norm:
                 rows.append(dict(m, placement=pl, part="normalize", device_ms=norm_ms))
@@ -179,8 +155,8 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                 def call(b, runner=runner, path=path, enc=enc):
                     return enc.encode(b, path=path, runner=runner) if runner is not None else enc.encode(b)
                 with torch.inference_mode():
-                    single = _known([_samples(lambda b=b: call(b), dev, p["reps"], p["min_reps"]) for b in one])
-                    whole = _known([_samples(lambda: call(batch), dev, p["reps"], p["min_reps"])])
+                    single = _known([lambda b=b: call(b) for b in one], p["reps"], p["min_reps"])
+                    whole = _known([lambda: call(batch)], p["reps"], p["min_reps"])
                 enc_ms = single["ms"]
                 table = _batch_table(enc_ms, whole["ms"], n)
                 rows.append(dict(m, placement=pl, path=path, k=1.0, encoder_ms=enc_ms, tokens_per_image=tokens,
