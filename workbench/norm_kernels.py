@@ -38,7 +38,7 @@ FLAT_WARPS = 4
 CHANNEL_WARPS = 4
 
 # Under Triton's CPU interpreter each program runs as Python over numpy arrays, so a launch costs
-# per program, not per element (about 0.2 ms per Triton op of each program): there the flat
+# per program, not per element (every Triton op of every program is a Python call): there the flat
 # kernel and the default rows tile take far larger blocks, the same kernel code and masks on a
 # coarser grid, which is what makes the CPU studies' Triton cells take seconds rather than
 # minutes. The channel kernel keeps its one program per (row, channel): its geometry is its
