@@ -55,7 +55,7 @@ def test_cuda_norms_match_float64(name, out_dtype):
 
 
 @pytest.mark.parametrize("preset", REAL)
-@pytest.mark.parametrize("placement", ["tower", "runner", "outer"])
+@pytest.mark.parametrize("placement", ["tower", "runner", "outer", "fold", "device"])
 def test_cuda_graph_replay_matches_eager(preset, placement):
     cfg = dataclasses.replace(wb.VisionConfig.preset(preset).reduced(4), max_pixels=448 * 448)
     enc = wb.build_encoder(cfg, placement=placement, norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=2)

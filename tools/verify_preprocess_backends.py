@@ -2,7 +2,7 @@
 torchvision (the GPU host): uint8 rows and grids equal, normalized pixels' largest difference,
 and host time per image at several thread counts.
 
-    python tools/verify_preprocess_backends.py OUT_DIR
+    python tools/verify_preprocess_backends.py OUT_DIR [--timing-only]
 
 Writes OUT_DIR/backends.json (every comparison) and OUT_DIR/torchvision_rows.json: the SHA-256
 of transformers' torchvision rows for each (family, input), which tests/test_backends.py checks
@@ -144,4 +144,8 @@ def timing() -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if "--timing-only" in sys.argv[2:]:   # host time per image alone, into OUT_DIR/timing.json
+        with open(f"{sys.argv[1]}/timing.json", "w") as f:
+            json.dump(dict(torch=torch.__version__, timing_ms=timing()), f, indent=1)
+    else:
+        main(sys.argv[1])
