@@ -6,7 +6,7 @@ import os
 import time
 
 from workbench import report as rep
-from workbench.stages import console_progress
+from workbench.stages import console_progress, time_left
 from workbench.studies.plotting import PROGRESS_FILE_ENV, progress
 
 from test_report_safety import STUDIES, long_table, make_run   # the report tests' stubs
@@ -25,6 +25,13 @@ def test_a_studys_bars_reach_the_console_as_plain_lines(capsys):
     out = capsys.readouterr().out
     assert "sweep: demo second: 3/3" in out and "\x1b" not in out
     assert os.environ.get(PROGRESS_FILE_ENV) == before and not os.path.exists(path)
+
+
+def test_a_progress_line_says_the_time_left_at_the_pace_kept_so_far():
+    assert time_left(30, 100, t0=10.0, done0=10, now=30.0) == ", about 70 s left"       # 1 s a cell
+    assert time_left(20, 100, t0=0.0, done0=0, now=60.0) == ", about 4 min left"        # 3 s a cell
+    # nothing to say before the bar moves, without a total, or once it is done
+    assert time_left(10, 100, 10.0, 10, 30.0) == time_left(5, None, 0.0, 0, 9.0) == time_left(9, 9, 0.0, 0, 9.0) == ""
 
 
 def test_without_the_sweep_a_bar_writes_nothing(tmp_path, monkeypatch):

@@ -31,17 +31,20 @@ def console_progress(name: str):
     stop = threading.Event()
 
     def watch():
-        shown, at = (None, -1), time.monotonic()
+        shown, at, first = (None, -1), time.monotonic(), {}
         while not stop.wait(2.0):
             try:
                 d = json.loads(path.read_text())
                 done, total, desc = int(d["done"]), d.get("total"), d.get("desc") or name
             except (OSError, ValueError, KeyError, TypeError):
                 continue
+            now = time.monotonic()
+            first.setdefault(desc, (now, done))
             pct = int(100 * done / total) if total else -1
-            if (desc, pct) != shown and (desc != shown[0] or pct >= shown[1] + 10 or time.monotonic() - at > 30):
-                print(f"sweep: {desc}: {done}/{total if total else '?'}", flush=True)
-                shown, at = (desc, pct), time.monotonic()
+            if (desc, pct) != shown and (desc != shown[0] or pct >= shown[1] + 10 or now - at > 30):
+                print(f"sweep: {desc}: {done}/{total if total else '?'}{time_left(done, total, *first[desc], now)}",
+                      flush=True)
+                shown, at = (desc, pct), now
 
     thread = threading.Thread(target=watch, daemon=True, name=f"progress-{name}")
     thread.start()
@@ -56,6 +59,16 @@ def console_progress(name: str):
             os.environ[PROGRESS_FILE_ENV] = old
         for p in (path, Path(f"{path}.tmp")):
             p.unlink(missing_ok=True)
+
+
+def time_left(done: int, total: int | None, t0: float, done0: int, now: float) -> str:
+    """", about N s left" (or min) for a bar at ``done`` of ``total``, at the pace it has kept
+    since it was first seen at ``done0`` (time ``t0``); nothing until it has moved, or without a
+    total, or when it is finished."""
+    if not total or done >= total or done <= done0 or now <= t0:
+        return ""
+    left = (now - t0) / (done - done0) * (total - done)
+    return f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
 
 
 def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: bool,
