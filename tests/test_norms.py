@@ -32,7 +32,7 @@ def gpu_geometry(monkeypatch):
 def test_the_interpreters_coarse_grids_give_the_same_values(monkeypatch, gen):
     from workbench import norm_kernels
     x = _pixels(gen, rows=600)
-    for name in ("triton_flat", "triton_rows"):
+    for name in ("triton_channel", "triton_flat", "triton_rows"):
         fine = make_norm(name, CFG)(x, torch.bfloat16)
         monkeypatch.setattr(norm_kernels, "INTERPRETER_GEOMETRY", "coarse")
         coarse = make_norm(name, CFG)(x, torch.bfloat16)

@@ -41,12 +41,13 @@ CHANNEL_WARPS = 4
 # per program, not per element (every Triton op of every program is a Python call): there the flat
 # kernel and the default rows tile take far larger blocks, the same kernel code and masks on a
 # coarser grid, which is what makes the CPU studies' Triton cells take seconds rather than
-# minutes. The channel kernel keeps its one program per (row, channel): its geometry is its
-# design. ``INTERPRETER_GEOMETRY = "gpu"`` keeps the GPU grids there too (the kernel unit tests
+# minutes. The channel kernel keeps its channel per program but takes many rows of it there (on
+# CUDA it is compiled as before: one program per (row, channel) is its design). ``INTERPRETER_GEOMETRY = "gpu"`` keeps the GPU grids there too (the kernel unit tests
 # use it, to exercise the GPU's program boundaries); CUDA always runs the GPU grids.
 INTERPRETER_GEOMETRY = "coarse"
 INTERPRETER_FLAT_BLOCK = 1 << 16
 INTERPRETER_BLOCK_ROWS = 512
+INTERPRETER_CHANNEL_ROWS = 256
 
 
 def _coarse(pixels) -> bool:
@@ -65,22 +66,32 @@ from .triton_support import jitted, tl, triton
 if tl is not None:
     def _channel_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
                         D: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr,
-                        HAS_N_VALID: tl.constexpr):
-        row = tl.program_id(0)
+                        HAS_N_VALID: tl.constexpr, ROWS: tl.constexpr = 1):
         ch = tl.program_id(1)
-        base = row.to(tl.int64) * D + ch * L
-        offs = tl.arange(0, BLOCK)
-        # a padding row becomes a fully masked block (the peer geometry masks, it does not exit);
-        # the row test is folded into the bound rather than and-ed in as a scalar mask
-        limit = L
-        if HAS_N_VALID:
-            limit = tl.where(row < tl.load(n_valid_ptr), L, 0)
-        mask = offs < limit
         w = tl.load(scale_ptr + ch)
         b = tl.load(shift_ptr + ch)
-        x = tl.load(x_ptr + base + offs, mask=mask, other=0).to(tl.float32)
-        y = x * w + b
-        tl.store(out_ptr + base + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        offs = tl.arange(0, BLOCK)
+        if ROWS == 1:   # the GPU's grid: one program per (row, channel)
+            row = tl.program_id(0)
+            base = row.to(tl.int64) * D + ch * L
+            # a padding row becomes a fully masked block (the peer geometry masks, it does not
+            # exit); the row test is folded into the bound rather than and-ed in as a scalar mask
+            limit = L
+            if HAS_N_VALID:
+                limit = tl.where(row < tl.load(n_valid_ptr), L, 0)
+            mask = offs < limit
+            x = tl.load(x_ptr + base + offs, mask=mask, other=0).to(tl.float32)
+            tl.store(out_ptr + base + offs, (x * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+        else:           # the interpreter's coarse grid: ROWS rows of one channel per program
+            rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+            end = n_rows
+            if HAS_N_VALID:
+                end = tl.minimum(end, tl.load(n_valid_ptr))
+            limit = tl.where(rows < end, L, 0)
+            mask = offs[None, :] < limit[:, None]
+            ptrs = rows.to(tl.int64)[:, None] * D + ch * L + offs[None, :]
+            x = tl.load(x_ptr + ptrs, mask=mask, other=0).to(tl.float32)
+            tl.store(out_ptr + ptrs, (x * w + b).to(out_ptr.dtype.element_ty), mask=mask)
 
     def _flat_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, n_valid_ptr, n_rows,
                      D: tl.constexpr, L: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
@@ -165,9 +176,12 @@ def launch_channel(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool
     """One program per (row, channel) over its T*P*P values."""
     n, d = pixels.shape
     per_channel = d // channels
-    block = max(CHANNEL_BLOCK, triton.next_power_of_2(per_channel))
-    kernel[(n, channels)](pixels, out, scale_ch, shift_ch, nv_ptr, n, D=d, L=per_channel,
-                          BLOCK=block, HAS_N_VALID=has_nv, num_warps=CHANNEL_WARPS)
+    if _coarse(pixels):   # interpreted: a channel's values over many rows per program
+        block, rows = triton.next_power_of_2(per_channel), INTERPRETER_CHANNEL_ROWS
+    else:
+        block, rows = max(CHANNEL_BLOCK, triton.next_power_of_2(per_channel)), 1
+    kernel[(triton.cdiv(n, rows), channels)](pixels, out, scale_ch, shift_ch, nv_ptr, n, D=d, L=per_channel,
+                                             BLOCK=block, HAS_N_VALID=has_nv, ROWS=rows, num_warps=CHANNEL_WARPS)
 
 
 def launch_flat(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool, channels: int) -> None:
