@@ -41,9 +41,10 @@ CHANNEL_WARPS = 4
 # per program, not per element (every Triton op of every program is a Python call): there the flat
 # kernel and the default rows tile take far larger blocks, the same kernel code and masks on a
 # coarser grid, which is what makes the CPU studies' Triton cells take seconds rather than
-# minutes. The channel kernel keeps its channel per program but takes many rows of it there (on
-# CUDA it is compiled as before: one program per (row, channel) is its design). ``INTERPRETER_GEOMETRY = "gpu"`` keeps the GPU grids there too (the kernel unit tests
-# use it, to exercise the GPU's program boundaries); CUDA always runs the GPU grids.
+# minutes. The channel kernel keeps one channel per program but takes many rows of it there (on
+# CUDA it is compiled as before: one program per (row, channel) is its design).
+# ``INTERPRETER_GEOMETRY = "gpu"`` keeps the GPU grids there too (the kernel unit tests use it, to
+# exercise the GPU's program boundaries); CUDA always runs the GPU grids.
 INTERPRETER_GEOMETRY = "coarse"
 INTERPRETER_FLAT_BLOCK = 1 << 16
 INTERPRETER_BLOCK_ROWS = 512
@@ -173,7 +174,8 @@ def _kernel(name: str):
 
 
 def launch_channel(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool, channels: int) -> None:
-    """One program per (row, channel) over its T*P*P values."""
+    """One program per (row, channel) over its T*P*P values; under the interpreter's coarse
+    geometry, one per (INTERPRETER_CHANNEL_ROWS rows, channel)."""
     n, d = pixels.shape
     per_channel = d // channels
     if _coarse(pixels):   # interpreted: a channel's values over many rows per program

@@ -43,7 +43,7 @@ def hwc_rgb(x: Any, index: int, where: str) -> torch.Tensor:
     came on (a CUDA tensor stays there; everything else is on the CPU)."""
     if isinstance(x, (Image.Image, np.ndarray)):
         # a PIL image's pixels read without a second copy (np.array would copy Pillow's bytes
-        # again: 9 ms of a 12 MP photo); read-only arrays are only read here
+        # again); read-only arrays are only read here
         arr = np.asarray(_pil_rgb(_loaded_pil(x, index, where))) if isinstance(x, Image.Image) \
             else np.ascontiguousarray(x)
         with warnings.catch_warnings():
