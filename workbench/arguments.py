@@ -1,6 +1,4 @@
-"""What the command line accepts: the parser of ``python -m workbench`` and the checks of its
-option values (each a SystemExit naming the value and what is valid, before anything runs);
-workbench.cli runs the commands."""
+"""The parser of ``python -m workbench`` and the checks of its option values (SystemExit naming value and choices)."""
 from __future__ import annotations
 
 import argparse
@@ -12,23 +10,19 @@ from typing import Any, Sequence
 from .notebook_run import FALLBACK_KERNEL, PROJECT_KERNEL
 
 
-def _parse_value(text: str) -> Any:
-    """``--set`` values: JSON where it parses (numbers, lists, true/false, null), else a string."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def _parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
-    """``KEY=VALUE`` applies to every study, ``STUDY.KEY=VALUE`` to one; keyed by study (None = all)."""
+    """{study (None: all): {KEY: VALUE}} of ``[STUDY.]KEY=VALUE``s; VALUE is JSON where it parses, else a string."""
     out: dict[str | None, dict[str, Any]] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"--set expects KEY=VALUE or STUDY.KEY=VALUE, got {item!r}")
         study, dot, name = key.rpartition(".")
-        out.setdefault(study if dot else None, {})[name] = _parse_value(value)
+        try:
+            value = json.loads(value)
+        except ValueError:
+            pass
+        out.setdefault(study if dot else None, {})[name] = value
     return out
 
 
@@ -101,8 +95,7 @@ NAME_MAX = 80      # characters of a run name: the folder adds a 25-character ti
 
 
 def parse_name(text: str | None) -> str | None:
-    """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX
-    characters; SystemExit naming the bad value otherwise."""
+    """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX characters."""
     from .runstate import slug
 
     if text is None:
@@ -115,138 +108,119 @@ def parse_name(text: str | None) -> str | None:
     return name
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        if int(text) >= 1:
+            return int(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+
+
 def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sweep")
     g.add_argument("--profile", choices=("auto", "cpu", "gpu"), default="auto",
-                   help="default parameters to use: auto = gpu on a CUDA host, else cpu "
-                        "(default: %(default)s)")
-    g.add_argument("--studies", metavar="A,B",
-                   help="comma-separated studies to run (default: every registered study)")
+                   help="default parameters to use: auto = gpu on a CUDA host, else cpu (default: %(default)s)")
+    g.add_argument("--studies", metavar="A,B", help="comma-separated studies to run (default: every registered study)")
     g.add_argument("--set", action="append", metavar="[STUDY.]KEY=VALUE",
-                   help="override a parameter, for every study or for one (repeatable; VALUE "
-                        "is JSON where it parses, else a string)")
+                   help="override a parameter, for every study or for one (repeatable; VALUE is JSON where it "
+                        "parses, else a string)")
     g.add_argument("--name", help="suffix of the run folder name (default: the profile)")
-    g.add_argument("--direct", action="store_true",
-                   help="call the studies' run functions in this process instead of executing "
-                        "their notebooks with papermill")
+    g.add_argument("--direct", action="store_true", help="call the studies' run functions in this process "
+                                                         "instead of executing their notebooks with papermill")
     g.add_argument("--kernel", default=None,
                    help=f"Jupyter kernel for papermill (default: the project's kernel {PROJECT_KERNEL!r}, which "
                         f"make lab registers, where it runs this interpreter; else {FALLBACK_KERNEL!r})")
     g.add_argument("--resume", metavar="RUN",
-                   help="finish an interrupted run folder (a path, or a folder name under --results): only "
-                        "the studies without a table run, with the parameters its meta.json recorded")
+                   help="finish an interrupted run folder (a path, or a folder name under --results): only the "
+                        "studies without a table run, with the parameters its meta.json recorded")
     g.add_argument("--resume-finished", action="store_true",
-                   help="with --resume: also finish a run that finished without failures but lacks a stage "
-                        "(what it recorded stays; the resume is added to its meta.json)")
+                   help="with --resume: also finish a run that finished without failures but lacks a stage (what "
+                        "it recorded stays; the resume is added to its meta.json)")
     g.add_argument("--gpus", metavar="0,1,...",
                    help="spread the studies over these GPUs of this host: one worker process per GPU "
-                        "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device, and "
-                        "OMP_NUM_THREADS to its share of the host's cores unless set), each "
-                        "taking the next study nobody has taken")
+                        "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device, and OMP_NUM_THREADS "
+                        "to its share of the host's cores unless set), each taking the next study nobody has taken")
     g.add_argument("--shard", metavar="I/N|auto",
                    help="run only shard I of N of the selected studies' cells, for a job array (auto: I and N "
                         "from $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT or torchrun's $RANK/$WORLD_SIZE); "
                         "cells are dealt longest first by the reference runs' seconds, so every task computes "
                         "the same split, and the report merges the shards of one run")
     g.add_argument("--group", metavar="NAME",
-                   help="with --shard: the name the shards of one run share (default: $WORKBENCH_RUN_GROUP, "
-                        "else $SLURM_ARRAY_JOB_ID, else <UTC date>-<git sha>-<name>)")
-
-
-def _params_epilog() -> str:
-    try:
-        from .studies import discover
-
-        studies = discover()
-    except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
-        return f"(study parameters unavailable: {e})"
-    parts = ["study parameters (--set KEY=VALUE for every study that has KEY, --set STUDY.KEY=VALUE for one;",
-             "lists take JSON, a comma-separated string or one value):"]
-    for name, study in sorted(studies.items()):
-        parts.append(f"{name}:")
-        parts.append(study.params.describe("  "))
-    return "\n".join(parts)
+                   help="with --shard: the name the shards of one run share (default: $WORKBENCH_RUN_GROUP, else "
+                        "$SLURM_ARRAY_JOB_ID, else <UTC date>-<git sha>-<name>)")
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose epilog is computed only when help is shown (listing the studies'
-    parameters imports them, and with them torch)."""
+    """An ArgumentParser whose help, with ``params_epilog``, ends with the studies' parameters (imported then only)."""
 
-    def __init__(self, *args, lazy_epilog=None, **kw):
+    def __init__(self, *args, params_epilog=False, **kw):
         super().__init__(*args, **kw)
-        self._lazy_epilog = lazy_epilog
+        self.params_epilog = params_epilog
 
     def format_help(self) -> str:
-        if self._lazy_epilog is not None and self.epilog is None:
-            self.epilog = self._lazy_epilog()
+        if self.params_epilog and self.epilog is None:
+            try:
+                from .studies import discover
+
+                studies = discover()
+            except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
+                self.epilog = f"(study parameters unavailable: {e})"
+            else:
+                self.epilog = "\n".join(
+                    ["study parameters (--set KEY=VALUE for every study that has KEY, --set STUDY.KEY=VALUE for one;",
+                     "lists take JSON, a comma-separated string or one value):"]
+                    + [f"{name}:\n{study.params.describe('  ')}" for name, study in sorted(studies.items())])
         return super().format_help()
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
-
-
-def _results_option(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--results", type=Path, metavar="DIR", default=None,
-                   help=f"{what} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
-                        f"the same whatever the working directory)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m workbench",
-        description="Vision-encoder input-normalization workbench: run the studies, build the "
-                    "report, show provenance.",
-        epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
-               "<study>.parquet per study; committed GPU reference runs live in "
-               "results/reference/.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,compare,info,notebooks}",
+    parser = _Parser(prog="python -m workbench", description="Vision-encoder input-normalization workbench: run the "
+                                                             "studies, build the report, show provenance.",
+                     epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
+                            "<study>.parquet per study; committed GPU reference runs live in results/reference/.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,compare,advise,audit,info,notebooks}",
                                 parser_class=_Parser)
 
-    p = sub.add_parser("report", help="the main job: default sweep, then results/report/index.html",
-                       description="Run the default sweep for this hardware (unless --no-sweep), "
-                                   "then build <results>/report/index.html from every run folder.",
-                       lazy_epilog=_params_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _results_option(p, "folder holding the run folders")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="where to write the report (default: <results>/report)")
-    p.add_argument("--no-sweep", action="store_true",
-                   help="only rebuild the report from the run folders already there")
+    def command(name: str, results: str | None = None, **kw) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, **kw)
+        p.set_defaults(command_name=name)
+        if results:
+            p.add_argument("--results", type=Path, metavar="DIR", default=None,
+                           help=f"{results} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
+                                f"the same whatever the working directory)")
+        return p
+
+    sweeps = dict(params_epilog=True, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command("report", "folder holding the run folders", **sweeps,
+                help="the main job: default sweep, then results/report/index.html",
+                description="Run the default sweep for this hardware (unless --no-sweep), then build "
+                            "<results>/report/index.html from every run folder.")
+    p.add_argument("--out", type=Path, metavar="DIR", help="where to write the report (default: <results>/report)")
+    p.add_argument("--no-sweep", action="store_true", help="only rebuild the report from the run folders already there")
     p.add_argument("--fresh", action="store_true",
-                   help="sweep again even when a finished default sweep of this commit exists (by "
-                        "default the report reuses it, and resumes an interrupted one)")
+                   help="sweep again even when a finished default sweep of this commit exists (by default the "
+                        "report reuses it, and resumes an interrupted one)")
     _add_sweep_options(p)
-    p.set_defaults(command_name="report")
+    _add_sweep_options(command("sweep", "where the new run folder goes", **sweeps,
+                               help="run the studies into a new run folder",
+                               description="Run the registered studies (their notebooks, via papermill) "
+                                           "into a new run folder under --results."))
 
-    p = sub.add_parser("sweep", help="run the studies into a new run folder",
-                       description="Run the registered studies (their notebooks, via papermill) "
-                                   "into a new run folder under --results.",
-                       lazy_epilog=_params_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _results_option(p, "where the new run folder goes")
-    _add_sweep_options(p)
-    p.set_defaults(command_name="sweep")
-
-    p = sub.add_parser("info", help="print this machine's provenance record as JSON",
-                       description="Print the meta.json record a run started now would store.")
+    p = command("info", help="print this machine's provenance record as JSON",
+                description="Print the meta.json record a run started now would store.")
     p.add_argument("--params", metavar="JSON", help="parameters to include, as a JSON object")
-    p.set_defaults(command_name="info")
 
-    p = sub.add_parser("compare", help="compare two runs: every metric both measured, the ratio, what changed",
-                       description="Join the two runs' study tables on their parameter columns and print "
-                                   "every metric present in both with the ratio b/a, flagging timings that "
-                                   "moved beyond both runs' own p10-p90 spread and every verdict change "
-                                   "(ok -> WRONG). From Python: workbench.compare.compare_runs(a, b).")
+    p = command("compare", "folder holding the run folders",
+                help="compare two runs: every metric both measured, the ratio, what changed",
+                description="Join the two runs' study tables on their parameter columns and print every metric "
+                            "present in both with the ratio b/a, flagging timings that moved beyond both runs' own "
+                            "p10-p90 spread and every verdict change (ok -> WRONG). From Python: "
+                            "workbench.compare.compare_runs(a, b).")
     p.add_argument("run_a", metavar="RUN_A", help="a run folder, a run name under --results or its reference/, "
                                                   "or 'latest'")
     p.add_argument("run_b", metavar="RUN_B", help="the same, for the second run (ratio = b / a)")
-    _results_option(p, "folder holding the run folders")
     p.add_argument("--studies", metavar="A,B", help="only these studies")
     p.add_argument("--all", action="store_true", help="print every value, not only the flagged ones")
     p.add_argument("--rows", type=_positive_int, default=40, help="rows printed at most (default: %(default)s)")
@@ -254,20 +228,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write every compared value to this new CSV file (never inside a run folder)")
     p.add_argument("--force", action="store_true",
                    help="let --csv replace a CSV file that compare wrote before (no other file is ever replaced)")
-    p.set_defaults(command_name="compare")
 
-    p = sub.add_parser("notebooks", help="regenerate the notebooks' parameters cells from the studies",
-                       description="Write each study's declared parameters (CPU defaults) into the "
-                                   "cell tagged 'parameters' of its notebook.")
-    p.add_argument("--check", action="store_true", help="only report files that are out of step "
-                                                        "(exit 1 if any)")
-    p.set_defaults(command_name="notebooks")
-    # internal: one GPU's worker of `sweep --gpus` (not listed in the help)
-    p = sub.add_parser("worker", description="internal: one worker of sweep --gpus")
+    p = command("advise", "folder holding the run folders",
+                help="a configuration an engine can take, for one tower and one traffic mix",
+                description="Where to normalize (the newest correctness and cast_cost runs), the planner's graph "
+                            "budgets for the mix, and the same as vLLM 0.33's --compilation-config and processor "
+                            "options. Numbers come from run folders only; what none measured is named with the "
+                            "command that would measure it.")
+    p.add_argument("--preset", required=True, help="a preset name or a transformers model folder")
+    p.add_argument("--mix", help="a named image mix (default photos)")
+    p.add_argument("--set", action="append", metavar="image_folder=PATH", help="the mix of a folder of your images")
+    p.add_argument("--max-graphs", type=_positive_int, help="budgets to plan (default: as many as the engines' "
+                                                             "powers of two up to the mix's largest item)")
+    p.add_argument("--json", action="store_true", help="print the advice as JSON")
+
+    p = command("audit", "folder whose audits/ keeps each audit (the report shows the newest)",
+                help="where a serving engine's model files normalize, read statically",
+                description="Read a vLLM source tree, installed package or wheel with Python's ast (nothing is "
+                            "imported): per model class, device normalization, where the norm runs, encoder CUDA "
+                            "graphs, and the correctness matrix's verdict. Exit 1 when a class needs attention.")
+    p.add_argument("path", metavar="PATH", help="a vLLM source tree, its installed package folder, or a wheel")
+    p.add_argument("--json", action="store_true", help="print the audit as JSON")
+    p.add_argument("--no-save", action="store_true", help="do not keep it under <results>/audits/")
+
+    p = command("notebooks", help="regenerate the notebooks' parameters cells from the studies",
+                description="Write each study's declared parameters (CPU defaults) into the cell tagged "
+                            "'parameters' of its notebook.")
+    p.add_argument("--check", action="store_true", help="only report files that are out of step (exit 1 if any)")
+    p = command("worker", description="internal: one worker of sweep --gpus")     # not listed in the help
     p.add_argument("run_dir")
     p.add_argument("--studies", required=True)
     p.add_argument("--kernel", default="python3")
     p.add_argument("--direct", action="store_true")
-    p.set_defaults(command_name="worker")
     parser.subcommands = sub.choices
     return parser

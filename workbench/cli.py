@@ -1,14 +1,6 @@
-"""Command line: ``python -m workbench {report,sweep,compare,info,notebooks}``.
-
-``sweep`` runs the studies (their notebooks through papermill, or ``--direct``) into a new run
-folder ``results/<UTC time>-<sha>-<name>/``; ``report`` sweeps with this host's defaults (reusing
-or resuming this commit's default run) and builds ``results/report/index.html``; ``compare``
-prints what changed between two runs; ``info`` the provenance record a run would store;
-``notebooks`` rewrites each notebook's ``parameters`` cell from its study's declaration.
-
-A command checks its arguments (every ``--set`` against the torch-free declarations, so a refusal
-answers at once), turns them into a plan (workbench.sweep.SweepPlan) and hands it on.
-"""
+"""Command line: ``python -m workbench {report,sweep,compare,info,notebooks}``, its options in workbench.arguments.
+A command checks its arguments before anything imports torch (a refusal answers at once), then runs: ``sweep`` and
+``report`` through a plan (workbench.sweep.SweepPlan), ``compare`` in workbench.compare."""
 from __future__ import annotations
 
 import argparse
@@ -20,23 +12,23 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .arguments import _parse_sets, _select, build_parser, parse_gpus, parse_name, parse_shard  # noqa: F401
+from .checkpoints import CheckpointError
+from .compare import compare_command
+from .limits import Limits
 from .notebook_run import PROJECT_KERNEL, default_kernel, sync_notebook
-from .provenance import collect_meta, results_root
-from .report import NO_STUDY_MESSAGE, build_report
+from .provenance import collect_meta, git_info, results_root, utc_now
+from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
+from .studies import ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, find_run, interrupted_run, resume_sweep,
                     reusable_run, run_sweep)
 from .workers import EMULATE_GPUS_ENV, check_gpus, work
 
+registered_studies = discover        # every study folder's declaration, torch-free (its params.py)
+
 
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
                   profile: str, fits: bool = True) -> dict[str, dict[str, Any]]:
-    """Every selected study's parameters for ``profile`` with the ``--set`` overrides applied and
-    checked against its declaration (torch-free), then whether each study's largest cell fits the
-    device; SystemExit (no traceback, before any run folder exists) naming the bad study,
-    parameter, value and the valid choices."""
-    from .checkpoints import CheckpointError        # light: no torch
-    from .studies import ParamError
-
+    """Each selected study's parameters for ``profile``, ``--set`` applied and checked; SystemExit naming a bad one."""
     unknown = sorted(k for k in sets if k is not None and k not in studies)
     if unknown:
         raise SystemExit(f"--set names unknown studies {unknown}; registered: {sorted(studies)}")
@@ -46,11 +38,8 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
                          f"{sorted(s.name for s in selected)}")
     plan, errors = {}, []
     shared = sets.get(None, {})
-    for study in selected:
-        names = study.params.accepted
-        # a KEY=VALUE for every study applies to those that declare KEY; a KEY no selected study
-        # declares is refused below
-        overrides = {k: v for k, v in shared.items() if k in names}
+    for study in selected:      # KEY=VALUE applies to the studies that declare KEY
+        overrides = {k: v for k, v in shared.items() if k in study.params.accepted}
         overrides.update(sets.get(study.name, {}))
         try:
             plan[study.name] = study.resolve(profile, overrides)
@@ -70,59 +59,26 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
     return plan
 
 
-def registered_studies() -> dict:
-    """The registry: every study folder's declaration, torch-free (its ``params.py``); the
-    measuring modules load when a study runs."""
-    from .studies import discover
-
-    return discover()
-
-
 def precheck(args: argparse.Namespace) -> None:
-    """Refuse, before anything imports torch, a bad --gpus/--shard/--name or a --resume folder
-    that is not there; the studies and their parameters are checked once, by `sweep_plan`."""
-    gpus = parse_gpus(getattr(args, "gpus", None))
-    parse_shard(getattr(args, "shard", None))
-    parse_name(getattr(args, "name", None))
-    if getattr(args, "resume", None):
-        refuse_resume_overrides(args)
+    """Refuse, before torch loads, a bad --gpus/--shard/--name or --resume (studies and parameters: `sweep_plan`)."""
+    gpus = parse_gpus(args.gpus)
+    parse_shard(args.shard)
+    parse_name(args.name)
+    if args.resume:     # a resume measures what its meta.json recorded: an option choosing that would be lost
+        given = [f"--{option}" for option in ("set", "studies", "shard", "group", "name") if getattr(args, option)]
+        given += ["--profile"] if args.profile != "auto" else []
+        if given:
+            raise SystemExit(f"--resume {args.resume}: {', '.join(given)} cannot change a run being finished (it "
+                             f"keeps the studies and parameters its meta.json recorded); start a new sweep "
+                             f"with them instead")
         find_run(args.results, args.resume)            # the run folder's own checks follow at once
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
         check_gpus(gpus, args.profile)
 
 
-# options that choose what a new run measures: a resume takes all of them from the run's meta.json
-_NEW_RUN_OPTIONS = (("set", "--set"), ("studies", "--studies"), ("shard", "--shard"), ("group", "--group"),
-                    ("name", "--name"))
-
-
-def refuse_resume_overrides(args: argparse.Namespace) -> None:
-    """SystemExit where ``--resume`` comes with an option it would ignore: a resume finishes the
-    run with the studies and parameters its meta.json recorded, so a new value would be lost."""
-    given = [flag for attr, flag in _NEW_RUN_OPTIONS if getattr(args, attr, None)]
-    if getattr(args, "profile", "auto") != "auto":
-        given.append("--profile")
-    if given:
-        raise SystemExit(f"--resume {args.resume}: {', '.join(given)} cannot change a run being finished (it "
-                         f"keeps the studies and parameters its meta.json recorded); start a new sweep "
-                         f"with them instead")
-
-
-def check_profile_device(profile: str) -> None:
-    """SystemExit before any run folder exists where the gpu profile is asked for on a host whose
-    torch sees no CUDA device (every study of the run would fail on its first tensor)."""
-    if profile != "gpu" or os.environ.get(EMULATE_GPUS_ENV):
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit(f"--profile gpu: this host has no CUDA device (torch {torch.__version__}); use "
-                         f"--profile cpu, or auto (gpu on a CUDA host, else cpu)")
-
-
 def check_kernel(name: str) -> None:
-    """SystemExit before any run folder exists where papermill's Jupyter kernel is not installed."""
+    """SystemExit where papermill's Jupyter kernel ``name`` is not installed."""
     try:
         from jupyter_client.kernelspec import KernelSpecManager
     except ImportError:
@@ -134,10 +90,7 @@ def check_kernel(name: str) -> None:
 
 
 def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
-    """The sweep the options of ``sweep``/``report`` ask for, checked (SystemExit naming what is
-    wrong, before any run folder exists) and resolved against the registry ``studies``."""
-    from .studies import default_profile
-
+    """The checked sweep the options of ``sweep``/``report`` ask for (SystemExit before any run folder exists)."""
     selected = _select(studies, args.studies)
     sets = _parse_sets(args.set or [])
     if args.profile == "auto":      # torch tells the profile: refuse a bad value before it loads
@@ -147,7 +100,12 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     shard = parse_shard(args.shard)
     params = _resolve_plan(sets, studies, selected, profile)
     check_gpus(gpus, profile)
-    check_profile_device(profile)
+    if profile == "gpu" and not os.environ.get(EMULATE_GPUS_ENV):     # every study would fail on its first tensor
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--profile gpu: this host has no CUDA device (torch {torch.__version__}); use "
+                             f"--profile cpu, or auto (gpu on a CUDA host, else cpu)")
     kernel = args.kernel or default_kernel()
     if not args.direct:
         check_kernel(kernel)
@@ -159,13 +117,11 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
 
 
 def shard_group(group: str | None, name: str) -> str:
-    """The name the shards of one run share (--group, $WORKBENCH_RUN_GROUP, $SLURM_ARRAY_JOB_ID, or
-    <UTC date>-<git sha>-<name>: shards started the same day from the same code under one name)."""
-    from .provenance import git_info, utc_now
-
-    for value in (group, os.environ.get("WORKBENCH_RUN_GROUP"), os.environ.get("SLURM_ARRAY_JOB_ID")):
-        if value:
-            return str(value)
+    """The name the shards of one run share: --group, $WORKBENCH_RUN_GROUP, $SLURM_ARRAY_JOB_ID, or
+    <UTC date>-<git sha>-<name> (shards started the same day from the same code under one name)."""
+    value = group or os.environ.get("WORKBENCH_RUN_GROUP") or os.environ.get("SLURM_ARRAY_JOB_ID")
+    if value:
+        return str(value)
     return f"{utc_now().strftime('%Y%m%d')}-{git_info().get('short') or 'nogit'}-{name}"
 
 
@@ -176,8 +132,8 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
     if not studies:
         result = SweepResult(None, note=NO_STUDY_MESSAGE)
     elif resume:
-        result = resume_sweep(resume, args.results, studies, kernel=args.kernel or default_kernel(), gpus=parse_gpus(args.gpus),
-                              resume_finished=args.resume_finished)
+        result = resume_sweep(resume, args.results, studies, kernel=args.kernel or default_kernel(),
+                              gpus=parse_gpus(args.gpus), resume_finished=args.resume_finished)
     else:
         result = run_sweep(sweep_plan(args, studies))
     print(result.summary())
@@ -185,45 +141,35 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """Internal: one GPU's worker of ``sweep --gpus`` (workbench.workers)."""
     work(Path(args.run_dir), [n for n in args.studies.split(",") if n], args.direct, args.kernel)
     return 0
 
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
-    studies = registered_studies()
-    stale = [study.notebook for _, study in sorted(studies.items()) if sync_notebook(study, check=args.check)]
-    verb = "out of step" if args.check else "rewritten"
-    print(f"notebooks: {len(stale)} {verb}" + (f": {', '.join(stale)}" if stale else "")
-          + (" (run python -m workbench notebooks)" if args.check and stale else ""))
+    stale = [study.notebook for _, study in sorted(registered_studies().items())
+             if sync_notebook(study, check=args.check)]
+    listed = f": {', '.join(stale)}" if stale else ""
+    hint = " (run python -m workbench notebooks)" if args.check and stale else ""
+    print(f"notebooks: {len(stale)} {'out of step' if args.check else 'rewritten'}{listed}{hint}")
     return 1 if args.check and stale else 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    params = None
-    if args.params:
-        try:
-            params = json.loads(args.params)
-        except ValueError as e:
-            raise SystemExit(f"info --params {args.params!r} is not JSON ({e}); give an object, e.g. "
-                             """--params '{"budgets": [64]}'""") from None
-        if not isinstance(params, dict):
-            raise SystemExit(f"info --params {args.params!r} is a JSON {type(params).__name__}; give an object, "
-                             """e.g. --params '{"budgets": [64]}'""")
+    try:
+        params = json.loads(args.params) if args.params else None
+        why = "" if not args.params or isinstance(params, dict) else f"is a JSON {type(params).__name__}"
+    except ValueError as e:
+        why = f"is not JSON ({e})"
+    if why:
+        raise SystemExit(f"info --params {args.params!r} {why}; give an object, e.g. "
+                         """--params '{"budgets": [64]}'""")
     print(json.dumps(collect_meta(params), indent=2, default=str))
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    return 1 if _sweep(args, args.resume).failures else 0
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import REPORT_DIRNAME, ReportError, check_report_dir
-
-    out = args.out if args.out is not None else Path(args.results) / REPORT_DIRNAME
     try:        # before the sweep: a folder the report may not replace is refused at once
-        check_report_dir(out, args.results)
+        check_report_dir(args.out if args.out is not None else Path(args.results) / REPORT_DIRNAME, args.results)
     except ReportError as e:
         raise SystemExit(f"report: {e}") from None
     failures: list[str] = []
@@ -231,7 +177,6 @@ def cmd_report(args: argparse.Namespace) -> int:
         precheck(args)
         resume, reuse = args.resume, None
         if not resume and not args.studies and not args.set and not args.fresh:
-            from .studies import default_profile
             profile = default_profile() if args.profile == "auto" else args.profile
             name = parse_name(args.name) or profile
             interrupted = interrupted_run(args.results, name)
@@ -241,7 +186,6 @@ def cmd_report(args: argparse.Namespace) -> int:
             else:
                 reuse = reusable_run(args.results, name, profile, registered_studies())
         if reuse is not None:
-            # `make report` renders; `make sweep` (or --fresh) measures again
             print(f"report: reusing {reuse.name}, the finished default {profile} sweep of this commit "
                   f"(--fresh, or make sweep, measures again)")
         else:
@@ -259,54 +203,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if failures or result.problems else 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Print every metric both runs measured, with the ratio and what changed; --csv saves it all
-    (never inside a run folder, never over a file compare did not write; exit 2 for a bad value)."""
-    from .compare import BadArgument, CompareError, compare_runs, csv_target, resolve_run, summary_line, write_csv
-
-    studies = [s.strip() for s in args.studies.split(",") if s.strip()] if args.studies else None
-    try:
-        runs = [resolve_run(run, args.results) for run in (args.run_a, args.run_b)]     # named before pandas loads
-        if args.csv:                                 # refused before the comparison, not after it
-            csv_target(args.csv, args.results, args.force)
-        df = compare_runs(*runs, args.results, studies=studies)
-        shared = sorted(set(df.attrs["studies_a"]) & set(df.attrs["studies_b"]))
-        if args.csv and shared:
-            write_csv(df, args.csv, args.results, args.force)
-    except BadArgument as e:
-        print(f"compare: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except CompareError as e:
-        raise SystemExit(f"compare: {e}") from None
-    import pandas as pd
-    a, b = Path(df.attrs["a"]), Path(df.attrs["b"])
-    print(f"a: {a}\nb: {b}")
-    only = sorted(set(df.attrs["studies_a"]) ^ set(df.attrs["studies_b"]))
-    if not shared:
-        print(f"compare: the two runs have no study in common (a: {', '.join(df.attrs['studies_a']) or 'none'}; "
-              f"b: {', '.join(df.attrs['studies_b']) or 'none'})")
-        return 1
-    if only:
-        print(f"studies in one run only (not compared): {', '.join(only)}")
-    for study in shared:
-        g = df[df["study"] == study]
-        print(f"{study}: {summary_line(g)}" + ("" if len(g) else " (no cell measured in both: other "
-                                                                 "presets, sizes or parameters)"))
-    if args.csv:
-        print(f"compare: every value written to {args.csv}")
-    show = df if args.all else df[df["flag"] != ""]
-    if len(show):
-        show = show[[c for c in show.columns if not show[c].astype(str).isin(["", "-"]).all()]]
-        with pd.option_context("display.max_rows", args.rows, "display.width", 200,
-                               "display.max_columns", 40, "display.float_format", "{:.4g}".format):
-            print(show.head(args.rows).to_string(index=False))
-        if len(show) > args.rows:
-            print(f"... {len(show) - args.rows} more rows (--rows N, or --csv FILE for all)")
-    else:
-        print("no flagged change (--all lists every value)")
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -315,7 +211,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "results", "unset") is None:
         args.results = results_root()
     try:        # a malformed $WORKBENCH_LIMITS is named here, not deep inside a study
-        from .limits import Limits
         Limits.from_env()
     except ValueError as e:
         raise SystemExit(str(e)) from None
@@ -327,14 +222,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise
-        # a read-only or full disk, a missing permission: what and where, not a traceback; what a
-        # finished run wrote is never touched by a failed write (files are replaced atomically)
+        # a read-only or full disk, a missing permission: what and where; files are replaced atomically
         raise SystemExit(f"{args.command}: {e.strerror or e}: {e.filename or ''}".rstrip(": ")
                          + " (nothing finished was changed; free space or pick a writable --results)") from None
 
 
-COMMANDS = {"report": cmd_report, "sweep": cmd_sweep, "info": cmd_info, "compare": cmd_compare,
-            "notebooks": cmd_notebooks, "worker": cmd_worker}
-_DISK_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EDQUOT,
-                errno.ENOTDIR}
+def cmd_advise(args: argparse.Namespace) -> int:
+    from .advise import advise_command          # the planner imports torch: not for --help
+    return advise_command(args)
 
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from .audit import audit_command
+    return audit_command(args)
+
+
+COMMANDS = {"report": cmd_report, "advise": cmd_advise, "audit": cmd_audit, "sweep": lambda args: 1 if _sweep(args, args.resume).failures else 0,
+            "info": cmd_info, "compare": compare_command, "notebooks": cmd_notebooks, "worker": cmd_worker}
+_DISK_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EDQUOT, errno.ENOTDIR}

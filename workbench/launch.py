@@ -1,14 +1,5 @@
-"""A local launcher: `launch(fn, world_size)` runs `fn(*args)` on `world_size` processes joined in a
-torch.distributed process group (gloo on CPU, NCCL with one GPU per rank), with no torchrun, which
-is what a notebook or a test uses; workbench.dp runs its encoder on it.
-
-It is `torch.multiprocessing.start_processes` plus what a user needs around it: a deadline, the
-per-rank results, the failing rank's own story, and no orphans. Each rank gets a file in a
-temporary folder for its result (torch.save, so tensors travel as bytes, not as shared-memory
-handles of a process that has exited) and one for its stderr (fd 2, so a C++ abort such as gloo's
-"Received data size doesn't match" is kept too, and faulthandler's stacks of a crash or of a hung
-rank land there); the stderr files are copied to the launcher's stderr when the ranks have ended.
-"""
+"""`launch(fn, world_size)`: `fn(*args)` on local ranks of a torch.distributed process group, without torchrun.
+It is `torch.multiprocessing.start_processes` plus a deadline, the results, the failing rank's story, no orphans."""
 from __future__ import annotations
 
 import ctypes
@@ -32,18 +23,11 @@ from torch.multiprocessing.spawn import ProcessException
 
 from . import cpu_share, limits
 
-_TERM_GRACE_S = 2.0      # between terminate() and kill() when stopping the ranks
-_DUMP_WAIT_S = 2.0       # for hung ranks to write their stacks (SIGUSR1 -> faulthandler) on a timeout
-_POLL_S = 0.2            # how often the launcher looks whether every rank has started
 _TAIL_LINES = 40         # of a dead rank's stderr, and of a hung rank's stack, in the error message
 
 
 class RankError(RuntimeError):
-    """A rank started by `launch` failed.
-
-    `rank` is the rank that failed first; `exitcode` its exit code when it died without a traceback
-    (negative: killed by that signal), else None; `remote_traceback` its formatted traceback, if any.
-    """
+    """`rank` (the first to fail) failed with `remote_traceback`, or died with `exitcode` (negative: a signal)."""
 
     def __init__(self, message: str, rank: int, exitcode: int | None = None, remote_traceback: str | None = None):
         super().__init__(message)
@@ -51,7 +35,7 @@ class RankError(RuntimeError):
 
 
 def _file(folder: str, rank: int, kind: str) -> Path:
-    """A rank's file in the launch folder: 'log' (its stderr), 'part' then 'pt' (its result)."""
+    """A rank's file in the launch folder: 'log' (its fd 2), 'part' then 'pt' (its result, by torch.save)."""
     return Path(folder, f"{rank}.{kind}")
 
 
@@ -61,21 +45,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """End this rank when the launcher ends, however it ends (kill -9 included; Linux, as torch's).
-
-    start_processes arms PR_SET_PDEATHSIG with SIGINT, which a rank blocked in a collective (in C++)
-    never handles: SIGKILL instead.
-    """
+def _rank_main(rank, world_size, backend, port, fn, folder, parent_pid, timeout_s):
+    # die with the launcher, kill -9 included (start_processes' SIGINT is lost on a rank blocked in C++)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the launcher died while this rank imported torch: no signal will come
         os._exit(1)
-
-
-def _rank_main(rank, world_size, backend, port, fn, folder, parent_pid, timeout_s):
-    """One rank (started by start_processes, which passes `rank` and reports an exception)."""
-    _die_with_parent(parent_pid)
     # the stderr file also says to the launcher that this rank has started (spawned, imported)
     log = open(_file(folder, rank, "log"), "ab", buffering=0)
     sys.stderr.flush()
@@ -92,38 +67,33 @@ def _rank_main(rank, world_size, backend, port, fn, folder, parent_pid, timeout_
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=float(timeout_s)))
     result = fn(*torch.load(Path(folder, "args.pt"), map_location="cpu", weights_only=False))
-    part = _file(folder, rank, "part")
-    torch.save(result, part)
-    os.replace(part, _file(folder, rank, "pt"))  # whole or absent: the launcher never reads half a file
+    torch.save(result, _file(folder, rank, "part"))
+    os.replace(_file(folder, rank, "part"), _file(folder, rank, "pt"))  # the launcher never reads half a file
     dist.barrier()  # the peers may still be receiving from this rank: leave the group together
     dist.destroy_process_group()
 
 
 def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = (), timeout_s: float = 600,
            start_timeout_s: float = 600) -> list:
-    """Run `fn(*args)` on `world_size` local ranks; returns the per-rank results in rank order
-    (tensors on the CPU).
-
-    fn must be importable (a module-level function): ranks are spawned processes, with RANK,
-    WORLD_SIZE and LOCAL_RANK set. backend: 'gloo' (CPU) or 'nccl' (one GPU per rank; the default
-    when enough GPUs are visible). Raises RankError within seconds of a rank failing, and
-    TimeoutError when the ranks have not all started (spawned, fn's module and args imported)
-    within start_timeout_s, or not all returned within timeout_s of that start: a loaded machine
-    can take minutes to start processes that import torch, while timeout_s is about fn. Either way
-    every rank is stopped first.
-    """
+    """`fn(*args)` (module-level) on `world_size` spawned ranks (gloo, or nccl with one GPU a rank): the results in
+    rank order. RankError within seconds of a failure; TimeoutError when the ranks have not all started (spawn,
+    imports) within start_timeout_s, or ended within timeout_s of that. Either way every rank is stopped first."""
     world_size = limits.integer(world_size, "world_size", cap="world_size")
     for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
             raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    backend = _backend(backend, world_size)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = backend or ("nccl" if gpus >= world_size else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(f"nccl with world_size={world_size} needs {world_size} GPUs, {gpus} visible")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (see the GPU host notes)
     with tempfile.TemporaryDirectory(prefix="wb-launch-") as folder:
-        # the arguments travel in a file: what goes down a spawned process's pipe stays a few kB, for
-        # the launcher's write into that pipe blocks for ever when a rank dies before reading it (a
-        # script without a main guard re-runs itself there and fails)
+        # in a file: a write into the pipe of a rank that died unread (no main guard) blocks for ever
         torch.save(args, Path(folder, "args.pt"))
-        ctx = mp.start_processes(_rank_main, (world_size, backend, _free_port(), fn, folder, os.getpid(),
-                                              timeout_s), nprocs=world_size, join=False, start_method="spawn")
+        ctx = mp.start_processes(_rank_main, (world_size, backend, _free_port(), fn, folder, os.getpid(), timeout_s),
+                                 nprocs=world_size, join=False, start_method="spawn")
         try:
             _wait(ctx, folder, timeout_s, start_timeout_s)
             return [torch.load(_file(folder, r, "pt"), map_location="cpu", weights_only=False)
@@ -132,19 +102,7 @@ def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = ()
             _stop(ctx, folder)
 
 
-def _backend(backend, world_size: int) -> str:
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = backend or ("nccl" if gpus >= world_size else "gloo")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(f"nccl with world_size={world_size} needs {world_size} GPUs, {gpus} visible")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (see the GPU host notes)
-    return backend
-
-
 def _wait(ctx, folder: str, timeout_s: float, start_timeout_s: float) -> None:
-    """Until every rank has ended well; RankError on the first failure, TimeoutError at the deadline."""
     ranks = range(len(ctx.processes))
     started, deadline = False, time.monotonic() + start_timeout_s
     while True:
@@ -154,26 +112,31 @@ def _wait(ctx, folder: str, timeout_s: float, start_timeout_s: float) -> None:
         if left <= 0:
             raise _timeout_error(ctx, folder, timeout_s if started else start_timeout_s, started)
         try:
-            # on a failure, join stops every other rank itself (SIGTERM, then SIGKILL)
-            if ctx.join(timeout=left if started else min(left, _POLL_S)):
+            # join stops the other ranks itself on a failure (SIGTERM, then SIGKILL); before the start, poll
+            if ctx.join(timeout=left if started else min(left, 0.2)):
                 break
         except ProcessException as e:
             raise _rank_error(ctx, folder, e.error_index) from None
-    missing = [r for r in ranks if not _file(folder, r, "pt").exists()]
-    if missing:  # os._exit(0), or a KeyboardInterrupt, which start_processes counts as a clean exit
+    # os._exit(0), or a KeyboardInterrupt, which start_processes counts as a clean exit
+    if missing := [r for r in ranks if not _file(folder, r, "pt").exists()]:
         raise _rank_error(ctx, folder, missing[0])
 
 
 def _rank_error(ctx, folder: str, rank: int) -> RankError:
     tb = _traceback(ctx, rank)
     code = None if tb else ctx.processes[rank].exitcode
-    parts = [f"dp rank {rank} failed: {_exception_line(tb)}\n--- traceback from rank {rank} ---\n{tb.rstrip()}"
-             if tb else f"dp {_death(rank, code)}"]
-    if not tb and _file(folder, rank, "log").exists():
+    if tb:
+        parts = [f"dp rank {rank} failed: {_exception_line(tb)}\n--- traceback from rank {rank} ---\n{tb.rstrip()}"]
+    elif code == 0:
+        parts = [f"dp rank {rank} exited with code 0 without returning a result (no traceback)"]
+    else:
+        signals = {-s.value: s.name for s in signal.Signals}
+        how = f"was killed by signal {signals[code]}" if code in signals else f"exited with code {code}"
+        parts = [f"dp rank {rank} {how} (no traceback: the process died)"]
+    if not tb:
         tail = "\n".join(_stderr(folder, rank).rstrip().splitlines()[-_TAIL_LINES:])
-        parts.append(f"--- last lines rank {rank} wrote to stderr ---\n{tail}")
-    elif not tb:
-        parts.append("It died before it started (its error is on stderr). A script without an "
+        parts.append(f"--- last lines rank {rank} wrote to stderr ---\n{tail}" if _file(folder, rank, "log").exists()
+                     else "It died before it started (its error is on stderr). A script without an "
                      "`if __name__ == '__main__':` guard re-runs itself in every spawned rank.")
     for r in (r for r in range(len(ctx.processes)) if r != rank):
         other = _traceback(ctx, r)
@@ -184,7 +147,7 @@ def _rank_error(ctx, folder: str, rank: int) -> RankError:
 
 
 def _traceback(ctx, rank: int) -> str | None:
-    """The rank's formatted traceback, which start_processes pickles into its error file."""
+    """The formatted traceback start_processes pickles into a rank's error file."""
     try:
         with open(ctx.error_files[rank], "rb") as f:
             return pickle.load(f)
@@ -193,23 +156,14 @@ def _traceback(ctx, rank: int) -> str | None:
 
 
 def _exception_line(tb: str) -> str:
-    """The first line of the exception a formatted traceback ends with (after its last frame)."""
+    """The first line of the exception after a formatted traceback's last frame."""
     lines = tb.rstrip().splitlines()
     last = max((i for i, line in enumerate(lines) if line.startswith('  File "')), default=-1)
     rest = [line for line in lines[last + 1:] if not line.startswith("    ")]  # skip source and carets
     return rest[0] if rest else lines[-1]
 
 
-def _death(rank: int, code: int | None) -> str:
-    if code == 0:
-        return f"rank {rank} exited with code 0 without returning a result (no traceback)"
-    signals = {-s.value: s.name for s in signal.Signals}
-    how = f"was killed by signal {signals[code]}" if code in signals else f"exited with code {code}"
-    return f"rank {rank} {how} (no traceback: the process died)"
-
-
 def _timeout_error(ctx, folder: str, seconds: float, started: bool) -> TimeoutError:
-    """Name the ranks that had not started or finished, with where each hung rank was."""
     ranks = range(len(ctx.processes))
     if not started:
         late = [r for r in ranks if not _file(folder, r, "log").exists()]
@@ -225,7 +179,7 @@ def _timeout_error(ctx, folder: str, seconds: float, started: bool) -> TimeoutEr
     asked = {r: len(_stderr(folder, r)) for r in stuck if ctx.processes[r].is_alive()}
     for r in asked:
         os.kill(ctx.processes[r].pid, signal.SIGUSR1)
-    end = time.monotonic() + _DUMP_WAIT_S
+    end = time.monotonic() + 2.0     # for the stacks to come
     while time.monotonic() < end and not all(" line " in _stderr(folder, r)[n:] for r, n in asked.items()):
         time.sleep(0.1)
     time.sleep(0.1)  # one handler writes every thread's stack: the rest follows the first frame at once
@@ -241,19 +195,17 @@ def _stderr(folder: str, rank: int) -> str:
 
 
 def _stop(ctx, folder: str) -> None:
-    """Stop every rank still running (terminate, then kill), drop start_processes' error files, and
-    copy the ranks' stderr to the launcher's."""
+    """Stop the ranks still running, drop start_processes' error files, copy the ranks' stderr to ours."""
     alive = [p for p in ctx.processes if p.is_alive()]
     for p in alive:
         p.terminate()
-    end = time.monotonic() + _TERM_GRACE_S
+    end = time.monotonic() + 2.0     # between terminate() and kill()
     for p in alive:
         p.join(max(0.0, end - time.monotonic()))
         if p.is_alive():  # terminate is ignored by a rank that handles SIGTERM and sits in a C call
             p.kill()
             p.join()
     for r, path in enumerate(ctx.error_files):
-        if os.path.exists(path):
-            os.unlink(path)
+        Path(path).unlink(missing_ok=True)
         if _stderr(folder, r).strip():
             print(f"--- stderr of dp rank {r} ---\n{_stderr(folder, r).rstrip()}", file=sys.stderr, flush=True)

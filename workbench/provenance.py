@@ -1,9 +1,5 @@
-"""Provenance of a run: what code, which packages, which machine, when (`collect_meta`, the facts
-a run's meta.json starts from: `workbench.runmeta.RunMeta`).
-
-A missing git, a tree outside a repository, a missing package and a machine without NVIDIA's
-management library are recorded as unavailable, never raised.
-"""
+"""Provenance of a run: what code, which packages, which machine, when (`collect_meta`: the facts a
+run's meta.json starts from). A missing git, repository, package or NVML is recorded, never raised."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -12,17 +8,16 @@ import platform
 import socket
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-# The project root: the folder that holds pyproject.toml and the workbench package.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
+REPO_ROOT = Path(__file__).resolve().parent.parent     # holds pyproject.toml and the workbench package
 # Distribution names whose versions every run records (those installed).
 PACKAGES = ("torch", "triton", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "papermill",
             "nvidia-ml-py", "workbench")
-
 RESULTS_ENV = "WORKBENCH_RESULTS"
+_GIT_TIMEOUT_S = 10
 
 
 def results_root() -> Path:
@@ -30,9 +25,6 @@ def results_root() -> Path:
     whatever the working directory (a notebook runs in notebooks/)."""
     env = os.environ.get(RESULTS_ENV)
     return Path(env).expanduser() if env else REPO_ROOT / "results"
-
-
-_GIT_TIMEOUT_S = 10
 
 
 def utc_now() -> _dt.datetime:
@@ -49,9 +41,8 @@ def parse_iso(s: str) -> _dt.datetime:
 
 
 def _git(*args: str, cwd: Path) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=_GIT_TIMEOUT_S,
-                         check=True)
-    return out.stdout.strip()
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=_GIT_TIMEOUT_S,
+                          check=True).stdout.strip()
 
 
 def git_info(root: Path | str | None = None) -> dict[str, Any]:
@@ -59,52 +50,41 @@ def git_info(root: Path | str | None = None) -> dict[str, Any]:
     ``error`` where git is missing or ``root`` is in no repository. Ignored files (results/) are not dirt."""
     root = Path(root) if root is not None else REPO_ROOT
     try:
-        top = _git("rev-parse", "--show-toplevel", cwd=root)
-        sha = _git("rev-parse", "HEAD", cwd=root)
-        status = _git("status", "--porcelain", cwd=root)
+        top, sha = _git("rev-parse", "--show-toplevel", cwd=root), _git("rev-parse", "HEAD", cwd=root)
+        changed = [line for line in _git("status", "--porcelain", cwd=root).splitlines() if line.strip()]
     except FileNotFoundError:
         return {"sha": None, "short": None, "dirty": None, "error": "git not installed"}
     except subprocess.CalledProcessError as e:
-        reason = (e.stderr or "").strip().splitlines()
-        return {"sha": None, "short": None, "dirty": None,
-                "error": reason[0] if reason else f"git exited {e.returncode}"}
+        reason = (e.stderr or "").strip().splitlines() or [f"git exited {e.returncode}"]
+        return {"sha": None, "short": None, "dirty": None, "error": reason[0]}
     except (subprocess.TimeoutExpired, OSError) as e:
         return {"sha": None, "short": None, "dirty": None, "error": f"git failed: {e}"}
-    changed = [line for line in status.splitlines() if line.strip()]
     info: dict[str, Any] = {"sha": sha, "short": sha[:7], "dirty": bool(changed), "root": top}
     if changed:
         info["changes"] = changed[:50]
-        if len(changed) > 50:
-            info["changes_truncated"] = len(changed) - 50
-    try:
+    if len(changed) > 50:
+        info["changes_truncated"] = len(changed) - 50
+    with suppress(subprocess.SubprocessError, OSError):
         info["branch"] = _git("rev-parse", "--abbrev-ref", "HEAD", cwd=root)
-    except (subprocess.SubprocessError, OSError):
-        pass
     return info
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     """Installed versions of ``names``; packages that are not installed are left out."""
     from importlib import metadata
-
     versions: dict[str, str] = {}
     for name in names:
-        try:
+        with suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return versions
 
 
 def cpu_model() -> str:
     """The processor's marketing name where the OS tells it, else the architecture."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -113,25 +93,20 @@ def torch_info() -> dict[str, Any]:
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - an unusable torch is a fact to record
-        return {"available": False, "error": f"{type(e).__name__}: {e}",
-                "device": f"cpu: {cpu_model()}"}
+        return {"available": False, "error": f"{type(e).__name__}: {e}", "device": f"cpu: {cpu_model()}"}
     info: dict[str, Any] = {"available": True, "version": torch.__version__, "cuda": torch.version.cuda,
-                            "hip": getattr(torch.version, "hip", None), "num_threads": torch.get_num_threads()}
-    try:
-        cuda_ok = bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
-        cuda_ok = False
-    info["cuda_available"] = cuda_ok
-    if cuda_ok:
-        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        info.update(device_count=len(names), device_names=names,
-                    device=names[0] if len(names) == 1 else f"{len(names)}x {names[0]}")
-        try:
-            info["cudnn"] = torch.backends.cudnn.version()
-        except Exception:  # noqa: BLE001
-            pass
-    else:
+                            "hip": getattr(torch.version, "hip", None), "num_threads": torch.get_num_threads(),
+                            "cuda_available": False}
+    with suppress(Exception):
+        info["cuda_available"] = bool(torch.cuda.is_available())
+    if not info["cuda_available"]:
         info["device"] = f"cpu: {cpu_model()}"
+        return info
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    info.update(device_count=len(names), device_names=names,
+                device=names[0] if len(names) == 1 else f"{len(names)}x {names[0]}")
+    with suppress(Exception):
+        info["cudnn"] = torch.backends.cudnn.version()
     return info
 
 
@@ -146,20 +121,15 @@ def nvml_info() -> dict[str, Any] | str:
     except ImportError:
         return "unavailable (nvidia-ml-py is not installed)"
     try:
-        pynvml.nvmlInit()
-    except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return f"unavailable ({_text(e) or type(e).__name__})"
-    try:
+        pynvml.nvmlInit()           # NVMLError_LibraryNotFound, DriverNotLoaded, ... where there is none
         info: dict[str, Any] = {}
         try:
             info["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
         except Exception as e:  # noqa: BLE001
             info["driver"] = f"unavailable ({e})"
-        try:
+        with suppress(Exception):
             info["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        except Exception:  # noqa: BLE001
-            pass
-        gpus = []
+        info["gpus"] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             gpu: dict[str, Any] = {"index": i}
@@ -174,20 +144,16 @@ def nvml_info() -> dict[str, Any] | str:
                 "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
             }
             for key, probe in probes.items():
-                try:
+                gpu[key] = None
+                with suppress(Exception):   # not every field exists on every GPU
                     gpu[key] = probe()
-                except Exception:  # noqa: BLE001 - not every field exists on every GPU
-                    gpu[key] = None
-            gpus.append(gpu)
-        info["gpus"] = gpus
+            info["gpus"].append(gpu)
         return info
     except Exception as e:  # noqa: BLE001
         return f"unavailable ({_text(e) or type(e).__name__})"
     finally:
-        try:
+        with suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def collect_meta(params: dict | None = None) -> dict[str, Any]:
@@ -210,7 +176,6 @@ def collect_meta(params: dict | None = None) -> dict[str, Any]:
 
 def load_average() -> list[float] | None:
     """The host's 1, 5 and 15 minute load averages, or None where the OS has none."""
-    try:
+    with suppress(AttributeError, OSError):
         return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
+    return None

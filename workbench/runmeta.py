@@ -1,16 +1,14 @@
-"""A run's record (its ``meta.json``) as a typed value: `RunMeta`.
-
-``RunMeta.from_json`` checks every field the code reads against `SCHEMA` and refuses what it cannot
-use with a `MetaError` naming the file and the field. Every field may be absent or null; other keys
-stay in ``extra`` and are written back (reading a record loses nothing). Light: no torch, no pandas.
-"""
+"""A run's record (its ``meta.json``) as a typed value: `RunMeta`, whose field types are the checks.
+Every field may be absent or null; other keys stay in ``extra`` and are written back. No torch, no pandas."""
 from __future__ import annotations
 
 import json
 import math
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, TypedDict, get_args, get_origin, get_type_hints, is_typeddict
 
 from .files import atomic_write_text, read_regular
 from .provenance import collect_meta, iso_utc, load_average, parse_iso, utc_now
@@ -18,33 +16,18 @@ from .provenance import collect_meta, iso_utc, load_average, parse_iso, utc_now
 META_NAME = "meta.json"
 MAX_BYTES = 16 * 2**20          # a meta.json is a few kB; far more is not one
 MAX_DEPTH = 32                  # collect_meta nests 4 levels deep
-
-_SCALARS = {     # kind -> (check, what it expects, for the message)
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "num": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-            "a finite number"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "id": (lambda v: isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)),
-           "a string or an integer"),
-    "any": (lambda v: True, "anything"),
-}
-# a schema: a scalar kind, {key: schema} (an object), ["list", schema] or ["map", schema] ({name: schema})
-_STRINGS = ["list", "str"]
-_SECONDS = ["map", "num"]
-_PLACEMENT = ["map", {"gpu": "id", "threads": "id", "seconds": "num"}]
-SCHEMA: dict[str, Any] = {
-    "schema": "int", "started_at": "str", "finished_at": "str", "duration_s": "num", "device": "str",
-    "git": {"sha": "str", "short": "str", "dirty": "bool"},
-    "params": {"profile": "str", "device": "str", "mode": "str", "studies": ["map", {}],
-               "shard": {"index": "int", "count": "int", "group": "str", "cells": ["map", ["list", "any"]]},
-               "gpus": ["list", "int"]},
-    "failures": _STRINGS, "warnings": _STRINGS,
-    "resumed": ["list", {"at": "str", "git": "str", "note": "str", "finished_at": "str", "dirty": "bool",
-                         "studies": _STRINGS, "failures": _STRINGS, "warnings": _STRINGS,
-                         "study_seconds": _SECONDS, "placement": _PLACEMENT}],
-    "placement": _PLACEMENT, "study_seconds": _SECONDS,
-}
+# The objects in a record the code reads: each key checked where present, none required
+Git = TypedDict("Git", {"sha": str, "short": str, "dirty": bool})
+Shard = TypedDict("Shard", {"index": int, "count": int, "group": str, "cells": dict[str, list[Any]]})
+Params = TypedDict("Params", {"profile": str, "device": str, "mode": str, "studies": dict[str, dict],
+                              "shard": Shard, "gpus": list[int]})
+Placement = dict[str, TypedDict("Place", {"gpu": str | int, "threads": str | int, "seconds": float})]
+Resumed = TypedDict("Resumed", {"at": str, "git": str, "note": str, "finished_at": str, "dirty": bool,
+                                "studies": list[str], "failures": list[str], "warnings": list[str],
+                                "study_seconds": dict[str, float], "placement": Placement})
+_SCALARS = {str: "a string", int: "an integer", float: "a finite number", bool: "true or false"}
+_JSON = ((type(None), "null"), (bool, "boolean"), ((int, float), "number"), (str, "string"), (list, "array"),
+         (dict, "object"))
 
 
 class MetaError(ValueError):
@@ -53,79 +36,76 @@ class MetaError(ValueError):
 
     def __init__(self, path: Path | str, reason: str, kind: str = "invalid"):
         self.path, self.reason, self.kind = Path(path), reason, kind
+        self.line = f"{kind} meta.json: {reason}"
         super().__init__(f"{self.path}: {reason}")
-
-    @property
-    def line(self) -> str:
-        return f"{self.kind} meta.json: {self.reason}"
 
     def __reduce__(self):
         return (type(self), (self.path, self.reason, self.kind))
 
 
 def _kind(v: Any) -> str:
-    for t, name in ((type(None), "null"), (bool, "boolean"), ((int, float), "number"), (str, "string"),
-                    (list, "array"), (dict, "object")):
-        if isinstance(v, t):
-            return name
-    return type(v).__name__
+    return next((name for t, name in _JSON if isinstance(v, t)), type(v).__name__)
 
 
 def _show(v: Any, limit: int = 40) -> str:
     """A bad value in words: its JSON kind and, for a scalar, a clipped repr."""
-    kind = _kind(v)
-    a = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    a = f"{'an' if _kind(v)[0] in 'aeiou' else 'a'} {_kind(v)}"
     if isinstance(v, (dict, list)):
         return a
     r = repr(v)
     return f"{a} ({r if len(r) <= limit else r[:limit - 3] + '...'})"
 
 
-def _depth(v: Any, limit: int) -> int:
-    deepest, stack = 0, [(v, 1)]
-    while stack:
-        x, d = stack.pop()
-        if isinstance(x, (dict, list)):
-            deepest = max(deepest, d)
-            if deepest > limit:
-                return deepest
-            stack.extend((y, d + 1) for y in (x.values() if isinstance(x, dict) else x))
-    return deepest
+def _too_deep(v: Any, limit: int) -> bool:
+    """Whether ``v`` nests lists and objects more than ``limit`` levels deep (looked at level by level)."""
+    level = [v]
+    for _ in range(limit + 1):
+        level = [x for x in level if isinstance(x, (dict, list))]
+        if not level:
+            return False
+        level = [y for x in level for y in (x.values() if isinstance(x, dict) else x)]
+    return True
 
 
-def _check(v: Any, schema: Any, where: str, out: list[str]) -> None:
-    if v is None:
+def _fits(v: Any, t: type) -> bool:
+    if t is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, t) and (t is bool or not isinstance(v, bool))
+
+
+def _check(v: Any, t: Any, where: str, out: list[str]) -> None:
+    """A line in ``out`` for each part of ``v`` that does not fit the type ``t`` (null fits any)."""
+    kinds = get_args(t) if get_origin(t) is UnionType else (t,)
+    if v is None or t is Any:
         return
-    if isinstance(schema, str):
-        ok, expected = _SCALARS[schema]
-        if not ok(v):
-            out.append(f"{where} is {_show(v)}, not {expected}")
+    if all(k in _SCALARS for k in kinds):
+        if not any(_fits(v, k) for k in kinds):
+            out.append(f"{where} is {_show(v)}, not {' or '.join(_SCALARS[k] for k in kinds)}")
         return
-    container = dict if isinstance(schema, dict) or schema[0] == "map" else list
+    container = list if get_origin(t) is list else dict
     if not isinstance(v, container):
-        out.append(f"{where} is {_show(v)}, not {'an object' if container is dict else 'a list'}")
-    elif isinstance(schema, dict):
-        for key, sub in schema.items():
+        out.append(f"{where} is {_show(v)}, not {'a list' if container is list else 'an object'}")
+    elif is_typeddict(t):
+        for key, sub in t.__annotations__.items():
             _check(v.get(key), sub, f"{where}.{key}", out)
-    else:
-        items = v.items() if container is dict else enumerate(v)
-        for k, x in items:
+    elif get_args(t):           # list[X] or dict[str, X]
+        item = get_args(t)[-1]
+        for k, x in v.items() if container is dict else enumerate(v):
             n = len(out)
-            _check(x, schema[1], f"{where}.{k}" if container is dict else f"{where}[{k}]", out)
-            if len(out) > n and isinstance(schema[1], str):
-                break                    # one bad item of a list of scalars says it
+            _check(x, item, f"{where}.{k}" if container is dict else f"{where}[{k}]", out)
+            if len(out) > n and item in _SCALARS:
+                break           # one bad item of a list of scalars says it
 
 
 def problems(meta: Any) -> list[str]:
-    """What is wrong with a parsed meta.json, one line per problem (``[]``: usable). A shard also
-    needs its index, count and group, with 0 <= index < count."""
+    """What is wrong with a parsed meta.json, one line per problem (``[]``: usable)."""
     if not isinstance(meta, dict):
         return [f"it does not hold an object (a JSON {_kind(meta)})"]
-    if _depth(meta, MAX_DEPTH) > MAX_DEPTH:
+    if _too_deep(meta, MAX_DEPTH):
         return [f"it nests more than {MAX_DEPTH} levels deep"]
     out: list[str] = []
-    for key, schema in SCHEMA.items():
-        _check(meta.get(key), schema, key, out)
+    for key, t in _FIELDS.items():
+        _check(meta.get(key), t, key, out)
     params = meta.get("params")
     shard = params.get("shard") if isinstance(params, dict) else None
     if isinstance(shard, dict):
@@ -137,10 +117,16 @@ def problems(meta: Any) -> list[str]:
     return out
 
 
-def parse(path: Path | str, text: str) -> dict[str, Any]:
-    """``text`` as a JSON object; MetaError (kind "unreadable") naming ``path`` otherwise."""
+def parse(path: Path | str, text: str | None = None) -> dict[str, Any]:
+    """The JSON object in ``text``, else in the regular file ``path`` (MAX_BYTES at most); MetaError otherwise."""
     try:
-        meta = json.loads(text)
+        meta = json.loads(read_regular(path, MAX_BYTES).decode("utf-8") if text is None else text)
+    except FileNotFoundError:
+        raise MetaError(path, "no such file", "missing") from None
+    except UnicodeDecodeError as e:
+        raise MetaError(path, f"not UTF-8 text ({e})", "unreadable") from None
+    except OSError as e:
+        raise MetaError(path, f"cannot be read ({e.strerror or e})", "unreadable") from None
     except RecursionError:
         raise MetaError(path, "nested too deeply to parse", "unreadable") from None
     except ValueError as e:
@@ -150,48 +136,31 @@ def parse(path: Path | str, text: str) -> dict[str, Any]:
     return meta
 
 
-def read_text(path: Path | str) -> str:
-    """The text of a meta.json, a regular file of at most MAX_BYTES (`read_regular`); MetaError otherwise."""
-    try:
-        return read_regular(path, MAX_BYTES).decode("utf-8")
-    except FileNotFoundError:
-        raise MetaError(path, "no such file", "missing") from None
-    except UnicodeDecodeError as e:
-        raise MetaError(path, f"not UTF-8 text ({e})", "unreadable") from None
-    except OSError as e:
-        raise MetaError(path, f"cannot be read ({e.strerror or e})", "unreadable") from None
-
-
 def json_default(o: Any) -> Any:
-    """What json.dumps cannot write: sets and tuples as lists, numpy and torch scalars as numbers,
-    anything else (a path, a torch.dtype) as its text."""
+    """What json.dumps cannot write: sets and tuples as lists, numpy and torch scalars as numbers, else text."""
     if isinstance(o, (set, frozenset, tuple)):
         return list(o)
-    item = getattr(o, "item", None)
-    if callable(item) and not isinstance(o, Path):
-        try:
-            return item()
-        except Exception:  # noqa: BLE001 - readable beats failing
-            pass
+    if callable(getattr(o, "item", None)) and not isinstance(o, Path):
+        with suppress(Exception):   # readable beats failing
+            return o.item()
     return str(o)
 
 
 @dataclass
 class RunMeta:
-    """The fields of a meta.json the code reads, typed as `SCHEMA` checks them; ``extra`` holds
-    every other key (packages, torch, nvml, ...), kept as read."""
+    """The fields of a meta.json the code reads; ``extra``: the other keys (packages, torch, ...) as read."""
 
     schema: int | None = None
     started_at: str | None = None
     finished_at: str | None = None
     duration_s: float | None = None
     device: str | None = None
-    git: dict[str, Any] | None = None
-    params: dict[str, Any] | None = None
+    git: Git | None = None
+    params: Params | None = None
     failures: list[str] | None = None
     warnings: list[str] | None = None
-    resumed: list[dict[str, Any]] | None = None
-    placement: dict[str, dict[str, Any]] | None = None
+    resumed: list[Resumed] | None = None
+    placement: Placement | None = None
     study_seconds: dict[str, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     path: Path | None = field(default=None, compare=False, repr=False)
@@ -203,8 +172,8 @@ class RunMeta:
         bad = problems(meta)
         if bad:
             raise MetaError(path, "; ".join(bad))
-        known = {k: meta[k] for k in SCHEMA if k in meta}
-        return cls(**known, extra={k: v for k, v in meta.items() if k not in SCHEMA},
+        known = {k: meta[k] for k in _FIELDS if k in meta}
+        return cls(**known, extra={k: v for k, v in meta.items() if k not in _FIELDS},
                    path=Path(path), _order=tuple(meta))
 
     @classmethod
@@ -215,17 +184,16 @@ class RunMeta:
     @classmethod
     def from_json(cls, source: str | Path) -> "RunMeta":
         """A meta.json from its text, or from a path (a run folder or the file itself)."""
-        if not (isinstance(source, str) and source.lstrip().startswith(("{", "["))):
-            path = Path(source)
-            path = path / META_NAME if path.name != META_NAME and path.is_dir() else path
-            return cls.from_dict(parse(path, read_text(path)), path)
-        return cls.from_dict(parse(META_NAME, source))
+        if isinstance(source, str) and source.lstrip().startswith(("{", "[")):
+            return cls.from_dict(parse(META_NAME, source))
+        path = Path(source)
+        path = path / META_NAME if path.name != META_NAME and path.is_dir() else path
+        return cls.from_dict(parse(path), path)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON data: the keys read back in their order, then new fields set here."""
-        known = {k: getattr(self, k) for k in SCHEMA}
-        out = {k: known.pop(k) if k in known else self.extra[k] for k in self._order
-               if k in known or k in self.extra}
+        known = {k: getattr(self, k) for k in _FIELDS}
+        out = {k: known.pop(k) if k in known else self.extra[k] for k in self._order if k in known or k in self.extra}
         out.update({k: v for k, v in known.items() if v is not None})
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
@@ -235,26 +203,20 @@ class RunMeta:
 
     def finish(self) -> "RunMeta":
         """Stamp the end time, the duration and the end load average on the record; return it."""
-        finished = utc_now()
+        finished, self.duration_s = utc_now(), None
         if isinstance(self.extra.get("load_avg"), dict):
             self.extra["load_avg"]["end"] = load_average()
-        try:
+        with suppress(TypeError, ValueError, AttributeError):
             self.duration_s = round((finished - parse_iso(self.started_at)).total_seconds(), 3)
-        except (TypeError, ValueError, AttributeError):
-            self.duration_s = None
         self.finished_at = iso_utc(finished)
         return self
 
     def write(self, run_dir: Path | str, overwrite: bool = False) -> Path:
-        """``run_dir/meta.json``, written atomically. A finished run's record (even one that breaks
-        the schema) is evidence and is replaced only with ``overwrite``."""
+        """``run_dir/meta.json``, written atomically. A finished run's record (even one that fails
+        the checks) is evidence and is replaced only with ``overwrite``."""
         path = Path(run_dir) / META_NAME
-        if path.exists() and not overwrite:
-            try:
-                finished = parse(path, read_text(path)).get("finished_at")
-            except MetaError:
-                finished = None
-            if finished:
+        with suppress(MetaError):
+            if path.exists() and not overwrite and parse(path).get("finished_at"):
                 raise FileExistsError(f"{path} belongs to a finished run; pass overwrite=True to replace it")
         return atomic_write_text(path, self.to_json())
 
@@ -289,6 +251,10 @@ class RunMeta:
 
     def all_warnings(self) -> list[str]:
         return [*(self.warnings or []), *(w for x in self.resumed or [] for w in x.get("warnings") or [])]
+
+
+# {field: its type, null aside}: what `problems` checks, in the order a new record writes them
+_FIELDS = {k: get_args(t)[0] for k, t in get_type_hints(RunMeta).items() if k not in ("extra", "path", "_order")}
 
 
 def load(run_dir: Path | str) -> RunMeta:

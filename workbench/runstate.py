@@ -1,15 +1,15 @@
-"""A run folder (`RunFolder`): made atomically, locked while a process works in it (`RunLock`), and
-its state read back from its files, which is where a resume starts. A study's stages each leave a
-file, so a run killed at any moment can be finished: ``table`` (``<study>.parquet``, written
-atomically), ``notebook`` (``<study>.ipynb`` executed to its end; papermill mode), ``html`` (its
-readable copy), ``figures`` (``figures/.<study>.drawn``, written once all are saved).
-"""
+"""A run folder (`RunFolder`): made atomically, locked while a process works in it (`RunLock`), its state read
+back from its files (where a resume starts). Each stage of a study leaves a file, so a run killed at any moment
+can be finished: ``table`` (``<study>.parquet``, written atomically), ``notebook`` (``<study>.ipynb`` executed
+to its end; papermill mode), ``html`` (its readable copy), ``figures`` (``figures/.<study>.drawn``, once all are
+saved)."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import socket
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,19 +29,10 @@ def notebook_done(path: Path) -> bool:
     """Whether ``path`` is a notebook papermill executed to its end without an exception."""
     try:
         # a run folder may come from anyone: never through a link, never a FIFO (which blocks)
-        doc = json.loads(read_regular(path).decode("utf-8"))
-        pm = doc["metadata"]["papermill"]
+        pm = json.loads(read_regular(path).decode("utf-8"))["metadata"]["papermill"]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
     return isinstance(pm, dict) and bool(pm.get("end_time")) and not pm.get("exception")
-
-
-def _figures_drawn(run_dir: Path, study: str) -> bool:
-    if figures_marker(run_dir, study).is_file():
-        return True
-    # runs made before the marker existed: the study's own figure files
-    folder = run_dir / FIGURES_DIR
-    return folder.is_dir() and any(p.name.startswith(f"{study}_") for p in folder.iterdir())
 
 
 @dataclass
@@ -67,13 +58,10 @@ def run_state(run_dir: Path | str, meta: RunMeta) -> RunState:
     return RunFolder(Path(run_dir)).state(meta)
 
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
 def slug(text, empty: str | None = None, what: str = "name") -> str:
     """``text`` safe as a file name: letters, digits, '.', '_' and '-' kept, other runs one '-', no '-'
     or '.' at either end. Where nothing is left: ``empty``, else a ValueError naming ``what``."""
-    out = _UNSAFE.sub("-", str(text)).strip("-.")
+    out = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.")
     if out or empty is not None:
         return out or empty
     raise ValueError(f"{what} {text!r} has no usable characters")
@@ -91,7 +79,6 @@ class RunLock:
 
     def acquire(self) -> bool:
         import fcntl
-
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -117,15 +104,13 @@ class RunLock:
                                f"({self.holder() or 'unknown holder'})")
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         self.release()
-        return False
 
     def holder(self) -> str:
-        try:
+        with suppress(OSError):
             return self.path.read_text().strip()
-        except OSError:
-            return ""
+        return ""
 
 
 def run_in_use(run_dir: Path | str) -> bool:
@@ -133,21 +118,17 @@ def run_in_use(run_dir: Path | str) -> bool:
     opened read-only (a read-only results folder works). Only informs; `RunLock` keeps processes out."""
     import errno
     import fcntl
-
     try:
-        fd = os.open(Path(run_dir) / RunLock.NAME, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-                     | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(Path(run_dir) / RunLock.NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)      # closing the file drops it again
     except OSError as e:
         return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
     finally:
         os.close(fd)
+    return False
 
 
 @dataclass(frozen=True)
@@ -161,18 +142,15 @@ class RunFolder:
         """A new folder ``<root>/<UTC time>-<short sha or 'nogit'>[-name][-k]``: ``mkdir`` grants a name
         to one caller only, so two runs started in the same second never share a folder."""
         from .provenance import git_info, utc_now
-
         stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
         base = f"{stamp}-{git_info().get('short') or 'nogit'}" + (f"-{slug(name, what='run name')}" if name else "")
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         for k in range(1, 1000):
             path = root / (base if k == 1 else f"{base}-{k}")
-            try:
+            with suppress(FileExistsError):
                 path.mkdir()
-            except FileExistsError:
-                continue
-            return cls(path)
+                return cls(path)
         raise FileExistsError(f"no free run folder name {base}[-k] under {root} (999 taken)")
 
     @classmethod
@@ -205,7 +183,10 @@ class RunFolder:
         if not direct:
             done["notebook"] = notebook_done(self.file(study, ".ipynb"))
             done["html"] = self.file(study, ".html").is_file()
-        done["figures"] = _figures_drawn(self.path, study)
+        # figures: the marker, or (a run made before it existed) the study's own figure files
+        folder = self.path / FIGURES_DIR
+        done["figures"] = figures_marker(self.path, study).is_file() or (
+            folder.is_dir() and any(p.name.startswith(f"{study}_") for p in folder.iterdir()))
         return done
 
     def state(self, meta: RunMeta | None = None) -> RunState:

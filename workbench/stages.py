@@ -1,7 +1,4 @@
-"""One study of a run folder taken through the stages it has not reached (`workbench.runstate`):
-its table, its executed notebook, the notebook's HTML, its figures. A sweep, a resume and each
-``sweep --gpus`` worker run it for every study they take.
-"""
+"""A study of a run folder through the stages it has not reached: table, executed notebook, HTML, figures."""
 from __future__ import annotations
 
 import json
@@ -20,11 +17,9 @@ from .runstate import RunFolder
 
 @contextmanager
 def console_progress(name: str):
-    """While a study runs (here or in its notebook's kernel, which inherits the variable), its bars
-    count into a file (`plotting.PROGRESS_FILE_ENV`) that a thread prints as plain lines, every 10%
-    or 30 s: a log shows how far the study has come without a bar's escape codes."""
+    """While a study runs (here or in its notebook's kernel, which inherits the variable), its bars count into
+    a file (`plotting.PROGRESS_FILE_ENV`) that a thread prints as plain lines, every 10% or 30 s."""
     from .studies.plotting import PROGRESS_FILE_ENV
-
     path = Path(tempfile.gettempdir()) / f"workbench-progress-{os.getpid()}-{name}.json"
     old = os.environ.get(PROGRESS_FILE_ENV)
     os.environ[PROGRESS_FILE_ENV] = str(path)
@@ -39,11 +34,10 @@ def console_progress(name: str):
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             now = time.monotonic()
-            first.setdefault(desc, (now, done))
+            t0, done0 = first.setdefault(desc, (now, done))
             pct = int(100 * done / total) if total else -1
             if (desc, pct) != shown and (desc != shown[0] or pct >= shown[1] + 10 or now - at > 30):
-                print(f"sweep: {desc}: {done}/{total if total else '?'}{time_left(done, total, *first[desc], now)}",
-                      flush=True)
+                print(f"sweep: {desc}: {done}/{total or '?'}{time_left(done, total, t0, done0, now)}", flush=True)
                 shown, at = (desc, pct), now
 
     thread = threading.Thread(target=watch, daemon=True, name=f"progress-{name}")
@@ -53,30 +47,23 @@ def console_progress(name: str):
     finally:
         stop.set()
         thread.join(timeout=5)
-        if old is None:
-            os.environ.pop(PROGRESS_FILE_ENV, None)
-        else:
+        os.environ.pop(PROGRESS_FILE_ENV, None)
+        if old is not None:
             os.environ[PROGRESS_FILE_ENV] = old
         for p in (path, Path(f"{path}.tmp")):
             p.unlink(missing_ok=True)
 
 
 def time_left(done: int, total: int | None, t0: float, done0: int, now: float) -> str:
-    """", about N s left" (or min) for a bar at ``done`` of ``total``, at the pace it has kept
-    since it was first seen at ``done0`` (time ``t0``); nothing until it has moved, or without a
-    total, or when it is finished."""
+    """", about N s left" (or min) at the pace since ``done0`` at ``t0``; "" until it moves, without total, done."""
     if not total or done >= total or done <= done0 or now <= t0:
         return ""
     left = (now - t0) / (done - done0) * (total - done)
     return f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
 
 
-def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: bool,
-                 kernel: str) -> list[str]:
-    """Take one study of ``run_dir`` through the stages it has not reached: its table (measured, or
-    in papermill mode by its notebook, which loads a table the run holds instead of measuring
-    again), the HTML, the figures. Returns its failures: a failed stage is recorded, never raised,
-    and the stages after it wait for a resume."""
+def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: bool, kernel: str) -> list[str]:
+    """Take a study of ``run_dir`` through the stages it has not reached; its failures, recorded, not raised."""
     run = RunFolder(run_dir)
     done = run.stages_done(study.name, direct)
     table = run.table(study.name)
@@ -89,7 +76,7 @@ def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: b
                 if direct:
                     from .studies.tables import write_study_table
                     write_study_table(study.run(device=device, progress=False, **params), table)
-                else:
+                else:   # a notebook loads a table the run holds instead of measuring again
                     run_notebook(study, params, device, run_dir, kernel)
         if not table.is_file():
             raise RuntimeError(f"the study wrote no {table.name}")
@@ -101,9 +88,7 @@ def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: b
     failures = []
     for stage, do in (("html", lambda: export_html(run.file(study.name, ".ipynb"))),
                       ("figures", lambda: save_run_figures(study, table, run_dir))):
-        if done.get(stage) is False:
-            problem = do()
-            if problem:
-                failures.append(problem)
-                print(f"sweep: {study.name} FAILED: {problem}", file=sys.stderr)
+        if done.get(stage) is False and (problem := do()):
+            failures.append(problem)
+            print(f"sweep: {study.name} FAILED: {problem}", file=sys.stderr)
     return failures

@@ -1,12 +1,9 @@
-"""Sweeps: a `SweepPlan` in, a run folder ``<results>/<UTC time>-<sha>-<name>/`` and a `SweepResult` out.
-
-`run_sweep` starts a run folder; `resume_sweep` finishes one a killed sweep or a failed study left.
-Both take each study through the stages it has not reached (workbench.stages), here or in one
-worker process per GPU (workbench.workers). Heavy imports stay inside the functions.
-"""
+"""Sweeps: a `SweepPlan` in, a run folder ``<results>/<UTC time>-<sha>-<name>/`` and a `SweepResult` out;
+`resume_sweep` finishes a run folder. The studies run here or in one worker process per GPU (workers.py)."""
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,12 +15,12 @@ from .stages import finish_study
 from .workers import execute_on_gpus, one_gpu_warnings
 
 DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda"}
+UNTIMED_STUDY_S = 60.0     # the estimate of a study no committed run has timed
 
 
 @dataclass(frozen=True)
 class SweepPlan:
     """What a new sweep runs, checked and resolved before any run folder exists."""
-
     studies: tuple                    # the selected study objects, in the order they run
     params: Mapping[str, dict]        # study name -> its resolved parameters (what meta.json records)
     profile: str                      # "cpu" or "gpu"
@@ -36,19 +33,10 @@ class SweepPlan:
     shard: tuple[int, int] | None = None  # (index, count): run only that shard of the studies
     group: str | None = None          # with shard: the name the shards of one run share
 
-    @property
-    def device(self) -> str:
-        return DEVICE_OF_PROFILE[self.profile]
-
-    @property
-    def direct(self) -> bool:
-        return self.mode == "direct"
-
 
 @dataclass(frozen=True)
 class SweepResult:
     """What a sweep or a resume did."""
-
     run_dir: Path | None              # None: no run folder was made (nothing to run)
     failures: list[str] = field(default_factory=list)
     duration_s: float | None = None   # of a new sweep, as its meta.json records it
@@ -59,7 +47,7 @@ class SweepResult:
         if self.note is not None:
             return self.note
         if self.resumed is not None:
-            return (f"sweep: resumed {_studies(len(self.resumed))}, {len(self.failures)} failure(s): {self.run_dir}")
+            return f"sweep: resumed {_studies(len(self.resumed))}, {len(self.failures)} failure(s): {self.run_dir}"
         return f"sweep: done in {self.duration_s:.1f} s, {len(self.failures)} failure(s): {self.run_dir}"
 
 
@@ -77,23 +65,18 @@ class _Outcome:
 
 @dataclass(frozen=True)
 class Cell:
-    """A unit of a sharded sweep: a study, the values of its cell parameter (`Study.cells`) it runs
-    (None: the whole study), and its estimated seconds."""
-
+    """A unit of a sharded sweep: a study, the values of its cell parameter it runs (None: all), its seconds."""
     study: str
     values: tuple | None
     seconds: float
 
 
-UNTIMED_STUDY_S = 60.0     # the estimate of a study no committed run has timed
-
-
 def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
-    """{value of the study's cell parameter: relative cost}: a tower's FLOPs over 1024 pixel rows at
-    the run's depth where the value is a preset or model folder, else 1."""
+    """{value of the study's cell parameter: cost}: a preset's or model folder's tower FLOPs, else 1."""
+    if not study.cells:
+        return {}
     from .checkpoints import resolve_config
     from .floors import tower_flops
-
     out = {}
     for v in params.get(study.cells) or []:
         try:        # resolve_config takes a preset or a model folder, and refuses anything else
@@ -104,24 +87,17 @@ def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
 
 
 def study_cells(study, params: Mapping[str, Any], recorded: tuple[float, Mapping[str, Any]] | None) -> list[Cell]:
-    """``study``'s units of work: one per value of its cell parameter where it has several, else one.
-    Seconds: the rate of ``recorded`` (seconds, params of an earlier run) per `_cell_weights` unit
-    times each cell's weight; an untimed study's UNTIMED_STUDY_S shared by weight."""
-    weights = _cell_weights(study, params) if study.cells else {}
-    if recorded is not None:
-        seconds, then = recorded
-        then_w = _cell_weights(study, then) if study.cells else {}
-        rate = seconds / (sum(then_w.values()) or 1.0)
-    else:
-        rate = UNTIMED_STUDY_S / (sum(weights.values()) or 1.0)
+    """A cell per value of the study's cell parameter (or one), with the ``recorded`` seconds shared by weight."""
+    weights = _cell_weights(study, params)
+    seconds, then = (recorded[0], _cell_weights(study, recorded[1])) if recorded else (UNTIMED_STUDY_S, weights)
+    rate = seconds / (sum(then.values()) or 1.0)
     if len(weights) < 2:
         return [Cell(study.name, None, rate * (sum(weights.values()) or 1.0))]
     return [Cell(study.name, (v,), rate * w) for v, w in weights.items()]
 
 
 def shard_cells(cells: list[Cell], count: int) -> list[list[Cell]]:
-    """``cells`` dealt to ``count`` shards, longest first, each to the least-loaded (lowest index of
-    equals): a function of its arguments only, so every task of a job array deals the same."""
+    """``cells`` dealt longest first to the least-loaded of ``count`` shards, the same in every task."""
     loads, parts = [0.0] * count, [[] for _ in range(count)]
     for c in sorted(cells, key=lambda c: (-c.seconds, c.study, repr(c.values))):
         k = min(range(count), key=lambda i: (loads[i], i))
@@ -131,14 +107,11 @@ def shard_cells(cells: list[Cell], count: int) -> list[list[Cell]]:
 
 
 def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = None) -> dict[str, tuple[float, dict]]:
-    """{study: (seconds, params)} from the newest run of ``profile`` under ``folders`` that timed it
-    (meta.json ``study_seconds``; folder names start with the UTC time), ``exclude`` left out."""
-    metas = sorted((m for f in folders for m in Path(f).glob("*/meta.json")), key=lambda m: m.parent.name,
-                   reverse=True)
+    """{study: (seconds, params)} from the newest run (by name: UTC time first) of ``profile`` that timed it."""
+    metas = sorted((m for f in folders for m in Path(f).glob("*/meta.json") if m.parent != exclude),
+                   key=lambda m: m.parent.name, reverse=True)
     known: dict[str, tuple[float, dict]] = {}
     for m in metas:
-        if exclude is not None and m.parent == exclude:
-            continue
         try:
             meta = RunMeta.from_json(m)
         except MetaError:          # a broken record of another run counts nothing
@@ -151,23 +124,16 @@ def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = N
 
 def shard_plan(studies: list, params: Mapping[str, dict], index: int, count: int,
                recorded: Mapping[str, tuple[float, dict]]) -> tuple[list, dict[str, dict], dict[str, list | None]]:
-    """Shard ``index`` of ``count``: (its studies, their params restricted to its cells, {study: cell
-    values it runs, None for the whole study}), balanced by `study_cells` seconds."""
+    """Shard ``index``: (its studies, their params for its cells, {study: its cell values, None for all})."""
     cells = [c for s in studies for c in study_cells(s, params[s.name], recorded.get(s.name))]
-    mine = shard_cells(cells, count)[index]
     chosen: dict[str, list | None] = {}
-    for c in mine:
-        if c.values is None:
-            chosen[c.study] = None
-        else:
-            chosen.setdefault(c.study, []).extend(c.values)
+    for c in shard_cells(cells, count)[index]:
+        chosen[c.study] = None if c.values is None else [*chosen.get(c.study, []), *c.values]
     picked = [s for s in studies if s.name in chosen]
-    out = {}
+    out = {s.name: dict(params[s.name]) for s in picked}
     for s in picked:
-        p = dict(params[s.name])
         if chosen[s.name] is not None:        # in the order the plan gave them
-            p[s.cells] = chosen[s.name] = [v for v in p[s.cells] if v in chosen[s.name]]
-        out[s.name] = p
+            out[s.name][s.cells] = chosen[s.name] = [v for v in params[s.name][s.cells] if v in chosen[s.name]]
     return picked, out, chosen
 
 
@@ -187,21 +153,20 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         extra["shard"] = {"index": index, "count": count, "group": plan.group, "cells": cells}
         name = f"{name}-shard{index}of{count}"
     if plan.gpus:
-        extra["gpus"] = list(plan.gpus)
-        if plan.gpus_emulated:
-            extra["gpus_emulated"] = True
+        extra.update(gpus=list(plan.gpus), **({"gpus_emulated": True} if plan.gpus_emulated else {}))
+    device = DEVICE_OF_PROFILE[plan.profile]
     run = RunFolder.create(plan.results, name=name)
     lock = run.lock()
     lock.acquire()                 # a folder this process just made: nobody else can hold it
     meta, outcome = RunMeta(), _Outcome()
     try:
-        meta = RunMeta.collect({"profile": plan.profile, "device": plan.device, "mode": plan.mode,
+        meta = RunMeta.collect({"profile": plan.profile, "device": device, "mode": plan.mode,
                                 "studies": params, **extra})
         meta.write(run.path)
         print(f"sweep: profile {plan.profile}, {_studies(len(studies))} "
               + (f"(shard {plan.shard[0]}/{plan.shard[1]}) " if plan.shard else "")
               + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run.path}")
-        outcome = _execute(studies, params, plan.device, run.path, plan.direct, plan.kernel or default_kernel(),
+        outcome = _execute(studies, params, device, run.path, plan.mode == "direct", plan.kernel or default_kernel(),
                            plan.profile, plan.gpus)
         _record(run.path, meta, outcome)
     finally:
@@ -223,14 +188,9 @@ def _resume_meta(run: RunFolder) -> RunMeta:
 
 def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str | None = None,
                  gpus: tuple[int, ...] | list[int] | None = None, resume_finished: bool = False) -> SweepResult:
-    """Finish the run folder ``run`` (a path, or a name under ``results``): every study it planned
-    through the stages it has not reached, with the parameters it recorded (``studies``: the
-    registry). A killed run gets its end recorded. A finished run is a record: without failures it
-    is refused unless ``resume_finished``; either way it keeps what it recorded, and the resume is
-    appended to ``resumed`` with its own studies, failures and end time."""
+    """Finish the run folder ``run`` (a path, or a name under ``results``) with its recorded parameters."""
     from .provenance import git_info, iso_utc
     from .studies import ParamError
-
     folder = RunFolder.find(results, str(run))
     run_dir = folder.path
     # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
@@ -260,8 +220,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
         state = folder.state(meta)
         params = meta.params or {}
         plan, device, profile = meta.plan, params.get("device") or "cpu", params.get("profile", "cpu")
-        unknown = sorted(set(plan) - set(studies))
-        if unknown:
+        if unknown := sorted(set(plan) - set(studies)):
             raise SystemExit(f"--resume: {run_dir.name} planned studies {unknown} that are not registered now")
         left = state.left
         try:   # the recorded values must still be valid for today's declarations
@@ -291,20 +250,15 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
 
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool, kernel: str, profile: str,
              gpus: tuple[int, ...] | list[int] | None = None) -> _Outcome:
-    """Run each study of ``selected`` into ``run_dir``: one after the other here, or with ``gpus`` in
-    one worker process per GPU, longest first by earlier runs' times of ``profile``."""
-    import time
-
+    """Run ``selected`` into ``run_dir`` one after the other, or with ``gpus`` one worker process per GPU."""
     from tqdm.auto import tqdm
-
     if gpus:
-        ordered = longest_first(selected, run_dir, profile)
         wider = one_gpu_warnings(selected, plan, device)
         for w in wider:
             print(f"sweep: {w}", file=sys.stderr)
-        failures, placed, finished = execute_on_gpus(ordered, run_dir, direct, kernel, gpus)
+        failures, placed, finished = execute_on_gpus(longest_first(selected, run_dir, profile), run_dir, direct,
+                                                     kernel, gpus)
         return _Outcome(failures, wider, finished, placed)
-
     out = _Outcome()
     # a bar on a terminal; in a log, one plain line per study (no carriage returns)
     bar = tqdm(selected, desc="studies", unit="study", disable=len(selected) < 2 or not sys.stderr.isatty())
@@ -333,46 +287,36 @@ def _record(run_dir: Path, meta: RunMeta, outcome: _Outcome, entry: dict | None 
 
 
 def longest_first(selected: list, run_dir: Path, profile: str) -> list:
-    """``selected`` longest first by `recorded_seconds` of the other runs beside ``run_dir`` and
-    under reference/ (untimed first, as given), so that the workers finish close together."""
+    """``selected`` longest first (untimed first) by the runs beside ``run_dir`` and under reference/."""
     root = run_dir.parent
     known = {name: sec for name, (sec, _) in recorded_seconds([root, root / "reference"], profile, run_dir).items()}
     return sorted(selected, key=lambda s: (s.name in known, -known.get(s.name, 0.0)))
 
 
-def runs_of_this_code(results: Path, name: str):
-    """(run folder, RunMeta) of every run ``*-<sha>-<name>`` under ``results`` this code made (same
-    commit, clean tree), newest first; none from a dirty tree or one outside git."""
+def _run_of_this_code(results: Path, name: str, wanted) -> Path | None:
+    """The newest run ``*-<sha>-<name>`` of this commit, from a clean tree, for which ``wanted(run, meta)``."""
     from .provenance import git_info
-
     g = git_info()
     if not g.get("sha") or g.get("dirty"):
-        return
+        return None
     for run in sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True):
         try:
             meta = RunFolder(run).meta()
         except MetaError:
             continue
-        if (meta.git or {}).get("sha") == g["sha"] and not (meta.git or {}).get("dirty"):
-            yield run, meta
+        if (meta.git or {}).get("sha") == g["sha"] and not (meta.git or {}).get("dirty") and wanted(run, meta):
+            return run
+    return None
 
 
 def interrupted_run(results: Path, name: str) -> Path | None:
-    """The newest run of this code that never finished and no process works in (``make report``
-    resumes it instead of starting over)."""
-    for run, meta in runs_of_this_code(results, name):
-        if not meta.finished_at and not RunFolder(run).in_use():
-            return run
-    return None
+    """The newest run of this code that never finished and no process works in (``make report`` resumes it)."""
+    return _run_of_this_code(results, name, lambda run, meta: not meta.finished_at and not RunFolder(run).in_use())
 
 
 def reusable_run(results: Path, name: str, profile: str, studies: dict) -> Path | None:
-    """The newest run of this code ``make report`` shows instead of sweeping again: finished with no
-    open failure, every stage of every study there, and exactly the default sweep of ``profile``."""
+    """The newest complete run of this code, without open failures, of the default sweep of ``profile``."""
     want = {n: s.resolve(profile) for n, s in studies.items()}
-    for run, meta in runs_of_this_code(results, name):
-        params = meta.params or {}
-        if (meta.finished_at and not meta.open_failures() and params.get("profile") == profile
-                and meta.plan == want and not params.get("shard") and not RunFolder(run).state(meta).left):
-            return run
-    return None
+    return _run_of_this_code(results, name, lambda run, meta: (
+        meta.finished_at and not meta.open_failures() and (meta.params or {}).get("profile") == profile
+        and meta.plan == want and not (meta.params or {}).get("shard") and not RunFolder(run).state(meta).left))

@@ -11,8 +11,7 @@ from ..provenance import iso_utc
 from ..runstate import run_in_use, run_state
 from .output import REPORT_TITLE
 from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
-from .benchmarks import BenchmarkSection, key_findings
-from .views import COMPARE_ROWS, Comparison, StudySection, View, _runs_words, is_cpu
+from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, is_cpu, key_findings
 
 NO_STUDY_MESSAGE = ("no study exists yet: no module in workbench/studies/ registers one, "
                     "so there is nothing to sweep or summarize")
@@ -20,34 +19,26 @@ CPU_NOTE = ("CPU smoke test: its verdicts, memory models and planner padding hol
             "timings are not measurements")
 TABLE_OPEN_ROWS = 8                  # a key-number table with more rows than this starts folded
 
-
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 80rem; padding: 0 1rem;
        color: #1d1d1f; line-height: 1.45; }
 h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
-h3 { font-size: 1rem; margin: 1.2rem 0 0.4rem; }
-table { border-collapse: collapse; font-size: 0.9rem; width: 100%; }
+h3 { font-size: 1rem; margin: 1.2rem 0 0.4rem; } table { border-collapse: collapse; font-size: 0.9rem; width: 100%; }
 th, td { text-align: left; padding: 0.3rem 0.6rem; border-bottom: 1px solid #eee; vertical-align: top; }
-th { background: #f5f5f7; }
+th, code { background: #f5f5f7; } code { padding: 0 0.2rem; } .toc { font-size: 0.9rem; }
 .notice { background: #fff8e1; border: 1px solid #f0c36d; padding: 0.8rem 1rem; border-radius: 4px; }
 .keys { background: #f5f9ff; border: 1px solid #c9dcf5; padding: 0.4rem 1rem 0.6rem; border-radius: 4px; }
-.keys li { margin: 0.25rem 0; }
-.ref { background: #e8f0fe; border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; }
-.cpu { background: #fff3e0; border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; }
-.muted { color: #6e6e73; font-size: 0.85rem; }
-.errata { background: #fdecea; border-left: 3px solid #c62828; padding: 0.3rem 0.6rem; }
-.problem { color: #a50e0e; font-size: 0.85rem; }
-figcaption { font-size: 0.8rem; color: #3a3a3c; }
+.keys li { margin: 0.25rem 0; } .muted { color: #6e6e73; font-size: 0.85rem; } .caption { font-weight: 600; }
+.ref, .cpu { border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; } .ref { background: #e8f0fe; }
+.cpu { background: #fff3e0; } .errata { background: #fdecea; border-left: 3px solid #c62828; padding: 0.3rem 0.6rem; }
+.problem { color: #a50e0e; font-size: 0.85rem; } figcaption { font-size: 0.8rem; color: #3a3a3c; }
 pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; }
 .figs { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 0.6rem 1rem; }
 figure { margin: 0.4rem 0; } figure img { max-width: 100%; max-height: 360px; border: 1px solid #eee; }
-code { background: #f5f5f7; padding: 0 0.2rem; }
-.tablebox { overflow-x: auto; margin: 0.6rem 0; } .caption { font-weight: 600; }
+.tablebox { overflow-x: auto; margin: 0.6rem 0; } ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
 table.data { font-size: 0.8rem; width: auto; } table.data td { text-align: right; white-space: nowrap; }
 details { margin: 0.5rem 0; } details > summary { cursor: pointer; }
 details.fold { border-left: 3px solid #ddd; padding-left: 0.8rem; }
-ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
-.toc { font-size: 0.9rem; }
 """
 
 
@@ -56,8 +47,7 @@ def _e(x: Any) -> str:
 
 
 def _href(rel: str) -> str:
-    """A relative link for an attribute: percent-encoded (a folder name holding ``:``, ``#``,
-    ``?`` or markup stays a path, never a scheme or a fragment), then HTML-escaped."""
+    """A relative link for an attribute: percent-encoded (always a path, never a scheme), then HTML-escaped."""
     return _e(urllib.parse.quote(rel, safe="/"))
 
 
@@ -65,27 +55,34 @@ def _link(rel: str | None, text: str) -> str:
     return f'<a href="{_href(rel)}">{_e(text)}</a>' if rel else _e(text)
 
 
+def _items(lines: list[str]) -> str:
+    return "".join(f"<li>{_e(line)}</li>" for line in lines)
+
+
+def _paragraphs(text: str) -> str:
+    return "".join(f"<p>{_e(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
+
+
 def _newest_first(runs: list[Run]) -> list[Run]:
     return sorted(runs, key=lambda r: (r.started, r.name), reverse=True)
 
 
-def _unfinished(r: Run) -> str:
-    if run_in_use(r.path):
-        return "in progress"
-    odd = [n for n in r.skipped if n.endswith(".ipynb")]
-    if odd:             # the stages are read from its notebooks; these are not files to read
-        return f"interrupted (its stages are not read: {_e(', '.join(odd))}: not a regular file)"
-    left = run_state(r.path, r.meta).describe_left()
-    return (f"interrupted (left: {_e(left)}): finish it with <code>python -m workbench sweep --resume "
-            f"{_e(r.name)}</code> (make report resumes it when the code is the same)")
-
-
 def _status(r: Run, bad: list[str]) -> str:
     """The status cell of a run: why it is unusable, or finished/unfinished with what it records."""
+    odd = [n for n in r.skipped if n.endswith(".ipynb")]     # its stages are read from its notebooks
     if r.error:
         status = f"<span class='problem'>{_e(r.error)}</span>"
     else:
-        status = "finished" if r.meta.finished_at else _unfinished(r)
+        if r.meta.finished_at:
+            status = "finished"
+        elif run_in_use(r.path):
+            status = "in progress"
+        elif odd:
+            status = f"interrupted (its stages are not read: {_e(', '.join(odd))}: not a regular file)"
+        else:
+            status = (f"interrupted (left: {_e(run_state(r.path, r.meta).describe_left())}): finish it with "
+                      f"<code>python -m workbench sweep --resume {_e(r.name)}</code> (make report resumes it "
+                      "when the code is the same)")
         if r.shard:
             status += f", shard {_e(r.shard['index'])}/{_e(r.shard['count'])} of {_e(r.shard['group'])}"
         if r.meta.placement:
@@ -107,21 +104,15 @@ def _status(r: Run, bad: list[str]) -> str:
     return status
 
 
-def _items(lines: list[str]) -> str:
-    return "".join(f"<li>{_e(line)}</li>" for line in lines)
-
-
 def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
                 links: Mapping[tuple[str, str], str], csv: str) -> str:
-    """Every run folder, newest first, folded (its CSV beside it); what could not be used, what
-    failed and what a run warned about stay visible below."""
+    """Every run folder, newest first, folded; what could not be used, failed or warned stays visible below."""
     if not runs:
         return "<p>No run folder found yet (a run folder holds a <code>meta.json</code>).</p>"
     rows = []
     for r in _newest_first(runs):
         name = _link(links.get((r.name, "meta.json")), r.name)      # its copied meta.json
-        if r.reference:
-            name += ' <span class="ref">reference</span>'
+        name += ' <span class="ref">reference</span>' if r.reference else ""
         dur = f"{r.meta.duration_s:.1f} s" if r.meta.duration_s is not None else ""
         tables = ", ".join(_link(links.get((r.name, t)), t) for t in r.tables) or '<span class="muted">none</span>'
         rows.append(f"<tr><td>{name}</td><td>{_e(r.device)}</td><td><code>{_e(r.meta.git_label)}</code></td>"
@@ -130,26 +121,18 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
     problems = [f"{r.name}: {r.error}" for r in runs if r.error]
     problems += [f"{r.name}: {n}: {why}; not read or copied" for r in runs for n, why in r.skipped.items()]
     problems += [f"{name}: {line}" for name, lines in table_problems.items() for line in lines]
-    listing = ("<p class='problem'>Run folders and tables the report could not use:</p><ul class='problem'>"
-               + _items(problems) + "</ul>") if problems else ""
-    failed = [f"{r.name}: {f}" for r in runs if not r.error for f in r.meta.open_failures()]
-    if failed:   # the reason on the page, not only in a tooltip
-        listing += "<p class='problem'>Studies that failed in a run:</p><ul class='problem'>" + _items(failed) + "</ul>"
-    warned = [f"{r.name}: {w}" for r in runs for w in r.meta.all_warnings()]
-    if warned:
-        listing += "<p>Warnings a run recorded:</p><ul>" + _items(warned) + "</ul>"
-    n_ref = sum(r.reference for r in runs)
-    summary = (f"{len(runs)} run folder{'s' if len(runs) != 1 else ''} ({n_ref} reference), newest first: "
-               "device, commit, status, tables (each run's name opens its meta.json)")
+    listing = "".join(f"<p{cls}>{head}</p><ul{cls}>{_items(lines)}</ul>" for head, cls, lines in (
+        ("Run folders and tables the report could not use:", " class='problem'", problems),
+        ("Studies that failed in a run:", " class='problem'", [f"{r.name}: {f}" for r in runs if not r.error
+                                                               for f in r.meta.open_failures()]),
+        ("Warnings a run recorded:", "", [f"{r.name}: {w}" for r in runs for w in r.meta.all_warnings()])) if lines)
+    summary = (f"{len(runs)} run folder{'s' if len(runs) != 1 else ''} ({sum(r.reference for r in runs)} reference), "
+               "newest first: device, commit, status, tables (each run's name opens its meta.json)")
     csv_link = f' · <a href="{_href(csv)}">CSV</a>' if csv else ""
     return (f'<details class="fold"><summary>{_e(summary)}{csv_link}</summary>'
             "<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
             "<th>duration</th><th>status</th><th>tables</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table></details>" + listing)
-
-
-def _paragraphs(text: str) -> str:
-    return "".join(f"<p>{_e(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
 
 
 def _table_html(df) -> str:
@@ -187,23 +170,18 @@ def _tables_html(tables: list[tuple[str, Any, str]]) -> str:
 
 
 def _view_body(name: str, v: View) -> str:
+    """A view's error, errata, finding, tables and figures (the first group's shown, the other groups folded)."""
     out = [f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>'] if v.error else []
     out += [f'<p class="errata"><b>Known problem</b> (found after the run; reference/{ERRATA_NAME}): {_e(note)}</p>'
             for note in v.errata]
-    return "".join([*out, _paragraphs(v.text), _tables_html(v.tables), _grouped_figures_html(v, f"{name} figure")])
-
-
-def _grouped_figures_html(v: View, alt: str) -> str:
-    """The view's figures; where they fall in several groups (runs, towers of a run), the first group's
-    shown and each other group folded under its name."""
     groups: dict[str, list[str]] = {}
     for f in v.figures:
         groups.setdefault(v.groups.get(f, ""), []).append(f)
     (_, first), *rest = list(groups.items()) or [("", [])]
-    out = [_figures_html(first, v.svgs, v.captions, alt)]
-    for label, figs in rest:
-        out.append(f'<details class="fold"><summary>Figures of {_e(label or "the other runs")} ({len(figs)})'
-                   f"</summary>{_figures_html(figs, v.svgs, v.captions, alt)}</details>")
+    alt = f"{name} figure"
+    out += [_paragraphs(v.text), _tables_html(v.tables), _figures_html(first, v.svgs, v.captions, alt)]
+    out += [f'<details class="fold"><summary>Figures of {_e(label or "the other runs")} ({len(figs)})'
+            f"</summary>{_figures_html(figs, v.svgs, v.captions, alt)}</details>" for label, figs in rest]
     return "".join(out)
 
 
@@ -218,18 +196,8 @@ def _view_html(name: str, v: View) -> str:
     if v.folded:
         return (f'<details class="fold"><summary><span class="cpu">CPU</span> {head}. {_e(CPU_NOTE)}.</summary>'
                 f"{_view_body(name, v)}</details>")
-    note = f"<p class='muted'>{_e(CPU_NOTE)}.</p>" if v.cpu else ""
+    note = f"<p class='muted'>{_e(CPU_NOTE)}.</p>" if is_cpu(v.device) else ""
     return f"<h3>{head}</h3>{note}{_view_body(name, v)}"
-
-
-def _comparison_html(c: Comparison) -> str:
-    csv = f' · <a href="{_href(c.csv)}">CSV of every value</a>' if c.csv else ""
-    out = f"<p class='muted'>Compared on {_e(c.device)}: {_e(c.line)}{csv}</p>"
-    if c.table is not None and len(c.table):
-        first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
-        out += (f'<details class="fold"><summary>The {c.flagged} flagged value{"s" if c.flagged != 1 else ""}'
-                f'{first}</summary><div class="tablebox">{_table_html(c.table)}</div></details>')
-    return out
 
 
 def _section_html(s: StudySection) -> str:
@@ -238,7 +206,13 @@ def _section_html(s: StudySection) -> str:
     if s.error and not any(v.error for v in s.views):
         out.append(f'<p>The summary failed:</p><pre class="error">{_e(s.error)}</pre>')
     out += [_view_html(s.name, v) for v in s.views] or [_paragraphs(s.text)]
-    out += [_comparison_html(c) for c in s.comparisons]
+    for c in s.comparisons:         # the newest run against the one before it
+        csv = f' · <a href="{_href(c.csv)}">CSV of every value</a>' if c.csv else ""
+        out.append(f"<p class='muted'>Compared on {_e(c.device)}: {_e(c.line)}{csv}</p>")
+        if c.table is not None and len(c.table):
+            first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
+            out[-1] += (f'<details class="fold"><summary>The {c.flagged} flagged value{"s" if c.flagged != 1 else ""}'
+                        f'{first}</summary><div class="tablebox">{_table_html(c.table)}</div></details>')
     out += [f'<p class="problem">{_e(line)}</p>' for line in s.table_problems]
     out += [f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>' for dev in s.missing_devices]
     out += [f'<p class="muted">From runs: {_e(", ".join(s.runs))}</p>'] if s.runs else []
@@ -261,8 +235,6 @@ def _benchmark_html(b: BenchmarkSection) -> str:
 
 
 def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
-    if not keys:
-        return ""
     out = ['<div class="keys" id="key-findings"><h2>Key findings: the newest run per device</h2>']
     gpu = any(not is_cpu(d) for d in keys)
     for dev, items in keys.items():
@@ -274,7 +246,7 @@ def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
                        f"<ul>{lis}</ul></details>")
         else:
             out.append(f"<h3>{_e(dev)}</h3><ul>{lis}</ul>")
-    return "".join(out) + "</div>"
+    return "".join(out) + "</div>" if keys else ""
 
 
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, results_dir: Path,
@@ -302,5 +274,5 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, r
     body += [_section_html(s) for s in sections] + [_benchmark_html(b) for b in benchmarks]
     body += ['<h2 id="runs">Runs</h2>', _runs_table(runs, table_problems, links, runs_csv)]
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{REPORT_TITLE}</title>"
-            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+            f"<title>{REPORT_TITLE}</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")

@@ -1,7 +1,5 @@
-"""The report's own folder: ``<results>/report/`` or an ``--out`` folder that is new, empty, or marked
-by the report (``.workbench-report.json``, listing every file it wrote with its size). Every other
-folder is refused before any work; a report is built beside its folder and renamed into place.
-"""
+"""The report's own folder (results/report/, or an --out folder that is new, empty or marked by the report), built
+beside it and renamed into place; in it, copies of what the page links, notebooks' HTML cleaned by nh3."""
 from __future__ import annotations
 
 import errno
@@ -10,17 +8,38 @@ import os
 import re
 import shutil
 import stat
+import urllib.parse
 import uuid
 from pathlib import Path
 
-from ..files import atomic_write_text, file_kind, read_regular
+from ..files import atomic_write_text, read_regular
 from ..provenance import iso_utc, results_root
 from ..runmeta import META_NAME
-from .runs import ReportError
+from .runs import ReportError, Run, _kind, _why
 
 REPORT_MARKER = ".workbench-report.json"
 REPORT_TITLE = "Workbench report"             # the <title> of index.html
-_SHOW_AT_MOST = 5
+RUNS_DIRNAME = "runs"                # <report>/runs/<run folder>/: copies of what the page links
+LOCALIZED_NOTE = ("<!-- copied into the workbench report and cleaned by an allow-list (nh3): no script, "
+                  "event attribute, frame, plugin or form, no link that runs code, nothing loaded from "
+                  "outside the report folder (math shows as TeX source) -->\n")
+# the page's own rule, for a browser: nothing runs, nothing loads from elsewhere
+_CSP = ("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "img-src data: 'self'; font-src data:; form-action 'none'; base-uri 'none'\">\n")
+NO_SANITIZER = ("executed notebooks' HTML is not copied into the report: the HTML sanitizer nh3 is not "
+                "installed (pip install nh3), and a notebook's HTML is never copied unsanitized")
+
+# what nbconvert's export of an executed notebook is made of: text, code, tables, images
+_TAGS = {"a", "abbr", "b", "blockquote", "br", "caption", "code", "col", "colgroup", "dd", "del", "details",
+         "div", "dl", "dt", "em", "figcaption", "figure", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "img",
+         "kbd", "li", "main", "ol", "p", "pre", "s", "samp", "small", "span", "strong", "style", "sub",
+         "summary", "sup", "table", "tbody", "td", "tfoot", "th", "thead", "title", "tr", "u", "ul", "var"}
+_ATTRIBUTES = {"*": {"class", "id", "title"}, "a": {"href"}, "img": {"src", "alt", "width", "height"},
+               "td": {"colspan", "rowspan"}, "th": {"colspan", "rowspan"}, "ol": {"start"}}
+_DROPPED_WITH_CONTENT = {"script", "svg", "math", "iframe", "object", "noscript", "template"}
+_IMAGE_DATA = tuple(f"data:image/{t}{sep}" for t in ("png", "jpeg", "gif", "svg+xml") for sep in ";,")
+_CSS_ESCAPE = re.compile(r"\\([0-9a-fA-F]{1,6})\s?|\\(.)", re.S)
+_CSS_LOADS = re.compile(r"@import|(?:image-set|image|cross-fade|element|src)\(|url\(\s*(?!['\"]?\s*data:)", re.I)
 
 
 class UnsafeOutDir(ReportError, ValueError):
@@ -31,28 +50,12 @@ def _token() -> str:
     return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _regular(path: Path) -> bool:
-    try:
-        return file_kind(path, follow=False) is None
-    except OSError:
-        return False
-
-
-def _looks_like_run(d: Path) -> bool:
-    try:
-        return (d / META_NAME).is_file() or any(d.glob("*.parquet"))
-    except OSError:
-        return False
-
-
 def _some(names: list[str]) -> str:
-    shown = ", ".join(names[:_SHOW_AT_MOST])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > _SHOW_AT_MOST else "")
+    return ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
 
 
 def _walk_files(root: Path) -> tuple[dict[str, int], list[str]]:
-    """{relative path: size} of the regular files under ``root``, and everything else there (links,
-    special files, folders that cannot be read)."""
+    """{relative path: size} of the regular files under ``root`` but the marker, and all else (links, ...)."""
     files: dict[str, int] = {}
     other: list[str] = []
     for here, dirs, names in os.walk(root, onerror=lambda e: other.append(os.path.relpath(e.filename, root))):
@@ -67,25 +70,12 @@ def _walk_files(root: Path) -> tuple[dict[str, int], list[str]]:
                 files[rel] = st.st_size
             elif not stat.S_ISDIR(st.st_mode):
                 other.append(rel)
+    files.pop(REPORT_MARKER, None)
     return files, other
 
 
-def _not_written_by_report(folder: Path) -> list[str]:
-    """What in a marked ``folder`` the marker does not list with its size, and anything not a plain file."""
-    files, other = _walk_files(folder)
-    try:
-        written = json.loads(read_regular(folder / REPORT_MARKER))["files"]
-    except (OSError, ValueError, RecursionError, KeyError, TypeError):
-        written = None
-    if not isinstance(written, dict):
-        return [f"{REPORT_MARKER} (unreadable, or it lists no files)"]
-    files.pop(REPORT_MARKER, None)
-    return other + [rel for rel, size in files.items() if written.get(rel) != size]
-
-
 def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None) -> str:
-    """Whether the report may replace ``out_dir`` as a whole: "new", "empty" or "report" (the marker,
-    and only the files it lists). UnsafeOutDir, naming the folder and why, for anything else."""
+    """"new", "empty" or "report" (only the files its marker lists) where the report may replace ``out_dir``."""
     out_dir = Path(out_dir)
     results_dir = Path(results_dir) if results_dir is not None else results_root()
     out, results = out_dir.resolve(), results_dir.resolve()
@@ -98,7 +88,11 @@ def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None)
         held = "it is the results folder itself" if out == results else f"it holds the results folder {results_dir}"
         raise refuse(f"{held}; the report replaces its whole folder, which would delete every run folder in it")
     for d in (out, *(d for d in out.parents if results in d.parents)):
-        if _looks_like_run(d):
+        try:
+            run = (d / META_NAME).is_file() or any(d.glob("*.parquet"))
+        except OSError:
+            run = False
+        if run:
             where = "it is a run folder" if d == out else f"it is inside the run folder {d}"
             raise refuse(f"{where}; a run folder holds results only")
     if not out.exists():
@@ -113,10 +107,18 @@ def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None)
         raise refuse(f"it cannot be listed ({e.strerror or e})") from e
     if not entries:
         return "empty"
-    if not _regular(out / REPORT_MARKER):
+    if _kind(out / REPORT_MARKER):
         raise refuse(f"it is not empty ({_some(entries)}) and holds no {REPORT_MARKER}, so it is not a folder "
                      "the report wrote, and the report replaces its whole folder")
-    foreign = _not_written_by_report(out)
+    files, foreign = _walk_files(out)
+    try:
+        written = json.loads(read_regular(out / REPORT_MARKER))["files"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        written = None
+    if isinstance(written, dict):
+        foreign += [rel for rel, size in files.items() if written.get(rel) != size]
+    else:
+        foreign = [f"{REPORT_MARKER} (unreadable, or it lists no files)"]
     if foreign:
         raise refuse(f"it is a report folder, but holds files the report did not write or that changed since "
                      f"({_some(foreign)}), which replacing it would delete; move them out first")
@@ -125,44 +127,16 @@ def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None)
 
 def write_marker(folder: Path, results_dir: Path, final: bool) -> None:
     """The report's marker in ``folder``; ``final``: listing every file written there, with its size."""
-    files = _walk_files(folder)[0] if final else None
-    if files is not None:
-        files.pop(REPORT_MARKER, None)
     doc = {"written_by": "python -m workbench report (workbench.report.build_report)",
            "built_at": iso_utc(timespec="seconds"), "results": str(results_dir),
            "note": ("The report replaces this whole folder each time it is built, after checking "
                     "that it holds only the files listed here; keep nothing else in it."),
-           "files": files}
+           "files": _walk_files(folder)[0] if final else None}
     atomic_write_text(folder / REPORT_MARKER, json.dumps(doc, indent=1) + "\n")
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except OSError:             # another user's process
-        pass
-    return True
-
-
-def _remove_leftovers(out: Path) -> None:
-    """Folders that killed builds into ``out`` left beside it: the report's marker in them and their
-    process gone (its id is in the name). Anything else is left alone."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:building|old)-(\d+)-[0-9a-f]{{8}}")
-    try:
-        siblings = list(out.parent.iterdir())
-    except OSError:
-        return
-    for d in siblings:
-        m = pattern.fullmatch(d.name)
-        if m and not d.is_symlink() and _regular(d / REPORT_MARKER) and not _running(int(m[1])):
-            shutil.rmtree(d, ignore_errors=True)
-
-
 def swap_in(tmp: Path, out_dir: Path, results_dir: Path) -> None:
-    """Replace ``out_dir`` with the finished report in ``tmp``, checked again right before; the old
-    folder is moved aside and back again if moving the new one in fails."""
+    """Replace ``out_dir`` (checked again) with ``tmp``, then remove what killed builds left beside it."""
     check_report_dir(out_dir, results_dir)
     out = out_dir.resolve()
     backup = out.with_name(f".{out.name}.old-{_token()}") if out.exists() else None
@@ -180,7 +154,21 @@ def swap_in(tmp: Path, out_dir: Path, results_dir: Path) -> None:
         raise
     if backup is not None:
         shutil.rmtree(backup, ignore_errors=True)
-    _remove_leftovers(out)
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:building|old)-(\d+)-[0-9a-f]{{8}}")
+    try:
+        siblings = list(out.parent.iterdir())
+    except OSError:
+        return
+    for d in siblings:
+        m = pattern.fullmatch(d.name)
+        if not m or d.is_symlink() or _kind(d / REPORT_MARKER):
+            continue
+        try:
+            os.kill(int(m[1]), 0)       # its build's process: running, or another user's
+        except (ProcessLookupError, OverflowError):
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def write_failure(out_dir: Path, e: OSError) -> str:
@@ -193,3 +181,58 @@ def write_failure(out_dir: Path, e: OSError) -> str:
         hint = "pass --out DIR to write the report elsewhere"
     return (f"cannot write the report to {out_dir}: {e.strerror or e}{where}; {hint}. The previous report "
             "there (if any) and every run folder are unchanged.")
+
+
+def _attribute(tag: str, name: str, value: str) -> str | None:
+    """An image only embedded or in the folder, a link only to http(s) or the folder (not ``//host``)."""
+    url = "".join(value.split()).lower()
+    if name not in ("href", "src") or url.startswith(_IMAGE_DATA if name == "src" else ("http://", "https://")):
+        return value
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return None
+    return None if parts.scheme or parts.netloc or url.startswith(("/", "\\")) else value
+
+
+def localize_html(text: str) -> str:
+    """A notebook's HTML export cleaned by an allow-list (nh3), ``<style>`` kept where it loads nothing."""
+    import nh3
+
+    def style(m: re.Match) -> str:      # read with its escapes undone (``\\75 rl(`` is ``url(``)
+        plain = _CSS_ESCAPE.sub(lambda e: chr(min(int(e[1], 16), 0x10FFFF)) if e[1] else e[2], m[1])
+        return "" if _CSS_LOADS.search(plain) else m[0]
+
+    clean = nh3.clean(text, tags=_TAGS, clean_content_tags=_DROPPED_WITH_CONTENT, attributes=_ATTRIBUTES,
+                      attribute_filter=_attribute, url_schemes={"http", "https", "data"})
+    clean = re.sub(r"<style>(.*?)</style>", style, clean, flags=re.S)
+    return '<!doctype html>\n<meta charset="utf-8">\n' + _CSP + LOCALIZED_NOTE + clean
+
+
+def nh3_missing() -> bool:
+    try:
+        import nh3  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+def copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:
+    """{(run folder, "meta.json" | study): its copy under ``root``}; an unreadable file goes to ``skipped``."""
+    links: dict[tuple[str, str], str] = {}
+    notebooks = not nh3_missing()
+    for r in (r for r in runs if not r.path.is_symlink()):       # a link to a folder elsewhere: none of it
+        names = [META_NAME] + ([f"{study}.html" for study in r.tables] if notebooks else [])
+        for name in (n for n in names if n not in r.skipped):
+            try:
+                text = read_regular(r.path / name).decode("utf-8", errors="replace")
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                r.skipped[name] = _why(e)
+                continue
+            target = root / RUNS_DIRNAME / r.name / name
+            atomic_write_text(target, text if name == META_NAME else localize_html(text))
+            key = "meta.json" if name == META_NAME else name[:-len(".html")]
+            links[(r.name, key)] = target.relative_to(root).as_posix()
+    return links

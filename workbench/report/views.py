@@ -1,29 +1,29 @@
-"""What the page shows, as data: one `StudySection` per study with one `View` per device and kind (the
-newest run, the older runs), each summarized by the study on its own rows, with figures, captions and
-key-number tables as DataFrames (a CSV beside each), and the newest run against the one before it
-(workbench.compare). Nothing here renders HTML.
-"""
+"""What the page shows, as data: per study a `View` per device of its newest and its older runs, each summarized
+by the study, and the newest run against the one before; the committed benchmarks; the key findings."""
 from __future__ import annotations
 
-import math
+import fnmatch
+import json
+import re
 import traceback
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..files import read_regular
 from ..runstate import slug
-from .output import _regular
-from .runs import Run, TableProblem, study_table
+from .runs import REFERENCE_DIRNAME, Run, TableProblem, _kind, _one_line, _why, study_table
 
 COMPARE_ROWS = 12                    # flagged rows shown per comparison (all of them in its CSV)
 DIFF_CELLS = 8                       # changed verdict cells named per older run
+KEY_FINDING_CHARS = 300              # a key finding: the finding's opening sentences, about this long
+_slug = partial(slug, empty="x")
 
 
 @dataclass
 class View:
-    """One summarize call: the newest run(s) of a device (``kind`` "newest": per family where the table
-    has a ``family`` column), or its older runs ("older"). CPU and older views are folded on the page."""
-
+    """One summarize call: a device's newest run(s) ("newest", per family) or its older runs ("older")."""
     kind: str
     device: str
     runs: list[str]
@@ -38,15 +38,10 @@ class View:
     folded: bool = False
     errata: list[str] = field(default_factory=list)     # known problems of its runs (errata.json)
 
-    @property
-    def cpu(self) -> bool:
-        return is_cpu(self.device)
-
 
 @dataclass
 class Comparison:
     """The newest run of a study on one device against the run before it (workbench.compare)."""
-
     device: str
     newer: str
     older: str
@@ -71,13 +66,20 @@ class StudySection:
     per_preset: bool = False        # its finding has a paragraph per tower (family): each is a key finding
 
 
+@dataclass
+class BenchmarkSection:
+    """A registered benchmark and its committed result files, drawn (figures relative to the report folder)."""
+    name: str
+    title: str
+    panels: list[Any] = field(default_factory=list)     # workbench.benchmarks.BenchmarkPanel
+    note: str = ""                  # one line when there is nothing to show
+    svgs: dict[str, str] = field(default_factory=dict)
+    captions: dict[str, str] = field(default_factory=dict)
+
+
 def is_cpu(device: str) -> bool:
     """Whether a table's device name is a CPU ('cpu: <model>'): a smoke test, not a measurement."""
     return str(device).strip().lower().startswith("cpu")
-
-
-def _slug(text: str) -> str:
-    return slug(text, empty="x")
 
 
 def _runs_words(runs: list[str]) -> str:
@@ -85,36 +87,37 @@ def _runs_words(runs: list[str]) -> str:
 
 
 def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str]]:
-    """Figure files (absolute or relative to ``base``) as paths relative to ``root``; of a PNG/SVG pair
-    the PNG shown and its SVG linked. ValueError for a figure that is not a regular file in ``root``."""
+    """Figures (absolute or under ``base``) relative to ``root``, PNG shown and SVG linked; ValueError for a bad one."""
     rels: list[str] = []
     for fig in map(Path, paths):
         fig = fig if fig.is_absolute() else base / fig
         fig = fig.parent.resolve() / fig.name            # its folder's real place; the file itself not followed
-        if not _regular(fig) or root not in fig.parents:
+        if _kind(fig) or root not in fig.parents:
             raise ValueError(f"figure {fig} is missing, outside the report folder or not a regular file "
                              "(a link, a folder...): not shown")
         rel = fig.relative_to(root).as_posix()
         if rel not in rels:
             rels.append(rel)
-    stems = [Path(r).with_suffix("").as_posix() for r in rels if not r.lower().endswith(".svg")]
+    stems = {Path(r).with_suffix("").as_posix() for r in rels if not r.lower().endswith(".svg")}
     shown = [r for r in rels if not (r.lower().endswith(".svg") and Path(r).with_suffix("").as_posix() in stems)]
     svgs = {r: Path(r).with_suffix(".svg").as_posix() for r in shown
-            if not r.lower().endswith(".svg") and _regular(root / Path(r).with_suffix(".svg"))}
+            if not r.lower().endswith(".svg") and _kind(root / Path(r).with_suffix(".svg")) is None}
     return shown, svgs
 
 
-def _starts(runs: list[Run]) -> dict[str, str]:
-    """logical run name -> its (latest) start time."""
-    out: dict[str, str] = {}
-    for r in runs:
-        out[r.logical_name] = max(out.get(r.logical_name, ""), r.started)
-    return out
+def _figure_runs(fig: str, study: str, runs: list[str]) -> tuple[str, str | None]:
+    """(what the figure shows, the run it belongs to) from its file name ``<stem>_<run>``."""
+    stem = Path(fig).stem
+    run = next((r for r in sorted(runs, key=len, reverse=True) if stem.endswith("_" + _slug(r))), None)
+    if run is not None:
+        stem = stem[: -len(_slug(run)) - 1]
+    if stem.startswith(study):
+        stem = stem[len(study):]
+    return " ".join(stem.replace("_", " ").replace("-", " ").split()), run
 
 
 def newest_mask(table, starts: Mapping[str, str]):
-    """The rows of the newest run of each device (and family: a later run of one family does not
-    hide the other's newest numbers), as a boolean Series."""
+    """The rows of the newest run of each device and family, as a boolean Series."""
     import pandas as pd
 
     mask = pd.Series(False, index=table.index)
@@ -123,13 +126,6 @@ def newest_mask(table, starts: Mapping[str, str]):
         run = max(g["run"].astype(str).unique(), key=lambda r: (starts.get(r, ""), r))
         mask[g.index[g["run"].astype(str) == run]] = True
     return mask
-
-
-def _device_order(table, starts: Mapping[str, str]) -> list[str]:
-    """GPUs first, then CPUs, each by its newest run, newest first."""
-    newest = {str(dev): max(starts.get(str(r), "") for r in g["run"].unique())
-              for dev, g in table.groupby("device", dropna=True, sort=False)}
-    return sorted(sorted(newest, key=lambda d: (newest[d], d), reverse=True), key=is_cpu)
 
 
 def _runs_newest_first(g, starts: Mapping[str, str]) -> list[str]:
@@ -154,17 +150,17 @@ def _verdict_diffs(study: str, older, newest, starts: Mapping[str, str]) -> list
             lines.append(f"{run}: unchanged ({len(cmp)} verdicts shared with {ref})")
         else:
             more = len(changed) - DIFF_CELLS
-            more_words = f"; and {more} more (in the comparison CSV)" if more > 0 else ""
+            more = f"; and {more} more (in the comparison CSV)" if more > 0 else ""
             lines.append(f"{run}: {len(changed)} of {len(cmp)} verdicts differ from {ref}: "
-                         + "; ".join(changed[:DIFF_CELLS]) + more_words)
+                         + "; ".join(changed[:DIFF_CELLS]) + more)
     return lines
 
 
+@dataclass
 class Csvs:
     """CSV files written beside the page, one per table shown, each name used once."""
-
-    def __init__(self, root: Path):
-        self.root, self.used = root, set()
+    root: Path
+    used: set[str] = field(default_factory=set)
 
     def write(self, df, *parts: str) -> str:
         base = "-".join(_slug(str(p))[:48] for p in parts if str(p)) or "table"
@@ -176,58 +172,41 @@ class Csvs:
         return name
 
 
-def _figure_runs(fig: str, study: str, runs: list[str]) -> tuple[str, str | None]:
-    """(what the figure shows, the run it belongs to) from its file name ``<stem>_<run>``."""
-    stem = Path(fig).stem
-    run = next((r for r in sorted(runs, key=len, reverse=True) if stem.endswith("_" + _slug(r))), None)
-    if run is not None:
-        stem = stem[: -len(_slug(run)) - 1]
-    if stem.startswith(study):
-        stem = stem[len(study):]
-    return " ".join(stem.replace("_", " ").replace("-", " ").split()), run
-
-
-def _caption(fig: str, study: str, view_runs: list[str], by_run: Mapping[str, Run], device: str,
-             shows: str | None = None) -> str:
-    """What a figure shows (the Summary's words, else its file name's) and its device, run, start time."""
-    what, run = _figure_runs(fig, study, view_runs)
-    title = shows.rstrip(". ") if shows else f"{study}{': ' + what if what else ''}"
-    if run is None:
-        return f"{title}, {device}, from run{'s' if len(view_runs) > 1 else ''} {', '.join(view_runs)}."
-    r = by_run.get(run)
-    when = f", started {r.started[:16].replace('T', ' ')} UTC" if r is not None and r.started else ""
-    ref = ", reference run" if r is not None and r.reference else ""
-    cpu = " CPU smoke test: timings here are not measurements." if is_cpu(device) else ""
-    return f"{title}, {device}, run {run}{when}{ref}.{cpu}"
-
-
 def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
                     by_run: Mapping[str, Run], csvs: Csvs) -> None:
+    """The study's summarize on the view's rows; each figure captioned: what it shows, device, run, start."""
     from ..studies import Summary
 
     fig_dir.mkdir(parents=True, exist_ok=True)
     result = study.summarize(rows.reset_index(drop=True), fig_dir)
-    if isinstance(result, str):
-        result = Summary(text=result)
+    result = Summary(text=result) if isinstance(result, str) else result
     view.text = result.text
     view.tables = [(caption, df, csvs.write(df, study.name, view.device, view.kind, caption))
                    for caption, df in getattr(result, "tables", [])]
     view.figures, view.svgs = _figures_in(result.figures, fig_dir, out_dir)
     own = getattr(result, "captions", None) or {}       # {file name: what it shows}
-    view.captions = {f: _caption(f, study.name, view.runs, by_run, view.device, own.get(Path(f).name))
-                     for f in view.figures}
     groups = getattr(result, "groups", None) or {}
     view.groups = {f: groups[Path(f).name] for f in view.figures if Path(f).name in groups}
+    for f in view.figures:
+        what, run = _figure_runs(f, study.name, view.runs)
+        shows = own.get(Path(f).name)
+        title = shows.rstrip(". ") if shows else f"{study.name}{': ' + what if what else ''}"
+        if run is None:
+            view.captions[f] = f"{title}, {view.device}, from {_runs_words(view.runs)}."
+            continue
+        r = by_run.get(run)
+        when = f", started {r.started[:16].replace('T', ' ')} UTC" if r is not None and r.started else ""
+        ref = ", reference run" if r is not None and r.reference else ""
+        cpu = " CPU smoke test: timings here are not measurements." if is_cpu(view.device) else ""
+        view.captions[f] = f"{title}, {view.device}, run {run}{when}{ref}.{cpu}"
 
 
 def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: Csvs) -> Comparison | None:
-    """The newest run on ``device`` against the newest earlier run that shares a value with it (runs
-    of other towers share none); None where there is no such run."""
+    """The newest run on ``device`` against the newest earlier run sharing a value with it, or None."""
     from ..compare import compare_tables, summary_line
 
-    order = _runs_newest_first(g, starts)
-    newer = order[0]
-    for older in order[1:]:
+    newer, *order = _runs_newest_first(g, starts)
+    for older in order:
         cmp = compare_tables(g[g["run"].astype(str) == older], g[g["run"].astype(str) == newer], study=study)
         if len(cmp):
             break
@@ -246,43 +225,43 @@ def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: Csv
 def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[str, str], Any],
               problems: list[TableProblem], devices: set[str], csvs: Csvs,
               errata: Mapping[str, Mapping[str, str]]) -> StudySection:
-    """A study's section: per device a view of the newest run(s) and one of the older runs, each
-    summarized on its own rows, with the older runs' verdict diffs and the newest-against-previous."""
+    """A study's section: per device a view of its newest run(s) and one of its older runs, and a comparison."""
     holders = list(dict.fromkeys(r.logical_name for r in runs if study.name in r.tables))
     section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[],
-                           per_preset=bool(getattr(study, "per_preset", False)),
-                           missing_devices=sorted(devices))
+                           per_preset=bool(getattr(study, "per_preset", False)), missing_devices=sorted(devices))
     if not holders:
         section.text = "No run holds a table for this study yet (make sweep)."
         return section
     try:
-        problems = list(problems)
-        table = study_table(study.name, runs, problems=problems, loaded=loaded)
+        table = study_table(study.name, runs, loaded=loaded)
         section.table_problems = [p.line for p in problems]
         if table is None:
             section.text = "No table of this study could be read."
             return section
         section.runs = [name for name in holders if name in set(table["run"].astype(str))]
         section.missing_devices = sorted(devices - {str(d) for d in table["device"].dropna().unique()})
-        starts = _starts(runs)
+        starts: dict[str, str] = {}         # logical run name -> its (latest) start time
+        for r in runs:
+            starts[r.logical_name] = max(starts.get(r.logical_name, ""), r.started)
         by_run = {r.logical_name: r for r in runs}
         newest = newest_mask(table, starts)
-        order = _device_order(table, starts)
-        any_gpu = any(not is_cpu(d) for d in order)
+        latest = {str(dev): max(starts.get(str(r), "") for r in g["run"].unique())
+                  for dev, g in table.groupby("device", dropna=True, sort=False)}
+        order = sorted(sorted(latest, key=lambda d: (latest[d], d), reverse=True), key=is_cpu)   # GPUs first
         for dev in order:
             on_dev = table["device"].astype(str) == dev
             for kind, rows in (("newest", table[on_dev & newest]), ("older", table[on_dev & ~newest])):
                 if not len(rows):
                     continue
                 view = View(kind=kind, device=dev, runs=_runs_newest_first(rows, starts),
-                            folded=kind == "older" or (is_cpu(dev) and any_gpu))
+                            folded=kind == "older" or (is_cpu(dev) and not is_cpu(order[0])))
                 view.errata = [f"{run}: {errata[run][study.name]}" for run in view.runs
                                if study.name in errata.get(run, {})]
                 if kind == "older":
                     view.diffs = _verdict_diffs(study.name, rows, table[on_dev & newest], starts)
-                fig_dir = out_dir / study.name / f"{_slug(dev)}-{kind}"
                 try:
-                    _summarize_view(study, view, rows, fig_dir, out_dir, by_run, csvs)
+                    _summarize_view(study, view, rows, out_dir / study.name / f"{_slug(dev)}-{kind}", out_dir,
+                                    by_run, csvs)
                 except Exception:  # noqa: BLE001 - one view failing leaves the others
                     view.error = traceback.format_exc()
                 section.views.append(view)
@@ -297,6 +276,67 @@ def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[
     return section
 
 
-def study_rank(study: Any) -> tuple[float, str]:
-    """Sections in the order the studies declare (`Study.order`), then by name."""
-    return (getattr(study, "order", math.inf), study.name)
+def benchmark_sections(results_dir: Path | str, out_dir: Path,
+                       benchmarks: Mapping[str, Any] | None = None) -> list[BenchmarkSection]:
+    """Each ``reference/*.json`` holding ``"benchmark": <name>`` drawn by that benchmark into ``<out_dir>/<name>/``."""
+    from ..benchmarks import BenchmarkPanel, discover
+
+    benchmarks = discover() if benchmarks is None else benchmarks
+    ref = Path(results_dir) / REFERENCE_DIRNAME
+    files = sorted(ref.glob("*.json")) if ref.is_dir() else []
+    sections = []
+    for bench in sorted(benchmarks.values(), key=lambda b: (b.order, b.name)):
+        sec = BenchmarkSection(name=bench.name, title=bench.title)
+        for path in files:
+            try:
+                doc = json.loads(read_regular(path).decode("utf-8"))
+            except (OSError, ValueError, RecursionError) as e:   # cannot tell what it holds: say so
+                if fnmatch.fnmatch(path.name, bench.files):
+                    sec.panels.append(BenchmarkPanel(
+                        source=path.name, error=_one_line(f"{path.name}: unreadable JSON ({_why(e)})")))
+                continue
+            if not isinstance(doc, dict) or doc.get("benchmark") != bench.name:
+                continue
+            fig_dir = out_dir / _slug(bench.name)
+            panel = bench.summarize(path, doc, fig_dir)
+            try:
+                panel.figures, svgs = _figures_in(panel.figures, fig_dir, out_dir)
+            except (OSError, ValueError) as e:
+                panel.figures, svgs, panel.error = [], {}, _one_line(f"{path.name}: {_why(e)}")
+            sec.svgs.update(svgs)
+            own = getattr(panel, "captions", None) or {}
+            for f in panel.figures:
+                what = own.get(Path(f).name) or f"{bench.title}: {_figure_runs(f, _slug(path.stem), [])[0]}"
+                sec.captions[f] = (f"{what}; {panel.device or 'unknown device'}, {panel.date}, from "
+                                   f"{REFERENCE_DIRNAME}/{panel.source}.")
+            sec.panels.append(panel)
+        sec.note = "" if sec.panels else bench.missing
+        sections.append(sec)
+    return sections
+
+
+def _first_paragraph(text: str) -> str:
+    """The first paragraph, cut after the sentence that passes KEY_FINDING_CHARS."""
+    first = next((p.strip() for p in text.split("\n\n") if p.strip()), "")
+    if len(first) <= KEY_FINDING_CHARS:
+        return first
+    ends = [m.end() for m in re.finditer(r"[.:;] (?=[A-Z(])", first)]
+    cut = next((e for e in ends if e >= KEY_FINDING_CHARS * 3 // 4), None)
+    if cut is None or cut > 2 * KEY_FINDING_CHARS:
+        cut = first.rfind(" ", 0, KEY_FINDING_CHARS) + 1 or KEY_FINDING_CHARS
+    return first[:cut].rstrip(" ;:") + " …"
+
+
+def key_findings(sections: list[StudySection],
+                 benchmarks: list[BenchmarkSection] = ()) -> dict[str, list[tuple[str, str, str]]]:
+    """{device: [(section anchor, source, opening of its newest finding)]}, GPUs first (per tower if per_preset)."""
+    found = [(v.device, s.name, "" if s.per_preset else _runs_words(v.runs), p)
+             for s in sections for v in s.views if v.kind == "newest" and not v.error
+             for p in ([p for p in v.text.split("\n\n") if p.strip()] if s.per_preset else [v.text])]
+    found += [(p.device, b.name, f"{REFERENCE_DIRNAME}/{p.source}", p.text)
+              for b in benchmarks for p in b.panels if not p.error]
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for device, anchor, source, text in found:
+        if _first_paragraph(text):
+            out.setdefault(device, []).append((anchor, source, _first_paragraph(text)))
+    return dict(sorted(out.items(), key=lambda kv: is_cpu(kv[0])))

@@ -1,0 +1,73 @@
+"""`workbench advise`: the configuration an engine can take, from the committed reference runs and
+the planner; nothing invented where no run measured it."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from workbench.advise import advise
+from workbench.cli import main
+from workbench.planner import expected_padding
+from workbench.provenance import REPO_ROOT
+
+RESULTS = REPO_ROOT / "results"
+
+
+def test_advice_from_the_committed_h200_runs():
+    a = advise("qwen3-vl-8b", "documents", RESULTS)
+    assert a.placement.device == "NVIDIA H200" and a.placement.run.startswith("2026")
+    assert (RESULTS / "reference" / a.placement.run / "correctness.parquet").is_file()
+    assert a.choice is not None and a.choice[0] in ("runner", "tower", "fold", "device")
+    assert "us per replay" in a.staging.text and (RESULTS / "reference" / a.staging.run / "cast_cost.parquet").is_file()
+    # the planner's budgets cover the mix and pad no more than the engines' powers of two
+    assert a.budgets == sorted(a.budgets) and a.padding["miss"] == 0
+    assert a.padding["planner"] <= a.padding["engines"]
+    assert a.padding["engines"] == pytest.approx(expected_padding("documents", a.engine_budgets, "qwen3-vl-8b")
+                                                 ["padded_frac"])
+    cc = a.compilation_config()
+    assert cc["cudagraph_mm_encoder"] is True and cc["encoder_cudagraph_token_budgets"] == a.budgets
+    assert cc["encoder_cudagraph_max_vision_items_per_batch"] == a.max_items >= 1
+    assert "encoder_cudagraph_max_frames_per_batch" not in cc          # no video in the mix
+    assert not a.missing
+
+
+def test_a_video_mix_sets_frames_per_batch():
+    cc = advise("qwen2.5-vl-7b", "video_clips", RESULTS).compilation_config()
+    assert cc["encoder_cudagraph_max_frames_per_batch"] >= cc["encoder_cudagraph_max_vision_items_per_batch"]
+
+
+def test_without_runs_it_plans_and_names_what_to_measure(tmp_path):
+    a = advise("qwen3-vl-8b", "screenshots", tmp_path)
+    assert a.choice is None and a.budgets
+    text = a.text()
+    assert "us per replay" not in text and "recommended:" not in text
+    assert "python -m workbench sweep --studies correctness --set families=qwen3-vl-8b" in text
+
+
+def test_a_folder_of_images_no_run_has_seen(tmp_path, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate([(300, 500), (900, 700), (1200, 1600)]):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    assert main(["advise", "--preset", "glm-4.1v-9b", "--set", f"image_folder={folder}", "--json",
+                 "--results", str(RESULTS)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mix"] == "folder:mine" and len(out["budgets"]) >= 1
+    assert out["vllm_compilation_config"]["encoder_cudagraph_token_budgets"] == out["budgets"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--preset", "nope"], "unknown preset 'nope'; valid presets: qwen2-vl-2b"),
+    (["--preset", "qwen3-vl-8b", "--mix", "nope"], "unknown image mix 'nope'; valid: phone_photos"),
+    (["--preset", "qwen3-vl-8b", "--set", "image_folder=/no/such/folder"], "does not exist"),
+    (["--preset", "qwen3-vl-8b", "--set", "depth=2"], "the one key advise takes is image_folder=PATH"),
+    (["--preset", "qwen3-vl-8b", "--mix", "photos", "--set", "image_folder=/x"], "name two mixes"),
+])
+def test_bad_input_is_named(argv, says):
+    with pytest.raises(SystemExit) as e:
+        main(["advise", *argv])
+    assert says in str(e.value)

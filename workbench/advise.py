@@ -1,0 +1,232 @@
+"""``python -m workbench advise --preset P --mix M``: a configuration a serving engine can take.
+
+For one tower and one traffic mix (a named mix, or ``folder:PATH`` of the user's images) it puts
+together what the runs measured and what the planner computes:
+
+- **where to normalize**: the placements the newest correctness run of the family found right on
+  every path it ran (eager, each graph buffer, dp), and among them the cheapest staging design of
+  the newest cast_cost run of the preset at the budget nearest the mix's typical replay (design,
+  norm kernel and graph buffer dtype, with its us per replay and the run);
+- **which graphs**: the planner's budgets for the mix (`planner.plan_budgets`, exact, as many
+  graphs as the engines' powers of two would capture), items per graph by the engines' rule, and
+  the padding share of replayed rows against the engines' powers of two (`expected_padding`),
+  computed here for any mix, seen or not;
+- **the engine's own options**: vLLM 0.33's ``--compilation-config`` JSON (the names of its
+  ``CompilationConfig``) and the processor options device normalization implies.
+
+Measured numbers come only from run folders (``results/`` and the committed ``results/reference/``),
+GPU runs first, a CPU run only where no GPU run has the family, marked so. What no run measured is
+said, with the command that would measure it: never an invented number.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runner_policy import engine_budgets, engine_max_items
+
+# cast_cost's staging designs as what an engine configures: (placement, graph input buffer dtype)
+DESIGNS = {"runner": ("runner", "bfloat16"), "uint8_valid": ("tower", "uint8"), "uint8_buffer": ("tower", "uint8"),
+           "bf16_buffer": ("tower", "bfloat16"), "fold": ("fold", "uint8"), "device": ("device", "bfloat16"),
+           "fp32_buffer": ("processor", "float32")}
+ENGINE_MAX_BUDGET = 16384           # the engines' largest budget in the workbench's realistic cells
+VLLM = "vLLM 0.33"
+
+
+@dataclass
+class Evidence:
+    """One measured answer: its value in words, the run folder and device it came from."""
+    text: str
+    run: str = ""
+    device: str = ""
+
+    def line(self) -> str:
+        where = f" [{self.run}, {self.device}]" if self.run else ""
+        return f"{self.text}{where}"
+
+
+@dataclass
+class Advice:
+    preset: str
+    family: str
+    mix: str
+    sizes: str
+    budgets: list[int]
+    max_items: int
+    max_frames: int | None
+    padding: dict[str, float]
+    engine_budgets: list[int]
+    placement: Evidence
+    staging: Evidence
+    missing: list[str] = field(default_factory=list)
+    choice: tuple[str, str, str] | None = None          # (placement, norm, buffer dtype)
+
+    def compilation_config(self) -> dict:
+        out = {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": self.budgets,
+               "encoder_cudagraph_max_vision_items_per_batch": self.max_items}
+        if self.max_frames:
+            out["encoder_cudagraph_max_frames_per_batch"] = self.max_frames
+        return out
+
+    def text(self) -> str:
+        pad = self.padding
+        lines = [f"advise: {self.preset} ({self.family}), mix {self.mix}: {self.sizes}",
+                 f"where to normalize: {self.placement.line()}",
+                 f"staging: {self.staging.line()}"]
+        if self.choice:
+            placement, norm, buffer = self.choice
+            lines.append(f"recommended: placement {placement}, norm {norm}, graph buffer {buffer}, policy auto "
+                         f"(the workbench runner's; {VLLM} replays every pack that fits)")
+        lines += [f"budgets (planner, {len(self.budgets)} graphs): {self.budgets}; items per graph "
+                  f"{self.max_items}" + (f"; frames per batch {self.max_frames}" if self.max_frames else ""),
+                  f"padding of replayed rows on this mix: planner {pad['planner']:.1%}, the engines' powers of two "
+                  f"{self.engine_budgets[0]}..{self.engine_budgets[-1]}: {pad['engines']:.1%}"
+                  + (f"; items larger than every planned budget: {pad['miss']:.1%}" if pad["miss"] else ""),
+                  f"{VLLM}: --compilation-config '{json.dumps(self.compilation_config())}'"]
+        if self.choice and self.choice[0] not in ("processor",):
+            lines.append(f"{VLLM} processor: do_rescale=False, do_normalize=False (uint8 pixels to the GPU; "
+                         f"the model normalizes: MultiModalConfig.mm_device_do_normalize)")
+        lines += [f"not measured: {m}" for m in self.missing]
+        return "\n".join(lines)
+
+
+def _runs(results: Path) -> list[Path]:
+    """Run folders under ``results`` and ``results/reference``, newest first by their UTC-stamped name."""
+    found = []
+    for root in (results, results / "reference"):
+        if root.is_dir():
+            found += [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and (p / "meta.json").is_file()]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def _newest(results: Path, study: str, column: str, value: str):
+    """(table rows of ``column == value``, run folder) of the newest run of ``study`` that has them,
+    a GPU run before any CPU run; (None, None) where none has."""
+    from .studies.tables import TableError, load_table
+    cpu = None
+    for run in _runs(results):
+        path = run / f"{study}.parquet"
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            table = load_table(path)
+        except (OSError, ValueError, TableError):
+            continue
+        if column not in table.columns:
+            continue
+        rows = table[table[column] == value]
+        if not len(rows):
+            continue
+        if not (rows["device"].astype(str).str.lower() == "cpu").all():
+            return rows[rows["device"].astype(str).str.lower() != "cpu"], run
+        cpu = cpu or (rows, run)
+    return cpu or (None, None)
+
+
+def _device(rows) -> str:
+    names = sorted(set(rows["device"].astype(str)))
+    return ", ".join(names) + (" (CPU: host numbers, no graph pool)" if names == ["cpu"] else "")
+
+
+def _right_placements(results: Path, cfg, missing: list[str]) -> tuple[list[str], Evidence]:
+    from .studies.correctness.summary import matrix
+    rows, run = _newest(results, "correctness", "family", cfg.family)
+    if rows is None:
+        missing.append(f"correctness of {cfg.family}: python -m workbench sweep --studies correctness "
+                       f"--set families={cfg.name}")
+        return [], Evidence("no correctness run of this family")
+    m = matrix(rows)
+    right = [p for p in m.index.get_level_values(-1).unique()
+             if m.xs(p, level=-1).stack().dropna().astype(str).str.startswith("ok").all()]
+    paths = ", ".join(str(c) for c in m.columns)
+    return right, Evidence(f"right on every path measured ({paths}): {', '.join(right) or 'none'}", run.name,
+                           _device(rows))
+
+
+def _staging(results: Path, cfg, right: list[str], typical: int, missing: list[str]):
+    from .studies.cast_cost.summary import table_at
+    rows, run = _newest(results, "cast_cost", "preset", cfg.name)
+    if rows is None:
+        missing.append(f"staging cost of {cfg.name}: python -m workbench sweep --studies cast_cost "
+                       f"--set presets={cfg.name}")
+        return None, Evidence("no cast_cost run of this preset")
+    t = table_at(rows)
+    if t.empty or "staging_us" not in t.columns:
+        return None, Evidence("the cast_cost run has no staging times", run.name, _device(rows))
+    budgets = sorted(t["budget"].astype(int).unique())
+    budget = min(budgets, key=lambda b: (abs(math.log(b / typical)), b))
+    at = t[(t["budget"].astype(int) == budget) & t["design"].map(lambda d: DESIGNS.get(d, ("?",))[0] in right)]
+    if at.empty:
+        return None, Evidence(f"no staging design of a right placement measured at {budget} tokens", run.name,
+                              _device(rows))
+    best = at.sort_values("staging_us").iloc[0]
+    placement, buffer = DESIGNS[best["design"]]
+    share = ""
+    if "tower_us" in at.columns and best.get("tower_us", 0) > 0:
+        share = f", {best['staging_us'] / best['tower_us']:.2%} of the tower's replay"
+    return (placement, str(best["norm"]), buffer), Evidence(
+        f"cheapest right design at {budget} tokens: {best['design']} / {best['norm']}, "
+        f"{best['staging_us']:.1f} us per replay{share}", run.name, _device(rows))
+
+
+def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs: int | None = None,
+           engine_max_budget: int = ENGINE_MAX_BUDGET) -> Advice:
+    """The advice for tower ``preset`` (a preset name or a model folder) on ``mix``."""
+    from .checkpoints import resolve_config
+    from .planner import expected_padding, plan_budgets
+    from .provenance import results_root
+    from .samples import get_mix, mix_distribution, mix_entries, mix_label
+
+    cfg = resolve_config(preset)
+    get_mix(mix)                                        # unknown names and bad folders refused here
+    dist = mix_distribution(mix, cfg)
+    tokens = [t for t, _ in dist]
+    engines = engine_budgets(max(engine_max_budget, 64))
+    graphs = max_graphs or len([b for b in engines if b < max(tokens)]) + 1
+    planned = plan_budgets(mix, graphs, cfg=cfg)
+    items = engine_max_items(planned)
+    frames = [int(e.get("frames") or 1) for e in mix_entries(mix, cfg) if e.get("kind") == "video"]
+    mean_budget = expected_padding(mix, planned, cfg)["mean_budget"]
+    typical = int(mean_budget) if mean_budget == mean_budget else max(tokens)
+    results = Path(results) if results is not None else results_root()
+    missing: list[str] = []
+    right, placement = _right_placements(results, cfg, missing)
+    choice, staging = _staging(results, cfg, right, typical, missing) if right else (None, Evidence(
+        "no placement known to be right, so no staging design is recommended"))
+    ours, theirs = expected_padding(mix, planned, cfg), expected_padding(mix, engines, cfg)
+    return Advice(cfg.name, cfg.family, mix_label(mix), f"{len(tokens)} sizes, {min(tokens)}-{max(tokens)} merged tokens",
+                  planned, items, max(frames) * items if frames else None,
+                  {"planner": ours["padded_frac"], "engines": theirs["padded_frac"], "miss": ours["miss_frac"]},
+                  engines, placement, staging, missing, choice)
+
+
+def advise_command(args) -> int:
+    """``python -m workbench advise``: the advice as text (or ``--json``); SystemExit naming a bad
+    preset, mix, folder or --set."""
+    from .checkpoints import CheckpointError
+    from .samples import FOLDER_PREFIX
+
+    folder = None
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if key.strip() != "image_folder" or not sep or not value.strip():
+            raise SystemExit(f"advise --set {item!r}: the one key advise takes is image_folder=PATH (a folder of "
+                             f"your images); a named mix goes to --mix")
+        folder = value.strip()
+    if folder and args.mix:
+        raise SystemExit(f"advise: --mix {args.mix!r} and --set image_folder={folder!r} name two mixes; give one")
+    mix = f"{FOLDER_PREFIX}{folder}" if folder else (args.mix or "photos")
+    try:
+        result = advise(args.preset, mix, args.results, max_graphs=args.max_graphs)
+    except (ValueError, CheckpointError, OSError) as e:
+        raise SystemExit(f"advise: {e}") from None
+    if args.json:
+        out = {k: v for k, v in result.__dict__.items() if k not in ("placement", "staging")}
+        out.update(placement=result.placement.__dict__, staging=result.staging.__dict__,
+                   vllm_compilation_config=result.compilation_config())
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(result.text())
+    return 0
