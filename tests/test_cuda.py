@@ -197,13 +197,41 @@ def test_cuda_dense_attention_matches_flash_and_float32(seqs, rows):
     assert rel_err(dense, ref) < 1e-2 and rel_err(flash, ref) < 1e-2
 
 
+@pytest.mark.parametrize("head_dim", [72, 80, 128])
+def test_cuda_fa4_matches_float32_and_padding_never_leaks(head_dim):
+    """FlashAttention-4 (where installed) on a mixed pack followed by padding rows full of NaN: the
+    real rows match a float32 reference per sequence, are finite, and equal the unpadded call's."""
+    from workbench.attention import fa4_problem, varlen_attention
+    problem = fa4_problem("cuda", head_dim)
+    if problem is not None:
+        pytest.skip(f"FlashAttention-4 {problem}")
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    sizes, pad = [3000, 1700, 64, 900], 700
+    n = sum(sizes)
+    qkv = torch.randn(n + pad, 3, 16, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    qkv[n:] = float("nan")
+    q, k, v = qkv.unbind(1)
+    cu = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    padded = varlen_attention(q, k, v, cu, max(sizes), "fa4")[:n]
+    plain = varlen_attention(q[:n], k[:n], v[:n], cu, max(sizes), "fa4")
+    bounds = cu.tolist()
+    ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(t[a:b].transpose(0, 1).float() for t in (q, k, v))).transpose(0, 1) for a, b in zip(bounds, bounds[1:])])
+    print(head_dim, "fa4 rel_err", rel_err(plain, ref), "finite", bool(torch.isfinite(padded).all()),
+          "padded == unpadded", torch.equal(padded, plain), "max diff", (padded.float() - plain.float()).abs().max())
+    assert torch.isfinite(padded).all() and rel_err(plain, ref) < 1e-2
+    assert rel_err(padded, plain) < 1e-3
+
+
 @pytest.mark.parametrize("exact_capture", ["construction", "first_use"])
 @pytest.mark.parametrize("preset", REAL)
 def test_cuda_exact_fit_graphs_match_eager_and_read_no_stale_memory(preset, exact_capture):
     """Also as padding_waste builds its runners: one warm-up, exact-fit graphs captured by
     `prepare` for the batch about to be encoded (after the pool was poisoned)."""
     cfg = wb.VisionConfig.preset(preset).reduced(4)
-    enc = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=4)
+    # exact-fit graphs serve the dense cuDNN path of the varlen backend (FlashAttention-4 has none)
+    enc = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=4,
+                           attn_backend="varlen")
     lazy = exact_capture == "first_use"
     runner = EncoderGraphRunner(enc, budgets=[256, 1024], buffer_dtype=torch.uint8, max_items=4, policy="always",
                                 exact_capture=exact_capture, warmup=1 if lazy else 2)

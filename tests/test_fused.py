@@ -117,6 +117,10 @@ def test_fused_choice_is_validated_and_auto_stays_plain_on_cpu():
         wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float64, device="cpu", fused=True)
     with pytest.raises(ValueError, match="attention backend 'varlen' needs CUDA"):
         wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", attn_backend="varlen")
+    with pytest.raises(ValueError, match="attention backend 'fa4' needs CUDA and fp16/bf16.*valid|'fa4' needs CUDA"):
+        wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", attn_backend="fa4")
+    with pytest.raises(ValueError, match="unknown attention backend 'flash4'.*'fa4'"):
+        wb.build_encoder(cfg, placement="tower", norm="eager", device="cpu", attn_backend="flash4")
     # resolved again after a move or a cast
     enc.visual.to(torch.float64)
     assert enc.visual.kernels.backend == "loop" and not enc.visual.kernels.fused
@@ -292,3 +296,22 @@ def test_qwen3_fused_mlp_keeps_one_fc1_output_on_meta_and_runs_the_plain_ops_on_
     assert [e[2] for e in fused if e[0] == "alloc"].count(big) == 1
     assert [e[2] for e in plain if e[0] == "alloc"].count(big) == 2
     assert out.shape == (37, cfg.width)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("n, end", [(37, 20), (64, 64), (33, 0), (50, 49)])
+def test_zero_tail_zeroes_only_the_rows_past_the_end(n, end):
+    """FlashAttention-4's guard: keys and values of padding rows (views of one qkv) zeroed in place,
+    every other row and the queries untouched; a layout the kernel does not take falls back."""
+    from workbench.attention import zero_tail_
+    qkv = torch.randn(n, 3, 4, 72, dtype=torch.bfloat16)
+    qkv[end:] = float("nan")
+    ref = qkv.clone()
+    e = torch.tensor([end], dtype=torch.int32)
+    zero_tail_(qkv[:, 1], e)
+    zero_tail_(qkv[:, 2], e)
+    assert torch.equal(qkv[:end], ref[:end]) and (qkv[end:, 1:] == 0).all() and qkv[end:, 0].isnan().all()
+    x = torch.randn(n, 72, 4).transpose(1, 2)
+    r = x.clone()
+    zero_tail_(x, e)
+    assert torch.equal(x[:end], r[:end]) and (x[end:] == 0).all()

@@ -5,6 +5,16 @@ Rows of several images / frames are packed into one [N, heads, head_dim] tensor;
 `cu_seqlens[-1]` belong to no sequence (a graph runner's padding).
 
 Backends (`ATTN_BACKENDS`):
+- ``fa4``: FlashAttention-4's CuTe forward (`flash_attn.cute.flash_attn_varlen_func`, the optional
+  ``flash-attn-4`` package; CUDA SM90+, fp16/bf16, head dims that are multiples of 8). On the H200
+  it runs mixed packs at about twice torch's flash varlen and above cuDNN's dense attention
+  (FACTS.md, results/reference/README.md), so ``auto`` takes it wherever it is installed and runs.
+  Graph-safe like ``varlen`` (`max_seqlen` fixed on the host, `cu_seqlens` read on the device);
+  rows outside every sequence are left unwritten. Unlike torch's flash, its last key tile of the
+  last sequence reads on past the sequence's end, so a NaN in a padding row's key or value would
+  reach real rows (0 x NaN): the keys and values of rows at or past ``cu_seqlens[-1]`` are zeroed
+  first, in place, by a kernel that reads the end on the device and writes only those rows. Its first call per head dim compiles (about 2 s),
+  which belongs to a warm-up, never to a timed call.
 - ``varlen``: torch's Flash Attention varlen kernel (the op behind
   `torch.nn.attention.varlen.varlen_attn`, called directly: the wrapper adds a host-side custom-op
   dispatch and one extra kernel per call; CUDA, fp16/bf16 only). Graph-safe: `max_seqlen` is fixed
@@ -26,7 +36,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-ATTN_BACKENDS = ("auto", "varlen", "masked", "loop")
+from .triton_support import jitted, tl
+
+ATTN_BACKENDS = ("auto", "fa4", "varlen", "masked", "loop")
 # the smallest sequence (rows) run as dense cuDNN attention when dense_seqlen allows it
 DENSE_MIN_ROWS = 1024
 
@@ -38,23 +50,55 @@ def check_backend(backend) -> str:
     return backend
 
 
-def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    """Pick the concrete backend for `auto`; validate explicit choices."""
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> str:
+    """The concrete backend for ``auto`` (CUDA and fp16/bf16: ``fa4`` where it is installed and runs
+    ``head_dim``, else ``varlen``; CUDA otherwise ``masked``; CPU ``loop``); an explicit choice the
+    device, dtype or head dim cannot run is a ValueError naming the valid ones."""
     check_backend(backend)
     device = torch.device(device)
     half = dtype in (torch.float16, torch.bfloat16)
     if backend == "auto":
         if device.type == "cuda":
+            if half and fa4_problem(device, head_dim) is None:
+                return "fa4"
             return "varlen" if half and _has_varlen() else "masked"
         return "loop"
-    if backend == "varlen":
-        if device.type != "cuda" or not half:
-            raise ValueError(f"attention backend 'varlen' needs CUDA and fp16/bf16, got device={device}, "
-                             f"dtype={dtype}; use 'masked' (graph-safe, any dtype) or 'loop'")
-        if not _has_varlen():
-            raise ValueError("attention backend 'varlen' needs torch>=2.10 "
-                             "(torch.nn.attention.varlen.varlen_attn); use 'masked' or 'loop'")
+    if backend in ("varlen", "fa4") and (device.type != "cuda" or not half):
+        raise ValueError(f"attention backend {backend!r} needs CUDA and fp16/bf16, got device={device}, "
+                         f"dtype={dtype}; use 'masked' (graph-safe, any dtype) or 'loop'")
+    if backend == "varlen" and not _has_varlen():
+        raise ValueError("attention backend 'varlen' needs torch>=2.10 "
+                         "(torch.nn.attention.varlen.varlen_attn); use 'masked' or 'loop'")
+    if backend == "fa4":
+        problem = fa4_problem(device, head_dim)
+        if problem is not None:
+            raise ValueError(f"attention backend 'fa4' {problem}; use 'auto', 'varlen', 'masked' or 'loop'")
     return backend
+
+
+def _fa4_func():
+    """FlashAttention-4's varlen forward, or None where the package is not installed."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception:  # noqa: BLE001 - ImportError, or a broken install of its CuTe libraries
+        return None
+    return flash_attn_varlen_func
+
+
+def fa4_problem(device, head_dim: int | None) -> str | None:
+    """Why FlashAttention-4 cannot run on ``device`` for ``head_dim`` (None: it can)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"needs a CUDA device, got {device}"
+    if head_dim is not None and head_dim % 8:
+        return f"needs a head dim that is a multiple of 8, got {head_dim}"
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 9:
+        return f"needs compute capability 9.0 or newer (Hopper, Blackwell), got {major}.x"
+    if _fa4_func() is None:
+        return "is not installed (pip install flash-attn-4; FACTS.md says how to bring it to a host " \
+               "without a registry)"
+    return None
 
 
 def _has_varlen() -> bool:
@@ -63,6 +107,48 @@ def _has_varlen() -> bool:
     except ImportError:
         return False
     return True
+
+
+if tl is not None:
+    def _zero_tail_kernel(x_ptr, end_ptr, n_rows, row_stride, W: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_W: tl.constexpr):
+        r0 = tl.program_id(0) * BLOCK_R
+        end = tl.load(end_ptr)
+        if r0 + BLOCK_R > end:                     # blocks of real rows only read the end
+            rows = r0 + tl.arange(0, BLOCK_R)
+            keep = (rows >= end) & (rows < n_rows)
+            zero = tl.zeros([BLOCK_R, BLOCK_W], dtype=x_ptr.dtype.element_ty)
+            for w0 in range(0, W, BLOCK_W):
+                cols = w0 + tl.arange(0, BLOCK_W)
+                ptr = x_ptr + rows[:, None].to(tl.int64) * row_stride + cols[None, :]
+                tl.store(ptr, zero, mask=keep[:, None] & (cols[None, :] < W))
+
+_JITTED: dict = {}
+
+
+def zero_tail_(x: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """Zero the rows of ``x`` ([N, H, D], each row's H x D contiguous) at or past ``end`` (a
+    1-element int32 CUDA tensor), in place and graph-safe; returns ``x``."""
+    n, h, d = x.shape
+    if x.stride(2) != 1 or x.stride(1) != d:
+        x.masked_fill_((torch.arange(n, device=x.device) >= end)[:, None, None], 0)
+        return x
+    kernel = jitted(_JITTED, "zero_tail", lambda: {"zero_tail": (_zero_tail_kernel, {})},
+                    "zeroing padding rows needs the `triton` package")
+    block_r = 16
+    kernel[(-(-n // block_r),)](x, end, n, x.stride(0), W=h * d, BLOCK_R=block_r, BLOCK_W=256)
+    return x
+
+
+def fa4_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+               max_seqlen: int) -> torch.Tensor:
+    """FlashAttention-4's varlen forward on [N, H, D] (q, k, v may be strided views of one qkv).
+    Keys and values of rows past the last sequence are zeroed in place first (module docstring)."""
+    end = cu_seqlens[-1:]
+    zero_tail_(k, end)
+    zero_tail_(v, end)
+    return _fa4_func()(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+                       max_seqlen_k=max_seqlen)[0]
 
 
 def use_dense(backend: str, dense_seqlen: int | None) -> bool:
@@ -98,6 +184,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
     dense_seqlen: every sequence has this many rows and none is padding (see `use_dense`); only
     the ``varlen`` backend uses it."""
+    if backend == "fa4":
+        return fa4_varlen(q, k, v, cu_seqlens, max_seqlen)
     if backend == "varlen":
         if use_dense(backend, dense_seqlen):
             return dense_attention(q, k, v, dense_seqlen)

@@ -17,7 +17,7 @@ import statistics
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .attention import dense_attention, flash_varlen, varlen_attention
+from .attention import dense_attention, fa4_problem, fa4_varlen, flash_varlen, varlen_attention
 from .timing import cpu_time_us, cuda_event_ms, graph_replay_us, require_cuda, time_us
 from .triton_support import jitted, tl, triton
 
@@ -136,12 +136,14 @@ def matmul_tflops(device, n: int | None = None, reps: int = 10) -> float:
 
 # ---- attention rates (the encoder latency study's practical floor) ---------------------------
 
-def attention_candidates(device, dtype) -> tuple[str, ...]:
+def attention_candidates(device, dtype, head_dim: int | None = None) -> tuple[str, ...]:
     """Attention kernels `attention_tflops` tries on ``device``/``dtype``: on CUDA in fp16/bf16
     torch's flash varlen and, for equal sequences, SDPA's cuDNN, flash and memory-efficient
-    backends; elsewhere one SDPA call per sequence (what the towers run on a CPU)."""
+    backends, and FlashAttention-4 where it runs ``head_dim``; elsewhere one SDPA call per sequence
+    (what the towers run on a CPU). The best of them is the device's rate, whatever the tower runs."""
     if torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        return ("flash_varlen", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
+        fa4 = ("fa4",) if fa4_problem(device, head_dim) is None else ()
+        return ("flash_varlen", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", *fa4)
     return ("sdpa_loop",)
 
 
@@ -176,9 +178,10 @@ def attention_tflops(seq_rows: int, n_seqs: int, heads: int, head_dim: int, devi
     fns = {"flash_varlen": lambda: flash_varlen(q, k, v, cu, seq_rows),
            "sdpa_cudnn": (lambda: dense_attention(q, k, v, seq_rows)),
            "sdpa_flash": sdpa("FLASH_ATTENTION"), "sdpa_efficient": sdpa("EFFICIENT_ATTENTION"),
-           "sdpa_loop": lambda: varlen_attention(q, k, v, cu, seq_rows, "loop")}
+           "sdpa_loop": lambda: varlen_attention(q, k, v, cu, seq_rows, "loop"),
+           "fa4": lambda: fa4_varlen(q, k, v, cu, seq_rows)}
     rates = {}
-    for name in attention_candidates(dev, dtype):
+    for name in attention_candidates(dev, dtype, head_dim):
         try:
             with torch.inference_mode():
                 t = time_us(fns[name], dev, reps=reps, warmup=2)

@@ -290,7 +290,7 @@ class VisionTower(nn.Module):
         tower's own (a CUDA tower modelled on the meta device) is kept likewise."""
         device = self.device if device is None else torch.device(device)
         dtype = self.dtype if dtype is None else dtype
-        backend = resolve_backend(self.attn_backend, device, dtype)
+        backend = resolve_backend(self.attn_backend, device, dtype, self.cfg.head_dim)
         if self.fused == "auto":
             fused = device.type == "cuda" and dtype in fk.FUSED_DTYPES and fk.available(device)
         elif self.fused and dtype == torch.float64:
