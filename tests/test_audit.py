@@ -235,3 +235,14 @@ def test_command_line(tmp_path, capsys):
     assert '"verdict_key": "tower"' in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no such file or folder"):
         main(["audit", str(tmp_path / "nothing")])
+
+
+def test_the_report_shows_the_newest_audit_with_its_csv(tmp_path):
+    from workbench import report as rep
+    results = tmp_path / "results"
+    save(audit(write_tree(tmp_path / "src")), results)
+    page = rep.build_report(results, studies={}).index.read_text(encoding="utf-8")
+    assert 'id="audit">Engine audit: vllm 0.33.0' in page and 'href="#audit"' in page
+    assert "WRONG under encoder CUDA graphs" in page and '<a href="audit.csv">CSV</a>' in page
+    assert page.index("BadVLChild") < page.index("GoodVLForConditionalGeneration")
+    assert (results / "report" / "audit.csv").is_file()

@@ -20,6 +20,7 @@ import pytest
 
 from workbench import report as rep
 from workbench.benchmarks.norm_bandwidth import BENCHMARK as NBW
+from workbench.config import REAL_PRESET_PER_FAMILY
 from workbench.runmeta import RunMeta
 from workbench.runstate import RunFolder
 from workbench.studies import Study, Summary
@@ -401,12 +402,14 @@ def test_a_csv_beside_every_table(tmp_path, base_meta):
     page = result.index.read_text(encoding="utf-8")
     tables = page.count("<table")
     csvs = re.findall(r'<a href="([^"/]+\.csv)">CSV', page)
-    assert tables == 2 and len(csvs) == 2                        # the key numbers and the runs
+    assert tables == 3 and len(csvs) == 3                        # the advice, the key numbers and the runs
     for csv in csvs:
         assert (out / csv).is_file() and (out / csv).parent == result.index.parent   # beside the page
-    key = pd.read_csv(out / csvs[0])
+    advice = pd.read_csv(out / csvs[0])
+    assert "vLLM --compilation-config" in advice and len(advice) == len(REAL_PRESET_PER_FAMILY)
+    key = pd.read_csv(out / csvs[1])
     assert key.columns.tolist() == ["size", "value_us"] and key["value_us"].tolist() == [0.0, 1.5, 3.0]
-    runs = pd.read_csv(out / csvs[1])
+    runs = pd.read_csv(out / csvs[2])
     assert runs["run"].tolist() == [r.name for r in result.runs] and "device" in runs
 
 

@@ -36,6 +36,7 @@ pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0
 .figs { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 0.6rem 1rem; }
 figure { margin: 0.4rem 0; } figure img { max-width: 100%; max-height: 360px; border: 1px solid #eee; }
 .tablebox { overflow-x: auto; margin: 0.6rem 0; } ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
+table.answers { font-size: 0.8rem; } table.answers code { word-break: break-all; font-size: 0.72rem; }
 table.data { font-size: 0.8rem; width: auto; } table.data td { text-align: right; white-space: nowrap; }
 details { margin: 0.5rem 0; } details > summary { cursor: pointer; }
 details.fold { border-left: 3px solid #ddd; padding-left: 0.8rem; }
@@ -251,7 +252,7 @@ def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
 
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, results_dir: Path,
                 benchmarks: list[BenchmarkSection], table_problems: Mapping[str, list[str]],
-                links: Mapping[tuple[str, str], str], runs_csv: str, notes: list[str]) -> str:
+                links: Mapping[tuple[str, str], str], runs_csv: str, notes: list[str], answers: str = "") -> str:
     """The page. ``notes``: what the whole page lacks and why (a broken errata file), shown first."""
     body = [
         "<h1>Vision-encoder input-normalization workbench: report</h1>",
@@ -265,11 +266,14 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, r
         body.append(f'<p class="notice"><strong>{_e(NO_STUDY_MESSAGE[0].upper() + NO_STUDY_MESSAGE[1:])}.</strong> '
                     "Study modules register themselves in <code>workbench/studies/</code>; "
                     "once one exists, <code>make report</code> runs it and summarizes it here.</p>")
-    toc = ['<a href="#key-findings">key findings</a>'] if sections or benchmarks else []
+    toc = ['<a href="#advice">where to normalize</a>'] if 'id="advice"' in answers else []
+    toc += ['<a href="#audit">engine audit</a>'] if 'id="audit"' in answers else []
+    toc += ['<a href="#key-findings">key findings</a>'] if sections or benchmarks else []
     toc += [f'<a href="#{_href(s.name)}">{_e(s.name)}</a>' for s in sections]
     toc += [f'<a href="#{_href(b.name)}">{_e(b.name.replace("_", " "))}</a>' for b in benchmarks]
     toc.append('<a href="#runs">runs</a>')
     body.append(f'<p class="toc">Sections: {" · ".join(toc)}</p>')
+    body.append(answers)             # the answers first: what to configure, and the engine's own code
     body.append(_key_findings_html(key_findings(sections, benchmarks)))
     body += [_section_html(s) for s in sections] + [_benchmark_html(b) for b in benchmarks]
     body += ['<h2 id="runs">Runs</h2>', _runs_table(runs, table_problems, links, runs_csv)]
