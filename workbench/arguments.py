@@ -118,6 +118,16 @@ def _positive_int(text: str) -> int:
     raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
 
 
+def _minutes(text: str) -> float:
+    """An argparse type: a finite number of minutes > 0."""
+    try:
+        if 0 < float(text) < float("inf"):
+            return float(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes > 0 (e.g. 15 or 2.5)")
+
+
 def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sweep")
     g.add_argument("--profile", choices=("auto", "cpu", "gpu"), default="auto",
@@ -127,6 +137,11 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    help="override a parameter, for every study or for one (repeatable; VALUE is JSON where it "
                         "parses, else a string)")
     g.add_argument("--name", help="suffix of the run folder name (default: the profile)")
+    g.add_argument("--max-minutes", type=_minutes, metavar="N",
+                   help="refuse, before anything runs, a sweep predicted to take longer (the prediction, from the "
+                        "newest timed runs of the profile scaled by tower FLOPs, is printed before every sweep)")
+    g.add_argument("--fit", action="store_true", help="with --max-minutes: trim the studies' repetitions (reps, "
+                                                      "warmup, min_reps) to fit instead of refusing")
     g.add_argument("--direct", action="store_true", help="call the studies' run functions in this process "
                                                          "instead of executing their notebooks with papermill")
     g.add_argument("--kernel", default=None,

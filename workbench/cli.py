@@ -64,8 +64,11 @@ def precheck(args: argparse.Namespace) -> None:
     gpus = parse_gpus(args.gpus)
     parse_shard(args.shard)
     parse_name(args.name)
+    if args.fit and args.max_minutes is None:
+        raise SystemExit("--fit trims the repetitions to fit --max-minutes N: give that too")
     if args.resume:     # a resume measures what its meta.json recorded: an option choosing that would be lost
-        given = [f"--{option}" for option in ("set", "studies", "shard", "group", "name") if getattr(args, option)]
+        given = [f"--{option.replace('_', '-')}" for option in ("set", "studies", "shard", "group", "name",
+                                                                "max_minutes", "fit") if getattr(args, option)]
         given += ["--profile"] if args.profile != "auto" else []
         if given:
             raise SystemExit(f"--resume {args.resume}: {', '.join(given)} cannot change a run being finished (it "
@@ -113,7 +116,8 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     return SweepPlan(studies=tuple(selected), params=params, profile=profile, results=args.results, name=name,
                      mode="direct" if args.direct else "papermill", kernel=kernel,
                      gpus=tuple(gpus) if gpus else None, gpus_emulated=bool(gpus and os.environ.get(EMULATE_GPUS_ENV)),
-                     shard=shard, group=shard_group(args.group, name) if shard is not None else None)
+                     shard=shard, group=shard_group(args.group, name) if shard is not None else None,
+                     max_minutes=args.max_minutes, fit=args.fit)
 
 
 def shard_group(group: str | None, name: str) -> str:

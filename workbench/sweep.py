@@ -32,6 +32,8 @@ class SweepPlan:
     gpus_emulated: bool = False       # the GPUs are pretended (workers.EMULATE_GPUS_ENV)
     shard: tuple[int, int] | None = None  # (index, count): run only that shard of the studies
     group: str | None = None          # with shard: the name the shards of one run share
+    max_minutes: float | None = None  # refuse a plan predicted to take longer (with fit: trim its repetitions)
+    fit: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,60 @@ def shard_plan(studies: list, params: Mapping[str, dict], index: int, count: int
     return picked, out, chosen
 
 
+REPS_PARAMS = ("reps", "warmup", "min_reps")     # what --fit trims, each down to its declared minimum
+
+
+def predict(studies: list, params: Mapping[str, dict], results: Path, profile: str) -> dict[str, tuple[float, int, bool]]:
+    """{study: (predicted seconds, cells, whether a run timed it)}: the newest timed run of the profile here or
+    under reference/, scaled to these cells by tower FLOPs (`study_cells`); untimed: UNTIMED_STUDY_S."""
+    recorded = recorded_seconds([Path(results), Path(results) / "reference"], profile)
+    out = {}
+    for s in studies:
+        cells = study_cells(s, params[s.name], recorded.get(s.name))
+        out[s.name] = (sum(c.seconds for c in cells), len(cells), s.name in recorded)
+    return out
+
+
+def _scale_reps(study, p: dict, factor: float) -> tuple[dict, float]:
+    """``p`` with its repetitions scaled by ``factor`` (each at least its minimum); the factor reached."""
+    reps = {k: p[k] for k in REPS_PARAMS if isinstance(p.get(k), int) and k in study.params.accepted}
+    if not reps.get("reps"):
+        return p, 1.0
+    floor = {d.name: d.minimum or 0 for d in study.params if d.name in reps}
+    new = {k: max(floor[k], int(v * factor)) for k, v in reps.items()}
+    if "min_reps" in new:
+        new["min_reps"] = min(new["min_reps"], new["reps"])
+    return {**p, **new}, new["reps"] / reps["reps"]
+
+
+def plan_time(plan: SweepPlan, studies: list, params: dict) -> dict:
+    """Print the predicted wall time; with max_minutes, refuse a plan over it (SystemExit, before any run folder
+    exists) or, with fit, return the params with their repetitions trimmed so that it fits (time taken as
+    proportional to the repetitions)."""
+    est = predict(studies, params, plan.results, plan.profile)
+    total = sum(t for t, _, _ in est.values())
+    print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}{'' if timed else ', untimed: a guess'})"
+                                          for n, (t, k, timed) in est.items())
+          + f"; about {total / 60:.1f} min" + (f" on {len(plan.gpus)} GPUs" if plan.gpus else ""))
+    if plan.max_minutes is None or total <= plan.max_minutes * 60:
+        return params
+    if not plan.fit:
+        raise SystemExit(f"sweep: predicted {total / 60:.1f} min, over --max-minutes {plan.max_minutes:g}; narrow it "
+                         f"(--studies, --set presets=...), or add --fit to trim the repetitions")
+    factor = plan.max_minutes * 60 / total
+    out, fitted = dict(params), 0.0
+    for s in studies:
+        out[s.name], reached = _scale_reps(s, params[s.name], factor)
+        fitted += est[s.name][0] * reached
+    if fitted > plan.max_minutes * 60:
+        raise SystemExit(f"sweep: even at the fewest repetitions the plan takes about {fitted / 60:.1f} min, over "
+                         f"--max-minutes {plan.max_minutes:g}; narrow it (--studies, --set presets=...)")
+    trimmed = {n: {k: out[n][k] for k in REPS_PARAMS if k in out[n] and out[n][k] != params[n].get(k)} for n in out}
+    print(f"sweep: --fit: repetitions trimmed to {({n: t for n, t in trimmed.items() if t})}; "
+          f"about {fitted / 60:.1f} min predicted")
+    return out
+
+
 def run_sweep(plan: SweepPlan) -> SweepResult:
     """Run the plan's studies (its shard of them) into a new run folder."""
     studies, params, name = list(plan.studies), dict(plan.params), plan.name
@@ -154,6 +210,7 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         name = f"{name}-shard{index}of{count}"
     if plan.gpus:
         extra.update(gpus=list(plan.gpus), **({"gpus_emulated": True} if plan.gpus_emulated else {}))
+    params = plan_time(plan, studies, params)
     device = DEVICE_OF_PROFILE[plan.profile]
     run = RunFolder.create(plan.results, name=name)
     lock = run.lock()

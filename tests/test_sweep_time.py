@@ -1,0 +1,74 @@
+"""Know before you start: a sweep prints its predicted wall time, and --max-minutes refuses (or with
+--fit trims the repetitions of) a plan that would not fit, before any run folder exists."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench import cli
+from workbench.studies import discover
+from workbench.sweep import SweepPlan, plan_time
+
+
+def _timed_run(results, study: str, seconds: float, params: dict, profile: str = "cpu"):
+    run = results / f"20260101T000000Z-abc1234-{profile}"
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({"params": {"profile": profile, "studies": {study: params}},
+                                               "study_seconds": {study: seconds}}))
+
+
+def _plan(tmp_path, **kw):
+    study = discover()["cast_cost"]
+    params = {"cast_cost": study.resolve("cpu", {})}
+    return study, params, SweepPlan(studies=(study,), params=params, profile="cpu", results=tmp_path, name="cpu", **kw)
+
+
+def test_the_prediction_comes_from_the_newest_timed_run(tmp_path, capsys):
+    study, params, plan = _plan(tmp_path)
+    _timed_run(tmp_path, "cast_cost", 600.0, params["cast_cost"])
+    assert plan_time(plan, [study], params) == params
+    out = capsys.readouterr().out
+    assert "sweep: predicted cast_cost 600 s" in out and "about 10.0 min" in out and "a guess" not in out
+
+
+def test_over_the_limit_is_refused_and_fit_trims_the_repetitions(tmp_path, capsys):
+    study, params, plan = _plan(tmp_path, max_minutes=5)
+    _timed_run(tmp_path, "cast_cost", 600.0, params["cast_cost"])
+    with pytest.raises(SystemExit, match=r"predicted 10.0 min, over --max-minutes 5; .* --fit"):
+        plan_time(plan, [study], params)
+    _, _, fit = _plan(tmp_path, max_minutes=5, fit=True)
+    got = plan_time(fit, [study], params)
+    assert got["cast_cost"]["reps"] == params["cast_cost"]["reps"] // 2
+    assert {k: v for k, v in got["cast_cost"].items() if k != "reps"} == \
+        {k: v for k, v in params["cast_cost"].items() if k != "reps"}
+    assert "--fit: repetitions trimmed" in capsys.readouterr().out
+    _, _, tight = _plan(tmp_path, max_minutes=0.01, fit=True)
+    with pytest.raises(SystemExit, match="even at the fewest repetitions"):
+        plan_time(tight, [study], params)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--max-minutes", "0"], "'0' is not a number of minutes > 0"),
+    (["--max-minutes", "soon"], "'soon' is not a number of minutes > 0"),
+    (["--max-minutes", "inf"], "'inf' is not a number of minutes > 0"),
+])
+def test_bad_limits_are_named(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", *argv])
+    assert says in capsys.readouterr().err
+
+
+def test_fit_alone_and_with_a_resume_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="--fit trims the repetitions to fit --max-minutes N"):
+        cli.main(["sweep", "--fit", "--results", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--max-minutes cannot change a run being finished"):
+        cli.main(["sweep", "--resume", "x", "--max-minutes", "3", "--results", str(tmp_path)])
+
+
+def test_a_sweep_that_would_not_fit_leaves_no_run_folder(stubs, tmp_path, capsys):
+    with pytest.raises(SystemExit, match="over --max-minutes 0.001"):
+        cli.main(["sweep", "--direct", "--studies", "stub_a", "--max-minutes", "0.001", "--results", str(tmp_path)])
+    assert "untimed: a guess" in capsys.readouterr().out
+    assert not [p for p in tmp_path.iterdir() if (p / "meta.json").exists()]
+    assert cli.main(["sweep", "--direct", "--studies", "stub_a", "--max-minutes", "5", "--results", str(tmp_path)]) == 0
