@@ -218,8 +218,7 @@ class EncoderGraphRunner:
         def run():
             return self.tower.forward_prepared(cap.pixels, cap.meta)
 
-        if self.backend == "emulated":
-            cap.out = run()
+        if self.backend == "emulated":    # the first replay runs the forward and keeps its output as the static one
             cap.graph = run
             return cap
         stream = capture_stream(self.device)
@@ -321,8 +320,9 @@ class EncoderGraphRunner:
         if self.backend == "cuda":
             cap.graph.replay()
         else:
-            with replaying():  # no host-side checks, as in a real replay
-                cap.out.copy_(cap.graph())
+            with replaying(), torch.inference_mode():  # no host-side checks or autograd, as in a real replay
+                out = cap.graph()
+                cap.out = out if cap.out is None else cap.out.copy_(out)
         return cap.out
 
     @torch.inference_mode()
