@@ -526,7 +526,7 @@ def test_a_summary_that_says_what_its_figures_show_is_quoted_in_the_caption(tmp_
 
 def test_figures_of_other_runs_or_towers_are_folded_under_their_group():
     """A view whose figures fall in several groups (the towers of a per-preset study, the runs of a
-    view) shows the first group's figures and folds each other group under its name; key tables of
+    view) shows the first group's figures and folds the other groups in one fold, each under its name; key tables of
     several towers sit in one fold."""
     v = rep.View(kind="newest", device="NVIDIA H200", runs=["a", "b"],
                  figures=["s/x-one_a.png", "s/y-one_a.png", "s/x-two_b.png"],
@@ -537,8 +537,8 @@ def test_figures_of_other_runs_or_towers_are_folded_under_their_group():
     page = rep._view_body("s", v)
     shown = page.split("Figures of")[0]
     assert "x-one_a.png" in shown and "y-one_a.png" in shown and "x-two_b.png" not in shown
-    assert re.search(r'<details class="fold"><summary>Figures of fam2, two: run b \(1\)</summary>.*x-two_b\.png',
-                     page)
+    assert re.search(r'<details class="fold"><summary>Figures of 1 other group: fam2, two: run b</summary>'
+                     r'<h4>fam2, two: run b \(1\)</h4>.*x-two_b\.png', page)
     assert page.index("t1.csv") > page.index("Key numbers: 2 tables")       # inside the fold
     one = rep.View(kind="newest", device="d", runs=["a"], figures=["s/x_a.png"], groups={"s/x_a.png": "run a"})
     assert "<details" not in rep._view_body("s", one)                        # one group: nothing folded

@@ -17,6 +17,7 @@ NO_STUDY_MESSAGE = ("no study exists yet: no module in workbench/studies/ regist
                     "so there is nothing to sweep or summarize")
 CPU_NOTE = ("CPU smoke test: its verdicts, memory models and planner padding hold on any machine; its "
             "timings are not measurements")
+SHOWN_FIGURES = 2                    # figures of a view's first group shown; the rest are folded
 TABLE_OPEN_ROWS = 8                  # a key-number table with more rows than this starts folded
 
 _CSS = """
@@ -180,9 +181,21 @@ def _view_body(name: str, v: View) -> str:
         groups.setdefault(v.groups.get(f, ""), []).append(f)
     (_, first), *rest = list(groups.items()) or [("", [])]
     alt = f"{name} figure"
-    out += [_paragraphs(v.text), _tables_html(v.tables), _figures_html(first, v.svgs, v.captions, alt)]
-    out += [f'<details class="fold"><summary>Figures of {_e(label or "the other runs")} ({len(figs)})'
-            f"</summary>{_figures_html(figs, v.svgs, v.captions, alt)}</details>" for label, figs in rest]
+    # shown: the lead paragraph, the tables, the first SHOWN_FIGURES figures; the rest one click away
+    paras = [p for p in v.text.split("\n\n") if p.strip()]
+    out += [_paragraphs("\n\n".join(paras[:1])), _tables_html(v.tables),
+            _figures_html(first[:SHOWN_FIGURES], v.svgs, v.captions, alt)]
+    more, figs = paras[1:], first[SHOWN_FIGURES:]
+    if more or figs:
+        what = ", ".join(x for x in (f"{len(more)} more paragraph{'s' * (len(more) != 1)}" if more else "",
+                                     f"{len(figs)} more figure{'s' * (len(figs) != 1)}" if figs else "") if x)
+        hidden = _paragraphs("\n\n".join(more)) + _figures_html(figs, v.svgs, v.captions, alt)
+        out.append(f'<details class="fold"><summary>{_e(what)}</summary>{hidden}</details>')
+    if rest:                         # the other groups (runs, towers): one fold, a heading each inside
+        inner = "".join(f"<h4>{_e(label or 'the other runs')} ({len(figs)})</h4>"
+                        f"{_figures_html(figs, v.svgs, v.captions, alt)}" for label, figs in rest)
+        out.append(f'<details class="fold"><summary>Figures of {len(rest)} other group{"s" * (len(rest) > 1)}: '
+                   f'{_e(", ".join(label or "the other runs" for label, _ in rest))}</summary>{inner}</details>')
     return "".join(out)
 
 
