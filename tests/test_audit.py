@@ -118,6 +118,26 @@ MODELS = {
         class OffModel(GoodVLForConditionalGeneration):
             supports_mm_device_do_normalize = False
     """,
+    # the norm built by another builder, the tower made by a factory function, and handed by the
+    # tower to a patch-embedding function that applies it (Pixtral's shape)
+    "pix2_vl.py": """
+        def pix_patch_embed(x, input_norm, weight):
+            return F.linear(input_norm(x, weight.dtype), weight)
+
+        class Pix2Tower(nn.Module):
+            def __init__(self, input_norm=None):
+                self.input_norm = input_norm
+            def forward(self, x):
+                return pix_patch_embed(x, self.input_norm, self.weight)
+
+        def init_pix2_tower(config, input_norm=None):
+            return Pix2Tower(input_norm=input_norm)
+
+        class Pix2Model(nn.Module):
+            supports_mm_device_do_normalize = True
+            def __init__(self, config):
+                self.vision = init_pix2_tower(config, input_norm=build_mm_input_norm(config))
+    """,
     "text_only.py": """
         class LlamaForCausalLM(nn.Module):
             def forward(self, x):
@@ -153,6 +173,8 @@ def test_verdict_per_model_class(tmp_path):
     assert m["OuterVLModel"].verdict_key == "outer" and not m["OuterVLModel"].encoder_graphs
     assert m["PixModel"].norm_in == ["patch embedding"]
     assert m["TwiceModel"].verdict_key == "double"
+    assert (m["Pix2Model"].norm_in, m["Pix2Model"].where) == (["patch embedding"], ["Pix2Tower pix2_vl.py:9"])
+    assert "init_pix2_tower" not in m and "pix_patch_embed" not in m          # functions are not models
     assert (m["CpuModel"].device_norm, m["CpuModel"].verdict_key) == (False, "processor")
     assert m["DeclaredModel"].verdict_key == "unfound"
     assert m["OffModel"].verdict_key == "processor"          # opted out, keeps the base's graphs

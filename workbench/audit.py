@@ -36,7 +36,7 @@ from .files import atomic_write_text, read_regular
 MARKERS = {
     "opt_in": "supports_mm_device_do_normalize",
     "graphs": "SupportsEncoderCudaGraph",
-    "builders": ("make_input_norm", "FusedInputNorm"),
+    "builders": ("make_input_norm", "build_mm_input_norm", "FusedInputNorm"),
     "attribute": "input_norm",
 }
 MAX_FILE_BYTES = 4 << 20            # the largest model file of vLLM 0.33 is a few hundred kB
@@ -68,8 +68,10 @@ class ClassInfo:
     bases: list[str]
     opt_in: bool | None = None                  # None: not set in this class's body
     norm_attrs: set[str] = field(default_factory=set)      # self.<attr> = make_input_norm(...)
-    norm_calls: list[int] = field(default_factory=list)    # lines that call an input norm
-    builds: set[str] = field(default_factory=set)          # names of classes it calls
+    norm_calls: list[tuple[int, bool]] = field(default_factory=list)  # (line, in a patch embedding) of each
+    #                                                  norm call, or of a call handing the norm to a function
+    builds: set[str] = field(default_factory=set)          # names of the classes and functions it calls
+    function: bool = False                                 # a module-level function (a factory), not a class
 
 
 @dataclass
@@ -167,10 +169,11 @@ def _name(node: ast.AST) -> str | None:
     return None
 
 
-def _read_class(node: ast.ClassDef, module: str) -> ClassInfo:
-    info = ClassInfo(node.name, module, [b for b in map(_name, node.bases) if b])
+def _read_class(node: ast.ClassDef | ast.FunctionDef, module: str) -> ClassInfo:
+    function = not isinstance(node, ast.ClassDef)
+    info = ClassInfo(node.name, module, [] if function else [b for b in map(_name, node.bases) if b], function=function)
     builders = MARKERS["builders"]
-    for stmt in node.body:                          # the class body's own opt-in
+    for stmt in [] if function else node.body:      # the class body's own opt-in
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
             stmt, ast.AnnAssign) and stmt.value is not None else []
         if any(_name(t) == MARKERS["opt_in"] for t in targets) and isinstance(stmt.value, ast.Constant):
@@ -183,9 +186,13 @@ def _read_class(node: ast.ClassDef, module: str) -> ClassInfo:
         if not isinstance(sub, ast.Call):
             continue
         callee = _name(sub.func)
+        handed = [a for a in [*sub.args, *(k.value for k in sub.keywords)]
+                  if isinstance(a, ast.Attribute) and a.attr in attrs]
         if isinstance(sub.func, ast.Attribute) and callee in attrs:
-            info.norm_calls.append(sub.lineno)
-        elif callee and callee[:1].isupper() and callee not in builders:
+            info.norm_calls.append((sub.lineno, False))
+        elif handed and callee and not callee[:1].isupper():    # the norm handed to a function that applies it
+            info.norm_calls.append((sub.lineno, bool(re.search(r"patch_?embed", callee, re.I))))
+        elif callee and callee not in builders and (callee[:1].isupper() or isinstance(sub.func, ast.Name)):
             info.builds.add(callee)
     return info
 
@@ -203,7 +210,7 @@ def _classes(files: list[tuple[str, bytes]]) -> tuple[dict[str, list[ClassInfo]]
             bad.append(f"{name} ({type(e).__name__})")
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
+            if isinstance(node, ast.ClassDef) or (isinstance(node, ast.FunctionDef) and node in tree.body):
                 classes.setdefault(node.name, []).append(_read_class(node, name))
     return classes, bad
 
@@ -227,6 +234,8 @@ def _lineage(classes, cls: ClassInfo) -> list[ClassInfo]:
 
 
 def _audit_model(classes, cls: ClassInfo) -> ModelAudit | None:
+    if cls.function:
+        return None
     lineage = _lineage(classes, cls)
     opt_in = next((c.opt_in for c in lineage if c.opt_in is not None), False)
     graphs = any(MARKERS["graphs"] in c.bases or c.name == MARKERS["graphs"] for c in lineage[1:]) \
@@ -235,8 +244,8 @@ def _audit_model(classes, cls: ClassInfo) -> ModelAudit | None:
         return None
     where: dict[str, list[str]] = {}
     for c in lineage:
-        for line in c.norm_calls:
-            where.setdefault("outer", []).append(f"{c.name} {c.module}:{line}")
+        for line, patch in c.norm_calls:
+            where.setdefault("patch embedding" if patch else "outer", []).append(f"{c.name} {c.module}:{line}")
     seen = {c.name for c in lineage}
     todo = [(n, c.module, 1) for c in lineage for n in sorted(c.builds)]
     while todo:                                     # the classes the model builds, 4 levels down
@@ -246,8 +255,9 @@ def _audit_model(classes, cls: ClassInfo) -> ModelAudit | None:
             continue
         seen.add(built.name)
         for b in _lineage(classes, built):
-            kind = "patch embedding" if re.search(r"patch_?embed", b.name, re.I) else "tower"
-            where.setdefault(kind, []).extend(f"{b.name} {b.module}:{line}" for line in b.norm_calls)
+            for line, patch in b.norm_calls:
+                kind = "patch embedding" if patch or re.search(r"patch_?embed", b.name, re.I) else "tower"
+                where.setdefault(kind, []).append(f"{b.name} {b.module}:{line}")
             todo += [(x, b.module, depth + 1) for x in sorted(b.builds)]
     where = {k: v for k, v in where.items() if v}
     norm_in = [k for k in ("outer", "tower", "patch embedding") if k in where]
@@ -296,9 +306,11 @@ def save(result: Audit, results: Path | str) -> Path:
 
 
 def load_newest(results: Path | str) -> dict | None:
-    """The newest saved audit under ``results`` (by file time), as JSON data; None where none is."""
-    folder = Path(results) / AUDITS_DIR
-    found = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    """The newest saved audit under ``results`` or its committed ``reference/`` (by file time), as JSON
+    data; None where none is."""
+    folders = [f for f in (Path(results) / AUDITS_DIR, Path(results) / "reference" / AUDITS_DIR) if f.is_dir()]
+    found = sorted((p for f in folders for p in f.glob("*.json") if not p.is_symlink()),
+                   key=lambda p: p.stat().st_mtime)
     for p in reversed(found):
         try:
             data = json.loads(read_regular(p, MAX_FILE_BYTES))
