@@ -71,3 +71,13 @@ def test_bad_input_is_named(argv, says):
     with pytest.raises(SystemExit) as e:
         main(["advise", *argv])
     assert says in str(e.value)
+
+
+def test_time_to_embedding_comes_from_the_run_that_timed_the_mix():
+    a = advise("glm-4.1v-9b", "documents", RESULTS)
+    assert "ms per image" in a.latency.text and "planner's graphs" in a.latency.text
+    assert (RESULTS / "reference" / a.latency.run / "encoder_latency.parquet").is_file()
+    b = advise("qwen2-vl-7b", "thumbnails", RESULTS)            # no run timed this pair
+    assert b.latency.run == "" and "ms per image" not in b.text()
+    assert any("--studies encoder_latency --set presets=qwen2-vl-7b" in m for m in b.missing)
+    assert min(b.budgets) >= b.max_items                     # every budget holds a full pack

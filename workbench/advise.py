@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .budgets import Budgets
 from .runner_policy import engine_budgets, engine_max_items
 
 # cast_cost's staging designs as what an engine configures: (placement, graph input buffer dtype)
@@ -62,6 +63,7 @@ class Advice:
     staging: Evidence
     missing: list[str] = field(default_factory=list)
     choice: tuple[str, str, str] | None = None          # (placement, norm, buffer dtype)
+    latency: Evidence | None = None                     # time to embedding per image on this mix
 
     def compilation_config(self) -> dict:
         out = {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": self.budgets,
@@ -85,6 +87,8 @@ class Advice:
                   f"{self.engine_budgets[0]}..{self.engine_budgets[-1]}: {pad['engines']:.1%}"
                   + (f"; items larger than every planned budget: {pad['miss']:.1%}" if pad["miss"] else ""),
                   f"{VLLM}: --compilation-config '{json.dumps(self.compilation_config())}'"]
+        if self.latency is not None:
+            lines.insert(3, f"time to embedding: {self.latency.line()}")
         if self.choice and self.choice[0] not in ("processor",):
             lines.append(f"{VLLM} processor: do_rescale=False, do_normalize=False (uint8 pixels to the GPU; "
                          f"the model normalizes: MultiModalConfig.mm_device_do_normalize)")
@@ -101,9 +105,9 @@ def _runs(results: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-def _newest(results: Path, study: str, column: str, value: str):
-    """(table rows of ``column == value``, run folder) of the newest run of ``study`` that has them,
-    a GPU run before any CPU run; (None, None) where none has."""
+def _newest(results: Path, study: str, column: str, value: str, where=None):
+    """(table rows of ``column == value`` (and ``where(rows)``, a mask), run folder) of the newest run of
+    ``study`` that has them, a GPU run before any CPU run; (None, None) where none has."""
     from .studies.tables import TableError, load_table
     cpu = None
     for run in _runs(results):
@@ -117,6 +121,8 @@ def _newest(results: Path, study: str, column: str, value: str):
         if column not in table.columns:
             continue
         rows = table[table[column] == value]
+        if where is not None and len(rows):
+            rows = rows[where(rows)]
         if not len(rows):
             continue
         if not (rows["device"].astype(str).str.lower() == "cpu").all():
@@ -171,6 +177,24 @@ def _staging(results: Path, cfg, right: list[str], typical: int, missing: list[s
         f"{best['staging_us']:.1f} us per replay{share}", run.name, _device(rows))
 
 
+def _latency(results: Path, cfg, label: str, missing: list[str]) -> Evidence:
+    """Per-image time to embedding on the mix, from the newest encoder_latency run that timed it."""
+    from .studies.encoder_latency.summary import mix_table
+    rows, run = _newest(results, "encoder_latency", "preset", cfg.name,
+                        lambda r: r["mix"].astype(str) == label if "mix" in r.columns else r["preset"] != r["preset"])
+    if rows is None:
+        missing.append(f"time to embedding of {cfg.name} on {label}: python -m workbench sweep --studies "
+                       f"encoder_latency --set presets={cfg.name} --set 'mixes=[\"{label}\"]'")
+        return Evidence("no encoder_latency run timed this preset on this mix")
+    t = mix_table(rows)
+    names = {"eager": "eager", "graph_engine": "engines' graphs", "graph_planner": "planner's graphs",
+             "graph_auto": "policy auto", "transformers": "transformers"}
+    parts = [f"{int(r['images'])} item{'s' * (int(r['images']) > 1)} a batch: "
+             + ", ".join(f"{names[c]} {r[c]:.1f}" for c in names if c in t.columns and r[c] == r[c])
+             + f" ms per image (fastest: {names.get(r['fastest'], r['fastest'])})" for _, r in t.iterrows()]
+    return Evidence("; ".join(parts), run.name, _device(rows))
+
+
 def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs: int | None = None,
            engine_max_budget: int = ENGINE_MAX_BUDGET) -> Advice:
     """The advice for tower ``preset`` (a preset name or a model folder) on ``mix``."""
@@ -187,6 +211,7 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
     graphs = max_graphs or len([b for b in engines if b < max(tokens)]) + 1
     planned = plan_budgets(mix, graphs, cfg=cfg)
     items = engine_max_items(planned)
+    planned = list(Budgets.of(planned).holding(items))      # a pack of `items` needs a token each
     frames = [int(e.get("frames") or 1) for e in mix_entries(mix, cfg) if e.get("kind") == "video"]
     mean_budget = expected_padding(mix, planned, cfg)["mean_budget"]
     typical = int(mean_budget) if mean_budget == mean_budget else max(tokens)
@@ -195,11 +220,12 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
     right, placement = _right_placements(results, cfg, missing)
     choice, staging = _staging(results, cfg, right, typical, missing) if right else (None, Evidence(
         "no placement known to be right, so no staging design is recommended"))
+    latency = _latency(results, cfg, mix_label(mix), missing)
     ours, theirs = expected_padding(mix, planned, cfg), expected_padding(mix, engines, cfg)
     return Advice(cfg.name, cfg.family, mix_label(mix), f"{len(tokens)} sizes, {min(tokens)}-{max(tokens)} merged tokens",
                   planned, items, max(frames) * items if frames else None,
                   {"planner": ours["padded_frac"], "engines": theirs["padded_frac"], "miss": ours["miss_frac"]},
-                  engines, placement, staging, missing, choice)
+                  engines, placement, staging, missing, choice, latency)
 
 
 def advise_command(args) -> int:
@@ -223,8 +249,9 @@ def advise_command(args) -> int:
     except (ValueError, CheckpointError, OSError) as e:
         raise SystemExit(f"advise: {e}") from None
     if args.json:
-        out = {k: v for k, v in result.__dict__.items() if k not in ("placement", "staging")}
+        out = {k: v for k, v in result.__dict__.items() if k not in ("placement", "staging", "latency")}
         out.update(placement=result.placement.__dict__, staging=result.staging.__dict__,
+                   latency=result.latency.__dict__ if result.latency else None,
                    vllm_compilation_config=result.compilation_config())
         print(json.dumps(out, indent=2, default=str))
     else:
