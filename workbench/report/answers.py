@@ -1,14 +1,15 @@
 """The page's first answers, each a table with its CSV: per family the configuration `workbench advise`
-recommends for the sample photos mix (from the newest runs, named), and the newest engine audit."""
+recommends for the phone photos mix (from the newest runs, named), and the newest engine audit."""
 from __future__ import annotations
 
 import json
 from html import escape
 from pathlib import Path
 
-ADVICE_MIX = "photos"
+ADVICE_MIX = "phone_photos"
 ADVICE_INTRO = (f'Per family, for the "{ADVICE_MIX}" mix: the placement, norm and graph buffer of the cheapest '
-                "staging design the newest correctness run found right on every path, the planner's budgets "
+                "staging design the newest correctness run found right on every path, the time to embedding per "
+                "image the newest latency run measured on the mix, the planner's budgets "
                 "against the engines' powers of two (padding share of replayed rows), and vLLM 0.33's "
                 "--compilation-config. Other mixes and folders: <code>python -m workbench advise --preset P "
                 "--mix M</code>.")
@@ -34,7 +35,9 @@ def advice_frame(results_dir: Path):
         rows.append({"preset": preset,
                      "placement, norm, buffer": ", ".join(a.choice) if a.choice else
                      "not measured: " + "; ".join(a.missing),
-                     "staging (run, device)": a.staging.line(), "planner budgets": str(a.budgets),
+                     "staging (run, device)": a.staging.line(),
+                     "time to embedding (run, device)": a.latency.line() if a.latency else "",
+                     "planner budgets": str(a.budgets),
                      "items per graph": a.max_items, "padding: planner": f"{a.padding['planner']:.1%}",
                      "padding: engines' powers of two": f"{a.padding['engines']:.1%}",
                      "vLLM --compilation-config": json.dumps(a.compilation_config())})
@@ -72,7 +75,12 @@ def answers_html(advice, advice_csv: str, audit, audit_csv: str, audit_title: st
     if advice is not None:
         out += ['<h2 id="advice">Where to normalize, and the engine options to take</h2>',
                 f'<p class="muted">{ADVICE_INTRO}</p>', table(advice, advice_csv)]
-    if audit is not None:
+    if audit is not None:            # the classes that normalize on the device in the table; the others named
+        device = audit[audit["device norm"] == "yes"] if len(audit) else audit
+        cpu = [str(m) for m in audit["model"][~audit.index.isin(device.index)]] if len(audit) else []
         out += [f'<h2 id="audit">Engine audit: {escape(audit_title)}</h2>', f'<p class="muted">{AUDIT_INTRO}</p>',
-                table(audit, audit_csv)]
+                table(device, audit_csv)]
+        if cpu:
+            out.append(f'<p class="muted">{len(cpu)} more class{"es" * (len(cpu) > 1)} capture their encoder and '
+                       f'normalize on the CPU (right on every path): {escape(", ".join(cpu))}.</p>')
     return "".join(out)
