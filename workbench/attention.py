@@ -6,15 +6,15 @@ Rows of several images / frames are packed into one [N, heads, head_dim] tensor;
 
 Backends (`ATTN_BACKENDS`):
 - ``fa4``: FlashAttention-4's CuTe forward (`flash_attn.cute.flash_attn_varlen_func`, the optional
-  ``flash-attn-4`` package; CUDA SM90+, fp16/bf16, head dims that are multiples of 8). On the H200
-  it runs mixed packs at about twice torch's flash varlen and above cuDNN's dense attention
-  (FACTS.md, results/reference/README.md), so ``auto`` takes it wherever it is installed and runs.
+  ``flash-attn-4`` package; CUDA SM90+, fp16/bf16, head dims that are multiples of 8). It runs
+  mixed packs faster than torch's flash varlen and cuDNN's dense attention (the rates:
+  results/reference/README.md), so ``auto`` takes it wherever it is installed and runs.
   Graph-safe like ``varlen`` (`max_seqlen` fixed on the host, `cu_seqlens` read on the device);
   rows outside every sequence are left unwritten. Unlike torch's flash, its last key tile of the
-  last sequence reads on past the sequence's end, so a NaN in a padding row's key or value would
+  last sequence may read past the sequence's end, so a NaN in a padding row's key or value would
   reach real rows (0 x NaN): the keys and values of rows at or past ``cu_seqlens[-1]`` are zeroed
-  first, in place, by a kernel that reads the end on the device and writes only those rows. Its first call per head dim compiles (about 2 s),
-  which belongs to a warm-up, never to a timed call.
+  first, in place, by a kernel that reads the end on the device and writes only those rows. Its
+  first call per head dim compiles, which belongs to a warm-up, never to a timed call.
 - ``varlen``: torch's Flash Attention varlen kernel (the op behind
   `torch.nn.attention.varlen.varlen_attn`, called directly: the wrapper adds a host-side custom-op
   dispatch and one extra kernel per call; CUDA, fp16/bf16 only). Graph-safe: `max_seqlen` is fixed
