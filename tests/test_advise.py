@@ -90,3 +90,29 @@ def test_time_to_embedding_comes_from_the_run_that_timed_the_mix(results):
     assert b.latency.run == "" and "ms per image" not in b.text()
     assert any("--studies encoder_latency --set presets=qwen2-vl-7b" in m for m in b.missing)
     assert min(b.budgets) >= b.max_items                     # every budget holds a full pack
+
+
+def test_a_newer_cpu_run_never_hides_the_gpu_one(tmp_path):
+    """CPU tables name their device 'cpu: <model>': a newer CPU run of the family is passed over while
+    a GPU run has it, and is used, marked as the CPU's, where it is the only one."""
+    import shutil
+
+    import pandas as pd
+    ref = advise("qwen3-vl-8b", "documents", _linked(tmp_path / "a"))
+    table = pd.read_parquet(COMMITTED / ref.placement.run / "correctness.parquet")
+    cpu = tmp_path / "cpu-only"
+    run = cpu / "20991231T000000Z-abc1234-cpu"
+    run.mkdir(parents=True)
+    shutil.copy(COMMITTED / ref.placement.run / "meta.json", run / "meta.json")
+    table.assign(device="cpu: Some CPU").to_parquet(run / "correctness.parquet")
+    assert advise("qwen3-vl-8b", "documents", cpu).placement.device.endswith("(CPU: host numbers, no graph pool)")
+    both = _linked(tmp_path / "both")
+    shutil.copytree(run, both / run.name)
+    got = advise("qwen3-vl-8b", "documents", both).placement
+    assert (got.run, got.device) == (ref.placement.run, "NVIDIA H200")
+
+
+def _linked(root):
+    root.mkdir(parents=True)
+    (root / "reference").symlink_to(COMMITTED, target_is_directory=True)
+    return root

@@ -108,6 +108,7 @@ def _runs(results: Path) -> list[Path]:
 def _newest(results: Path, study: str, column: str, value: str, where=None):
     """(table rows of ``column == value`` (and ``where(rows)``, a mask), run folder) of the newest run of
     ``study`` that has them, a GPU run before any CPU run; (None, None) where none has."""
+    from .report.views import is_cpu
     from .studies.tables import TableError, load_table
     cpu = None
     for run in _runs(results):
@@ -125,15 +126,17 @@ def _newest(results: Path, study: str, column: str, value: str, where=None):
             rows = rows[where(rows)]
         if not len(rows):
             continue
-        if not (rows["device"].astype(str).str.lower() == "cpu").all():
-            return rows[rows["device"].astype(str).str.lower() != "cpu"], run
+        cpu_rows = rows["device"].map(is_cpu)
+        if not cpu_rows.all():
+            return rows[~cpu_rows], run
         cpu = cpu or (rows, run)
     return cpu or (None, None)
 
 
 def _device(rows) -> str:
+    from .report.views import is_cpu
     names = sorted(set(rows["device"].astype(str)))
-    return ", ".join(names) + (" (CPU: host numbers, no graph pool)" if names == ["cpu"] else "")
+    return ", ".join(names) + (" (CPU: host numbers, no graph pool)" if all(map(is_cpu, names)) else "")
 
 
 def _right_placements(results: Path, cfg, missing: list[str]) -> tuple[list[str], Evidence]:

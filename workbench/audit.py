@@ -301,7 +301,8 @@ def audit(path: str | os.PathLike) -> Audit:
 
 def save(result: Audit, results: Path | str) -> Path:
     """``<results>/audits/<engine>-<version>.json``, written atomically (the report shows the newest)."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{result.engine}-{result.version}").strip("-.") or "audit"
+    from .runstate import slug
+    stem = slug(f"{result.engine}-{result.version}", empty="audit")
     return atomic_write_text(Path(results) / AUDITS_DIR / f"{stem}.json", result.to_json())
 
 
