@@ -225,3 +225,41 @@ def test_a_runner_takes_the_costs_of_another_over_the_same_budgets_only():
                            costs=PackCosts(replay_ms={8: 1.0, 16: 1.0}, eager_tokens=(8,), eager_points_ms=(1.0,)))
     with pytest.raises(TypeError, match="costs must be the PackCosts"):
         EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4, costs={8: 1.0})
+
+
+def test_auto_measures_each_plan_on_a_shapes_first_call_and_keeps_the_fastest(items):
+    import time as _time
+
+    from workbench.runner import PackCosts
+    cfg = small_cfg("tiny-qwen2.5-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=3)
+    batch = batch_for(enc, items)
+    runner = EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4)
+    runner.costs = PackCosts(replay_ms={b: 1.0 for b in BUDGETS}, eager_tokens=(8,), eager_points_ms=(1e9,))
+    runner.calibrate = True                        # as on CUDA (the emulated backend only predicts)
+    packs, _ = runner.plan(enc.graph_input(batch))
+    assert len(packs) > 1
+    plain_run, seen = runner._run, []
+
+    def slow_unless_mixed(b, p, m, eager, *rest):  # every pack eager or none: slower than a mix
+        seen.append(eager)
+        if len(eager) in (0, len(p)):
+            _time.sleep(0.05)
+        return plain_run(b, p, m, eager, *rest)
+
+    runner._run = slow_unless_mixed
+    # the costs predict every pack replayed; measured, a mixed plan (not a candidate here) cannot be
+    # picked, so make one: the prediction is the mix of the first pack eager, the rest replayed
+    runner._predicted_eager = lambda b, p, c: frozenset({0})
+    phases: dict = {}
+    out = runner.encode(batch, phases=phases)
+    assert "calibrate" in phases and len(seen) == 6            # 3 plans, each warmed and timed
+    assert runner._choices[tuple(map(tuple, batch.grid_thw.tolist()))] == frozenset({0})
+    st = runner.stats_frame()
+    assert len(st[~st.miss]) == len(packs) and st[~st.miss].eager.sum() == 1   # the chosen plan only
+    with torch.no_grad():
+        ref = enc.encode(batch, path="eager")
+    assert rel_err(out, ref) < 1e-5
+    seen.clear()
+    again = runner.encode(batch)                 # the same shape: the kept plan, nothing measured
+    assert seen == [frozenset({0})] and rel_err(again, ref) < 1e-5

@@ -14,7 +14,7 @@ Backends (`ATTN_BACKENDS`):
   last sequence may read past the sequence's end, so a NaN in a padding row's key or value would
   reach real rows (0 x NaN): the keys and values of rows at or past ``cu_seqlens[-1]`` are zeroed
   first, in place, by a kernel that reads the end on the device and writes only those rows. Its
-  first call per head dim compiles, which belongs to a warm-up, never to a timed call.
+  first call per head dim compiles: towers run it when they resolve their kernels (`warm_fa4`).
 - ``varlen``: torch's Flash Attention varlen kernel (the op behind
   `torch.nn.attention.varlen.varlen_attn`, called directly: the wrapper adds a host-side custom-op
   dispatch and one extra kernel per call; CUDA, fp16/bf16 only). Graph-safe: `max_seqlen` is fixed
@@ -138,6 +138,22 @@ def zero_tail_(x: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     block_r = 16
     kernel[(-(-n // block_r),)](x, end, n, x.stride(0), W=h * d, BLOCK_R=block_r, BLOCK_W=256)
     return x
+
+
+_FA4_WARM: set = set()
+
+
+def warm_fa4(heads: int, head_dim: int, dtype: torch.dtype, device) -> None:
+    """Run FlashAttention-4's varlen forward once on a small pack of ``heads`` x ``head_dim``, so that
+    its JIT compile (seconds per head dim and dtype) happens now, at build time, once per process,
+    never inside a timed call or a graph capture."""
+    key = (heads, head_dim, dtype, str(torch.device(device)))
+    if key in _FA4_WARM or torch.cuda.is_current_stream_capturing():
+        return
+    with torch.no_grad():
+        q, k, v = (torch.zeros(128, heads, head_dim, dtype=dtype, device=device) for _ in range(3))
+        fa4_varlen(q, k, v, torch.tensor([0, 128], dtype=torch.int32, device=device), 128)
+    _FA4_WARM.add(key)
 
 
 def fa4_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,

@@ -22,10 +22,13 @@ Backends: ``cuda`` (torch.cuda.CUDAGraph capture and replay) and ``emulated`` (t
 buffers, padding and call path, replayed eagerly: the placement bugs reproduce on a CPU).
 
 Policies (`POLICIES`): ``always`` replays every pack that fits a budget, as the engines do;
-``auto`` (the default) replays a pack only where its graph is predicted faster than running the
-same pack eagerly, from costs the runner measures on its own device at construction
-(`PackCosts`): a pack of 1232 tokens padded into a 2048-token graph does ~1.7x the work of the
-pack, and the replay can lose to eager. The decision of every pack is recorded in `stats`. On the
+``auto`` (the default) runs each batch the fastest way it has measured for that batch shape: the
+first call of a shape runs every pack replayed, every pack eagerly, and the plan predicted from
+the costs the runner measures at construction (`PackCosts`: a pack of 1232 tokens padded into a
+2048-token graph does ~1.7x the work of the pack, and the replay can lose to eager), each once to
+warm and once timed, and keeps the fastest for later calls of that shape, as cuDNN's benchmark
+mode keeps an algorithm per shape (`calibrate`; False decides from the prediction alone). The
+decision of every pack is recorded in `stats`. On the
 emulated backend ``auto`` acts as ``always``: an emulated replay is eager work, its costs say
 nothing about a GPU graph, and the emulation exists to reproduce the graph path.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -155,6 +159,9 @@ class EncoderGraphRunner:
         if costs is not None:
             _check_costs(costs, self.budgets)
         self.costs = None
+        # 'auto' on CUDA measures its plan per batch shape on the shape's first call (`_calibrate`)
+        self.calibrate = self.backend == "cuda"
+        self._choices: dict = {}
         if self.policy == "auto":
             self.costs = PackCosts.measure(self) if costs is None else costs
 
@@ -261,14 +268,14 @@ class EncoderGraphRunner:
         out = []
         for p in packs:
             need = sum(tokens[i] for i in p)
-            out.append((next(b for b in self.budgets if b >= need), p))
+            out.append((next(b for b in self.budgets if b >= need), sorted(p)))   # batch order: rows gathered as runs
         return out, misses
 
-    def _pack_variant(self, cap: _Captured, sub: PatchBatch, frames: list[int]) -> "_Captured | None":
+    def _pack_variant(self, cap: _Captured, n_rows: int, frames: list[int]) -> "_Captured | None":
         """The exact-fit graph a pack replays (equal sequences filling its budget exactly: same
         buffers, dense attention), captured on first use; None: the budget's general graph.
-        ``frames``: the pack's sequence lengths (`sequence_rows`)."""
-        if sub.n_rows != cap.budget * self.encoder.cfg.merge_unit or len(set(frames)) != 1:
+        ``n_rows``: the pack's rows; ``frames``: its sequence lengths (`sequence_rows`)."""
+        if n_rows != cap.budget * self.encoder.cfg.merge_unit or len(set(frames)) != 1:
             return None
         return self._exact_graph(cap, len(frames))
 
@@ -283,9 +290,9 @@ class EncoderGraphRunner:
         batch = self.encoder.graph_input(batch)
         packs, _ = self.plan(batch)
         for budget, idx in packs:
-            sub = batch.select(idx, copy=False)
-            self.host_metadata(sub.grid_thw, budget)
-            self._pack_variant(self.graphs[budget], sub, sequence_rows(sub.grid_thw))
+            grid = batch.grid_thw[idx]
+            self.host_metadata(grid, budget)
+            self._pack_variant(self.graphs[budget], sum(batch.item_rows[i] for i in idx), sequence_rows(grid))
 
     # ---- replay ------------------------------------------------------------------------------
     def check_pad_value(self, pad_value) -> None:
@@ -347,8 +354,10 @@ class EncoderGraphRunner:
 
         pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check).
         phases: a dict to add each phase's seconds to (keys `PHASES`, plus ``miss`` when an item
-        misses every budget and ``eager`` when policy 'auto' runs a pack eagerly); the device is synchronized before and after each phase, so the times are
-        wall times of finished work. None (the default) times nothing and never synchronizes.
+        misses every budget, ``eager`` when policy 'auto' runs a pack eagerly and ``calibrate`` on
+        the first call of a batch shape under 'auto' on CUDA); the device is synchronized before
+        and after each phase, so the times are wall times of finished work. None (the default)
+        times nothing and never synchronizes.
         policy: 'always' replays every pack for this call whatever the runner's policy (one runner,
         both behaviours); None: the runner's."""
         batch = self.encoder.graph_input(batch)
@@ -357,46 +366,108 @@ class EncoderGraphRunner:
         costs = None if policy == "always" else self.costs
         self.check_pad_value(pad_value)  # before any replay, so a bad value leaves no partial stats
         phase = _PhaseClock(phases, self.device)
-        unit = self.encoder.cfg.merge_unit
         with phase("plan"):
             packs, misses = self.plan(batch)
+        if costs is None or not packs:
+            return self._run(batch, packs, misses, frozenset(), costs, pad_value, phase)
+        if not self.calibrate:
+            return self._run(batch, packs, misses, self._predicted_eager(batch, packs, costs), costs, pad_value, phase)
+        key = tuple(map(tuple, batch.grid_thw.tolist()))
+        eager = self._choices.get(key)
+        if eager is not None:
+            return self._run(batch, packs, misses, eager, costs, pad_value, phase)
+        with phase("calibrate"):
+            return self._calibrate(key, batch, packs, misses, costs, pad_value)
+
+    def _predicted_eager(self, batch: PatchBatch, packs, costs: PackCosts) -> frozenset:
+        """The packs (positions in ``packs``) the costs predict run faster eagerly than replayed."""
+        unit = self.encoder.cfg.merge_unit
+        rows = batch.item_rows
+        return frozenset(k for k, (budget, idx) in enumerate(packs)
+                         if costs.prefer_eager(budget, sum(rows[i] for i in idx) // unit))
+
+    # the batch shapes whose plan policy 'auto' has measured, kept for later calls of the same shape
+    CHOICE_CACHE = 256
+
+    def _calibrate(self, key, batch: PatchBatch, packs, misses, costs: PackCosts, pad_value) -> torch.Tensor:
+        """The first call of a batch shape under policy 'auto' on CUDA: run each candidate plan
+        (every pack replayed, every pack eager, and the costs' prediction where it differs) once
+        to warm it and once timed, keep the fastest for this shape (as cuDNN's benchmark mode
+        keeps an algorithm per shape) and return its output; `stats` records that plan only."""
+        self.prepare(batch)
+        plans = {"replay": frozenset(), "eager": frozenset(range(len(packs)))}
+        predicted = self._predicted_eager(batch, packs, costs)
+        if predicted not in plans.values():
+            plans["predicted"] = predicted
+        kept, times, outs, records = self.stats, {}, {}, {}
+        try:
+            for name, eager in plans.items():
+                self.stats = []
+                self._run(batch, packs, misses, eager, costs, pad_value, _PhaseClock(None, self.device))
+                self.stats = []
+                self._sync()
+                t0 = time.perf_counter()
+                outs[name] = self._run(batch, packs, misses, eager, costs, pad_value, _PhaseClock(None, self.device))
+                self._sync()
+                times[name], records[name] = time.perf_counter() - t0, self.stats
+        finally:
+            self.stats = kept
+        best = min(times, key=times.get)
+        remember(self._choices, key, self.CHOICE_CACHE, lambda: plans[best])
+        self.stats += records[best]
+        return outs[best]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _run(self, batch: PatchBatch, packs, misses, eager: frozenset, costs: PackCosts | None, pad_value,
+             phase: _PhaseClock) -> torch.Tensor:
+        """Replay the packs not in ``eager`` (positions in ``packs``), run those in it as one eager
+        call and the misses one by one; records each in `stats`. The batch's rows go to the
+        device in one copy (asynchronous from pinned memory); packs are gathered there."""
+        unit = self.encoder.cfg.merge_unit
+        with phase("staging"):
+            dev = PatchBatch(batch.pixels.to(self.device, non_blocking=True), batch.grid_thw)
+        slices, rows = batch.item_slices, batch.item_rows
         with phase("copy_out"):
             out = torch.empty(batch.n_rows // unit, self.encoder.cfg.embed_width, dtype=self.encoder.dtype,
                               device=self.device)
         eager_packs: list[ReplayRecord] = []
         eager_items: list[int] = []
-        for budget, idx in packs:
+        for k, (budget, idx) in enumerate(packs):
             with phase("plan"):
-                sub = batch.select(idx, copy=False)
-                frames = sequence_rows(sub.grid_thw)
+                grid, n_rows = batch.grid_thw[idx], sum(rows[i] for i in idx)
             predicted = {}
             if costs is not None:
-                tokens = sub.n_rows // unit
-                predicted = dict(graph_ms=costs.replay_ms[budget], eager_ms=costs.eager_ms(tokens))
-                if costs.prefer_eager(budget, tokens):
-                    eager_packs.append(ReplayRecord(budget, len(idx), sub.n_rows, 0, eager=True, **predicted))
-                    eager_items += idx
-                    continue
+                predicted = dict(graph_ms=costs.replay_ms[budget], eager_ms=costs.eager_ms(n_rows // unit))
+            if k in eager:
+                eager_packs.append(ReplayRecord(budget, len(idx), n_rows, 0, eager=True, **predicted))
+                eager_items += idx
+                continue
             cap = self.graphs[budget]
             with phase("metadata"):
-                cap.meta.copy_(self.host_metadata(sub.grid_thw, budget))
+                cap.meta.copy_(self.host_metadata(grid, budget))
             with phase("staging"):
-                self.stage(cap, sub.pixels.to(self.device, non_blocking=True), pad_value)
-            variant = self._pack_variant(cap, sub, frames)
+                consecutive = idx == list(range(idx[0], idx[0] + len(idx)))
+                pixels = (dev.pixels[slices[idx[0]].start:slices[idx[-1]].stop] if consecutive else
+                          torch.cat([dev.pixels[slices[i]] for i in idx]))
+                self.stage(cap, pixels, pad_value)
+            variant = self._pack_variant(cap, n_rows, sequence_rows(grid))
             exact = variant is not None
             with phase("replay"):
                 result = self.replay(variant if exact else cap)
             with phase("copy_out"):
                 batch.place_tokens(out, idx, result, unit)
-            self.stats.append(ReplayRecord(budget, len(idx), sub.n_rows, budget * unit - sub.n_rows, exact=exact,
+            self.stats.append(ReplayRecord(budget, len(idx), n_rows, budget * unit - n_rows, exact=exact,
                                            **predicted))
         if eager_items:
-            # the packs policy 'auto' sends eagerly run as one eager call over their items in batch
-            # order (the whole batch when it is all of them: no gather, no scatter)
+            # the packs sent eagerly run as one eager call over their items in batch order (the
+            # whole batch when it is all of them: no gather, no scatter)
             with phase("eager"):
                 items = sorted(eager_items)
                 whole = len(items) == batch.n_items
-                result = self.encoder.encode_eager(batch if whole else batch.select(items, copy=False))
+                result = self.encoder.encode_eager(dev if whole else dev.select(items, copy=False))
                 if whole:
                     out = result
                 else:
@@ -404,9 +475,8 @@ class EncoderGraphRunner:
             self.stats += eager_packs
         for i in misses:
             with phase("miss"):
-                sub = batch.select([i])
-                batch.place_tokens(out, [i], self.encoder.encode_eager(sub), unit)
-            self.stats.append(ReplayRecord(0, 1, sub.n_rows, 0, miss=True))
+                batch.place_tokens(out, [i], self.encoder.encode_eager(dev.select([i], copy=False)), unit)
+            self.stats.append(ReplayRecord(0, 1, rows[i], 0, miss=True))
         return out
 
     # ---- summaries ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .. import fused as fk
-from ..attention import check_backend, resolve_backend
+from ..attention import check_backend, resolve_backend, warm_fa4
 from ..config import VisionConfig
 from .layers import GEMM_ALIGN, FoldedPatchEmbed, PatchEmbed, check_gemm_align
 from .layers import (GEMM_ALIGN_CHOICES, GEMM_FAST_MULTIPLE, GatedMLP, PatchMerger, RMSNorm,  # noqa: F401
@@ -297,6 +297,8 @@ class VisionTower(nn.Module):
             raise ValueError("the fused kernels compute in float32; a float64 tower needs fused=False (or 'auto')")
         else:
             fused = bool(self.fused)
+        if backend == "fa4" and device.type == "cuda":
+            warm_fa4(self.cfg.heads, self.cfg.head_dim, dtype, device)       # its JIT compile: now, not timed
         kernels = Kernels(backend, fused)
         self.__dict__["_kernels"] = kernels
         return kernels

@@ -95,12 +95,17 @@ def practical_rates(cfg: VisionConfig, seq_rows: int, n_seqs: int, dev: torch.de
     return full, attention_tflops(win, n_win, cfg.heads, cfg.head_dim, dev, dtype)[0]
 
 
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def _release(dev: torch.device) -> None:
     """Give a cell's freed device memory back before the next cell (CUDA only: on a CPU a forced collection
     frees nothing the next cell needs and costs a large share of the study's time)."""
     if dev.type == "cuda":
         gc.collect()
-        torch.cuda.synchronize(dev)
+        _sync(dev)
         torch.cuda.empty_cache()
 
 
@@ -210,7 +215,11 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
             if name in runners:
                 runner = runners[name][0]
                 runner.reset_stats()
-                got = call()
+                _sync(dev)
+                t0 = time.perf_counter()
+                got = call()             # the shape's first call (policy auto measures its plans in it)
+                _sync(dev)
+                m["first_ms"] = (time.perf_counter() - t0) * 1e3
                 st = runner.stats_frame()
                 packs = st[~st.miss]
                 m.update(replays=int((~packs.eager).sum()), eager_packs=int(packs.eager.sum()),

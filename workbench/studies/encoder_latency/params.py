@@ -77,7 +77,7 @@ METRICS = {
     # realistic-batch cells (case "mix"), per image
     "image_p50_ms": "ms", "image_p90_ms": "ms", "replays": "count", "padded_rows": "count", "misses": "count",
     "eager_packs": "count", "valid_rows": "count", "budgets_n": "count", "largest_budget": "tokens",
-    "runner_s": "s",
+    "runner_s": "s", "first_ms": "ms",
 }
 
 
