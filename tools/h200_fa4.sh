@@ -25,6 +25,9 @@ latency() {  # one preset's encoder_latency, realistic cells included, reduced t
   python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
     --set "presets=[\"$1\"]" --set 'tokens=[256,4096]' --set reps=3 --set warmup=1 --set breakdown=false \
     --name "h200-fa4-$1" > "$out/latency-$1.log" 2>&1
+  local rc=$?
+  rm -rf "$out"/runs/*/figures       # the report redraws them; fewer files to bring back
+  return $rc
 }
 QUEUE=${QUEUE:-"latency:qwen3-vl-8b:200 latency:glm-4.1v-9b:200 latency:qwen2.5-vl-7b:150 latency:qwen3.5-9b:200 latency:qwen2-vl-7b:150 cuda_tests:-:260"}
 for step in $QUEUE; do

@@ -272,7 +272,8 @@ MIX_STYLE = {"transformers": ("C2", "transformers (SDPA)"), "eager": ("C0", "eag
 def mix_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per realistic batch (device, preset, mix, items): each strategy's per-image p50,
     the fastest strategy, and policy auto against the faster of eager and the engines' graphs
-    and against transformers (ratios > 1: auto is slower)."""
+    and against transformers (ratios > 1: auto is slower), and auto's first call of the batch
+    shape (the whole batch, where it measures its plans)."""
     w = wide(mix_cells(table))
     if w.empty:
         return pd.DataFrame()
@@ -286,6 +287,9 @@ def mix_table(table: pd.DataFrame) -> pd.DataFrame:
         out["engine graph / eager"] = t["graph_engine"] / t["eager"]
     if {"graph_auto", "transformers"} <= set(t):
         out["auto / transformers"] = t["graph_auto"] / t["transformers"]
+    if "first_ms" in w:       # the batch shape's first call, where policy auto measures its plans
+        first = w[w.path == "graph_auto"].set_index(idx)["first_ms"]
+        out["auto first call (ms)"] = first.groupby(level=idx).first()
     return out.reset_index()
 
 
