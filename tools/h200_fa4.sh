@@ -39,6 +39,13 @@ for step in $QUEUE; do
   t0=$(date +%s)
   case "$kind" in
     latency) timeout "$left" bash -c "$(declare -f latency); out=$out; latency $arg" ;;
+    quack) timeout "$left" python3 tools/probe_quack.py "$((est - 30))" > "$out/probe_quack.log" 2>&1 ;;
+    breakdown)  # one preset's exact cell at $arg merged tokens, eager and graph, kernel time by category
+      IFS=@ read -r preset tokens <<< "$arg"
+      timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies encoder_latency \
+        --results "$out/runs" --set "presets=[\"$preset\"]" --set "tokens=[$tokens]" --set 'images=[1]' \
+        --set 'mixes=[]' --set reference=false --set reps=5 --set warmup=1 --name "h200-breakdown-$preset" \
+        > "$out/breakdown-$preset.log" 2>&1; rm -rf "$out"/runs/*/figures ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
   esac

@@ -1,0 +1,143 @@
+"""H200 probe (issue 33): quack's CuTe GEMMs with fused activation epilogues against what the
+towers run today (cuBLAS through F.linear, GELU(tanh) in cuBLASLt's epilogue for Qwen3-VL, the
+fused Triton silu_mul between the GEMMs of the gated MLPs), at the towers' MLP shapes.
+
+Per family (qwen3-vl-8b: 1152 -> 4304, GELU tanh; qwen2.5-vl-7b: 1280 -> 3420 padded to 3456,
+SwiGLU; glm-4.1v-9b: 1536 -> 4096, SwiGLU) and rows M in ROWS, bf16, random weights: the tower's
+own MLP forward (the block's fused path) and quack's `gemm_act` (activation in the epilogue, no
+pre-activation stored) then `gemm` with the bias; each output checked against a float32
+reference before its time counts (median of REPS calls between CUDA events, cold L2). quack
+autotunes on its first call per shape (timed apart: `tune_s`). Gated: quack pairs gate and up
+columns interleaved ([g0, u0, g1, u1, ...]); the probe builds that layout once, as a load would.
+
+`PYTHONPATH=$PWD:<quack and its CuTe libraries> python3 tools/probe_quack.py [seconds]`; writes
+$OUT/probe_quack.json when OUT is set. Stops starting new shapes after ``seconds`` (default 200).
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import workbench as wb
+from workbench.reference import rel_err
+from workbench.timing import cuda_event_ms
+
+ROWS = (4096, 16384, 65536) if os.environ.get("PROBE_DEVICE", "cuda") == "cuda" else (64,)
+REPS, WARMUP = 20, 3
+FAMILIES = (("qwen3-vl-8b", "gelu_tanh_approx"), ("qwen2.5-vl-7b", "swiglu"), ("glm-4.1v-9b", "swiglu"))
+
+
+def _key_context_vars() -> None:
+    """quack 0.6.5 fingerprints an epilogue's closure and refuses what it cannot key; with
+    nvidia-cutlass-dsl 4.8.1 that closure reaches the DSL's ``_LOC_TRANSFORMS`` ContextVar (debug
+    locations, not math), and every epilogue GEMM raised TypeError on the H200. Keyed by its name."""
+    import contextvars
+
+    from quack.gemm_runtime import identity
+
+    plain = identity.semantic_value_key
+
+    def keyed(value, seen):
+        if isinstance(value, contextvars.ContextVar):
+            return ("contextvar", value.name)
+        return plain(value, seen)
+
+    for mod in [m for name, m in sys.modules.items() if name.startswith("quack") and m is not None]:
+        if getattr(mod, "semantic_value_key", None) is plain:
+            mod.semantic_value_key = keyed
+
+
+def main(limit_s: float) -> dict:
+    from quack.gemm_interface import gemm, gemm_act
+
+    if os.environ.get("PROBE_DEVICE", "cuda") == "cuda":
+        _key_context_vars()
+
+    t_start = time.perf_counter()
+    dev = torch.device(os.environ.get("PROBE_DEVICE", "cuda"))      # cpu: a dry run of the probe's logic
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+           "cells": []}
+    for preset, act in FAMILIES:
+        cfg = wb.VisionConfig.preset(preset).reduced(1)
+        tower = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=dt, device=dev, seed=0).visual
+        mlp_owner = tower.blocks[0]
+        mlp = mlp_owner.mlp
+        if act == "gelu_tanh_approx":
+            w1, b1, w2, b2 = mlp.linear_fc1.weight, mlp.linear_fc1.bias, mlp.linear_fc2.weight, mlp.linear_fc2.bias
+
+            def ours(x):
+                return F.linear(torch._addmm_activation(b1, x, w1.t(), use_gelu=True), w2, b2)
+
+            def ref(x):
+                h = F.gelu(F.linear(x.float(), w1.float(), b1.float()), approximate="tanh")
+                return F.linear(h, w2.float(), b2.float())
+            B1, bias1 = w1.t(), b1
+        else:
+            gu, gub, dw, db = mlp.gate_up_weight, mlp.gate_up_bias, mlp.down_weight, mlp.down_proj.bias
+            hp = dw.shape[1]
+            w1 = torch.stack([gu[:hp], gu[hp:]], dim=1).reshape(2 * hp, -1)       # rows g0, u0, g1, u1...
+            bias1 = None if gub is None else torch.stack([gub[:hp], gub[hp:]], dim=1).reshape(-1)
+            B1, w2, b2 = w1.t(), dw, db
+
+            def ours(x):
+                return mlp.forward_fused(x)
+
+            def ref(x):
+                g = F.linear(x.float(), gu[:hp].float(), None if gub is None else gub[:hp].float())
+                u = F.linear(x.float(), gu[hp:].float(), None if gub is None else gub[hp:].float())
+                return F.linear(F.silu(g) * u, dw.float(), None if db is None else db.float())
+
+        layout = {"B": B1, "bias": bias1, "name": "interleaved" if act == "swiglu" else "plain"}
+
+        def quack(x):
+            _, h = gemm_act(x, layout["B"], bias=layout["bias"], activation=act, store_preact=False)
+            return gemm(h, w2.t(), bias=b2)
+
+        for m in ROWS:
+            if time.perf_counter() - t_start > limit_s:
+                out["stopped"] = f"time limit {limit_s} s before {preset} M={m}"
+                return out
+            x = torch.randn(m, cfg.width, device=dev, dtype=dt)
+            cell = {"preset": preset, "activation": act, "rows": m, "width": cfg.width,
+                    "hidden": int(w2.shape[1])}
+            with torch.no_grad():
+                r = ref(x)
+                cell["ours_rel_err"] = rel_err(ours(x), r)
+                t0 = time.perf_counter()
+                try:
+                    q = quack(x)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                    cell["tune_s"] = time.perf_counter() - t0
+                    cell["quack_rel_err"] = rel_err(q, r)
+                    if act == "swiglu" and cell["quack_rel_err"] > 2e-2 and layout["name"] == "interleaved":
+                        layout.update(B=gu.t(), bias=gub, name="halves")      # [gate; up], as the tower keeps it
+                        cell["quack_rel_err"] = rel_err(quack(x), r)
+                    cell["layout"] = layout["name"]
+                except Exception as e:  # noqa: BLE001 - recorded, the probe goes on
+                    cell["quack_error"] = f"{type(e).__name__}: {e}"[:400]
+                ok = cell.get("quack_rel_err", 1.0) < 2e-2
+                for name, fn in (("ours", ours), ("quack", quack)):
+                    if name == "quack" and not ok:
+                        continue
+                    if dev.type == "cuda":
+                        ms = sorted(cuda_event_ms(lambda: fn(x), reps=REPS, warmup=WARMUP))
+                        cell[f"{name}_ms"] = ms[len(ms) // 2]
+                flops = 2 * m * cfg.width * int(w2.shape[1]) * (3 if act == "swiglu" else 2)
+                for name in ("ours", "quack"):
+                    if f"{name}_ms" in cell:
+                        cell[f"{name}_tflops"] = flops / cell[f"{name}_ms"] / 1e9
+            print(json.dumps(cell), flush=True)
+            out["cells"].append(cell)
+    return out
+
+
+if __name__ == "__main__":
+    res = main(float(sys.argv[1]) if len(sys.argv) > 1 else 200.0)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "probe_quack.json"), "w") as f:
+            json.dump(res, f, indent=1)
