@@ -256,7 +256,7 @@ def test_the_report_lists_the_warnings_a_run_recorded(tmp_path):
     meta.warnings = ["correctness: wants 2 GPUs with these parameters, but each --gpus worker has one"]
     meta.write(run)
     page = build_report(tmp_path, studies={}).index.read_text()
-    assert "Warnings a run recorded:" in page and "correctness: wants 2 GPUs" in page
+    assert "Warnings runs recorded (" in page and "correctness: wants 2 GPUs" in page
 
 
 @pytest.mark.parametrize("env, want", [

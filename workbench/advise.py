@@ -190,11 +190,11 @@ def _latency(results: Path, cfg, label: str, missing: list[str]) -> Evidence:
                        f"encoder_latency --set presets={cfg.name} --set 'mixes=[\"{label}\"]'")
         return Evidence("no encoder_latency run timed this preset on this mix")
     t = mix_table(rows)
-    names = {"eager": "eager", "graph_engine": "engines' graphs", "graph_planner": "planner's graphs",
-             "graph_auto": "policy auto", "transformers": "transformers"}
-    parts = [f"{int(r['images'])} item{'s' * (int(r['images']) > 1)} a batch: "
+    names = {"eager": "eager", "graph_engine": "engines' budgets", "graph_planner": "planner's",
+             "graph_auto": "auto", "transformers": "transformers"}
+    parts = [f"{int(r['images'])} item{'s' * (int(r['images']) > 1)}: "
              + ", ".join(f"{names[c]} {r[c]:.1f}" for c in names if c in t.columns and r[c] == r[c])
-             + f" ms per image (fastest: {names.get(r['fastest'], r['fastest'])})" for _, r in t.iterrows()]
+             + " ms per image" for _, r in t.iterrows()]
     return Evidence("; ".join(parts), run.name, _device(rows))
 
 

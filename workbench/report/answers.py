@@ -3,19 +3,22 @@ recommends for the phone photos mix (from the newest runs, named), and the newes
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 from pathlib import Path
 
 ADVICE_MIX = "phone_photos"
-ADVICE_INTRO = (f'Per family, for the "{ADVICE_MIX}" mix: the placement, norm and graph buffer of the cheapest '
-                "staging design the newest correctness run found right on every path, the time to embedding per "
-                "image the newest latency run measured on the mix, the planner's budgets "
-                "against the engines' powers of two (padding share of replayed rows), and vLLM 0.33's "
-                "--compilation-config. Other mixes and folders: <code>python -m workbench advise --preset P "
-                "--mix M</code>.")
-AUDIT_INTRO = ("Read statically by <code>python -m workbench audit</code>: per model class, whether it normalizes "
-               "on the device, where, whether it captures its encoder in CUDA graphs, and the correctness matrix's "
-               "verdict.")
+ADVICE_INTRO = (f'Per family, "{ADVICE_MIX}" mix: the cheapest staging design right on every path, the time to '
+                "embedding per image, the planner's budgets and padding against the engines' powers of two, and "
+                "vLLM 0.33's --compilation-config, each from the newest run that measured it. Other mixes: "
+                "<code>python -m workbench advise --preset P --mix M</code>.")
+AUDIT_INTRO = ("Read statically by <code>python -m workbench audit</code>: per model class, where it normalizes, "
+               "whether it captures its encoder in CUDA graphs, and the correctness matrix's verdict.")
+
+
+EVIDENCE = re.compile(r"\s*\[([^,\]]+), ([^\]]+)\]$")     # Evidence.line's "[run, device]"
+# the columns of the advice table and the study section each comes from
+SOURCES = {"staging (run, device)": "cast_cost", "time to embedding, largest batch (run, device)": "encoder_latency"}
 
 
 def advice_frame(results_dir: Path):
@@ -23,10 +26,14 @@ def advice_frame(results_dir: Path):
     import pandas as pd
 
     from ..advise import advise
-    from ..config import REAL_PRESET_PER_FAMILY
+    from ..config import PRESETS, families
 
     rows = []
-    for preset in REAL_PRESET_PER_FAMILY:
+    for family, spec in families().items():     # the family's study preset, else its first real one
+        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
+                                                and not n.startswith("tiny-")), None)
+        if preset is None:
+            continue
         try:
             a = advise(preset, ADVICE_MIX, results_dir)
         except (ValueError, OSError) as e:
@@ -36,12 +43,21 @@ def advice_frame(results_dir: Path):
                      "placement, norm, buffer": ", ".join(a.choice) if a.choice else
                      "not measured: " + "; ".join(a.missing),
                      "staging (run, device)": a.staging.line(),
-                     "time to embedding (run, device)": a.latency.line() if a.latency else "",
+                     "time to embedding, largest batch (run, device)": _largest_batch(a.latency),
                      "planner budgets": str(a.budgets),
-                     "items per graph": a.max_items, "padding: planner": f"{a.padding['planner']:.1%}",
-                     "padding: engines' powers of two": f"{a.padding['engines']:.1%}",
+                     "items / graph": a.max_items, "padding, planner": f"{a.padding['planner']:.1%}",
+                     "padding, powers of 2": f"{a.padding['engines']:.1%}",
                      "vLLM --compilation-config": json.dumps(a.compilation_config())})
     return pd.DataFrame(rows)
+
+
+def _largest_batch(latency) -> str:
+    """The advice's time to embedding of its largest batch (the page's column; advise prints them all)."""
+    if latency is None:
+        return ""
+    if not latency.run:
+        return latency.text
+    return f"{latency.text.split('; ')[-1]} [{latency.run}, {latency.device}]"
 
 
 def audit_frame(results_dir: Path):
@@ -64,8 +80,15 @@ def answers_html(advice, advice_csv: str, audit, audit_csv: str, audit_title: st
     def table(df, csv: str) -> str:
         head = "".join(f"<th>{escape(str(c))}</th>" for c in df.columns)
         def cell(column: str, v) -> str:
-            text = escape("" if v != v else str(v))
-            return f"<td><code>{text}</code></td>" if column.startswith("vLLM") else f"<td>{text}</td>"
+            text = "" if v != v else str(v)
+            if column.startswith("vLLM"):
+                return f"<td><code>{escape(text)}</code></td>"
+            m = EVIDENCE.search(text)        # "... [run, device]": a link to the study it came from, the run in its title
+            if m and column in SOURCES:
+                text = (f'{escape(text[:m.start()])} <a class="muted" href="#{SOURCES[column]}" '
+                        f'title="{escape(m[1])}, {escape(m[2])}">({escape(m[2])})</a>')
+                return f"<td>{text}</td>"
+            return f"<td>{escape(text)}</td>"
         body = "".join("<tr>" + "".join(cell(c, v) for c, v in zip(df.columns, row)) + "</tr>"
                        for row in df.itertuples(index=False))
         return (f'<table class="answers"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
@@ -78,9 +101,15 @@ def answers_html(advice, advice_csv: str, audit, audit_csv: str, audit_title: st
     if audit is not None:            # the classes that normalize on the device in the table; the others named
         device = audit[audit["device norm"] == "yes"] if len(audit) else audit
         cpu = [str(m) for m in audit["model"][~audit.index.isin(device.index)]] if len(audit) else []
+        where = device["norm in"].value_counts() if len(device) else {}
+        tally = ", ".join(f"{n} in the {w}" for w, n in where.items())
+        wrong = int(device["verdict"].str.startswith("WRONG").sum()) if len(device) else 0
         out += [f'<h2 id="audit">Engine audit: {escape(audit_title)}</h2>', f'<p class="muted">{AUDIT_INTRO}</p>',
-                table(device, audit_csv)]
+                f"<p>{len(audit)} model classes: {len(device)} normalize on the device ({escape(tally)}), "
+                f"{len(cpu)} on the CPU; {wrong} in the silent-wrong cell (outer norm with encoder graphs).</p>",
+                f'<details class="fold"><summary>The {len(device)} device-normalizing classes, each with its verdict'
+                f'</summary>{table(device, audit_csv)}</details>']
         if cpu:
-            out.append(f'<p class="muted">{len(cpu)} more class{"es" * (len(cpu) > 1)} capture their encoder and '
-                       f'normalize on the CPU (right on every path): {escape(", ".join(cpu))}.</p>')
+            out.append(f'<details class="fold"><summary>The {len(cpu)} CPU-normalizing classes (right on every '
+                       f'path)</summary><p class="muted">{escape(", ".join(cpu))}.</p></details>')
     return "".join(out)

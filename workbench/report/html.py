@@ -3,6 +3,7 @@ percent-encoded."""
 from __future__ import annotations
 
 import html
+import re
 import urllib.parse
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,8 +35,8 @@ th, code { background: #f5f5f7; } code { padding: 0 0.2rem; } .toc { font-size: 
 .cpu { background: #fff3e0; } .errata { background: #fdecea; border-left: 3px solid #c62828; padding: 0.3rem 0.6rem; }
 .problem { color: #a50e0e; font-size: 0.85rem; } figcaption { font-size: 0.8rem; color: #3a3a3c; }
 pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; }
-.figs { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 0.6rem 1rem; }
-figure { margin: 0.4rem 0; } figure img { max-width: 100%; max-height: 360px; border: 1px solid #eee; }
+.figs { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 0.6rem 1rem; }
+figure { margin: 0.4rem 0; } figure img { max-width: 100%; max-height: 220px; border: 1px solid #eee; }
 .tablebox { overflow-x: auto; margin: 0.6rem 0; } ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
 table.answers { font-size: 0.8rem; } table.answers code { word-break: break-all; font-size: 0.72rem; }
 table.data { font-size: 0.8rem; width: auto; } table.data td { text-align: right; white-space: nowrap; }
@@ -126,8 +127,11 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
     listing = "".join(f"<p{cls}>{head}</p><ul{cls}>{_items(lines)}</ul>" for head, cls, lines in (
         ("Run folders and tables the report could not use:", " class='problem'", problems),
         ("Studies that failed in a run:", " class='problem'", [f"{r.name}: {f}" for r in runs if not r.error
-                                                               for f in r.meta.open_failures()]),
-        ("Warnings a run recorded:", "", [f"{r.name}: {w}" for r in runs for w in r.meta.all_warnings()])) if lines)
+                                                               for f in r.meta.open_failures()])) if lines)
+    warned = [f"{r.name}: {w}" for r in runs for w in r.meta.all_warnings()]
+    if warned:                       # not problems of the page: one click away
+        listing += (f"<details class='fold'><summary>Warnings runs recorded ({len(warned)})</summary>"
+                    f"<ul>{_items(warned)}</ul></details>")
     summary = (f"{len(runs)} run folder{'s' if len(runs) != 1 else ''} ({sum(r.reference for r in runs)} reference), "
                "newest first: device, commit, status, tables (each run's name opens its meta.json)")
     csv_link = f' · <a href="{_href(csv)}">CSV</a>' if csv else ""
@@ -183,6 +187,9 @@ def _view_body(name: str, v: View) -> str:
     alt = f"{name} figure"
     # shown: the lead paragraph, the tables, the first SHOWN_FIGURES figures; the rest one click away
     paras = [p for p in v.text.split("\n\n") if p.strip()]
+    opening = re.search(r"^.{120,320}?[.;] (?=[A-Z])", paras[0], flags=re.S) if paras else None
+    if opening:                      # the lead's opening sentence shown, the whole paragraph folded with the rest
+        paras = [opening[0].rstrip(" ;")] + paras
     out += [_paragraphs("\n\n".join(paras[:1])), _tables_html(v.tables),
             _figures_html(first[:SHOWN_FIGURES], v.svgs, v.captions, alt)]
     more, figs = paras[1:], first[SHOWN_FIGURES:]
@@ -194,24 +201,29 @@ def _view_body(name: str, v: View) -> str:
     if rest:                         # the other groups (runs, towers): one fold, a heading each inside
         inner = "".join(f"<h4>{_e(label or 'the other runs')} ({len(figs)})</h4>"
                         f"{_figures_html(figs, v.svgs, v.captions, alt)}" for label, figs in rest)
-        out.append(f'<details class="fold"><summary>Figures of {len(rest)} other group{"s" * (len(rest) > 1)}: '
-                   f'{_e(", ".join(label or "the other runs" for label, _ in rest))}</summary>{inner}</details>')
+        labels = ", ".join(label or "the other runs" for label, _ in rest)
+        labels = f": {labels}" if len(labels) <= 60 else " (towers or runs)"     # long lists inside only
+        out.append(f'<details class="fold"><summary>Figures of {len(rest)} other group{"s" * (len(rest) > 1)}'
+                   f'{_e(labels)}</summary>{inner}</details>')
     return "".join(out)
 
 
 def _view_html(name: str, v: View) -> str:
     if v.kind == "older":
-        diffs = (f"<p class='muted'>Older runs on {_e(v.device)} ({len(v.runs)}), against the newest:</p>"
-                 f"<ul class='diffs'>{_items(v.diffs)}</ul>") if v.diffs else ""
-        what = "verdicts above; their findings and figures" if v.diffs else "their findings and figures"
-        return (f'{diffs}<details class="fold"><summary>Older runs on {_e(v.device)}: {len(v.runs)} '
-                f"({_e(what)})</summary><p class='muted'>{_e(_runs_words(v.runs))}</p>{_view_body(name, v)}</details>")
+        changed = sum(1 for d in v.diffs if " verdicts differ from " in d)
+        diffs = (f"<p class='muted'>Against the newest:</p><ul class='diffs'>{_items(v.diffs)}</ul>"
+                 if v.diffs else "")
+        what = (f"{changed} of {len(v.diffs)} with verdicts that differ from the newest; " if v.diffs else "")
+        return (f'<details class="fold"><summary>Older runs on {_e(v.device)}: {len(v.runs)} '
+                f"({_e(what)}their verdicts, findings and figures)</summary>"
+                f"<p class='muted'>{_e(_runs_words(v.runs))}</p>{diffs}{_view_body(name, v)}</details>")
     head = f"{_e(v.device)}: newest {_e(_runs_words(v.runs))}"
+    short = f"{_e(v.device)}: newest run{'s' * (len(v.runs) > 1)} ({len(v.runs)})"
     if v.folded:
         return (f'<details class="fold"><summary><span class="cpu">CPU</span> {head}. {_e(CPU_NOTE)}.</summary>'
                 f"{_view_body(name, v)}</details>")
     note = f"<p class='muted'>{_e(CPU_NOTE)}.</p>" if is_cpu(v.device) else ""
-    return f"<h3>{head}</h3>{note}{_view_body(name, v)}"
+    return f'<h3 title="{_e(_runs_words(v.runs))}">{short}</h3>{note}{_view_body(name, v)}'
 
 
 def _section_html(s: StudySection) -> str:
@@ -220,16 +232,26 @@ def _section_html(s: StudySection) -> str:
     if s.error and not any(v.error for v in s.views):
         out.append(f'<p>The summary failed:</p><pre class="error">{_e(s.error)}</pre>')
     out += [_view_html(s.name, v) for v in s.views] or [_paragraphs(s.text)]
+    heads, bodies, flagged = [], [], []
     for c in s.comparisons:         # the newest run against the one before it
-        csv = f' · <a href="{_href(c.csv)}">CSV of every value</a>' if c.csv else ""
-        out.append(f"<p class='muted'>Compared on {_e(c.device)}: {_e(c.line)}{csv}</p>")
+        csv = f' (<a href="{_href(c.csv)}">CSV of every value</a>)' if c.csv else ""
+        heads.append(f"compared on {_e(c.device)} with the run before: {c.flagged} flagged value"
+                     f"{'s' * (c.flagged != 1)}{csv}")
+        bodies.append(f"<p>{_e(c.device)}: {_e(c.line)}</p>")
         if c.table is not None and len(c.table):
             first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
-            out[-1] += (f'<details class="fold"><summary>The {c.flagged} flagged value{"s" if c.flagged != 1 else ""}'
-                        f'{first}</summary><div class="tablebox">{_table_html(c.table)}</div></details>')
+            flagged.append(f'<details class="fold"><summary>The {c.flagged} flagged value{"s" if c.flagged != 1 else ""}'
+                           f'{first}</summary><div class="tablebox">{_table_html(c.table)}</div></details>')
     out += [f'<p class="problem">{_e(line)}</p>' for line in s.table_problems]
     out += [f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>' for dev in s.missing_devices]
-    out += [f'<p class="muted">From runs: {_e(", ".join(s.runs))}</p>'] if s.runs else []
+    if s.runs:                      # one line: the runs behind the section and the newest against the one before
+        heads.insert(0, f'from {len(s.runs)} run{"s" * (len(s.runs) != 1)}')
+        bodies.insert(0, f"<p>{_e(', '.join(s.runs))}</p>")
+    if heads:
+        line = " · ".join(heads)
+        out.append(f"<details class='muted'><summary>{line[:1].upper() + line[1:]}</summary>{''.join(bodies)}"
+                   f"</details>")
+    out += flagged
     return "\n".join(out)
 
 
@@ -242,25 +264,30 @@ def _benchmark_html(b: BenchmarkSection) -> str:
         if p.error:
             out.append(f'<p class="problem">{_e(p.error)}</p>')
         out.append(_paragraphs(p.text))
-        out.append(_figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}"))
+        if p.figures:                # a committed benchmark: its figures one click away
+            out.append(f'<details class="fold"><summary>{len(p.figures)} figure{"s" * (len(p.figures) > 1)}'
+                       f'</summary>{_figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}")}</details>')
         if not p.error:
             out.append(f'<p class="muted">From <code>{_e(REFERENCE_DIRNAME)}/{_e(p.source)}</code>.</p>')
     return "\n".join(out)
 
 
 def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
-    out = ['<div class="keys" id="key-findings"><h2>Key findings: the newest run per device</h2>']
+    """One list per device (the CPU's folded beside a GPU's): each study's newest finding in a sentence."""
+    n = sum(len(items) for items in keys.values())
+    out = ['<details class="keys" id="key-findings"><summary><span class="caption">Key findings: the newest run per '
+           f'device, one sentence each ({n}, each linked to its study)</span></summary>']
     gpu = any(not is_cpu(d) for d in keys)
     for dev, items in keys.items():
-        lis = "".join(f'<li><a href="#{_href(anchor)}">{_e(anchor)}</a>'
-                      + (f' <span class="muted">({_e(src)})</span>' if src else "") + f": {_e(text)}</li>"
+        lis = "".join(f'<li><a href="#{_href(anchor)}">{_e(anchor)}</a>: {_e(text)}'
+                      + (f' <span class="muted">({_e(src)})</span>' if src else "") + "</li>"
                       for anchor, src, text in items)
         if is_cpu(dev) and gpu:
             out.append(f'<details><summary><span class="cpu">CPU</span> {_e(dev)}: {_e(CPU_NOTE)}.</summary>'
                        f"<ul>{lis}</ul></details>")
         else:
             out.append(f"<h3>{_e(dev)}</h3><ul>{lis}</ul>")
-    return "".join(out) + "</div>" if keys else ""
+    return "".join(out) + "</details>" if keys else ""
 
 
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, results_dir: Path,

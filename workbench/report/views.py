@@ -17,7 +17,7 @@ from .runs import REFERENCE_DIRNAME, Run, TableProblem, _kind, _one_line, _why, 
 
 COMPARE_ROWS = 12                    # flagged rows shown per comparison (all of them in its CSV)
 DIFF_CELLS = 8                       # changed verdict cells named per older run
-KEY_FINDING_CHARS = 300              # a key finding: the finding's opening sentences, about this long
+KEY_FINDING_CHARS = 160              # a key finding: the finding's opening sentence, about this long
 _slug = partial(slug, empty="x")
 
 
