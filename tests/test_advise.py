@@ -116,3 +116,23 @@ def _linked(root):
     root.mkdir(parents=True)
     (root / "reference").symlink_to(COMMITTED, target_is_directory=True)
     return root
+
+
+def test_the_placement_table_joins_each_study_with_its_run(results, tmp_path):
+    from workbench.advise import ANSWER_PLACEMENTS, NOT_MEASURED, placement_table
+    t = placement_table("qwen3-vl-8b", "phone_photos", results).set_index("placement")
+    assert t.index.tolist() == list(ANSWER_PLACEMENTS)
+    src = t.attrs["sources"]
+    assert set(src) == {"correctness", "input_path", "cast_cost", "fp32_memory"}
+    assert all(dev == "NVIDIA H200" and run.startswith("2026") for run, dev in src.values())
+    # the seed's bug: the outer placement is right eagerly and wrong under the graph runner
+    assert t.loc["outer", "eager"] == "right" and t.loc["outer", "cudagraph"].startswith("WRONG")
+    assert t.loc["tower", "cudagraph"] == "right"
+    assert t.loc["fold", "eager"] == NOT_MEASURED             # its correctness run predates the fold placement
+    staging = [c for c in t.columns if c.startswith("staging")][0]
+    assert "us" not in t.loc["runner", staging] and "runner/" in t.loc["runner", staging]
+    assert t.loc["outer", "host ms/image (saves)"] == NOT_MEASURED and "(+" in t.loc["device", "host ms/image (saves)"]
+    assert t.loc["tower", "norm fp32 MiB: eager / fused"].endswith("/ 0")      # fused kernels park nothing
+    # without runs every column is missing, never invented
+    bare = placement_table("qwen3-vl-8b", "phone_photos", tmp_path)
+    assert bare.columns.tolist() == ["placement"] and bare.attrs["sources"] == {}

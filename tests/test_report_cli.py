@@ -387,7 +387,9 @@ def built(results_with_runs):
 
 
 def _row_of(page: str, run_name: str) -> str:
-    rows = [r for r in re.findall(r"<tr>.*?</tr>", page, flags=re.S) if run_name in r]
+    """The run's row in the runs table (the answer tables name runs in their headers' titles)."""
+    runs = page[page.index('<h2 id="runs">'):]
+    rows = [r for r in re.findall(r"<tr>.*?</tr>", runs, flags=re.S) if run_name in r]
     assert len(rows) == 1, rows
     return rows[0]
 

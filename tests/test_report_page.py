@@ -34,7 +34,8 @@ def test_the_answer_table_opens_the_page_with_a_linked_row_per_family(page):
     text = page.read_text(encoding="utf-8")
     answers = text[text.index('<h2 id="advice">'):text.index('<h2 id="audit">')]
     assert text.index('<h2 id="advice">') < text.index('id="key-findings"') < text.index('<h2 id="correctness">')
-    rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", answers, flags=re.S)
+    advice = answers[:answers.index('id="placements"')]
+    rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", advice, flags=re.S)
     presets = [r[0] for r in rows]
     assert len(rows) == len(families()), presets                   # every family, measured or said not to be
     for preset, body in rows:
@@ -45,6 +46,12 @@ def test_the_answer_table_opens_the_page_with_a_linked_row_per_family(page):
     assert re.search(r'href="#encoder_latency" title="\d{8}T\d{6}Z-[^"]+"', answers)
     csv = re.search(r'<a href="([^"]+\.csv)">CSV</a>', answers)[1]
     assert (page.parent / csv).is_file()
+    placements = answers[answers.index('id="placements"'):]
+    assert "5 of 5 families measured" in placements or "4 of 5 families measured" in placements
+    assert placements.count("<h4>") == len(families())
+    for study in ("correctness", "input_path", "cast_cost", "fp32_memory"):       # each column's study and run
+        assert re.search(rf'href="#{study}" title="\d{{8}}T\d{{6}}Z-[^"]+, NVIDIA H200"', placements), study
+    assert "WRONG" in placements and "not measured" in placements
     audit = text[text.index('<h2 id="audit">'):text.index('id="key-findings"')]
     assert "0 in the silent-wrong cell" in audit and "KimiK25ForConditionalGeneration" in audit
 

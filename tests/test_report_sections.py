@@ -409,6 +409,7 @@ def test_a_csv_beside_every_table(tmp_path, base_meta):
         assert (out / csv).is_file() and (out / csv).parent == result.index.parent   # beside the page
     advice = pd.read_csv(out / csvs[0])
     assert "vLLM --compilation-config" in advice and len(advice) == len(families())      # a row per family
+    assert page.count("per placement: no run measured it yet") == len(families())   # no table without a run
     key = pd.read_csv(out / csvs[1])
     assert key.columns.tolist() == ["size", "value_us"] and key["value_us"].tolist() == [0.0, 1.5, 3.0]
     runs = pd.read_csv(out / csvs[2])
@@ -537,7 +538,7 @@ def test_figures_of_other_runs_or_towers_are_folded_under_their_group():
                  tables=[("first", pd.DataFrame({"n": [1]}), "t1.csv"),
                          ("second", pd.DataFrame({"n": [2]}), "t2.csv")])
     page = rep._view_body("s", v)
-    shown = page.split("Figures of")[0]
+    shown = page.split("igures of")[0]
     assert "x-one_a.png" in shown and "y-one_a.png" in shown and "x-two_b.png" not in shown
     assert re.search(r'<details class="fold"><summary>Figures of 1 other group: fam2, two: run b</summary>'
                      r'<h4>fam2, two: run b \(1\)</h4>.*x-two_b\.png', page)

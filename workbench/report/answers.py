@@ -60,6 +60,66 @@ def _largest_batch(latency) -> str:
     return f"{latency.text.split('; ')[-1]} [{latency.run}, {latency.device}]"
 
 
+# the placement table's columns and the study section each comes from
+PLACEMENT_SOURCES = {"eager": "correctness", "cudagraph": "correctness", "dp": "correctness",
+                     "host ms/image (saves)": "input_path", "MB/image shipped": "input_path",
+                     "request to embedding ms/image: eager / graph": "input_path", "norm fp32 MiB: eager / fused":
+                     "fp32_memory"}
+
+
+def placement_frames(results_dir: Path) -> list:
+    """Per family's preset (as `advice_frame`), `advise.placement_table` on the advice mix."""
+    from ..advise import placement_table
+    from ..config import PRESETS, families
+
+    out = []
+    for family, spec in families().items():
+        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
+                                                and not n.startswith("tiny-")), None)
+        if preset is not None:
+            try:
+                out.append((preset, placement_table(preset, ADVICE_MIX, results_dir)))
+            except (ValueError, OSError, KeyError) as e:
+                out.append((preset, str(e)))
+    return out
+
+
+def placements_html(frames: list[tuple[str, object, str]]) -> str:
+    """Each family's per-placement table, folded under the advice: headers link to the study they come
+    from, with the run in their title; the runs named below; each with its CSV."""
+    out = []
+    for preset, df, csv in frames:
+        if isinstance(df, str):
+            out.append(f'<p class="problem">{escape(preset)}: no placement table: {escape(df)}</p>')
+            continue
+        sources = df.attrs.get("sources", {})
+        if not sources:
+            out.append(f'<p class="muted">{escape(preset)} per placement: no run measured it yet (python -m '
+                       f'workbench sweep --studies correctness,cast_cost,fp32_memory,input_path '
+                       f'--set presets={escape(preset)}).</p>')
+            continue
+
+        def head(c: str) -> str:
+            study = PLACEMENT_SOURCES.get(c) or ("cast_cost" if c.startswith("staging") else None)
+            if study not in sources:
+                return f"<th>{escape(c)}</th>"
+            run, device = sources[study]
+            return f'<th><a href="#{study}" title="{escape(run)}, {escape(device)}">{escape(c)}</a></th>'
+        body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>"
+                       for row in df.itertuples(index=False))
+        runs = " · ".join(f"{study}: {escape(run)} ({escape(dev)})" for study, (run, dev) in sources.items())
+        out.append(f'<h4>{escape(preset)}, "{ADVICE_MIX}" mix</h4><table class="answers"><thead><tr>'
+                   f'{"".join(head(c) for c in df.columns)}</tr></thead><tbody>{body}</tbody></table>'
+                   f'<p class="muted">From {runs} · <a href="{escape(csv)}">CSV</a></p>')
+    if not out:
+        return ""
+    shown = sum(1 for _, df, _ in frames if not isinstance(df, str) and df.attrs.get("sources"))
+    return ('<details class="fold" id="placements"><summary>Per placement, each family: right on eager, graphs and '
+            "dp; host time and bytes per image and what they save against the CPU processor; staging per replay; "
+            f"the norm's fp32 pool bytes; request to embedding ({shown} of {len(frames)} families measured)"
+            f"</summary>{''.join(out)}</details>")
+
+
 def audit_frame(results_dir: Path):
     """(the newest saved engine audit as a table, its title) or (None, '') where none was saved."""
     import pandas as pd
@@ -76,7 +136,7 @@ def audit_frame(results_dir: Path):
     return pd.DataFrame(rows), f"{data.get('engine')} {data.get('version')} ({data.get('source')})"
 
 
-def answers_html(advice, advice_csv: str, audit, audit_csv: str, audit_title: str) -> str:
+def answers_html(advice, advice_csv: str, audit, audit_csv: str, audit_title: str, placements: str = "") -> str:
     def table(df, csv: str) -> str:
         head = "".join(f"<th>{escape(str(c))}</th>" for c in df.columns)
         def cell(column: str, v) -> str:
@@ -97,7 +157,7 @@ def answers_html(advice, advice_csv: str, audit, audit_csv: str, audit_title: st
     out = []
     if advice is not None:
         out += ['<h2 id="advice">Where to normalize, and the engine options to take</h2>',
-                f'<p class="muted">{ADVICE_INTRO}</p>', table(advice, advice_csv)]
+                f'<p class="muted">{ADVICE_INTRO}</p>', table(advice, advice_csv), placements]
     if audit is not None:            # the classes that normalize on the device in the table; the others named
         device = audit[audit["device norm"] == "yes"] if len(audit) else audit
         cpu = [str(m) for m in audit["model"][~audit.index.isin(device.index)]] if len(audit) else []

@@ -193,18 +193,18 @@ def _view_body(name: str, v: View) -> str:
     out += [_paragraphs("\n\n".join(paras[:1])), _tables_html(v.tables),
             _figures_html(first[:SHOWN_FIGURES], v.svgs, v.captions, alt)]
     more, figs = paras[1:], first[SHOWN_FIGURES:]
-    if more or figs:
-        what = ", ".join(x for x in (f"{len(more)} more paragraph{'s' * (len(more) != 1)}" if more else "",
-                                     f"{len(figs)} more figure{'s' * (len(figs) != 1)}" if figs else "") if x)
-        hidden = _paragraphs("\n\n".join(more)) + _figures_html(figs, v.svgs, v.captions, alt)
-        out.append(f'<details class="fold"><summary>{_e(what)}</summary>{hidden}</details>')
-    if rest:                         # the other groups (runs, towers): one fold, a heading each inside
-        inner = "".join(f"<h4>{_e(label or 'the other runs')} ({len(figs)})</h4>"
-                        f"{_figures_html(figs, v.svgs, v.captions, alt)}" for label, figs in rest)
+    parts = [f"{len(more)} more paragraph{'s' * (len(more) != 1)}" if more else "",
+             f"{len(figs)} more figure{'s' * (len(figs) != 1)}" if figs else ""]
+    hidden = _paragraphs("\n\n".join(more)) + _figures_html(figs, v.svgs, v.captions, alt)
+    if rest:                         # the other groups (runs, towers): in the same fold, a heading each
+        hidden += "".join(f"<h4>{_e(label or 'the other runs')} ({len(figs)})</h4>"
+                          f"{_figures_html(figs, v.svgs, v.captions, alt)}" for label, figs in rest)
         labels = ", ".join(label or "the other runs" for label, _ in rest)
         labels = f": {labels}" if len(labels) <= 60 else " (towers or runs)"     # long lists inside only
-        out.append(f'<details class="fold"><summary>Figures of {len(rest)} other group{"s" * (len(rest) > 1)}'
-                   f'{_e(labels)}</summary>{inner}</details>')
+        parts.append(f'figures of {len(rest)} other group{"s" * (len(rest) > 1)}{labels}')
+    what = ", ".join(x for x in parts if x)
+    if what:
+        out.append(f'<details class="fold"><summary>{_e(what[:1].upper() + what[1:])}</summary>{hidden}</details>')
     return "".join(out)
 
 
