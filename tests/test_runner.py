@@ -227,9 +227,10 @@ def test_a_runner_takes_the_costs_of_another_over_the_same_budgets_only():
         EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4, costs={8: 1.0})
 
 
-def test_auto_measures_each_plan_on_a_shapes_first_call_and_keeps_the_fastest(items):
-    import time as _time
+def test_auto_measures_each_plan_on_a_shapes_first_call_and_keeps_the_fastest(items, monkeypatch):
+    import types
 
+    from workbench import runner_policy
     from workbench.runner import PackCosts
     cfg = small_cfg("tiny-qwen2.5-vl")
     enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=3)
@@ -239,18 +240,20 @@ def test_auto_measures_each_plan_on_a_shapes_first_call_and_keeps_the_fastest(it
     runner.calibrate = True                        # as on CUDA (the emulated backend only predicts)
     packs, _ = runner.plan(enc.graph_input(batch))
     assert len(packs) > 1
-    plain_run, seen = runner._run, []
+    plain_run, seen, clock = runner._run, [], [0.0]
+    # the calibration's clock: a plan that sends every pack eagerly or none takes a second, a mix none
+    monkeypatch.setattr(runner_policy, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
-    def slow_unless_mixed(b, p, m, eager, *rest):  # every pack eager or none: slower than a mix
+    def slow_unless_mixed(b, p, m, eager, *rest):
         seen.append(eager)
         if len(eager) in (0, len(p)):
-            _time.sleep(0.05)
+            clock[0] += 1.0
         return plain_run(b, p, m, eager, *rest)
 
     runner._run = slow_unless_mixed
     # the costs predict every pack replayed; measured, a mixed plan (not a candidate here) cannot be
     # picked, so make one: the prediction is the mix of the first pack eager, the rest replayed
-    runner._predicted_eager = lambda b, p, c: frozenset({0})
+    runner.costs.eager_packs = lambda b, p, unit: frozenset({0})
     phases: dict = {}
     out = runner.encode(batch, phases=phases)
     assert "calibrate" in phases and len(seen) == 6            # 3 plans, each warmed and timed

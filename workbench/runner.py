@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import time
 import warnings
 from dataclasses import dataclass
 
@@ -49,7 +48,7 @@ from .dtypes import dtype_name, names
 from .encoder import BUFFER_DTYPES, VisionEncoder
 from .norms import replaying
 from .preprocess import PatchBatch
-from .runner_policy import PackCosts, ReplayRecord, _PhaseClock, _check_budgets, default_budgets
+from .runner_policy import PackCosts, ReplayRecord, _PhaseClock, _check_budgets, calibrate, default_budgets
 from .runner_policy import PHASES, engine_budgets, engine_max_items  # noqa: F401
 from .towers.common import remember
 from .towers.metadata import budget_padding, sequence_rows
@@ -159,7 +158,7 @@ class EncoderGraphRunner:
         if costs is not None:
             _check_costs(costs, self.budgets)
         self.costs = None
-        # 'auto' on CUDA measures its plan per batch shape on the shape's first call (`_calibrate`)
+        # 'auto' on CUDA measures its plan per batch shape on the shape's first call (`calibrate`)
         self.calibrate = self.backend == "cuda"
         self._choices: dict = {}
         if self.policy == "auto":
@@ -371,55 +370,14 @@ class EncoderGraphRunner:
         if costs is None or not packs:
             return self._run(batch, packs, misses, frozenset(), costs, pad_value, phase)
         if not self.calibrate:
-            return self._run(batch, packs, misses, self._predicted_eager(batch, packs, costs), costs, pad_value, phase)
+            return self._run(batch, packs, misses, costs.eager_packs(batch, packs, self.encoder.cfg.merge_unit),
+                             costs, pad_value, phase)
         key = tuple(map(tuple, batch.grid_thw.tolist()))
         eager = self._choices.get(key)
         if eager is not None:
             return self._run(batch, packs, misses, eager, costs, pad_value, phase)
         with phase("calibrate"):
-            return self._calibrate(key, batch, packs, misses, costs, pad_value)
-
-    def _predicted_eager(self, batch: PatchBatch, packs, costs: PackCosts) -> frozenset:
-        """The packs (positions in ``packs``) the costs predict run faster eagerly than replayed."""
-        unit = self.encoder.cfg.merge_unit
-        rows = batch.item_rows
-        return frozenset(k for k, (budget, idx) in enumerate(packs)
-                         if costs.prefer_eager(budget, sum(rows[i] for i in idx) // unit))
-
-    # the batch shapes whose plan policy 'auto' has measured, kept for later calls of the same shape
-    CHOICE_CACHE = 256
-
-    def _calibrate(self, key, batch: PatchBatch, packs, misses, costs: PackCosts, pad_value) -> torch.Tensor:
-        """The first call of a batch shape under policy 'auto' on CUDA: run each candidate plan
-        (every pack replayed, every pack eager, and the costs' prediction where it differs) once
-        to warm it and once timed, keep the fastest for this shape (as cuDNN's benchmark mode
-        keeps an algorithm per shape) and return its output; `stats` records that plan only."""
-        self.prepare(batch)
-        plans = {"replay": frozenset(), "eager": frozenset(range(len(packs)))}
-        predicted = self._predicted_eager(batch, packs, costs)
-        if predicted not in plans.values():
-            plans["predicted"] = predicted
-        kept, times, outs, records = self.stats, {}, {}, {}
-        try:
-            for name, eager in plans.items():
-                self.stats = []
-                self._run(batch, packs, misses, eager, costs, pad_value, _PhaseClock(None, self.device))
-                self.stats = []
-                self._sync()
-                t0 = time.perf_counter()
-                outs[name] = self._run(batch, packs, misses, eager, costs, pad_value, _PhaseClock(None, self.device))
-                self._sync()
-                times[name], records[name] = time.perf_counter() - t0, self.stats
-        finally:
-            self.stats = kept
-        best = min(times, key=times.get)
-        remember(self._choices, key, self.CHOICE_CACHE, lambda: plans[best])
-        self.stats += records[best]
-        return outs[best]
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            return calibrate(self, key, batch, packs, misses, costs, pad_value)
 
     def _run(self, batch: PatchBatch, packs, misses, eager: frozenset, costs: PackCosts | None, pad_value,
              phase: _PhaseClock) -> torch.Tensor:

@@ -63,6 +63,12 @@ class PackCosts:
         """Whether a pack of ``tokens`` merged tokens runs faster eagerly than in ``budget``'s graph."""
         return self.eager_ms(tokens) < self.replay_ms[budget]
 
+    def eager_packs(self, batch: PatchBatch, packs, merge_unit: int) -> frozenset:
+        """The packs (positions in ``packs``, (budget, items) pairs) predicted faster eagerly than replayed."""
+        rows = batch.item_rows
+        return frozenset(k for k, (budget, idx) in enumerate(packs)
+                         if self.prefer_eager(budget, sum(rows[i] for i in idx) // merge_unit))
+
     @classmethod
     @torch.inference_mode()
     def measure(cls, runner: "EncoderGraphRunner") -> "PackCosts":
@@ -85,6 +91,45 @@ class PackCosts:
                                filling_grid(cfg, tokens))
             points.append(cpu_time_us(lambda: enc.encode_eager(batch), reps=cls.REPS, warmup=1)["p50_us"] / 1e3)
         return cls(replay, tuple(picks), tuple(points), time.perf_counter() - t0)
+
+
+# the batch shapes whose plan policy 'auto' has measured, kept per runner for later calls of the same shape
+CHOICE_CACHE = 256
+
+
+def calibrate(runner, key, batch: PatchBatch, packs, misses, costs: PackCosts, pad_value) -> torch.Tensor:
+    """The first call of a batch shape under policy 'auto' on CUDA: run each candidate plan (every
+    pack replayed, every pack eager, and the costs' prediction where it differs) once to warm it and
+    once timed, keep the fastest for this shape in ``runner._choices`` (as cuDNN's benchmark mode keeps
+    an algorithm per shape) and return its output; the runner's `stats` record that plan only."""
+    from .towers.common import remember
+
+    def sync():
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+
+    runner.prepare(batch)
+    plans = {"replay": frozenset(), "eager": frozenset(range(len(packs)))}
+    predicted = costs.eager_packs(batch, packs, runner.encoder.cfg.merge_unit)
+    if predicted not in plans.values():
+        plans["predicted"] = predicted
+    kept, times, outs, records = runner.stats, {}, {}, {}
+    try:
+        for name, eager in plans.items():
+            runner.stats = []
+            runner._run(batch, packs, misses, eager, costs, pad_value, _PhaseClock(None, runner.device))
+            runner.stats = []
+            sync()
+            t0 = time.perf_counter()
+            outs[name] = runner._run(batch, packs, misses, eager, costs, pad_value, _PhaseClock(None, runner.device))
+            sync()
+            times[name], records[name] = time.perf_counter() - t0, runner.stats
+    finally:
+        runner.stats = kept
+    best = min(times, key=times.get)
+    remember(runner._choices, key, CHOICE_CACHE, lambda: plans[best])
+    runner.stats += records[best]
+    return outs[best]
 
 
 def _check_budgets(budgets, max_items) -> tuple[list[int], int]:
