@@ -31,9 +31,9 @@ FAMILIES = (("qwen3-vl-8b", "gelu_tanh_approx"), ("qwen2.5-vl-7b", "swiglu"), ("
 
 
 def _key_context_vars() -> None:
-    """quack 0.6.5 fingerprints an epilogue's closure and refuses what it cannot key; with
-    nvidia-cutlass-dsl 4.8.1 that closure reaches the DSL's ``_LOC_TRANSFORMS`` ContextVar (debug
-    locations, not math), and every epilogue GEMM raised TypeError on the H200. Keyed by its name."""
+    """quack fingerprints an epilogue's closure and refuses what it cannot key; with nvidia-cutlass-dsl
+    4.8.1 that closure reaches the DSL's ``_LOC_TRANSFORMS`` ContextVar (debug locations, not math),
+    which quack 0.6.5 has no key for (results/reference/README.md). Keyed by its name here."""
     import contextvars
 
     from quack.gemm_runtime import identity
