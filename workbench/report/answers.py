@@ -21,19 +21,27 @@ EVIDENCE = re.compile(r"\s*\[([^,\]]+), ([^\]]+)\]$")     # Evidence.line's "[ru
 SOURCES = {"staging (run, device)": "cast_cost", "time to embedding, largest batch (run, device)": "encoder_latency"}
 
 
+def family_presets() -> list[str]:
+    """One real preset per family, the page's rows: the family's study preset, else its first real one."""
+    from ..config import PRESETS, families
+
+    out = []
+    for family, spec in families().items():
+        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
+                                                and not n.startswith("tiny-")), None)
+        if preset is not None:
+            out.append(preset)
+    return out
+
+
 def advice_frame(results_dir: Path):
     """One row per family's real preset: where to normalize, staging, budgets, padding, vLLM's options."""
     import pandas as pd
 
     from ..advise import advise
-    from ..config import PRESETS, families
 
     rows = []
-    for family, spec in families().items():     # the family's study preset, else its first real one
-        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
-                                                and not n.startswith("tiny-")), None)
-        if preset is None:
-            continue
+    for preset in family_presets():
         try:
             a = advise(preset, ADVICE_MIX, results_dir)
         except (ValueError, OSError) as e:
@@ -70,17 +78,13 @@ PLACEMENT_SOURCES = {"eager": "correctness", "cudagraph": "correctness", "dp": "
 def placement_frames(results_dir: Path) -> list:
     """Per family's preset (as `advice_frame`), `advise.placement_table` on the advice mix."""
     from ..advise import placement_table
-    from ..config import PRESETS, families
 
     out = []
-    for family, spec in families().items():
-        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
-                                                and not n.startswith("tiny-")), None)
-        if preset is not None:
-            try:
-                out.append((preset, placement_table(preset, ADVICE_MIX, results_dir)))
-            except (ValueError, OSError, KeyError) as e:
-                out.append((preset, str(e)))
+    for preset in family_presets():
+        try:
+            out.append((preset, placement_table(preset, ADVICE_MIX, results_dir)))
+        except (ValueError, OSError, KeyError) as e:
+            out.append((preset, str(e)))
     return out
 
 
