@@ -20,6 +20,7 @@ said, with the command that would measure it: never an invented number.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -105,18 +106,27 @@ def _runs(results: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
+@functools.lru_cache(maxsize=64)
+def _load(path: str, stamp: tuple):
+    """A run's table, read once per (file, modification stamp): the advice and the placement tables of
+    every family look through the same runs. Callers filter it into new frames and never modify it."""
+    from .studies.tables import load_table
+    return load_table(Path(path))
+
+
 def _newest(results: Path, study: str, column: str, value: str, where=None):
     """(table rows of ``column == value`` (and ``where(rows)``, a mask), run folder) of the newest run of
     ``study`` that has them, a GPU run before any CPU run; (None, None) where none has."""
     from .report.views import is_cpu
-    from .studies.tables import TableError, load_table
+    from .studies.tables import TableError
     cpu = None
     for run in _runs(results):
         path = run / f"{study}.parquet"
         if not path.is_file() or path.is_symlink():
             continue
         try:
-            table = load_table(path)
+            st = path.stat()
+            table = _load(str(path), (st.st_mtime_ns, st.st_size))
         except (OSError, ValueError, TableError):
             continue
         if column not in table.columns:
