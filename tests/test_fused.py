@@ -315,3 +315,22 @@ def test_zero_tail_zeroes_only_the_rows_past_the_end(n, end):
     r = x.clone()
     zero_tail_(x, e)
     assert torch.equal(x[:end], r[:end]) and (x[end:] == 0).all()
+
+
+def test_pool_model_traces_flash_attention_4_on_meta(monkeypatch):
+    """Where FlashAttention-4 is what a CUDA tower runs, the planner's allocation trace (meta device)
+    models its output and calls none of its kernels (the padding study crashed on the H200 there)."""
+    from workbench import attention, planner
+
+    def fa4_must_not_run(*a, **k):
+        raise AssertionError("FA4 called on meta tensors")
+    monkeypatch.setattr(attention, "fa4_problem", lambda device, head_dim: None)
+    monkeypatch.setattr(attention, "_fa4_func", lambda: fa4_must_not_run)
+    monkeypatch.setattr(attention, "zero_tail_", fa4_must_not_run)
+    monkeypatch.setattr(attention, "warm_fa4", lambda *a, **k: None)
+    import workbench.towers.common as common
+    monkeypatch.setattr(common, "warm_fa4", lambda *a, **k: None)
+    cfg = wb.VisionConfig.preset("tiny-qwen3-vl")
+    trace = planner.capture_trace(cfg, 64, torch.bfloat16, "triton_rows", torch.uint8, 1)
+    q_bytes = 64 * cfg.merge_unit * cfg.width * 2
+    assert any(e[0] == "alloc" and e[2] == q_bytes for e in trace)

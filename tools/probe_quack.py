@@ -33,16 +33,23 @@ FAMILIES = (("qwen3-vl-8b", "gelu_tanh_approx"), ("qwen2.5-vl-7b", "swiglu"), ("
 def _key_context_vars() -> None:
     """quack fingerprints an epilogue's closure and refuses what it cannot key; with nvidia-cutlass-dsl
     4.8.1 that closure reaches the DSL's ``_LOC_TRANSFORMS`` ContextVar (debug locations, not math),
-    which quack 0.6.5 has no key for (results/reference/README.md). Keyed by its name here."""
+    which quack 0.6.5 has no key for (results/reference/README.md), and builtin types' method
+    descriptors (``code.co_positions``), which it has none for either. Keyed by their names here."""
     import contextvars
+    import types
 
     from quack.gemm_runtime import identity
 
     plain = identity.semantic_value_key
 
+    descriptors = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
+                   types.GetSetDescriptorType, types.MemberDescriptorType)
+
     def keyed(value, seen):
         if isinstance(value, contextvars.ContextVar):
             return ("contextvar", value.name)
+        if isinstance(value, descriptors):       # a builtin type's method (``code.co_positions``): its name
+            return ("descriptor", value.__objclass__.__qualname__, value.__name__)
         return plain(value, seen)
 
     for mod in [m for name, m in sys.modules.items() if name.startswith("quack") and m is not None]:

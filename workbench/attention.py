@@ -160,6 +160,8 @@ def fa4_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: to
                max_seqlen: int) -> torch.Tensor:
     """FlashAttention-4's varlen forward on [N, H, D] (q, k, v may be strided views of one qkv).
     Keys and values of rows past the last sequence are zeroed in place first (module docstring)."""
+    if q.device.type == "meta":     # an allocation trace (`planner.capture_trace`): under no_grad FA4
+        return q.new_empty(q.shape)  # allocates its output and no log-sum-exp; nothing to zero
     end = cu_seqlens[-1:]
     zero_tail_(k, end)
     zero_tail_(v, end)
