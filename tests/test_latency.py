@@ -192,6 +192,7 @@ def test_a_disagreement_with_transformers_times_nothing_and_reference_can_be_ski
     w = wide(s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1,
                    warmup=0, reference=False, mixes=[]))
     assert set(w.path) == {"eager", "graph"} and w.p50_ms.notna().all()
+    assert (w.reps_n == 1).all() and "p50_ci_lo_ms" not in w      # one call: no interval of the median
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -200,8 +201,9 @@ def test_a_disagreement_with_transformers_times_nothing_and_reference_can_be_ski
     (dict(dtype="float16"), "dtype='float16' is not a valid choice; valid: float32, bfloat16"),
     (dict(tokens=[64, 16]), "strictly ascending"),
     (dict(tokens=[64, 100], images=[1, 3]), "not divisible: [(64, 3), (100, 3)]"),
-    (dict(nope=1), "valid: presets, depth, tokens, images, dtype, norm, fused, breakdown, reference, reps, warmup, "
-                   "mixes, image_folder, mix_items, engine_max_budget, seed"),
+    (dict(nope=1), "valid: presets, depth, tokens, images, dtype, norm, fused, breakdown, reference, reps, "
+                   "min_reps, warmup, mixes, image_folder, mix_items, engine_max_budget, seed"),
+    (dict(reps=3, min_reps=4), "min_reps=4 is above reps=3, the most repetitions: give min_reps <= reps"),
     (dict(mixes=["beaches"]), "mixes='beaches' is not a valid choice; valid: phone_photos"),
 ], ids=lambda v: str(v)[:30])
 def test_a_bad_param_is_refused_naming_valid_choices(overrides, message):

@@ -40,8 +40,9 @@ def test_over_the_limit_is_refused_and_fit_trims_the_repetitions(tmp_path, capsy
     _, _, fit = _plan(tmp_path, max_minutes=5, fit=True)
     got = plan_time(fit, [study], params)
     assert got["cast_cost"]["reps"] == params["cast_cost"]["reps"] // 2
-    assert {k: v for k, v in got["cast_cost"].items() if k != "reps"} == \
-        {k: v for k, v in params["cast_cost"].items() if k != "reps"}
+    assert got["cast_cost"]["min_reps"] == min(params["cast_cost"]["min_reps"], got["cast_cost"]["reps"])
+    assert {k: v for k, v in got["cast_cost"].items() if k not in ("reps", "min_reps")} == \
+        {k: v for k, v in params["cast_cost"].items() if k not in ("reps", "min_reps")}
     assert "--fit: repetitions trimmed" in capsys.readouterr().out
     _, _, tight = _plan(tmp_path, max_minutes=0.01, fit=True)
     with pytest.raises(SystemExit, match="even at the fewest repetitions"):

@@ -70,3 +70,12 @@ def test_cpu_timer_records_its_count_and_interval():
     assert fixed["reps"] == 7 and fixed["ci_lo_us"] <= fixed["p50_us"] <= fixed["ci_hi_us"]
     adaptive = timing.cpu_time_us(lambda: sum(range(100)), reps=40, warmup=1, min_reps=6)
     assert 6 <= adaptive["reps"] <= 40
+
+
+def test_a_default_min_reps_follows_a_smaller_cap_and_a_given_one_is_refused():
+    from workbench.studies import encoder_latency as s
+    from workbench.studies.params import ParamError
+    assert s.PARAMS.resolve({"reps": 3}, "gpu")["min_reps"] == 3
+    assert s.PARAMS.resolve({}, "gpu")["min_reps"] == 6 and s.PARAMS.resolve({}, "gpu")["reps"] == 10
+    with pytest.raises(ParamError, match="min_reps=7 is above reps=6"):
+        s.PARAMS.resolve({"reps": 6, "min_reps": 7}, "gpu")

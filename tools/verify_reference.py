@@ -7,7 +7,8 @@ import pandas as pd
 from workbench.studies import discover, load_table
 
 TIMING_UNITS = {"ms", "us", "s", "GB/s", "TFLOP/s", "x"}
-TIMING_NAMES = ("share_of_replay", "speedup", "x_floor", "x_practical", "ratio_to_floor", "_ms", "_us", "model_error")
+TIMING_NAMES = ("share_of_replay", "speedup", "x_floor", "x_practical", "ratio_to_floor", "_ms", "_us", "model_error",
+                "reps_n")
 out = Path(os.environ["OUT"])
 studies = discover()
 report = {}

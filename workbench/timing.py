@@ -130,12 +130,12 @@ def cpu_time_us(fn, reps: int = 10, warmup: int = 2, min_reps: int | None = None
     return _summary(samples)
 
 
-def time_us(fn, device, reps: int = 20, warmup: int = 3) -> dict:
+def time_us(fn, device, reps: int = 20, warmup: int = 3, min_reps: int | None = None) -> dict:
     """`graph_replay_us` on a CUDA device (``fn`` must be graph-safe), `cpu_time_us` elsewhere."""
     if torch.device(device).type == "cuda":
         with torch.cuda.device(torch.device(device)):
-            return graph_replay_us(fn, reps=reps, warmup=warmup)
-    return cpu_time_us(fn, reps=reps, warmup=warmup)
+            return graph_replay_us(fn, reps=reps, warmup=warmup, min_reps=min_reps)
+    return cpu_time_us(fn, reps=reps, warmup=warmup, min_reps=min_reps)
 
 
 def cuda_event_ms(fn, reps: int, warmup: int = 0, before=None, sync_each: bool = False) -> list[float]:
@@ -179,8 +179,9 @@ def warm_on_side_stream(fn, warmup: int):
     return stream
 
 
-def graph_replay_us(fn, reps: int = 50, warmup: int = 3, flush_bytes: int = FLUSH_BYTES) -> dict:
-    """Time ``fn`` as a CUDA-graph replay: dict(p50_us, p10_us, p90_us, min_us, reps).
+def graph_replay_us(fn, reps: int = 50, warmup: int = 3, flush_bytes: int = FLUSH_BYTES,
+                    min_reps: int | None = None, rel: float = REL_CI) -> dict:
+    """Time ``fn`` as a CUDA-graph replay: the statistics of `cpu_time_us` (``min_reps`` as there).
 
     ``fn`` is warmed ``warmup`` times on a side stream (Triton compiles, allocator settles), then
     captured once on that stream into a `torch.cuda.CUDAGraph`. Each of the ``reps`` replays is timed on its own
@@ -198,8 +199,11 @@ def graph_replay_us(fn, reps: int = 50, warmup: int = 3, flush_bytes: int = FLUS
     with torch.cuda.graph(graph, stream=stream):
         fn()
     flush = torch.empty(max(1, flush_bytes), dtype=torch.uint8, device="cuda")
-    # one untimed replay first: it uploads the graph
-    ms = cuda_event_ms(graph.replay, reps, warmup=1, before=(lambda: flush.fill_(1)) if flush_bytes else None)
-    samples = [t * 1e3 for t in ms]
+    before = (lambda: flush.fill_(1)) if flush_bytes else None
+    graph.replay()                      # untimed: it uploads the graph
+
+    def measure(k: int) -> list[float]:
+        return [t * 1e3 for t in cuda_event_ms(graph.replay, k, before=before)]
+    samples = measure(reps) if min_reps is None else until_known(measure, min(min_reps, reps), reps, rel)
     del graph, flush
     return _summary(samples)

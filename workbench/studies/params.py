@@ -273,6 +273,11 @@ class ParamSpec:
         out = self.defaults(profile)
         for name, value in overrides.items():
             out[name] = _checked(self.params[name].check, value, prefix=where, error=ParamError)
+        if "min_reps" in out and "reps" in out and out["min_reps"] > out["reps"]:
+            if "min_reps" in overrides:     # a repetition cap below its minimum; a default minimum follows the cap
+                raise ParamError(f"{where}min_reps={out['min_reps']} is above reps={out['reps']}, the most "
+                                 "repetitions: give min_reps <= reps")
+            out["min_reps"] = out["reps"]
         if self._check is not None:
             _checked(self._check, out, prefix=where)
         return out

@@ -131,9 +131,8 @@ def _cells(designs, norms):
             yield design, norm
 
 
-def _tower_replay_us(cfg, dtype, dev, budget, reps, seed) -> float:
-    """The tower's own time at ``budget`` (no input norm), as the runner replays it."""
-    enc = build_encoder(cfg, placement="none", norm="eager", dtype=dtype, device=dev, seed=seed, check_inputs=False)
+def _tower_replay_us(enc, cfg, dtype, dev, budget, reps) -> float:
+    """The tower's own time at ``budget`` (``enc``: placement none, no input norm), as the runner replays it."""
     rows = budget * cfg.merge_unit
     meta = enc.visual.prepare(filling_grid(cfg, budget), **budget_padding(cfg, budget, 1), device=dev)
     x = torch.randint(0, 256, (rows, cfg.patch_dim), device=dev).to(dtype)
@@ -163,9 +162,11 @@ def _measure(s, progress: bool) -> pd.DataFrame:
     replay = {}
     bar = show_progress(total=len(cells) * len(p["budgets"]) * len(p["fills"]) + len(p["budgets"]),
                         desc=f"cast_cost {p['preset']}", enabled=progress)
-    for budget in p["budgets"]:
-        replay[budget] = _tower_replay_us(cfg, dt, dev, budget, p["reps"], p["seed"])
+    enc = build_encoder(cfg, placement="none", norm="eager", dtype=dt, device=dev, seed=p["seed"], check_inputs=False)
+    for budget in p["budgets"]:                  # one tower, built once, replayed at every budget
+        replay[budget] = _tower_replay_us(enc, cfg, dt, dev, budget, p["reps"])
         bar.update()
+    del enc
     for budget in p["budgets"]:
         big_n = budget * cfg.merge_unit
         for fill in p["fills"]:
@@ -180,9 +181,10 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                 with torch.inference_mode():
                     y = st.result()
                     err = int(bf16_ulps(y[:n].to(torch.bfloat16), raw_bf16 if st.raw else ref_bf16).max())
-                    t_copy = time_us(st.copy, dev, reps=p["reps"])
-                    t_norm = time_us(st.norm, dev, reps=p["reps"])
-                    t_all = time_us(lambda st=st: (st.copy(), st.norm()), dev, reps=p["reps"])
+                    reps = dict(reps=p["reps"], min_reps=p["min_reps"])      # until each median is known
+                    t_copy = time_us(st.copy, dev, **reps)
+                    t_norm = time_us(st.norm, dev, **reps)
+                    t_all = time_us(lambda st=st: (st.copy(), st.norm()), dev, **reps)
                 total = st.copy_bytes + st.norm_bytes
                 min_bytes = n * cfg.patch_dim * (1 + torch.empty((), dtype=dt).element_size())
                 rows.append(dict(
@@ -190,6 +192,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                     device=label, design=design, norm=norm, budget=budget, budget_rows=big_n, fill=fill,
                     valid_rows=n, copy_us=t_copy["p50_us"], copy_p90_us=t_copy["p90_us"], norm_us=t_norm["p50_us"],
                     norm_p90_us=t_norm["p90_us"], staging_us=t_all["p50_us"], staging_p90_us=t_all["p90_us"],
+                    staging_reps_n=t_all["reps"], staging_ci_lo_us=t_all["ci_lo_us"], staging_ci_hi_us=t_all["ci_hi_us"],
                     bytes=total, min_bytes=min_bytes, h2d_bytes=st.h2d_bytes, floor_us=floor_us(total, gbs),
                     ratio_to_floor=t_all["p50_us"] / floor_us(total, gbs), replay_us=replay[budget],
                     share_of_replay=t_all["p50_us"] / (t_all["p50_us"] + replay[budget]), max_err_ulp=err,

@@ -33,7 +33,10 @@ PARAMS = ParamSpec(
     Param("designs", "list[str]", cpu=list(DESIGNS), choices=DESIGNS, help="staging designs"),
     Param("norms", "list[str]", cpu=["eager"], gpu=list(REAL_NORMS), choices=REAL_NORMS,
           help="norm implementations"),
-    Param("reps", "int", cap="reps", cpu=5, gpu=30, minimum=1, help="timed repetitions per measurement"),
+    Param("reps", "int", cap="reps", cpu=5, gpu=30, minimum=1,
+          help="most timed repetitions per measurement (until its median is known within 2%, from min_reps)"),
+    Param("min_reps", "int", cap="reps", cpu=5, gpu=10, minimum=1,
+          help="fewest timed repetitions per staging measurement, at most reps"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
     renamed={"preset": "presets"},
 )
@@ -41,7 +44,8 @@ PARAMS = ParamSpec(
 
 METRICS = {
     "copy_us": "us", "copy_p90_us": "us", "norm_us": "us", "norm_p90_us": "us",
-    "staging_us": "us", "staging_p90_us": "us",
+    "staging_us": "us", "staging_p90_us": "us", "staging_reps_n": "count", "staging_ci_lo_us": "us",
+    "staging_ci_hi_us": "us",
     "bytes": "bytes", "min_bytes": "bytes", "h2d_bytes": "bytes", "floor_us": "us", "ratio_to_floor": "x",
     "replay_us": "us", "share_of_replay": "fraction", "max_err_ulp": "ulp",
     "copy_gbs": "GB/s", "launch_us": "us", "matmul_tflops": "TFLOP/s", "replay_floor_us": "us",

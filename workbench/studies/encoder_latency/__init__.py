@@ -19,7 +19,9 @@ on CUDA, where engines batch multimodal inputs into pinned buffers; each path ge
                    dtype and device, fed the CPU-normalized float32 rows its processor produces.
 
 Each time is the wall time of one call with the device synchronized before and after it
-(`workbench.timing.cpu_time_us`), p50 and p90 over ``reps`` after ``warmup`` calls. Beside them:
+(`workbench.timing.cpu_time_us`), p50 and p90 after ``warmup`` calls, over ``min_reps`` to ``reps``
+calls: until the median's 95% interval lies within 2% of it (``reps_n`` calls, ``p50_ci_lo_ms`` and
+``p50_ci_hi_ms``; no interval below 6 calls). Beside them:
 the floor, the tower's FLOPs (matmul + full-attention + window-attention blocks, counted by
 `workbench.floors.tower_flops`) at the matmul rate measured in the same run
 (`workbench.ceilings.matmul_tflops`: bf16 on CUDA, fp32 on a CPU), and each time as a multiple of it.

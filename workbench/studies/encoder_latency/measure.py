@@ -115,8 +115,16 @@ def _median_phases(samples: list[dict]) -> dict:
     return out
 
 
+def _timed(fn, reps: int, warmup: int, min_reps: int | None) -> dict:
+    """``fn`` timed until its median is known (`cpu_time_us`, between ``min_reps`` and ``reps`` calls):
+    p50 and p90, the calls it took and the median's 95% interval, in ms."""
+    t = cpu_time_us(fn, reps=reps, warmup=warmup, min_reps=min_reps)
+    return dict(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3, reps_n=t["reps"],
+                p50_ci_lo_ms=t["ci_lo_us"] / 1e3, p50_ci_hi_ms=t["ci_hi_us"] / 1e3)
+
+
 def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, images: int, reps: int,
-                 warmup: int, breakdown: bool = False) -> dict[str, dict]:
+                 warmup: int, breakdown: bool = False, min_reps: int | None = None) -> dict[str, dict]:
     """Check, then time, the three paths on one batch; returns metrics per path (name -> dict)."""
     dev, dt = enc.device, enc.dtype
     t0 = time.perf_counter()
@@ -162,14 +170,11 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
     # ---- the timings, only of checked paths
     with torch.inference_mode():
         if eager_ok:
-            t = cpu_time_us(eager, reps=reps, warmup=warmup)
-            out["eager"].update(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3)
+            out["eager"].update(_timed(eager, reps, warmup, min_reps))
             if hf is not None:
-                t = cpu_time_us(reference, reps=reps, warmup=warmup)
-                out["transformers"].update(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3)
+                out["transformers"].update(_timed(reference, reps, warmup, min_reps))
         if graph_ok:
-            t = cpu_time_us(graph, reps=reps, warmup=warmup)
-            out["graph"].update(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3)
+            out["graph"].update(_timed(graph, reps, warmup, min_reps))
             samples = []
             for _ in range(min(reps, max(3, reps // 2))):
                 phases: dict = {}
@@ -194,7 +199,7 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
 
 
 def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, reps: int,
-                warmup: int) -> dict[str, dict]:
+                warmup: int, min_reps: int | None = None) -> dict[str, dict]:
     """Check, then time, eager, transformers and every runner of ``runners`` (strategy ->
     (runner, policy)) on one realistic batch; metrics per strategy, times per image."""
     dev, dt, n = enc.device, enc.dtype, batch.n_items
@@ -236,9 +241,8 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
             else:
                 m["ok"] = True
             if m["ok"]:
-                t = cpu_time_us(call, reps=reps, warmup=warmup)
-                m.update(p50_ms=t["p50_us"] / 1e3, p90_ms=t["p90_us"] / 1e3,
-                         image_p50_ms=t["p50_us"] / 1e3 / n, image_p90_ms=t["p90_us"] / 1e3 / n)
+                m.update(_timed(call, reps, warmup, min_reps))
+                m.update(image_p50_ms=m["p50_ms"] / n, image_p90_ms=m["p90_ms"] / n)
             out[name] = m
     return out
 
@@ -288,7 +292,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             rates = practical_rates(cfg, per * cfg.merge_unit, images, dev, dt)
             practical_ms = (flop_floor_us(flops["matmul"], tflops) + flop_floor_us(flops["attention_full"], rates[0])
                             + (flop_floor_us(flops["attention_window"], rates[1]) if rates[1] else 0.0)) / 1e3
-            res = measure_cell(enc, hf, cfg, batch, tokens, images, p["reps"], p["warmup"], p["breakdown"])
+            res = measure_cell(enc, hf, cfg, batch, tokens, images, p["reps"], p["warmup"], p["breakdown"],
+                               p["min_reps"])
             eager_p50 = res["eager"].get("p50_ms", float("nan"))
             hf_p50 = res.get("transformers", {}).get("p50_ms", float("nan"))
             common = dict(study="encoder_latency", case="exact", preset=preset, family=cfg.family, depth=cfg.depth,
@@ -317,15 +322,14 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             engine = EncoderGraphRunner(enc, budgets=eb, buffer_dtype=torch.uint8, max_items=engine_max_items(eb))
             engine_s = time.perf_counter() - t0
             for mix in p["mixes"]:
+                t0 = time.perf_counter()
+                runners = _mix_runners(enc, cfg, mix, engine)     # captured once per mix, for every item count
+                planner_s = time.perf_counter() - t0
                 for n in p["mix_items"]:
                     batch = preprocess(image_mix(mix, n, seed=p["seed"], resized=True, cfg=cfg), cfg)
                     if dev.type == "cuda":
                         batch = PatchBatch(batch.pixels.pin_memory(), batch.grid_thw)
-                    t0 = time.perf_counter()
-                    runners = _mix_runners(enc, cfg, mix, engine)
-                    planner_s = time.perf_counter() - t0
-                    res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"])
-                    runners = None
+                    res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"], p["min_reps"])
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
                                   depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], device=label,
                                   **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
@@ -335,8 +339,9 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                         elif path == "graph_planner":
                             m["runner_s"] = planner_s
                         rows.append({**common, "path": path, **m})
-                    _release(dev)
                     bar.update()
+                runners = None
+                _release(dev)
             engine = None
         del enc, hf
         _release(dev)

@@ -46,7 +46,10 @@ PARAMS = ParamSpec(
           help="the towers' fused Triton block kernels: auto (on CUDA for bf16/fp16) or off (plain torch ops)"),
     Param("breakdown", "bool", cpu=False, gpu=True, help="profile one tower forward per cell: device time by kernel category"),
     Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
-    Param("reps", "int", cap="reps", cpu=5, gpu=10, minimum=1, help="timed calls per path and cell"),
+    Param("reps", "int", cap="reps", cpu=5, gpu=10, minimum=1,
+          help="most timed calls per path and cell (until the median is known within 2%, from min_reps)"),
+    Param("min_reps", "int", cap="reps", cpu=5, gpu=6, minimum=1,
+          help="fewest timed calls per path and cell, at most reps (6 and more give a 95% interval of the median)"),
     Param("warmup", "int", cap="reps", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
     Param("mixes", "list[str]", cpu=["photos"], gpu=["screenshots", "documents", "phone_photos", "charts", "video_clips"],
           choices=MIX_NAMES, empty_ok=True, help="image mixes for the realistic-batch cells ([] for none)"),
@@ -77,7 +80,7 @@ METRICS = {
     # realistic-batch cells (case "mix"), per image
     "image_p50_ms": "ms", "image_p90_ms": "ms", "replays": "count", "padded_rows": "count", "misses": "count",
     "eager_packs": "count", "valid_rows": "count", "budgets_n": "count", "largest_budget": "tokens",
-    "runner_s": "s", "first_ms": "ms",
+    "runner_s": "s", "first_ms": "ms", "reps_n": "count", "p50_ci_lo_ms": "ms", "p50_ci_hi_ms": "ms",
 }
 
 
