@@ -5,7 +5,8 @@
 #   bash tools/h200_fa4.sh b        # call 2 (within 30 s), carrying .fa4/b: unpack everything into
 #                                   # /tmp/site, then run the queue until its time is up
 #   bash tools/h200_fa4.sh q        # later calls (the machine still warm): go on with the queue
-# Steps: latency:PRESET:EST, breakdown:PRESET@TOKENS:EST, verify:STUDY@RUN:EST, quack:-:EST, cuda_tests:-:EST.
+# Steps: latency:PRESET:EST, breakdown:PRESET@TOKENS:EST, verify:STUDY@RUN:EST (verify_plain: without FA4),
+# quack:-:EST, cuda_tests:-:EST.
 # Each step of QUEUE runs once (done markers in /tmp/fa4/done); a step that would not finish in
 # the time left waits for the next call. Results go to $OUT.
 set -uo pipefail
@@ -47,10 +48,12 @@ for step in $QUEUE; do
         --results "$out/runs" --set "presets=[\"$preset\"]" --set "tokens=[$tokens]" --set 'images=[1]' \
         --set 'mixes=[]' --set reference=false --set reps=5 --set warmup=1 --name "h200-breakdown-$preset" \
         > "$out/breakdown-$preset.log" 2>&1; rm -rf "$out"/runs/*/figures ;;
-    verify)  # STUDY@RUN: rerun a committed reference at its parameters, compare its timing-free metrics
-      IFS=@ read -r study run <<< "$arg"; mkdir -p "$out/verify-$study"
-      timeout "$left" env OUT="$out/verify-$study" python3 tools/verify_reference.py "$study:$run" \
-        > "$out/verify-$study.log" 2>&1 ;;
+    verify|verify_plain)  # STUDY@RUN: rerun a committed reference at its parameters, compare its timing-free
+      # metrics (verify_plain: without FlashAttention-4 on the path, as the references before it ran)
+      IFS=@ read -r study run <<< "$arg"; d="$out/$kind-$study"; mkdir -p "$d"
+      path=$PYTHONPATH; [ "$kind" = verify_plain ] && path=$PWD
+      timeout "$left" env PYTHONPATH="$path" OUT="$d" python3 tools/verify_reference.py "$study:$run" \
+        > "$d.log" 2>&1 ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
   esac
