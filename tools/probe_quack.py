@@ -34,8 +34,10 @@ def _key_context_vars() -> None:
     """quack fingerprints an epilogue's closure and refuses what it cannot key; with nvidia-cutlass-dsl
     4.8.1 that closure reaches the DSL's ``_LOC_TRANSFORMS`` ContextVar (debug locations, not math),
     which quack 0.6.5 has no key for (results/reference/README.md), and builtin types' method
-    descriptors (``code.co_positions``), which it has none for either. Keyed by their names here."""
+    descriptors (``code.co_positions``) and the DSL's logger, which it has none for either. Keyed by
+    their names here."""
     import contextvars
+    import logging
     import types
 
     from quack.gemm_runtime import identity
@@ -50,6 +52,8 @@ def _key_context_vars() -> None:
             return ("contextvar", value.name)
         if isinstance(value, descriptors):       # a builtin type's method (``code.co_positions``): its name
             return ("descriptor", value.__objclass__.__qualname__, value.__name__)
+        if isinstance(value, logging.Logger):     # the DSL's logger (``CUTE_DSL``): messages, not math
+            return ("logger", value.name)
         return plain(value, seen)
 
     for mod in [m for name, m in sys.modules.items() if name.startswith("quack") and m is not None]:
