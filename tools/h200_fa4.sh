@@ -5,8 +5,8 @@
 #   bash tools/h200_fa4.sh b        # call 2 (within 30 s), carrying .fa4/b: unpack everything into
 #                                   # /tmp/site, then run the queue until its time is up
 #   bash tools/h200_fa4.sh q        # later calls (the machine still warm): go on with the queue
-# Steps: latency:PRESET:EST, breakdown:PRESET@TOKENS:EST, verify:STUDY@RUN:EST (verify_plain: without FA4),
-# quack:-:EST, cuda_tests:-:EST.
+# Steps: latency:PRESET:EST, breakdown:PRESET@TOKENS:EST, defaults:STUDY@PRESET:EST,
+# verify:STUDY@RUN:EST (verify_plain: without FA4), quack:-:EST, cuda_tests:-:EST.
 # Each step of QUEUE runs once (done markers in /tmp/fa4/done); a step that would not finish in
 # the time left waits for the next call. Results go to $OUT.
 set -uo pipefail
@@ -54,6 +54,11 @@ for step in $QUEUE; do
       path=$PYTHONPATH; [ "$kind" = verify_plain ] && path=$PWD
       timeout "$left" env PYTHONPATH="$path" OUT="$d" python3 tools/verify_reference.py "$study:$run" \
         > "$d.log" 2>&1 ;;
+    defaults)  # STUDY@PRESET: one study at the GPU profile's full defaults for one preset
+      IFS=@ read -r study preset <<< "$arg"
+      timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
+        --set "presets=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1
+      rm -rf "$out"/runs/*/figures ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
   esac
