@@ -73,10 +73,33 @@ def _glm46v():
                                                                             "longest_edge": 1 << 21})
 
 
+def _glm_ocr():
+    """GLM-OCR (`GlmOcrForConditionalGeneration`, model_type glm_ocr) with the processor class its
+    published preprocessor_config.json names (Glm46VImageProcessor)."""
+    from transformers import Glm46VImageProcessor, GlmOcrConfig, GlmOcrForConditionalGeneration
+    cfg = GlmOcrConfig(text_config=TEXT, vision_config=GLM_VISION)        # no position table: image_size unused
+    return GlmOcrForConditionalGeneration(cfg), Glm46VImageProcessor(size={"shortest_edge": 12544,
+                                                                            "longest_edge": 1 << 21})
+
+
+def _exaone4_5():
+    """EXAONE-4.5 (`Exaone4_5_ForConditionalGeneration`): grouped key/value heads (4 query heads over 2),
+    saved with the image processor transformers maps model_type exaone4_5 to (its PIL variant here)."""
+    from transformers import Exaone4_5_Config, Exaone4_5_ForConditionalGeneration
+    from transformers.models.auto.image_processing_auto import (IMAGE_PROCESSOR_MAPPING_NAMES,
+                                                                get_image_processor_class_from_name)
+    cfg = Exaone4_5_Config(text_config=dict(TEXT, model_type="exaone4"),
+                           vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=4,
+                                              num_key_value_heads=2, out_hidden_size=32, fullatt_block_indexes=[1]))
+    processor = get_image_processor_class_from_name(IMAGE_PROCESSOR_MAPPING_NAMES["exaone4_5"]["pil"])
+    return Exaone4_5_ForConditionalGeneration(cfg), processor()
+
+
 # checkpoint layout -> the model and processor that save it; the family each loads as
 MODELS = {"qwen2-vl": _qwen2_vl, "qwen2.5-vl": _qwen2_5_vl, "qwen3-vl": _qwen3_vl, "glm4v": _glm4v,
-          "glm4v_moe": _glm4v_moe, "glm46v": _glm46v}
-FAMILY_OF = {"glm4v_moe": "glm4v", "glm46v": "glm4v"}
+          "glm4v_moe": _glm4v_moe, "glm46v": _glm46v, "glm_ocr": _glm_ocr,
+          "exaone4.5": _exaone4_5}
+FAMILY_OF = {"glm4v_moe": "glm4v", "glm46v": "glm4v", "glm_ocr": "glm-ocr"}
 
 
 def save_model(family, folder, seed, **save_kw):

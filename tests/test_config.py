@@ -11,7 +11,8 @@ def test_binding_preset_names_exist():
                                     "qwen2.5-vl-72b", "tiny-qwen2-vl", "tiny-qwen2.5-vl",
                                     "qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "qwen3-vl-30b-a3b",
                                     "qwen3-vl-235b-a22b", "tiny-qwen3-vl", "qwen3.5-9b", "tiny-qwen3.5",
-                                    "glm-4.1v-9b", "glm-4.5v", "tiny-glm4v"}
+                                    "glm-4.1v-9b", "glm-4.5v", "tiny-glm4v", "glm-ocr-0.9b", "tiny-glm-ocr",
+                                    "exaone4.5-33b", "tiny-exaone4.5"}
     # real checkpoints first, then the tiny ones; the original presets keep their order
     names = list(wb.PRESET_NAMES)
     assert [n for n in names if n.startswith(("qwen2-", "qwen2.5-"))] == [
@@ -72,6 +73,18 @@ def test_to_hf_matches_the_config(name):
                                                                                cfg.mlp_hidden)
         assert hf.num_position_embeddings == cfg.num_position_embeddings and hf.hidden_act == "gelu_pytorch_tanh"
         assert list(getattr(hf, "deepstack_visual_indexes", [])) == list(cfg.deepstack_indexes)
+    elif cfg.family == "exaone4.5":
+        assert type(hf).__name__ == "Exaone4_5_VisionConfig"
+        assert (hf.hidden_size, hf.out_hidden_size, hf.intermediate_size) == (cfg.width, cfg.out_hidden,
+                                                                               cfg.mlp_hidden)
+        assert hf.num_key_value_heads == cfg.n_kv_heads and cfg.heads % hf.num_key_value_heads == 0
+        assert list(hf.fullatt_block_indexes) == list(cfg.fullatt_blocks) and hf.window_size == cfg.window_size
+    elif cfg.family == "glm-ocr":
+        assert type(hf).__name__ == "GlmOcrVisionConfig"
+        assert (hf.hidden_size, hf.out_hidden_size, hf.intermediate_size) == (cfg.width, cfg.out_hidden,
+                                                                               cfg.mlp_hidden)
+        assert hf.out_hidden_size * hf.in_channels == cfg.merger_hidden
+        assert hf.rms_norm_eps == cfg.eps and hf.attention_bias is True
     else:
         assert type(hf).__name__ == "Glm4vVisionConfig"
         assert (hf.hidden_size, hf.out_hidden_size, hf.intermediate_size) == (cfg.width, cfg.out_hidden,
@@ -141,8 +154,8 @@ def test_family_specific_fields_are_checked(preset, change, match):
 
 
 def test_unknown_family_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"family='llava' is not one of \('qwen2-vl', 'qwen2.5-vl', 'qwen3-vl', "
-                                         r"'qwen3.5', 'glm4v'\)"):
+    with pytest.raises(ValueError, match=r"family='llava' is not one of \('qwen2-vl', 'qwen2.5-vl', 'exaone4.5', "
+                                         r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr'\)"):
         wb.VisionConfig("x", family="llava")
 
 

@@ -211,7 +211,7 @@ def test_bicubic_taps_equal_grid_sample(h, w, side):
     assert rel_err(ours, ref) < 1e-12
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-qwen2-vl", "tiny-qwen2.5-vl"])
+@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5"])
 def test_n_params_equals_transformers_parameter_count(preset):
     cfg = wb.VisionConfig.preset(preset)
     assert cfg.n_params == sum(p.numel() for p in hf_vision_model(cfg).parameters())

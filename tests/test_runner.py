@@ -9,7 +9,7 @@ from workbench.reference import rel_err
 from workbench.runner import EncoderGraphRunner, default_budgets
 
 CORRECT = ("processor", "fold", "device", "tower", "runner")
-FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl")
+FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5")
 BUDGETS = [8, 16, 24, 32]
 
 

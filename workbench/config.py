@@ -69,6 +69,9 @@ class VisionConfig:
     num_position_embeddings: int = 0
     deepstack_indexes: tuple[int, ...] = ()   # Qwen3-VL blocks whose output feeds an extra merger
     merger_hidden: int = 0           # GLM-4.1V merger SwiGLU width; 0 where the merger is width*merge_unit wide
+    # key/value heads of grouped-query attention (EXAONE-4.5: each serves heads / kv_heads query
+    # heads); 0: one per query head (every family whose spec has no `grouped_kv`)
+    kv_heads: int = 0
     # processor settings
     image_mean: tuple[float, ...] = CLIP_MEAN
     image_std: tuple[float, ...] = CLIP_STD
@@ -104,7 +107,7 @@ class VisionConfig:
                 problems.append(f"{name}={value!r} must be a positive integer")
             else:  # numpy integers are integers too; store plain ints (hashing, JSON, messages)
                 object.__setattr__(self, name, int(value))
-        for name in ("num_position_embeddings", "merger_hidden"):      # 0: the family has none
+        for name in ("num_position_embeddings", "merger_hidden", "kv_heads"):      # 0: the family has none
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
                 problems.append(f"{name}={value!r} must be a non-negative integer")
@@ -130,6 +133,10 @@ class VisionConfig:
         elif (self.width // self.heads) % 4:
             problems.append(f"head_dim={self.width // self.heads} must be divisible by 4 "
                             "(2-D rotary: half the head for h, half for w, in cos/sin pairs)")
+        if self.kv_heads and (self.heads % self.kv_heads or not self.spec.grouped_kv):
+            problems.append(f"kv_heads={self.kv_heads}: " + (
+                f"the {self.family} tower has one key/value head per query head (leave it at 0)"
+                if not self.spec.grouped_kv else f"heads={self.heads} is not a multiple of it"))
         # Float settings: a zero, negative, NaN or inf value here fails nowhere later; it turns the
         # embeddings non-finite without a word (rsqrt(var + eps) with eps <= 0, the rotary
         # 1 / theta**(k / half) with theta 0, a NaN or inf scale on every pixel).
@@ -185,6 +192,11 @@ class VisionConfig:
     @property
     def head_dim(self) -> int:
         return self.width // self.heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads of the attention: kv_heads, or heads where it is 0."""
+        return self.kv_heads or self.heads
 
     @property
     def patch_dim(self) -> int:

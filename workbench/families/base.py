@@ -38,6 +38,9 @@ class Family:
     # per preset: staging, pool bytes, padding): (CPU profile, GPU profile); None: not in that
     # profile's default (a family whose input side another family's preset already covers)
     study_presets: tuple[str | None, str | None] = (None, None)
+    # the tower's attention has `VisionConfig.kv_heads` key/value heads, each shared by
+    # heads / kv_heads query heads (grouped-query attention); False: kv_heads must stay 0
+    grouped_kv: bool = False
 
     # ---- configuration -----------------------------------------------------------------------
     def validate(self, cfg) -> list[str]:

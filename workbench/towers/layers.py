@@ -235,9 +235,13 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=qkv_bias)
         self.proj = nn.Linear(cfg.width, cfg.width, bias=proj_bias)
 
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, width] -> [N, 3, heads, head_dim]: queries, keys and values of every head."""
+        return self.qkv(x).view(x.shape[0], 3, self.heads, self.head_dim)
+
     def forward(self, x, cu_seqlens, max_seqlen, cos, sin, backend, dense_seqlen=None, fused=False):
         n = x.shape[0]                                                    # x: [N, width]
-        qkv = self.qkv(x).view(n, 3, self.heads, self.head_dim)
+        qkv = self.project_qkv(x)
         if fused:  # q and k rotated in place, one kernel
             q, k, v = fk.rotary_(qkv, cos, sin).unbind(1)
         else:
