@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .notebook_run import FALLBACK_KERNEL, PROJECT_KERNEL
+from .runstate import slug
 
 
 def _parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
@@ -96,8 +97,6 @@ NAME_MAX = 80      # characters of a run name: the folder adds a 25-character ti
 
 def parse_name(text: str | None) -> str | None:
     """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX characters."""
-    from .runstate import slug
-
     if text is None:
         return None
     name = slug(text, empty="")
@@ -108,24 +107,20 @@ def parse_name(text: str | None) -> str | None:
     return name
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
-    try:
-        if int(text) >= 1:
-            return int(text)
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+def _number(cast, valid, what: str):
+    """An argparse type: ``cast(text)`` where ``valid`` holds for it, else an error saying it is not ``what``."""
+    def convert(text: str):
+        try:
+            if valid(cast(text)):
+                return cast(text)
+        except ValueError:
+            pass
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return convert
 
 
-def _minutes(text: str) -> float:
-    """An argparse type: a finite number of minutes > 0."""
-    try:
-        if 0 < float(text) < float("inf"):
-            return float(text)
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes > 0 (e.g. 15 or 2.5)")
+_positive_int = _number(int, lambda n: n >= 1, "a whole number >= 1")
+_minutes = _number(float, lambda m: 0 < m < float("inf"), "a number of minutes > 0 (e.g. 15 or 2.5)")
 
 
 def _add_sweep_options(p: argparse.ArgumentParser) -> None:
@@ -195,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "studies, build the report, show provenance.",
                      epilog="Run folders are results/<UTC time>-<git sha>-<name>/ with meta.json and one "
                             "<study>.parquet per study; committed GPU reference runs live in results/reference/.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,sweep,compare,advise,audit,info,notebooks}",
-                                parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                metavar="{report,sweep,compare,advise,audit,info,notebooks}")
 
     def command(name: str, results: str | None = None, **kw) -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kw)

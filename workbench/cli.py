@@ -18,8 +18,9 @@ from .limits import Limits
 from .notebook_run import PROJECT_KERNEL, default_kernel, sync_notebook
 from .provenance import collect_meta, git_info, results_root, utc_now
 from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
+from .runstate import RunFolder
 from .studies import ParamError, default_profile, discover        # the declarations: torch-free
-from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, find_run, interrupted_run, resume_sweep,
+from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
 from .workers import EMULATE_GPUS_ENV, check_gpus, work
 
@@ -74,7 +75,7 @@ def precheck(args: argparse.Namespace) -> None:
             raise SystemExit(f"--resume {args.resume}: {', '.join(given)} cannot change a run being finished (it "
                              f"keeps the studies and parameters its meta.json recorded); start a new sweep "
                              f"with them instead")
-        find_run(args.results, args.resume)            # the run folder's own checks follow at once
+        RunFolder.find(args.results, args.resume)      # the run folder's own checks follow at once
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
         check_gpus(gpus, args.profile)
@@ -105,7 +106,6 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     check_gpus(gpus, profile)
     if profile == "gpu" and not os.environ.get(EMULATE_GPUS_ENV):     # every study would fail on its first tensor
         import torch
-
         if not torch.cuda.is_available():
             raise SystemExit(f"--profile gpu: this host has no CUDA device (torch {torch.__version__}); use "
                              f"--profile cpu, or auto (gpu on a CUDA host, else cpu)")
@@ -123,10 +123,8 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
 def shard_group(group: str | None, name: str) -> str:
     """The name the shards of one run share: --group, $WORKBENCH_RUN_GROUP, $SLURM_ARRAY_JOB_ID, or
     <UTC date>-<git sha>-<name> (shards started the same day from the same code under one name)."""
-    value = group or os.environ.get("WORKBENCH_RUN_GROUP") or os.environ.get("SLURM_ARRAY_JOB_ID")
-    if value:
-        return str(value)
-    return f"{utc_now().strftime('%Y%m%d')}-{git_info().get('short') or 'nogit'}-{name}"
+    return (group or os.environ.get("WORKBENCH_RUN_GROUP") or os.environ.get("SLURM_ARRAY_JOB_ID")
+            or f"{utc_now().strftime('%Y%m%d')}-{git_info().get('short') or 'nogit'}-{name}")
 
 
 def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
@@ -200,8 +198,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise SystemExit(f"report: {e}") from None
     if result.no_study and args.no_sweep:
         print(NO_STUDY_MESSAGE)
-    print(f"report: {len(result.runs)} run folder(s), {len(result.sections)} stud"
-          f"{'y' if len(result.sections) == 1 else 'ies'} -> {result.index}")
+    print(f"report: {len(result.runs)} run folder(s), {n_studies(len(result.sections))} -> {result.index}")
     for problem in result.problems:
         print(f"report: summary failed for {problem}", file=sys.stderr)
     return 1 if failures or result.problems else 0
@@ -241,6 +238,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return audit_command(args)
 
 
-COMMANDS = {"report": cmd_report, "advise": cmd_advise, "audit": cmd_audit, "sweep": lambda args: 1 if _sweep(args, args.resume).failures else 0,
-            "info": cmd_info, "compare": compare_command, "notebooks": cmd_notebooks, "worker": cmd_worker}
+COMMANDS = {"report": cmd_report, "sweep": lambda args: 1 if _sweep(args, args.resume).failures else 0,
+            "advise": cmd_advise, "audit": cmd_audit, "info": cmd_info, "compare": compare_command,
+            "notebooks": cmd_notebooks, "worker": cmd_worker}
 _DISK_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EDQUOT, errno.ENOTDIR}

@@ -2,16 +2,16 @@
 (`_flag`); ``python -m workbench compare`` prints it (`compare_command`). Imports no torch."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .files import atomic_write_text, file_kind, open_regular, read_regular
+from .files import atomic_write_text, file_kind, open_regular
 from .provenance import results_root
-from .runmeta import META_NAME
+from .runmeta import META_NAME, MetaError, parse
 
 REFERENCE_DIRNAME = "reference"
 ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to a study table
@@ -32,11 +32,9 @@ class BadArgument(CompareError):
 
 
 def _started(path: Path) -> str:
-    try:
-        meta = json.loads(read_regular(path / META_NAME).decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return ""
-    return str(meta.get("started_at") or "") if isinstance(meta, dict) else ""
+    with suppress(MetaError):       # runmeta's reader: a regular file, bounded, an object
+        return str(parse(path / META_NAME).get("started_at") or "")
+    return ""
 
 
 def _has_tables(p: Path) -> bool:
@@ -72,7 +70,6 @@ def param_columns(table) -> list[str]:
 def _key(v: Any) -> str:
     """One spelling per parameter value: 4 and 4.0 alike, every missing value alike."""
     import pandas as pd
-
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
         v = v.item()                                   # a numpy scalar
     if v is None or v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v)):
@@ -94,9 +91,7 @@ def spread_names(metric: str) -> tuple[str, str] | None:
 def compare_tables(a, b, study: str = ""):
     """Two tables of one study joined on their shared parameter columns: ``study``, those, then VALUE_COLUMNS."""
     import pandas as pd
-
     keys = [c for c in param_columns(a) if c in set(param_columns(b))]
-
     ka, kb = (t.assign(**{c: t[c].map(_key) for c in keys})[keys + ["metric", "value", "unit"]]
               .drop_duplicates(subset=keys + ["metric"], keep="first") for t in (a, b))
     both = ka.merge(kb, on=keys + ["metric"], suffixes=("_a", "_b"), how="inner")
@@ -214,13 +209,6 @@ def csv_target(path: str | Path, results: str | Path | None = None, force: bool 
     return target
 
 
-def write_csv(df, path: str | Path, results: str | Path | None = None, force: bool = False) -> Path:
-    """Save ``df`` to ``path`` where `csv_target` allows (checked again), atomically: never half a file."""
-    target = csv_target(path, results, force)
-    atomic_write_text(target, df.to_csv(index=False))
-    return target
-
-
 def summary_line(df) -> str:
     """'N metrics in both; k timing changes beyond spread; v verdict changes' of a comparison."""
     flags = list(df["flag"]) if len(df) else []
@@ -248,15 +236,14 @@ def compare_command(args) -> int:
             csv_target(args.csv, args.results, args.force)
         df = compare_runs(*runs, args.results, studies=studies)
         shared = sorted(set(df.attrs["studies_a"]) & set(df.attrs["studies_b"]))
-        if args.csv and shared:
-            write_csv(df, args.csv, args.results, args.force)
+        if args.csv and shared:     # where csv_target allows (checked again), atomically: never half a file
+            atomic_write_text(csv_target(args.csv, args.results, args.force), df.to_csv(index=False))
     except BadArgument as e:
         print(f"compare: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except CompareError as e:
         raise SystemExit(f"compare: {e}") from None
     import pandas as pd
-
     print(f"a: {Path(df.attrs['a'])}\nb: {Path(df.attrs['b'])}")
     if not shared:
         print(f"compare: the two runs have no study in common (a: {', '.join(df.attrs['studies_a']) or 'none'}; "

@@ -36,10 +36,6 @@ def iso_utc(t: _dt.datetime | None = None, timespec: str = "milliseconds") -> st
     return (t or utc_now()).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
-def parse_iso(s: str) -> _dt.datetime:
-    return _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-
-
 def _git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=_GIT_TIMEOUT_S,
                           check=True).stdout.strip()

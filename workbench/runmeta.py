@@ -6,12 +6,13 @@ import json
 import math
 from contextlib import suppress
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import UnionType
 from typing import Any, TypedDict, get_args, get_origin, get_type_hints, is_typeddict
 
 from .files import atomic_write_text, read_regular
-from .provenance import collect_meta, iso_utc, load_average, parse_iso, utc_now
+from .provenance import collect_meta, iso_utc, load_average, utc_now
 
 META_NAME = "meta.json"
 MAX_BYTES = 16 * 2**20          # a meta.json is a few kB; far more is not one
@@ -38,9 +39,6 @@ class MetaError(ValueError):
         self.path, self.reason, self.kind = Path(path), reason, kind
         self.line = f"{kind} meta.json: {reason}"
         super().__init__(f"{self.path}: {reason}")
-
-    def __reduce__(self):
-        return (type(self), (self.path, self.reason, self.kind))
 
 
 def _kind(v: Any) -> str:
@@ -163,7 +161,6 @@ class RunMeta:
     placement: Placement | None = None
     study_seconds: dict[str, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    path: Path | None = field(default=None, compare=False, repr=False)
     _order: tuple = field(default=(), compare=False, repr=False)      # the keys as read, for to_dict
 
     @classmethod
@@ -173,8 +170,7 @@ class RunMeta:
         if bad:
             raise MetaError(path, "; ".join(bad))
         known = {k: meta[k] for k in _FIELDS if k in meta}
-        return cls(**known, extra={k: v for k, v in meta.items() if k not in _FIELDS},
-                   path=Path(path), _order=tuple(meta))
+        return cls(**known, extra={k: v for k, v in meta.items() if k not in _FIELDS}, _order=tuple(meta))
 
     @classmethod
     def collect(cls, params: dict | None = None) -> "RunMeta":
@@ -206,8 +202,8 @@ class RunMeta:
         finished, self.duration_s = utc_now(), None
         if isinstance(self.extra.get("load_avg"), dict):
             self.extra["load_avg"]["end"] = load_average()
-        with suppress(TypeError, ValueError, AttributeError):
-            self.duration_s = round((finished - parse_iso(self.started_at)).total_seconds(), 3)
+        with suppress(TypeError, ValueError):     # no start time, or not one fromisoformat reads
+            self.duration_s = round((finished - datetime.fromisoformat(self.started_at)).total_seconds(), 3)
         self.finished_at = iso_utc(finished)
         return self
 
@@ -254,7 +250,7 @@ class RunMeta:
 
 
 # {field: its type, null aside}: what `problems` checks, in the order a new record writes them
-_FIELDS = {k: get_args(t)[0] for k, t in get_type_hints(RunMeta).items() if k not in ("extra", "path", "_order")}
+_FIELDS = {k: get_args(t)[0] for k, t in get_type_hints(RunMeta).items() if k not in ("extra", "_order")}
 
 
 def load(run_dir: Path | str) -> RunMeta:

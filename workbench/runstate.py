@@ -37,7 +37,6 @@ def notebook_done(path: Path) -> bool:
 
 @dataclass
 class RunState:
-    run_dir: Path
     finished: bool                    # meta.json has finished_at: the sweep (or a resume) reached its end
     direct: bool                      # studies ran without notebooks
     studies: dict[str, dict[str, bool]] = field(default_factory=dict)    # {study: {stage: done}}
@@ -170,9 +169,6 @@ class RunFolder:
     def lock(self) -> RunLock:
         return RunLock(self.path)
 
-    def in_use(self) -> bool:
-        return run_in_use(self.path)
-
     def meta(self) -> RunMeta:
         """Its meta.json, read and checked (MetaError otherwise)."""
         return RunMeta.from_json(self.path / META_NAME)
@@ -189,9 +185,7 @@ class RunFolder:
             folder.is_dir() and any(p.name.startswith(f"{study}_") for p in folder.iterdir()))
         return done
 
-    def state(self, meta: RunMeta | None = None) -> RunState:
+    def state(self, meta: RunMeta) -> RunState:
         """The state of every study the run planned (``meta``: its meta.json, already read)."""
-        meta = meta if meta is not None else self.meta()
         direct = (meta.params or {}).get("mode") != "papermill"
-        return RunState(self.path, bool(meta.finished_at), direct,
-                        {name: self.stages_done(name, direct) for name in meta.plan})
+        return RunState(bool(meta.finished_at), direct, {name: self.stages_done(name, direct) for name in meta.plan})

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import provenance      # git_info looked up when called: tests stand in for it
 from .notebook_run import default_kernel
 from .runmeta import MetaError, RunMeta
-from .runstate import RunFolder
+from .runstate import RunFolder, run_in_use
 from .stages import finish_study
+from .studies import ParamError
 from .workers import execute_on_gpus, one_gpu_warnings
 
 DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda"}
@@ -49,11 +51,11 @@ class SweepResult:
         if self.note is not None:
             return self.note
         if self.resumed is not None:
-            return f"sweep: resumed {_studies(len(self.resumed))}, {len(self.failures)} failure(s): {self.run_dir}"
+            return f"sweep: resumed {n_studies(len(self.resumed))}, {len(self.failures)} failure(s): {self.run_dir}"
         return f"sweep: done in {self.duration_s:.1f} s, {len(self.failures)} failure(s): {self.run_dir}"
 
 
-def _studies(n: int) -> str:
+def n_studies(n: int) -> str:
     return f"{n} stud{'y' if n == 1 else 'ies'}"
 
 
@@ -142,7 +144,8 @@ def shard_plan(studies: list, params: Mapping[str, dict], index: int, count: int
 REPS_PARAMS = ("reps", "warmup", "min_reps")     # what --fit trims, each down to its declared minimum
 
 
-def predict(studies: list, params: Mapping[str, dict], results: Path, profile: str) -> dict[str, tuple[float, int, bool]]:
+def predict(studies: list, params: Mapping[str, dict], results: Path,
+            profile: str) -> dict[str, tuple[float, int, bool]]:
     """{study: (predicted seconds, cells, whether a run timed it)}: the newest timed run of the profile here or
     under reference/, scaled to these cells by tower FLOPs (`study_cells`); untimed: UNTIMED_STUDY_S."""
     recorded = recorded_seconds([Path(results), Path(results) / "reference"], profile)
@@ -171,7 +174,8 @@ def plan_time(plan: SweepPlan, studies: list, params: dict) -> dict:
     proportional to the repetitions)."""
     est = predict(studies, params, plan.results, plan.profile)
     total = sum(t for t, _, _ in est.values())
-    print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}{'' if timed else ', untimed: a guess'})"
+    print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}"
+                                          + ("" if timed else ", untimed: a guess") + ")"
                                           for n, (t, k, timed) in est.items())
           + f"; about {total / 60:.1f} min" + (f" on {len(plan.gpus)} GPUs" if plan.gpus else ""))
     if plan.max_minutes is None or total <= plan.max_minutes * 60:
@@ -203,7 +207,7 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         recorded = recorded_seconds([Path(plan.results) / "reference"], plan.profile)
         mine, params, cells = shard_plan(studies, params, index, count, recorded)
         if not mine:
-            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({_studies(len(studies))} "
+            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({n_studies(len(studies))} "
                                           f"selected over {count} shards); nothing to run")
         studies = mine
         extra["shard"] = {"index": index, "count": count, "group": plan.group, "cells": cells}
@@ -220,7 +224,7 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         meta = RunMeta.collect({"profile": plan.profile, "device": device, "mode": plan.mode,
                                 "studies": params, **extra})
         meta.write(run.path)
-        print(f"sweep: profile {plan.profile}, {_studies(len(studies))} "
+        print(f"sweep: profile {plan.profile}, {n_studies(len(studies))} "
               + (f"(shard {plan.shard[0]}/{plan.shard[1]}) " if plan.shard else "")
               + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run.path}")
         outcome = _execute(studies, params, device, run.path, plan.mode == "direct", plan.kernel or default_kernel(),
@@ -230,10 +234,6 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         # a complete run keeps no lock file; one with failures keeps it for --resume to take
         lock.release(remove=not outcome.failures and bool(meta.finished_at))
     return SweepResult(run.path, outcome.failures, meta.duration_s)
-
-
-def find_run(results: Path, name: str) -> Path:
-    return RunFolder.find(results, name).path
 
 
 def _resume_meta(run: RunFolder) -> RunMeta:
@@ -246,8 +246,6 @@ def _resume_meta(run: RunFolder) -> RunMeta:
 def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str | None = None,
                  gpus: tuple[int, ...] | list[int] | None = None, resume_finished: bool = False) -> SweepResult:
     """Finish the run folder ``run`` (a path, or a name under ``results``) with its recorded parameters."""
-    from .provenance import git_info, iso_utc
-    from .studies import ParamError
     folder = RunFolder.find(results, str(run))
     run_dir = folder.path
     # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
@@ -284,9 +282,9 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
             plan = {n: studies[n].resolve(profile, plan[n]) for n in left}
         except ParamError as e:
             raise SystemExit(f"--resume: {e}") from None
-        now, then = git_info(), meta.git or {}
-        entry: dict[str, Any] = {"at": iso_utc(timespec="seconds"), "studies": list(left), "stages": left,
-                                 "git": now.get("short"), "dirty": now.get("dirty")}
+        now, then = provenance.git_info(), meta.git or {}
+        entry: dict[str, Any] = {"at": provenance.iso_utc(timespec="seconds"), "studies": list(left),
+                                 "stages": left, "git": now.get("short"), "dirty": now.get("dirty")}
         if now.get("sha") != then.get("sha"):
             entry["note"] = f"resumed with other code than the run started with ({then.get('short')})"
             print(f"sweep: warning: {entry['note']}", file=sys.stderr)
@@ -295,7 +293,7 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
                            kernel or default_kernel(), profile, gpus)
         if state.finished:      # what the run recorded stays; the resume is one more entry
             entry.update(failures=outcome.failures, warnings=outcome.warnings, study_seconds=outcome.seconds,
-                         placement=outcome.placement, finished_at=iso_utc())
+                         placement=outcome.placement, finished_at=provenance.iso_utc())
             meta.resumed = [*(meta.resumed or []), entry]
             meta.write(run_dir, overwrite=True)
         else:
@@ -352,8 +350,7 @@ def longest_first(selected: list, run_dir: Path, profile: str) -> list:
 
 def _run_of_this_code(results: Path, name: str, wanted) -> Path | None:
     """The newest run ``*-<sha>-<name>`` of this commit, from a clean tree, for which ``wanted(run, meta)``."""
-    from .provenance import git_info
-    g = git_info()
+    g = provenance.git_info()
     if not g.get("sha") or g.get("dirty"):
         return None
     for run in sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True):
@@ -368,7 +365,7 @@ def _run_of_this_code(results: Path, name: str, wanted) -> Path | None:
 
 def interrupted_run(results: Path, name: str) -> Path | None:
     """The newest run of this code that never finished and no process works in (``make report`` resumes it)."""
-    return _run_of_this_code(results, name, lambda run, meta: not meta.finished_at and not RunFolder(run).in_use())
+    return _run_of_this_code(results, name, lambda run, meta: not meta.finished_at and not run_in_use(run))
 
 
 def reusable_run(results: Path, name: str, profile: str, studies: dict) -> Path | None:

@@ -74,11 +74,10 @@ def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
     studies = discover()
     for name in names:
         try:        # exactly one process can create a study's claim file
-            fd = os.open(run_dir / CLAIMS_DIR / f"{name}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            with open(run_dir / CLAIMS_DIR / f"{name}.claim", "x") as claim:
+                claim.write(f"{os.getpid()} gpu {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
         except FileExistsError:
             continue
-        os.write(fd, f"{os.getpid()} gpu {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n".encode())
-        os.close(fd)
         t0 = time.perf_counter()
         if name in studies:
             failures = finish_study(studies[name], meta.plan[name], device, run_dir, direct, kernel)

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from ..files import atomic_write_text
 from ..provenance import results_root
 # the names below that this module does not use are the package's public ones (and _view_body, for tests)
-from .answers import advice_frame, answers_html, audit_frame, placement_frames, placements_html
+from .answers import answers_html
 from .html import NO_STUDY_MESSAGE, _newest_first, _view_body, render_html
 from .output import (NO_SANITIZER, REPORT_MARKER, REPORT_TITLE, RUNS_DIRNAME, UnsafeOutDir, _token, check_report_dir,
                      copy_linked, localize_html, nh3_missing, swap_in, write_failure, write_marker)
@@ -76,13 +76,7 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
              "; ".join(by_run.get(r.name) or []), "; ".join(f"{n}: {why}" for n, why in r.skipped.items()))
             for r in _newest_first(runs)]
     runs_csv = csvs.write(pd.DataFrame(rows, columns=RUN_COLUMNS), "runs")
-    advice = advice_frame(results_dir) if studies else None
-    audit, audit_title = audit_frame(results_dir)
-    placed = [(p, df, csvs.write(df, "placements", p) if not isinstance(df, str) and df.attrs.get("sources") else "")
-              for p, df in (placement_frames(results_dir) if studies else [])]
-    answers = answers_html(advice, csvs.write(advice, "advice") if advice is not None else "", audit,
-                           csvs.write(audit, "audit") if audit is not None else "", audit_title,
-                           placements_html(placed))
+    answers = answers_html(results_dir, csvs, bool(studies))
     page = render_html(runs, sections, not studies, results_dir, bench, by_run, links, runs_csv, notes, answers)
     atomic_write_text(tmp / "index.html", page)
     write_marker(tmp, results_dir, final=True)

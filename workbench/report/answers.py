@@ -14,11 +14,19 @@ ADVICE_INTRO = (f'Per family, "{ADVICE_MIX}" mix: the cheapest staging design ri
                 "<code>python -m workbench advise --preset P --mix M</code>.")
 AUDIT_INTRO = ("Read statically by <code>python -m workbench audit</code>: per model class, where it normalizes, "
                "whether it captures its encoder in CUDA graphs, and the correctness matrix's verdict.")
+AUDIT_COLUMNS = ["model", "device norm", "norm in", "encoder graphs", "verdict"]
 
 
 EVIDENCE = re.compile(r"\s*\[([^,\]]+), ([^\]]+)\]$")     # Evidence.line's "[run, device]"
-# the columns of the advice table and the study section each comes from
-SOURCES = {"staging (run, device)": "cast_cost", "time to embedding, largest batch (run, device)": "encoder_latency"}
+# the study section each column of the advice and placement tables comes from ("staging ...": cast_cost)
+SOURCES = {"time to embedding, largest batch (run, device)": "encoder_latency", "eager": "correctness",
+           "cudagraph": "correctness", "dp": "correctness", "host ms/image (saves)": "input_path",
+           "MB/image shipped": "input_path", "request to embedding ms/image: eager / graph": "input_path",
+           "norm fp32 MiB: eager / fused": "fp32_memory"}
+
+
+def _source(column: str) -> str | None:
+    return SOURCES.get(column) or ("cast_cost" if column.startswith("staging") else None)
 
 
 def family_presets() -> list[str]:
@@ -34,31 +42,6 @@ def family_presets() -> list[str]:
     return out
 
 
-def advice_frame(results_dir: Path):
-    """One row per family's real preset: where to normalize, staging, budgets, padding, vLLM's options."""
-    import pandas as pd
-
-    from ..advise import advise
-
-    rows = []
-    for preset in family_presets():
-        try:
-            a = advise(preset, ADVICE_MIX, results_dir)
-        except (ValueError, OSError) as e:
-            rows.append({"preset": preset, "placement, norm, buffer": f"no advice: {e}"})
-            continue
-        rows.append({"preset": preset,
-                     "placement, norm, buffer": ", ".join(a.choice) if a.choice else
-                     "not measured: " + "; ".join(a.missing),
-                     "staging (run, device)": a.staging.line(),
-                     "time to embedding, largest batch (run, device)": _largest_batch(a.latency),
-                     "planner budgets": str(a.budgets),
-                     "items / graph": a.max_items, "padding, planner": f"{a.padding['planner']:.1%}",
-                     "padding, powers of 2": f"{a.padding['engines']:.1%}",
-                     "vLLM --compilation-config": json.dumps(a.compilation_config())})
-    return pd.DataFrame(rows)
-
-
 def _largest_batch(latency) -> str:
     """The advice's time to embedding of its largest batch (the page's column; advise prints them all)."""
     if latency is None:
@@ -68,33 +51,59 @@ def _largest_batch(latency) -> str:
     return f"{latency.text.split('; ')[-1]} [{latency.run}, {latency.device}]"
 
 
-# the placement table's columns and the study section each comes from
-PLACEMENT_SOURCES = {"eager": "correctness", "cudagraph": "correctness", "dp": "correctness",
-                     "host ms/image (saves)": "input_path", "MB/image shipped": "input_path",
-                     "request to embedding ms/image: eager / graph": "input_path", "norm fp32 MiB: eager / fused":
-                     "fp32_memory"}
+def _advice_row(preset: str, results_dir: Path) -> dict:
+    """Where to normalize ``preset``, its staging, budgets, padding and vLLM's options (a problem in words)."""
+    from ..advise import advise
+
+    try:
+        a = advise(preset, ADVICE_MIX, results_dir)
+    except (ValueError, OSError) as e:
+        return {"preset": preset, "placement, norm, buffer": f"no advice: {e}"}
+    return {"preset": preset,
+            "placement, norm, buffer": ", ".join(a.choice) if a.choice else "not measured: " + "; ".join(a.missing),
+            "staging (run, device)": a.staging.line(),
+            "time to embedding, largest batch (run, device)": _largest_batch(a.latency),
+            "planner budgets": str(a.budgets),
+            "items / graph": a.max_items, "padding, planner": f"{a.padding['planner']:.1%}",
+            "padding, powers of 2": f"{a.padding['engines']:.1%}",
+            "vLLM --compilation-config": json.dumps(a.compilation_config())}
 
 
-def placement_frames(results_dir: Path) -> list:
-    """Per family's preset (as `advice_frame`), `advise.placement_table` on the advice mix."""
+def _table(df, sources=None) -> str:
+    """An answer as an HTML table: each header linked to the study it comes from where ``sources`` names that
+    study's run, each "... [run, device]" cell linked to its study, vLLM's options as code."""
+    def head(c: str) -> str:
+        if _source(c) not in (sources or {}):
+            return f"<th>{escape(str(c))}</th>"
+        run, device = sources[_source(c)]
+        return f'<th><a href="#{_source(c)}" title="{escape(run)}, {escape(device)}">{escape(c)}</a></th>'
+
+    def cell(column: str, v) -> str:
+        text = "" if v != v else str(v)
+        if column.startswith("vLLM"):
+            return f"<td><code>{escape(text)}</code></td>"
+        m = EVIDENCE.search(text)        # "... [run, device]": a link to the study it came from, the run in its title
+        if m and _source(column):
+            return (f'<td>{escape(text[:m.start()])} <a class="muted" href="#{_source(column)}" '
+                    f'title="{escape(m[1])}, {escape(m[2])}">({escape(m[2])})</a></td>')
+        return f"<td>{escape(text)}</td>"
+    body = "".join("<tr>" + "".join(cell(c, v) for c, v in zip(df.columns, row)) + "</tr>"
+                   for row in df.itertuples(index=False))
+    return (f'<table class="answers"><thead><tr>{"".join(head(c) for c in df.columns)}</tr></thead>'
+            f"<tbody>{body}</tbody></table>")
+
+
+def _placements_html(presets: list[str], results_dir: Path, csvs) -> str:
+    """Each family's `advise.placement_table` on the advice mix, folded under the advice: headers link to the
+    study they come from, with the run in their title; the runs named below; each with its CSV."""
     from ..advise import placement_table
 
-    out = []
-    for preset in family_presets():
+    out, shown = [], 0
+    for preset in presets:
         try:
-            out.append((preset, placement_table(preset, ADVICE_MIX, results_dir)))
+            df = placement_table(preset, ADVICE_MIX, results_dir)
         except (ValueError, OSError, KeyError) as e:
-            out.append((preset, str(e)))
-    return out
-
-
-def placements_html(frames: list[tuple[str, object, str]]) -> str:
-    """Each family's per-placement table, folded under the advice: headers link to the study they come
-    from, with the run in their title; the runs named below; each with its CSV."""
-    out = []
-    for preset, df, csv in frames:
-        if isinstance(df, str):
-            out.append(f'<p class="problem">{escape(preset)}: no placement table: {escape(df)}</p>')
+            out.append(f'<p class="problem">{escape(preset)}: no placement table: {escape(str(e))}</p>')
             continue
         sources = df.attrs.get("sources", {})
         if not sources:
@@ -102,78 +111,59 @@ def placements_html(frames: list[tuple[str, object, str]]) -> str:
                        f'workbench sweep --studies correctness,cast_cost,fp32_memory,input_path '
                        f'--set presets={escape(preset)}).</p>')
             continue
-
-        def head(c: str) -> str:
-            study = PLACEMENT_SOURCES.get(c) or ("cast_cost" if c.startswith("staging") else None)
-            if study not in sources:
-                return f"<th>{escape(c)}</th>"
-            run, device = sources[study]
-            return f'<th><a href="#{study}" title="{escape(run)}, {escape(device)}">{escape(c)}</a></th>'
-        body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>"
-                       for row in df.itertuples(index=False))
+        shown += 1
         runs = " · ".join(f"{study}: {escape(run)} ({escape(dev)})" for study, (run, dev) in sources.items())
-        out.append(f'<h4>{escape(preset)}, "{ADVICE_MIX}" mix</h4><table class="answers"><thead><tr>'
-                   f'{"".join(head(c) for c in df.columns)}</tr></thead><tbody>{body}</tbody></table>'
-                   f'<p class="muted">From {runs} · <a href="{escape(csv)}">CSV</a></p>')
+        out.append(f'<h4>{escape(preset)}, "{ADVICE_MIX}" mix</h4>{_table(df, sources)}<p class="muted">From '
+                   f'{runs} · <a href="{escape(csvs.write(df, "placements", preset))}">CSV</a></p>')
     if not out:
         return ""
-    shown = sum(1 for _, df, _ in frames if not isinstance(df, str) and df.attrs.get("sources"))
     return ('<details class="fold" id="placements"><summary>Per placement, each family: right on eager, graphs and '
             "dp; host time and bytes per image and what they save against the CPU processor; staging per replay; "
-            f"the norm's fp32 pool bytes; request to embedding ({shown} of {len(frames)} families measured)"
+            f"the norm's fp32 pool bytes; request to embedding ({shown} of {len(presets)} families measured)"
             f"</summary>{''.join(out)}</details>")
 
 
-def audit_frame(results_dir: Path):
-    """(the newest saved engine audit as a table, its title) or (None, '') where none was saved."""
+def _audit_html(results_dir: Path, csvs) -> str:
+    """The newest saved engine audit: the classes that normalize on the device in a table, the others named."""
     import pandas as pd
 
     from ..audit import load_newest
 
     data = load_newest(results_dir)
     if data is None:
-        return None, ""
-    rows = [{"model": m.get("model"), "device norm": "yes" if m.get("device_norm") else "no",
-             "norm in": ", ".join(m.get("norm_in") or []) or "-",
-             "encoder graphs": "yes" if m.get("encoder_graphs") else "no", "verdict": m.get("verdict")}
-            for m in data["models"] if isinstance(m, dict)]
-    return pd.DataFrame(rows), f"{data.get('engine')} {data.get('version')} ({data.get('source')})"
-
-
-def answers_html(advice, advice_csv: str, audit, audit_csv: str, audit_title: str, placements: str = "") -> str:
-    def table(df, csv: str) -> str:
-        head = "".join(f"<th>{escape(str(c))}</th>" for c in df.columns)
-        def cell(column: str, v) -> str:
-            text = "" if v != v else str(v)
-            if column.startswith("vLLM"):
-                return f"<td><code>{escape(text)}</code></td>"
-            m = EVIDENCE.search(text)        # "... [run, device]": a link to the study it came from, the run in its title
-            if m and column in SOURCES:
-                text = (f'{escape(text[:m.start()])} <a class="muted" href="#{SOURCES[column]}" '
-                        f'title="{escape(m[1])}, {escape(m[2])}">({escape(m[2])})</a>')
-                return f"<td>{text}</td>"
-            return f"<td>{escape(text)}</td>"
-        body = "".join("<tr>" + "".join(cell(c, v) for c, v in zip(df.columns, row)) + "</tr>"
-                       for row in df.itertuples(index=False))
-        return (f'<table class="answers"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-                f'<p class="muted"><a href="{escape(csv)}">CSV</a></p>')
-
-    out = []
-    if advice is not None:
-        out += ['<h2 id="advice">Where to normalize, and the engine options to take</h2>',
-                f'<p class="muted">{ADVICE_INTRO}</p>', table(advice, advice_csv), placements]
-    if audit is not None:            # the classes that normalize on the device in the table; the others named
-        device = audit[audit["device norm"] == "yes"] if len(audit) else audit
-        cpu = [str(m) for m in audit["model"][~audit.index.isin(device.index)]] if len(audit) else []
-        where = device["norm in"].value_counts() if len(device) else {}
-        tally = ", ".join(f"{n} in the {w}" for w, n in where.items())
-        wrong = int(device["verdict"].str.startswith("WRONG").sum()) if len(device) else 0
-        out += [f'<h2 id="audit">Engine audit: {escape(audit_title)}</h2>', f'<p class="muted">{AUDIT_INTRO}</p>',
-                f"<p>{len(audit)} model classes: {len(device)} normalize on the device ({escape(tally)}), "
-                f"{len(cpu)} on the CPU; {wrong} in the silent-wrong cell (outer norm with encoder graphs).</p>",
-                f'<details class="fold"><summary>The {len(device)} device-normalizing classes, each with its verdict'
-                f'</summary>{table(device, audit_csv)}</details>']
-        if cpu:
-            out.append(f'<details class="fold"><summary>The {len(cpu)} CPU-normalizing classes (right on every '
-                       f'path)</summary><p class="muted">{escape(", ".join(cpu))}.</p></details>')
+        return ""
+    audit = pd.DataFrame([{"model": m.get("model"), "device norm": "yes" if m.get("device_norm") else "no",
+                           "norm in": ", ".join(m.get("norm_in") or []) or "-",
+                           "encoder graphs": "yes" if m.get("encoder_graphs") else "no", "verdict": m.get("verdict")}
+                          for m in data["models"] if isinstance(m, dict)], columns=AUDIT_COLUMNS)
+    csv = csvs.write(audit, "audit")
+    device = audit[audit["device norm"] == "yes"]
+    cpu = [str(m) for m in audit["model"][~audit.index.isin(device.index)]]
+    tally = ", ".join(f"{n} in the {w}" for w, n in device["norm in"].value_counts().items())
+    wrong = int(device["verdict"].str.startswith("WRONG").sum())
+    title = f"{data.get('engine')} {data.get('version')} ({data.get('source')})"
+    out = [f'<h2 id="audit">Engine audit: {escape(title)}</h2><p class="muted">{AUDIT_INTRO}</p>',
+           f"<p>{len(audit)} model classes: {len(device)} normalize on the device ({escape(tally)}), "
+           f"{len(cpu)} on the CPU; {wrong} in the silent-wrong cell (outer norm with encoder graphs).</p>",
+           f'<details class="fold"><summary>The {len(device)} device-normalizing classes, each with its verdict'
+           f'</summary>{_table(device)}<p class="muted"><a href="{escape(csv)}">CSV</a></p></details>']
+    if cpu:
+        out.append(f'<details class="fold"><summary>The {len(cpu)} CPU-normalizing classes (right on every '
+                   f'path)</summary><p class="muted">{escape(", ".join(cpu))}.</p></details>')
     return "".join(out)
+
+
+def answers_html(results_dir: Path, csvs, studies: bool) -> str:
+    """Where to normalize each family and the engine options to take (where studies exist), then the engine
+    audit; each table's CSV written through ``csvs``."""
+    import pandas as pd
+
+    out = ""
+    if studies:
+        presets = family_presets()
+        placements = _placements_html(presets, results_dir, csvs)
+        advice = pd.DataFrame([_advice_row(preset, results_dir) for preset in presets])
+        out = ('<h2 id="advice">Where to normalize, and the engine options to take</h2>'
+               f'<p class="muted">{ADVICE_INTRO}</p>{_table(advice)}<p class="muted"><a href="'
+               f'{escape(csvs.write(advice, "advice"))}">CSV</a></p>{placements}')
+    return out + _audit_html(results_dir, csvs)

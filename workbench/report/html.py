@@ -234,13 +234,12 @@ def _section_html(s: StudySection) -> str:
     out += [_view_html(s.name, v) for v in s.views] or [_paragraphs(s.text)]
     heads, bodies, flagged = [], [], []
     for c in s.comparisons:         # the newest run against the one before it
-        csv = f' (<a href="{_href(c.csv)}">CSV of every value</a>)' if c.csv else ""
         heads.append(f"compared on {_e(c.device)} with the run before: {c.flagged} flagged value"
-                     f"{'s' * (c.flagged != 1)}{csv}")
+                     f'{"s" * (c.flagged != 1)} (<a href="{_href(c.csv)}">CSV of every value</a>)')
         bodies.append(f"<p>{_e(c.device)}: {_e(c.line)}</p>")
-        if c.table is not None and len(c.table):
+        if c.table is not None:       # set where values were flagged
             first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
-            flagged.append(f'<details class="fold"><summary>The {c.flagged} flagged value{"s" if c.flagged != 1 else ""}'
+            flagged.append(f'<details class="fold"><summary>The {c.flagged} flagged value{"s" * (c.flagged != 1)}'
                            f'{first}</summary><div class="tablebox">{_table_html(c.table)}</div></details>')
     out += [f'<p class="problem">{_e(line)}</p>' for line in s.table_problems]
     out += [f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>' for dev in s.missing_devices]

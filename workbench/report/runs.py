@@ -135,21 +135,18 @@ def _why(e: BaseException) -> str:
 
 
 def run_table(run: Run, study_name: str):
-    """One run's table of one study (`load_table`) with ``run``, ``reference``, ``run_date`` (and ``device``) added."""
-    from ..studies.tables import VALUE_COLUMNS, load_table
+    """One run's table of one study (`load_table`: ``device`` among its columns) with ``run``, ``reference`` and
+    ``run_date`` added before its value columns."""
+    from ..studies.tables import load_table
 
     df = load_table(run.tables[study_name])
     date = re.match(r"\d{4}-\d{2}-\d{2}", run.started.strip())
-    added = {"run": run.logical_name, "reference": bool(run.reference), "run_date": date[0] if date else ""}
-    if "device" not in df.columns:
-        added["device"] = run.device
-    at = min((df.columns.get_loc(c) for c in VALUE_COLUMNS if c in df.columns), default=len(df.columns))
-    for col, value in added.items():
+    for col, value in (("run", run.logical_name), ("reference", bool(run.reference)),
+                       ("run_date", date[0] if date else "")):
         if col in df.columns:
             df[col] = value
         else:
-            df.insert(at, col, value)
-            at += 1
+            df.insert(df.columns.get_loc("metric"), col, value)
     return df
 
 

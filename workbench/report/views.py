@@ -118,14 +118,9 @@ def _figure_runs(fig: str, study: str, runs: list[str]) -> tuple[str, str | None
 
 def newest_mask(table, starts: Mapping[str, str]):
     """The rows of the newest run of each device and family, as a boolean Series."""
-    import pandas as pd
-
-    mask = pd.Series(False, index=table.index)
     keys = ["device"] + (["family"] if "family" in table.columns else [])
-    for _, g in table.groupby(keys, dropna=False, sort=False):
-        run = max(g["run"].astype(str).unique(), key=lambda r: (starts.get(r, ""), r))
-        mask[g.index[g["run"].astype(str) == run]] = True
-    return mask
+    rank = table["run"].astype(str).map(lambda r: (starts.get(r, ""), r))
+    return rank == rank.groupby([table[k] for k in keys], dropna=False, sort=False).transform("max")
 
 
 def _runs_newest_first(g, starts: Mapping[str, str]) -> list[str]:
@@ -136,7 +131,7 @@ def _verdict_diffs(study: str, older, newest, starts: Mapping[str, str]) -> list
     """One line per older run: its verdicts against the newest run's, "unchanged" or the cells that changed."""
     from ..compare import compare_tables, verdict_changes
 
-    if "unit" not in older.columns or not (older["unit"] == "bool").any():
+    if not (older["unit"] == "bool").any():
         return []
     ref = ", ".join(_runs_newest_first(newest, starts))
     lines = []
@@ -182,21 +177,19 @@ def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
     result = Summary(text=result) if isinstance(result, str) else result
     view.text = result.text
     view.tables = [(caption, df, csvs.write(df, study.name, view.device, view.kind, caption))
-                   for caption, df in getattr(result, "tables", [])]
+                   for caption, df in result.tables]
     view.figures, view.svgs = _figures_in(result.figures, fig_dir, out_dir)
-    own = getattr(result, "captions", None) or {}       # {file name: what it shows}
-    groups = getattr(result, "groups", None) or {}
-    view.groups = {f: groups[Path(f).name] for f in view.figures if Path(f).name in groups}
+    view.groups = {f: result.groups[Path(f).name] for f in view.figures if Path(f).name in result.groups}
     for f in view.figures:
         what, run = _figure_runs(f, study.name, view.runs)
-        shows = own.get(Path(f).name)
+        shows = result.captions.get(Path(f).name)         # what the study says it shows
         title = shows.rstrip(". ") if shows else f"{study.name}{': ' + what if what else ''}"
         if run is None:
             view.captions[f] = f"{title}, {view.device}, from {_runs_words(view.runs)}."
             continue
-        r = by_run.get(run)
-        when = f", started {r.started[:16].replace('T', ' ')} UTC" if r is not None and r.started else ""
-        ref = ", reference run" if r is not None and r.reference else ""
+        r = by_run[run]
+        when = f", started {r.started[:16].replace('T', ' ')} UTC" if r.started else ""
+        ref = ", reference run" if r.reference else ""
         cpu = " CPU smoke test: timings here are not measurements." if is_cpu(view.device) else ""
         view.captions[f] = f"{title}, {view.device}, run {run}{when}{ref}.{cpu}"
 
@@ -226,10 +219,9 @@ def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[
               problems: list[TableProblem], devices: set[str], csvs: Csvs,
               errata: Mapping[str, Mapping[str, str]]) -> StudySection:
     """A study's section: per device a view of its newest run(s) and one of its older runs, and a comparison."""
-    holders = list(dict.fromkeys(r.logical_name for r in runs if study.name in r.tables))
     section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[],
                            per_preset=bool(getattr(study, "per_preset", False)), missing_devices=sorted(devices))
-    if not holders:
+    if not any(study.name in r.tables for r in runs):
         section.text = "No run holds a table for this study yet (make sweep)."
         return section
     try:
@@ -238,7 +230,7 @@ def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[
         if table is None:
             section.text = "No table of this study could be read."
             return section
-        section.runs = [name for name in holders if name in set(table["run"].astype(str))]
+        section.runs = list(dict.fromkeys(table["run"].astype(str)))      # in the runs' order, as concatenated
         section.missing_devices = sorted(devices - {str(d) for d in table["device"].dropna().unique()})
         starts: dict[str, str] = {}         # logical run name -> its (latest) start time
         for r in runs:
@@ -304,9 +296,8 @@ def benchmark_sections(results_dir: Path | str, out_dir: Path,
             except (OSError, ValueError) as e:
                 panel.figures, svgs, panel.error = [], {}, _one_line(f"{path.name}: {_why(e)}")
             sec.svgs.update(svgs)
-            own = getattr(panel, "captions", None) or {}
             for f in panel.figures:
-                what = own.get(Path(f).name) or f"{bench.title}: {_figure_runs(f, _slug(path.stem), [])[0]}"
+                what = panel.captions.get(Path(f).name) or f"{bench.title}: {_figure_runs(f, _slug(path.stem), [])[0]}"
                 sec.captions[f] = (f"{what}; {panel.device or 'unknown device'}, {panel.date}, from "
                                    f"{REFERENCE_DIRNAME}/{panel.source}.")
             sec.panels.append(panel)
