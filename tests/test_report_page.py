@@ -37,7 +37,10 @@ def test_the_answer_table_opens_the_page_with_a_linked_row_per_family(page):
     advice = answers[:answers.index('id="placements"')]
     rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", advice, flags=re.S)
     presets = [r[0] for r in rows]
-    assert len(rows) == len(families()), presets                   # every family, measured or said not to be
+    pending = re.search(r"No run measured yet: (.*?)\. The commands", advice)
+    pending = re.findall(r"(?:^|; )([\w.-]+) \(not measured", pending[1]) if pending else []
+    assert len(rows) + len(pending) == len(families()), (presets, pending)   # every family: a row, or said not measured
+    assert len(rows) >= 5 and not set(presets) & set(pending)
     for preset, body in rows:
         assert "cudagraph_mm_encoder" in body, preset               # vLLM's own options, always
         measured = "not measured" not in body.split("</td>")[0]
@@ -47,8 +50,9 @@ def test_the_answer_table_opens_the_page_with_a_linked_row_per_family(page):
     csv = re.search(r'<a href="([^"]+\.csv)">CSV</a>', answers)[1]
     assert (page.parent / csv).is_file()
     placements = answers[answers.index('id="placements"'):]
-    assert "5 of 5 families measured" in placements or "4 of 5 families measured" in placements
-    assert placements.count("<h4>") == len(families())
+    shown = int(re.search(rf"(\d) of {len(families())} families measured", placements)[1])
+    assert shown >= 4      # the references measure the Qwen and GLM-4.1V families per placement
+    assert placements.count("<h4>") == shown
     for study in ("correctness", "input_path", "cast_cost", "fp32_memory"):       # each column's study and run
         assert re.search(rf'href="#{study}" title="\d{{8}}T\d{{6}}Z-[^"]+, NVIDIA H200"', placements), study
     assert "WRONG" in placements and "not measured" in placements

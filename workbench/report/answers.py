@@ -52,14 +52,15 @@ def _largest_batch(latency) -> str:
 
 
 def _advice_row(preset: str, results_dir: Path) -> dict:
-    """Where to normalize ``preset``, its staging, budgets, padding and vLLM's options (a problem in words)."""
+    """Where to normalize ``preset``, its staging, budgets, padding and vLLM's options (a problem in words);
+    "measured": whether any run answered a part of it (placement, staging or time to embedding)."""
     from ..advise import advise
 
     try:
         a = advise(preset, ADVICE_MIX, results_dir)
     except (ValueError, OSError) as e:
-        return {"preset": preset, "placement, norm, buffer": f"no advice: {e}"}
-    return {"preset": preset,
+        return {"preset": preset, "placement, norm, buffer": f"no advice: {e}", "measured": True}
+    return {"preset": preset, "measured": any(e is not None and e.run for e in (a.placement, a.staging, a.latency)),
             "placement, norm, buffer": ", ".join(a.choice) if a.choice else "not measured: " + "; ".join(a.missing),
             "staging (run, device)": a.staging.line(),
             "time to embedding, largest batch (run, device)": _largest_batch(a.latency),
@@ -163,7 +164,14 @@ def answers_html(results_dir: Path, csvs, studies: bool) -> str:
         presets = family_presets()
         placements = _placements_html(presets, results_dir, csvs)
         advice = pd.DataFrame([_advice_row(preset, results_dir) for preset in presets])
+        measured = advice.pop("measured").astype(bool)
+        csv = csvs.write(advice, "advice")                     # the commands that would measure it: CSV, advise
+        shown = advice.replace(r": python -m workbench [^;]*", "", regex=True)
+        pending = "; ".join(f"{escape(r['preset'])} ({escape(r['placement, norm, buffer'])})"
+                            for _, r in shown[~measured].iterrows())       # one line, not a row of blanks
         out = ('<h2 id="advice">Where to normalize, and the engine options to take</h2>'
-               f'<p class="muted">{ADVICE_INTRO}</p>{_table(advice)}<p class="muted"><a href="'
-               f'{escape(csvs.write(advice, "advice"))}">CSV</a></p>{placements}')
+               f'<p class="muted">{ADVICE_INTRO}</p>{_table(shown[measured])}<p class="muted">'
+               + (f"No run measured yet: {pending}. " if pending else "")
+               + "The commands that measure what is missing: <code>python -m workbench advise --preset P</code> · "
+               + f'<a href="{escape(csv)}">CSV</a></p>{placements}')
     return out + _audit_html(results_dir, csvs)
