@@ -41,6 +41,11 @@ class Family:
     # the tower's attention has `VisionConfig.kv_heads` key/value heads, each shared by
     # heads / kv_heads query heads (grouped-query attention); False: kv_heads must stay 0
     grouped_kv: bool = False
+    # the engine's own cell: where vLLM 0.33 normalizes this family (a study placement: "tower" for its
+    # first op or its patch embedding, "device" for a GPU preprocessor, "outer") and whether it
+    # captures the encoder in CUDA graphs (read from its released model files: FACTS.md)
+    vllm_placement: str = "tower"
+    vllm_encoder_graphs: bool = False
 
     # ---- configuration -----------------------------------------------------------------------
     def validate(self, cfg) -> list[str]:

@@ -41,6 +41,7 @@ class Glm4vFamily(Family):
     hf_class_aliases = ("Glm4vMoeVisionModel",)         # GLM-4.5V's checkpoints (glm4v_moe)
     model_types = ("glm4v", "glm4v_moe", "glm46v")
     study_presets = ("tiny-glm4v", "glm-4.1v-9b")
+    vllm_encoder_graphs = True
     presets = (
         dict(name="glm-4.1v-9b", merger_hidden=13696, **GLM_TOWER),
         dict(name="glm-4.5v", merger_hidden=10944, **GLM_TOWER),

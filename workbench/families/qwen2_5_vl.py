@@ -17,6 +17,7 @@ class Qwen25VLFamily(Family):
     hf_class = ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel")
     model_types = ("qwen2_5_vl",)
     study_presets = ("tiny-qwen2.5-vl", "qwen2.5-vl-7b")
+    vllm_encoder_graphs = True
     presets = (
         dict(name="qwen2.5-vl-3b", mlp_hidden=3420, out_hidden=2048),
         dict(name="qwen2.5-vl-7b", mlp_hidden=3420, out_hidden=3584),

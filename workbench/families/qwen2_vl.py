@@ -26,6 +26,7 @@ class Qwen2VLFamily(Family):
     hf_class = ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VisionTransformerPretrainedModel")
     model_types = ("qwen2_vl",)
     study_presets = ("tiny-qwen2-vl", "qwen2-vl-7b")
+    vllm_encoder_graphs = True
     presets = (
         dict(name="qwen2-vl-2b", mlp_hidden=5120, out_hidden=1536),
         dict(name="qwen2-vl-7b", mlp_hidden=5120, out_hidden=3584),

@@ -25,6 +25,7 @@ class Qwen35Family(Qwen3VLFamily):
     hf_class = ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5VisionModel")
     model_types = ("qwen3_5", "qwen3_5_moe")
     study_presets = ("tiny-qwen3.5", None)
+    vllm_encoder_graphs = True
     deepstack = False
     presets = (
         dict(name="qwen3.5-9b", out_hidden=4096, **TOWER_27),

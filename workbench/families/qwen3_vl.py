@@ -55,6 +55,7 @@ class Qwen3VLFamily(Family):
     hf_class = ("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLVisionModel")
     model_types = ("qwen3_vl", "qwen3_vl_moe")
     study_presets = ("tiny-qwen3-vl", "qwen3-vl-8b")
+    vllm_encoder_graphs = True
     deepstack = True        # the transformers config takes deepstack_visual_indexes
     presets = (
         dict(name="qwen3-vl-2b", out_hidden=2048, deepstack_indexes=(5, 11, 17), **TOWER_24),

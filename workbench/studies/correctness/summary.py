@@ -52,6 +52,35 @@ def matrix(df: pd.DataFrame, norms=None) -> pd.DataFrame:
     return m[cols].reindex(pd.MultiIndex.from_product([sorted(d.family.unique()), order]))
 
 
+def engine_cell(family: str) -> tuple[str, bool] | None:
+    """vLLM 0.33's own cell of ``family``: (the placement it normalizes in, whether it captures encoder
+    graphs), from the family's spec; None for a family the workbench does not know."""
+    from ...families import FAMILIES
+
+    spec = FAMILIES.get(family)
+    return None if spec is None else (spec.vllm_placement, spec.vllm_encoder_graphs)
+
+
+def _engine_columns(columns, graphs: bool) -> list[str]:
+    """The paths the engine runs: eager, and its graph runner's buffers where it captures the encoder."""
+    return [c for c in columns if c == "eager" or (graphs and c.startswith("cudagraph"))]
+
+
+def engine_verdicts(g: pd.DataFrame) -> list[str]:
+    """Per family of ``g`` (wide cells with a ``column``): vLLM 0.33's own cells, right or where wrong."""
+    out = []
+    for fam, f in g.groupby("family"):
+        cell = engine_cell(fam)
+        if cell is None:
+            continue
+        cells = f[(f.placement == cell[0]) & f.column.isin(_engine_columns(set(f.column), cell[1]))]
+        paths = "eager and encoder graphs" if cell[1] else "eager"
+        verdict = "not measured" if cells.empty else ("right" if cells.ok.all() else
+                                                      "WRONG on " + ", ".join(sorted(set(cells[~cells.ok].column))))
+        out.append(f"{fam} ({cell[0]}, {paths}): {verdict}")
+    return out
+
+
 def style_matrix(m: pd.DataFrame):
     """The matrix as a coloured pandas Styler (green right, red wrong, amber mixed)."""
     def colour(v):
@@ -93,15 +122,22 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
                     continue
                 mark = {2: "ok", 0: "WRONG", 1: "mixed"}[int(code[i, j])]
                 ax.text(j, i, f"{mark}\n{v:.1e}", ha="center", va="center", fontsize=8)
+        cell = engine_cell(fam)
+        if cell is not None and cell[0] in rows:       # vLLM 0.33's own cells, framed
+            from matplotlib.patches import Rectangle
+            for j in (cols.index(c) for c in _engine_columns(cols, cell[1])):
+                ax.add_patch(Rectangle((j - 0.5, rows.index(cell[0]) - 0.5), 1, 1, fill=False, lw=2.5, ec="black"))
         # the path names of the tables, the buffer dtype on a line of its own (never overlapping)
         ax.set_xticks(range(len(cols)), [path_label(c, is_cpu(g)).replace("[", "\n[") for c in cols])
         ax.set_yticks(range(len(rows)), rows)
         devs = ", ".join(sorted(g.device.unique()))
-        ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs})", fontsize=10)
+        vllm = "" if cell is None else f"; vLLM 0.33: {cell[0]}{', encoder graphs' if cell[1] else ', eager'}"
+        ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs}{vllm})", fontsize=10)
     shown = ", ".join(sorted(set(d.norm) - {"(unused)"}))
     fig.suptitle(title or "Correctness: placement x path")
     fig.text(0.5, -0.04, f"cell text: worst rel_err vs float64 eager over the norm implementations {shown}; "
-             "n/a: a uint8 buffer cannot hold normalized input", ha="center", fontsize=8)
+             "n/a: a uint8 buffer cannot hold normalized input; framed: vLLM 0.33's own cells (where it "
+             "normalizes, on the paths it runs)", ha="center", fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -155,6 +191,9 @@ def findings(df: pd.DataFrame) -> str:
                  f"Right cells stay below {g[g.ok].rel_err.max():.1e} relative error, wrong ones start at "
                  f"{g[~g.ok].rel_err.min():.2f}." if (~g.ok).any() else
                  f"Every cell below {g.rel_err.max():.1e} relative error."]
+        engine = engine_verdicts(g)
+        if engine:
+            lines.append(f"vLLM 0.33's own cells (framed in the matrix): {'; '.join(engine)}.")
         buf = g[(g.path == "cudagraph") & g.ok & g.placement.isin(["processor", "runner", "device"])]
         buf = buf.groupby("buffer_dtype").rel_err.max()
         if dtype != "bfloat16" and {"bfloat16", "float32"} <= set(buf.index):

@@ -1,0 +1,47 @@
+"""vLLM 0.33's own cell per family (issue 34): where it normalizes and whether it captures encoder graphs,
+declared by each family spec; the correctness findings judge exactly those cells and the matrix frames them."""
+import pandas as pd
+import pytest
+
+from workbench.families import FAMILIES
+from workbench.studies.correctness import summary
+
+COLUMNS = ["eager", "cudagraph[bfloat16]", "cudagraph[uint8]"]
+
+
+def _cells(family: str, wrong: set[tuple[str, str]]) -> pd.DataFrame:
+    rows = [dict(family=family, placement=p, column=c, ok=(p, c) not in wrong)
+            for p in ("tower", "outer", "fold") for c in COLUMNS]
+    return pd.DataFrame(rows)
+
+
+def test_every_family_declares_a_placement_the_study_measures():
+    for name, spec in FAMILIES.items():
+        assert spec.vllm_placement in ("tower", "fold", "device", "outer"), name
+        assert isinstance(spec.vllm_encoder_graphs, bool), name
+    assert FAMILIES["qwen3-vl"].vllm_encoder_graphs and not FAMILIES["glm-ocr"].vllm_encoder_graphs
+
+
+def test_the_verdict_covers_the_graph_paths_only_where_the_engine_captures_them(monkeypatch):
+    graphs_wrong = {("tower", "cudagraph[uint8]")}
+    assert summary.engine_verdicts(_cells("qwen2-vl", graphs_wrong)) == \
+        ["qwen2-vl (tower, eager and encoder graphs): WRONG on cudagraph[uint8]"]
+    assert summary.engine_verdicts(_cells("glm-ocr", graphs_wrong)) == ["glm-ocr (tower, eager): right"]
+    monkeypatch.setattr(FAMILIES["qwen2-vl"], "vllm_placement", "outer")    # the engine that forgot the norm
+    got = summary.engine_verdicts(_cells("qwen2-vl", {("outer", "cudagraph[bfloat16]"), ("outer", "cudagraph[uint8]")}))
+    assert got == ["qwen2-vl (outer, eager and encoder graphs): WRONG on cudagraph[bfloat16], cudagraph[uint8]"]
+    assert summary.engine_verdicts(_cells("not-a-family", set())) == []
+
+
+@pytest.mark.parametrize("family, framed", [("qwen2-vl", 3), ("glm-ocr", 1)])
+def test_the_matrix_frames_the_engines_cells(family, framed):
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.patches import Rectangle
+
+    rows = [dict(family=family, placement=p, path=path, buffer_dtype=b, norm="eager", case="embedding", ok=True,
+                 rel_err=1e-3, device="cpu", dtype="float32", metric=None)
+            for p in ("tower", "outer") for path, b in (("eager", "-"), ("cudagraph", "bfloat16"), ("cudagraph", "uint8"))]
+    fig = summary.plot_matrix(pd.DataFrame(rows).drop(columns="metric"))
+    frames = [p for p in fig.axes[0].patches if isinstance(p, Rectangle) and not p.get_fill()]
+    assert len(frames) == framed and "vLLM 0.33: tower" in fig.axes[0].get_title()
