@@ -330,3 +330,18 @@ def test_realistic_batch_figure_reads_times_that_span_orders_of_magnitude():
     fig = el.summary.plot_mixes(close)
     assert all(ax.get_xscale() == "linear" for ax in fig.axes if ax.get_title())
     plt.close(fig)
+
+
+def test_the_realistic_batch_table_shows_how_well_autos_median_is_known():
+    """Timed until known: six calls give a 95% interval of the median, recorded per strategy and
+    shown for policy auto in the realistic-batch table (its half-width in percent, its calls)."""
+    from workbench.studies import encoder_latency as s
+    from workbench.studies.encoder_latency.summary import mix_table
+    table = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=8,
+                  min_reps=6, warmup=0, reference=False, mixes=["photos"], mix_items=[1])
+    w = wide(table)
+    timed = w[w.p50_ms.notna()]
+    assert (timed.reps_n >= 6).all() and (timed.reps_n <= 8).all()
+    assert (timed.p50_ci_lo_ms <= timed.p50_ms).all() and (timed.p50_ms <= timed.p50_ci_hi_ms).all()
+    m = mix_table(table)
+    assert m["auto p50 95% interval (±%)"].between(0, 1000).all() and m["auto timed calls"].between(6, 8).all()

@@ -290,6 +290,11 @@ def mix_table(table: pd.DataFrame) -> pd.DataFrame:
     if "first_ms" in w:       # the batch shape's first call, where policy auto measures its plans
         first = w[w.path == "graph_auto"].set_index(idx)["first_ms"]
         out["auto first call (ms)"] = first.groupby(level=idx).first()
+    if "p50_ci_lo_ms" in w:   # how well auto's median is known: its 95% interval's larger half, and the calls
+        a = w[w.path == "graph_auto"].set_index(idx)
+        half = np.maximum(a.p50_ms - a.p50_ci_lo_ms, a.p50_ci_hi_ms - a.p50_ms) / a.p50_ms * 100
+        out["auto p50 95% interval (±%)"] = half.groupby(level=idx).first()
+        out["auto timed calls"] = a.reps_n.groupby(level=idx).first()
     return out.reset_index()
 
 
