@@ -131,7 +131,7 @@ def test_padded_metadata_gives_the_same_valid_rows(preset, backend, seed):
     assert rel_err(out[: n // 4], ref) < 1e-6
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS)
+@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-glm-ocr"])
 def test_metadata_copied_into_captured_buffers_replays_any_grid(preset, seed):
     """What a graph runner does: metadata prepared once for the capture (a grid filling the budget),
     then each batch's metadata copied into the same tensors; forward_prepared on those buffers

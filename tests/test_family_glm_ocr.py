@@ -1,6 +1,7 @@
 """GLM-OCR (transformers' `GlmOcrVisionModel`, model_type glm_ocr): the tower against transformers'
-with the same weights on real photos, odd grids and video; graph safety (padded metadata, captured
-buffers, the emulated graph runner with a NaN-poisoned pool on every correct placement); model
+with the same weights on real photos, odd grids and video; graph safety (padded metadata, the emulated
+graph runner with a NaN-poisoned pool on every correct placement; captured metadata buffers in
+tests/test_families.py, the tower's own norm against transformers in tests/test_towers.py); model
 folders saved by transformers (tests/test_checkpoints.py's MODELS saves and loads one too) and bad
 ones; preprocessing against the processor its checkpoint names (Glm46VImageProcessor)."""
 import dataclasses
@@ -101,19 +102,6 @@ def test_the_published_width_at_reduced_depth_matches_transformers(photos, seed)
     assert rel_err(out, ref) < FP32_TOL and max_err(out, ref) < FP32_TOL
 
 
-def test_device_norm_in_the_tower_matches_the_processor_normalized_reference(photos, seed):
-    """vLLM's own cell for GLM-OCR: uint8 rows in, normalized first thing inside the tower."""
-    cfg = wb.VisionConfig.preset(TINY)
-    hf, _ = matched_towers(cfg, seed)
-    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=None)
-    enc.visual.load_hf_state_dict(hf.state_dict())
-    items = [photos["coffee"], photos["astronaut"]]
-    raw = wb.preprocess(items, cfg)
-    ref = hf_embeddings(hf, wb.preprocess(items, cfg, normalize=True).pixels, raw.grid_thw)
-    assert raw.pixels.dtype == torch.uint8
-    assert rel_err(enc.encode(raw), ref) < FP32_TOL
-
-
 def test_parameter_count_and_flops_are_those_of_the_tower():
     cfg = wb.VisionConfig.preset(TINY)
     assert cfg.n_params == sum(p.numel() for p in hf_vision_model(cfg).parameters())
@@ -166,26 +154,6 @@ def test_padded_metadata_gives_the_same_valid_rows(backend, seed):
         out = tower.forward_prepared(torch.cat([x, torch.full((pad, cfg.patch_dim), float("nan"))]), meta)
     assert out.shape == ((n + pad) // 4, cfg.out_hidden)
     assert torch.isfinite(out[: n // 4]).all() and rel_err(out[: n // 4], ref) < 1e-6
-
-
-@pytest.mark.slow
-def test_metadata_copied_into_captured_buffers_replays_any_grid(seed):
-    cfg = wb.VisionConfig.preset(TINY)
-    tower = build_tower(cfg, attn_backend="masked").init_random(seed).eval()
-    budget, items = 160, 4
-    static = tower.prepare_capture(budget, items)
-    buffers = {k: v.data_ptr() for k, v in static.tensors().items()}
-    pixels = torch.zeros(budget * cfg.merge_unit, cfg.patch_dim)
-    for grid in ([[1, 10, 14], [1, 4, 6]], [[2, 8, 8], [1, 6, 20], [1, 2, 2]]):
-        grid = torch.tensor(grid)
-        n = int(grid.prod(1).sum())
-        x = torch.randn(n, cfg.patch_dim)
-        static.copy_(tower.prepare(grid, **budget_padding(cfg, budget, items)))
-        assert {k: v.data_ptr() for k, v in static.tensors().items()} == buffers
-        pixels.zero_()
-        pixels[:n] = x
-        with torch.no_grad():
-            assert rel_err(tower.forward_prepared(pixels, static)[: n // 4], tower(x, grid)) < 1e-6
 
 
 @pytest.fixture(scope="module")
