@@ -35,9 +35,8 @@ preprocessor_config.json was not found in the sources searched, so a folder's ow
 """
 from __future__ import annotations
 
-from .base import POSITIVE, checked, norm_params
+from .base import POSITIVE, checked
 from .qwen2_5_vl import Qwen25VLFamily
-from .qwen2_vl import qwen_merger_macs, qwen_merger_params
 
 
 class Exaone45Family(Qwen25VLFamily):
@@ -60,32 +59,16 @@ class Exaone45Family(Qwen25VLFamily):
         from transformers.models.exaone4_5.modeling_exaone4_5 import Exaone4_5_VisionModel
         return Exaone4_5_VisionModel
 
-    def _qkv_width(self, cfg) -> int:
+    def qkv_width(self, cfg) -> int:
         """Output features of the fused qkv projection: heads + 2 x kv_heads heads."""
         return (cfg.heads + 2 * cfg.n_kv_heads) * cfg.head_dim
 
-    def n_params(self, cfg) -> int:
-        w, h, qkv = cfg.width, cfg.mlp_hidden, self._qkv_width(cfg)
-        block = 2 * norm_params(w, "rms") + (w + 1) * qkv + w * w + w + 3 * w * h + 2 * h + w
-        return w * cfg.patch_dim + cfg.depth * block + qwen_merger_params(cfg, "rms")
-
-    def row_macs(self, cfg) -> int:
-        w = cfg.width
-        return cfg.patch_dim * w + cfg.depth * (w * self._qkv_width(cfg) + w * w + 3 * w * cfg.mlp_hidden)
-
-    def token_macs(self, cfg) -> int:
-        return qwen_merger_macs(cfg)
-
-    def to_hf(self, cfg):
+    def hf_config_class(self) -> type:
         from transformers.models.exaone4_5.configuration_exaone4_5 import Exaone4_5_VisionConfig
-        return Exaone4_5_VisionConfig(
-            depth=cfg.depth, hidden_size=cfg.width, hidden_act="silu", intermediate_size=cfg.mlp_hidden,
-            num_heads=cfg.heads, num_key_value_heads=cfg.n_kv_heads, in_channels=cfg.in_channels,
-            patch_size=cfg.patch_size, spatial_merge_size=cfg.merge_size,
-            temporal_patch_size=cfg.temporal_patch_size, window_size=cfg.window_size,
-            out_hidden_size=cfg.out_hidden, fullatt_block_indexes=list(cfg.fullatt_blocks),
-            rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta},
-        )
+        return Exaone4_5_VisionConfig
+
+    def hf_config_kwargs(self, cfg) -> dict:
+        return dict(super().hf_config_kwargs(cfg), num_key_value_heads=cfg.n_kv_heads)
 
     def from_hf(self, vc: dict) -> dict:
         # transformers' Exaone4_5_VisionConfig gives 8 key/value heads where the file names none

@@ -48,14 +48,18 @@ class Qwen25VLFamily(Family):
         full = tuple(sorted({b for b in range(step - 1, depth, step)} | {depth - 1}))
         return dataclasses.replace(cfg, name=f"{cfg.name}@depth{depth}", depth=depth, fullatt_blocks=full)
 
+    def qkv_width(self, cfg) -> int:
+        """Output features of the fused qkv projection (a grouped-kv family has fewer)."""
+        return 3 * cfg.width
+
     def n_params(self, cfg) -> int:
-        w, h = cfg.width, cfg.mlp_hidden
-        block = 2 * norm_params(w, "rms") + 4 * w * w + 4 * w + 3 * w * h + 2 * h + w
+        w, h, qkv = cfg.width, cfg.mlp_hidden, self.qkv_width(cfg)
+        block = 2 * norm_params(w, "rms") + (w + 1) * qkv + w * w + w + 3 * w * h + 2 * h + w
         return w * cfg.patch_dim + cfg.depth * block + qwen_merger_params(cfg, "rms")
 
     def row_macs(self, cfg) -> int:
         w = cfg.width
-        return cfg.patch_dim * w + cfg.depth * (4 * w * w + 3 * w * cfg.mlp_hidden)
+        return cfg.patch_dim * w + cfg.depth * (w * self.qkv_width(cfg) + w * w + 3 * w * cfg.mlp_hidden)
 
     def token_macs(self, cfg) -> int:
         return qwen_merger_macs(cfg)
@@ -63,9 +67,12 @@ class Qwen25VLFamily(Family):
     def full_attention_blocks(self, cfg) -> int:
         return len(cfg.fullatt_blocks)
 
-    def to_hf(self, cfg):
+    def hf_config_class(self) -> type:
         from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-        return Qwen2_5_VLVisionConfig(
+        return Qwen2_5_VLVisionConfig
+
+    def hf_config_kwargs(self, cfg) -> dict:
+        return dict(
             depth=cfg.depth, hidden_size=cfg.width, hidden_act="silu", intermediate_size=cfg.mlp_hidden,
             num_heads=cfg.heads, in_channels=cfg.in_channels, patch_size=cfg.patch_size,
             spatial_merge_size=cfg.merge_size, temporal_patch_size=cfg.temporal_patch_size,
@@ -73,6 +80,9 @@ class Qwen25VLFamily(Family):
             fullatt_block_indexes=list(cfg.fullatt_blocks),
             rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta},
         )
+
+    def to_hf(self, cfg):
+        return self.hf_config_class()(**self.hf_config_kwargs(cfg))
 
 
     def from_hf(self, vc: dict) -> dict:
