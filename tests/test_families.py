@@ -219,7 +219,7 @@ def test_n_params_equals_transformers_parameter_count(preset):
     assert cfg.n_params == sum(v.numel() for k, v in sd.items() if not k.startswith("input_norm."))
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-qwen2-vl"])
+@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-qwen2-vl", "tiny-glm-ocr"])
 def test_tower_flops_count_the_matmuls_the_tower_runs(preset):
     """floors.tower_flops against torch's own count of one forward: its matmul FLOPs are every mm /
     addmm (the position gather is an embedding_bag, not counted), its attention FLOPs the bmm of
