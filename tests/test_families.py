@@ -156,10 +156,11 @@ def test_metadata_copied_into_captured_buffers_replays_any_grid(preset, seed):
         assert rel_err(out[: n // 4], ref) < 1e-6
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS)
+@pytest.mark.parametrize("preset", NEW_PRESETS + [pytest.param("tiny-glm-ocr", marks=pytest.mark.slow)])
 def test_fused_kernels_match_the_plain_twin(preset, seed):
     """The fused path (Triton, here under the interpreter) on the new blocks: LayerNorm / RMSNorm
-    residual sums, the rotary, SwiGLU, the deepstack taps and GLM's post-norm."""
+    residual sums, the rotary (GLM-OCR's on normalized q and k), SwiGLU (biased in GLM-OCR), the
+    deepstack taps and GLM's post-norm."""
     cfg = wb.VisionConfig.preset(preset)
     plain = build_tower(cfg, fused=False, attn_backend="masked").init_random(seed).eval()
     fused = build_tower(cfg, fused=True, attn_backend="masked").init_random(seed).eval()
