@@ -159,6 +159,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
     gen = torch.Generator().manual_seed(p["seed"])
     rows: list[dict] = []
     cells = list(_cells(p["designs"], p["norms"]))
+    reps = dict(reps=p["reps"], min_reps=p["min_reps"])      # each staging time: until its median is known
     replay = {}
     bar = show_progress(total=len(cells) * len(p["budgets"]) * len(p["fills"]) + len(p["budgets"]),
                         desc=f"cast_cost {p['preset']}", enabled=progress)
@@ -181,7 +182,6 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                 with torch.inference_mode():
                     y = st.result()
                     err = int(bf16_ulps(y[:n].to(torch.bfloat16), raw_bf16 if st.raw else ref_bf16).max())
-                    reps = dict(reps=p["reps"], min_reps=p["min_reps"])      # until each median is known
                     t_copy = time_us(st.copy, dev, **reps)
                     t_norm = time_us(st.norm, dev, **reps)
                     t_all = time_us(lambda st=st: (st.copy(), st.norm()), dev, **reps)
