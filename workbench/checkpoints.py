@@ -118,7 +118,7 @@ def _read_configs(path: Path, name: str | None) -> tuple[VisionConfig, str | Non
     if not isinstance(vc, dict):
         raise CheckpointError(f"{path / CONFIG}: no vision_config object (a {fam.name} checkpoint has one)")
     try:
-        arch = fam.from_hf(vc)
+        arch = {**fam.from_hf(vc), **fam.from_hf_model(config)}
     except ValueError as e:
         raise CheckpointError(f"{path / CONFIG}: {e}") from None
     declared = _declared_label(config, path / CONFIG)
@@ -151,7 +151,7 @@ def check_model_folder(folder, name: str | None = None) -> VisionConfig:
     CheckpointError with a one-line message naming the file and the field or tensor."""
     path = _folder(folder)
     cfg, declared = _read_configs(path, name)
-    _check_tensors(path, _vision_tensors(path), _meta_tower(cfg), declared)
+    _check_tensors(path, _vision_tensors(path, cfg.spec.key_layouts), _meta_tower(cfg), declared)
     return cfg
 
 
@@ -210,7 +210,7 @@ def load_vision_weights(tower, folder):
     from safetensors import SafetensorError, safe_open
 
     path = _folder(folder)
-    tensors = _vision_tensors(path)
+    tensors = _vision_tensors(path, tower.cfg.spec.key_layouts)
     _check_tensors(path, tensors, tower, _declared_label(_read_json(path, CONFIG, "the model's config"), path / CONFIG))
     own = tower.state_dict()
     by_file: dict[Path, list[tuple[str, str]]] = {}

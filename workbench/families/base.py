@@ -46,6 +46,9 @@ class Family:
     # captures the encoder in CUDA graphs (read from its released model files: FACTS.md)
     vllm_placement: str = "tower"
     vllm_encoder_graphs: bool = False
+    # where a model folder keeps the tower's tensors: layouts tried in order, each (checkpoint
+    # prefix, tower prefix) pairs (transformers 5 writes `model.visual.*`, older versions `visual.*`)
+    key_layouts: tuple = ((("model.visual.", ""),), (("visual.", ""),))
 
     # ---- configuration -----------------------------------------------------------------------
     def validate(self, cfg) -> list[str]:
@@ -72,6 +75,11 @@ class Family:
         """Multiply-adds per merged output token of the matmuls after the blocks (mergers)."""
         raise NotImplementedError
 
+    def item_tokens(self, cfg, t: int, h: int, w: int) -> int:
+        """Merged tokens the tower returns for an item of t frames (temporal patches) of h x w
+        patches: one per merge block of every frame."""
+        return t * h * w // cfg.merge_unit
+
     def full_attention_blocks(self, cfg) -> int:
         """How many blocks attend over whole frames (the rest attend within windows)."""
         return cfg.depth
@@ -90,6 +98,11 @@ class Family:
         dict; a missing key or a value the tower cannot run is a ValueError naming it."""
         raise NotImplementedError
 
+    def from_hf_model(self, config: dict) -> dict:
+        """VisionConfig fields config.json holds outside its vision_config (none but for a family
+        whose tower includes the model's projector: its output width)."""
+        return {}
+
     def frame_pixels(self, shortest_edge: int, longest_edge: int, temporal_patch_size: int) -> tuple[int, int]:
         """(min_pixels, max_pixels) per frame from the processor's ``size`` bounds (the Qwen
         processors bound each frame's pixels; GLM's overrides this)."""
@@ -102,6 +115,17 @@ class Family:
 
 
 # ---- shared checks and counts -------------------------------------------------------------------
+
+def layout_keys(names, layouts) -> dict[str, str]:
+    """Tower key -> checkpoint key for every tensor under the first of ``layouts`` that any of
+    ``names`` uses (a layout: (checkpoint prefix, tower prefix) pairs, `Family.key_layouts`); {}
+    where none does."""
+    for layout in layouts:
+        keys = {tower + k[len(ckpt):]: k for ckpt, tower in layout for k in names if k.startswith(ckpt)}
+        if keys:
+            return keys
+    return {}
+
 
 def check_unused(cfg, **defaults) -> list[str]:
     """Problems for fields a family has no use for but that are set away from their default (a
@@ -180,9 +204,12 @@ KINDS = {
 VISION_KEYS = {
     **dict.fromkeys(("depth", "num_heads", "patch_size", "temporal_patch_size", "spatial_merge_size",
                      "in_channels", "in_chans", "embed_dim", "mlp_ratio", "hidden_size", "intermediate_size",
-                     "out_hidden_size", "window_size", "num_position_embeddings", "image_size"), POSITIVE),
-    "fullatt_block_indexes": INDICES, "deepstack_visual_indexes": INDICES,
-    "rope_theta": NUMBER, "rms_norm_eps": NUMBER, "hidden_act": STRING, "attention_bias": BOOL,
+                     "out_hidden_size", "window_size", "num_position_embeddings", "image_size",
+                     "num_hidden_layers", "num_attention_heads", "pos_emb_height", "pos_emb_width",
+                     "pos_emb_time"), POSITIVE),
+    "fullatt_block_indexes": INDICES, "deepstack_visual_indexes": INDICES, "merge_kernel_size": INDICES,
+    "rope_theta": NUMBER, "rms_norm_eps": NUMBER, "projection_layer_norm_eps": NUMBER, "hidden_act": STRING,
+    "attention_bias": BOOL,
     "rope_parameters": OBJECT, "rope_scaling": OBJECT,
 }
 

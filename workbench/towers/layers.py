@@ -140,13 +140,15 @@ class PatchEmbed(nn.Module):
     """Conv3d with stride = kernel over (C, T, P, P) == one matmul per row (Qwen2/2.5-VL without
     bias, Qwen3-VL and GLM-4.1V with one).
 
-    The weight keeps the checkpoint's Conv3d shape [width, C, T, P, P]."""
+    The weight keeps the checkpoint's Conv3d shape [width, C, T, P, P], or with ``temporal=False``
+    a Conv2d's [width, C, P, P] (Kimi-K2.5: one frame per row, T = 1)."""
 
-    def __init__(self, cfg: VisionConfig, bias: bool = False):
+    def __init__(self, cfg: VisionConfig, bias: bool = False, temporal: bool = True):
         super().__init__()
         self.proj = nn.Module()
-        self.proj.weight = nn.Parameter(torch.empty(cfg.width, cfg.in_channels, cfg.temporal_patch_size,
-                                                    cfg.patch_size, cfg.patch_size))
+        frames = (cfg.temporal_patch_size,) if temporal else ()
+        self.proj.weight = nn.Parameter(torch.empty(cfg.width, cfg.in_channels, *frames, cfg.patch_size,
+                                                    cfg.patch_size))
         self.proj.bias = nn.Parameter(torch.empty(cfg.width)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [N, patch_dim] tower dtype
@@ -174,8 +176,8 @@ class FoldedPatchEmbed(PatchEmbed):
     before its replays (`VisionTower.refresh_derived`). Once fresh, the forward is one matmul
     with bias, the same as `PatchEmbed`'s."""
 
-    def __init__(self, cfg: VisionConfig, bias: bool = False):
-        super().__init__(cfg, bias=bias)
+    def __init__(self, cfg: VisionConfig, bias: bool = False, temporal: bool = True):
+        super().__init__(cfg, bias=bias, temporal=temporal)
         self.cfg = cfg
         self.register_buffer("folded_weight", torch.empty(cfg.width, cfg.patch_dim), persistent=False)
         self.register_buffer("folded_bias", torch.empty(cfg.width), persistent=False)

@@ -1,0 +1,217 @@
+"""Kimi-K2.5 family spec (transformers' `Kimi_K25VisionModel` followed by `Kimi_K25MultimodalProjection`,
+model_type kimi_k25; the tower is `workbench.towers.kimi_k25`): presets, checks, sizes, the
+transformers mapping and the processor's resize rule.
+
+The tower here is transformers' vision model AND the model's projector ("mm_projector"): the
+vision model ends at [tokens, 4, width] pooled patches; the projector's pre-norm, 2x2 shuffle,
+in_proj, GELU and out_proj bring each merged token to the language model's width. That is what
+the other families call their merger (their towers return merged tokens at the text width), so
+the tower returns [tokens, out_hidden] with out_hidden = the text model's hidden size.
+
+Rows: one frame's 14 x 14 patch per row (a Conv2d patch embedding: temporal_patch_size 1, rows of
+3 x 14 x 14 = 588), in merge-block order like every family here. A video is cut into chunks of at
+most FRAMES frames (the video processor's temporal_patch_size, the tower's temporal table); a
+chunk is one item (t, h, w) whose frames attend jointly and whose output is ONE frame's merged
+tokens (h w / 4: the chunk's frames averaged per patch, `item_tokens`).
+
+Preset (moonshotai/Kimi-K2.5's vision_config as transformers 5.24 ships it: its
+Kimi_K25VisionConfig defaults, documented against the moonshotai/Kimi-K2.6 checkpoint, which
+carries the same tower; vLLM 0.33's KimiK25VisionConfig defaults give the same numbers; the
+config.json itself was not found in the sources searched):
+
+| preset | depth | width | heads | mlp | position table | out (text hidden) | source |
+|---|---|---|---|---|---|---|---|
+| kimi-k2.5-1t | 27 | 1152 | 16 | 4304 | 64 x 64 (+ 4 frames) | 7168 | [a], [b] |
+
+[a] Kimi_K25VisionConfig defaults: patch_size 14, pos_emb_height = pos_emb_width = 64, pos_emb_time 4,
+    num_attention_heads 16, num_hidden_layers 27, hidden_size 1152, intermediate_size 4304,
+    hidden_act gelu_pytorch_tanh, merge_kernel_size (2, 2), rope theta 10000 (axial); every
+    LayerNorm of the tower eps 1e-5 (fixed in its code).
+[b] Kimi_K25Config defaults: projection_hidden_size 1152, projection_layer_norm_eps 1e-5; the text
+    model is DeepSeek-V3's architecture (Kimi-K2), hidden_size 7168 (DeepseekV3Config defaults;
+    "1t": Kimi-K2's 1T total parameters).
+Processor (transformers' Kimi_K25ImageProcessor / Kimi_K25VideoProcessor defaults; torchvision
+only, no PIL variant exists): rescale 1/255, mean = std = (0.5, 0.5, 0.5) (IMAGENET_STANDARD),
+bicubic; `navit_resize`: scale = min(1, sqrt(max_patches / (h//14 * w//14)), 512*14 / h, 512*14 / w),
+size int(h * scale) x int(w * scale) (never upscaled), then zero-padded at the bottom and right to
+multiples of 28; max_patches 16384 for images (max_pixels here = max_patches * 14^2), 4096 for
+video chunks of 4 frames (`VIDEO_MAX_PATCHES`, `FRAMES`), size.max_height 512 patches a side
+(`MAX_SIDE_PATCHES`).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from .base import Family, check_position_table, check_unused, expect, get, need, norm_params, _rope_theta
+from .qwen2_vl import qwen_merger_macs
+
+FRAMES = 4                   # frames per video chunk: the temporal table's rows (pos_emb_time)
+VIDEO_MAX_PATCHES = 4096     # the video processor's max_patches (the image processor's: max_pixels / 14^2)
+MAX_SIDE_PATCHES = 512       # the processors' size.max_height / max_width, in patches
+KIMI_PROCESSOR = dict(patch_size=14, temporal_patch_size=1, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
+                      eps=1e-5, min_pixels=14 * 14, max_pixels=16384 * 14 * 14)
+
+
+class KimiK25Family(Family):
+    name = "kimi-k2.5"
+    # transformers has no module holding both; `hf_model_class` pairs Kimi_K25VisionModel and
+    # Kimi_K25MultimodalProjection under this name
+    hf_class = ("workbench.families.kimi_k25", "Kimi_K25VisionWithProjection")
+    model_types = ("kimi_k25",)
+    study_presets = ("tiny-kimi-k2.5", "kimi-k2.5-1t")
+    vllm_encoder_graphs = True     # FACTS.md: vLLM 0.33 captures Kimi-K2.5's encoder (and normalizes in its patch embed)
+    # transformers 5's Kimi_K25ForConditionalGeneration writes model.vision_tower / model.mm_projector,
+    # its Kimi_K25Model saved alone vision_tower / mm_projector
+    key_layouts = ((("model.vision_tower.", ""), ("model.mm_projector.", "mm_projector.")),
+                   (("vision_tower.", ""), ("mm_projector.", "mm_projector.")))
+    presets = (
+        dict(name="kimi-k2.5-1t", depth=27, width=1152, heads=16, mlp_hidden=4304, out_hidden=7168,
+             num_position_embeddings=64 * 64, **KIMI_PROCESSOR),
+        # tiny: head_dim 16, an 8 x 8 position table, the processor bounded to ~1 megapixel
+        dict(name="tiny-kimi-k2.5", depth=2, width=64, heads=4, mlp_hidden=96, out_hidden=48,
+             num_position_embeddings=64, **{**KIMI_PROCESSOR, "max_pixels": 1 << 20}),
+    )
+
+    def validate(self, cfg) -> list[str]:
+        problems = check_position_table(cfg) + check_unused(cfg, merger_hidden=0, deepstack_indexes=())
+        if cfg.temporal_patch_size != 1:
+            problems.append(f"temporal_patch_size={cfg.temporal_patch_size} must be 1 (the {self.name} tower embeds "
+                            f"one frame per row with a Conv2d; a video chunk's frames are its grid's t)")
+        return problems
+
+    def item_tokens(self, cfg, t, h, w) -> int:
+        """A chunk's frames are averaged patch by patch: one frame's merged tokens."""
+        return h * w // cfg.merge_unit
+
+    def n_params(self, cfg) -> int:
+        w, h, m, o = cfg.width, cfg.mlp_hidden, cfg.width * cfg.merge_unit, cfg.out_hidden
+        block = 2 * norm_params(w, "layer") + 4 * w * w + 4 * w + 2 * w * h + h + w
+        projector = norm_params(w, "layer") + m * m + m + m * o + o
+        return (w * cfg.patch_dim + w + cfg.num_position_embeddings * w + cfg.depth * block
+                + norm_params(w, "layer") + projector)
+
+    def row_macs(self, cfg) -> int:
+        w = cfg.width
+        return cfg.patch_dim * w + cfg.depth * (4 * w * w + 2 * w * cfg.mlp_hidden)
+
+    def token_macs(self, cfg) -> int:
+        return qwen_merger_macs(cfg)
+
+    # ---- transformers ------------------------------------------------------------------------
+    def to_hf(self, cfg):
+        """transformers' Kimi_K25Config holding the vision config and the projector's sizes (its
+        text config is DeepSeek-V3's defaults but for hidden_size = out_hidden; nothing builds it)."""
+        from transformers.models.kimi_k25.configuration_kimi_k25 import Kimi_K25Config, Kimi_K25VisionConfig
+        side = math.isqrt(cfg.num_position_embeddings)
+        vision = Kimi_K25VisionConfig(
+            patch_size=cfg.patch_size, pos_emb_height=side, pos_emb_width=side, pos_emb_time=FRAMES,
+            num_attention_heads=cfg.heads, num_hidden_layers=cfg.depth, hidden_size=cfg.width,
+            intermediate_size=cfg.mlp_hidden, hidden_act="gelu_pytorch_tanh",
+            merge_kernel_size=[cfg.merge_size, cfg.merge_size],
+            rope_parameters={"rope_type": "axial", "rope_theta": cfg.rope_theta})
+        if cfg.eps != 1e-5:
+            raise ValueError(f"transformers' Kimi_K25VisionModel fixes every LayerNorm eps at 1e-5; eps={cfg.eps}")
+        return Kimi_K25Config(vision_config=vision, text_config={"model_type": "deepseek_v3",
+                                                                 "hidden_size": cfg.out_hidden},
+                              projection_hidden_size=cfg.width, projection_layer_norm_eps=cfg.eps)
+
+    def hf_model_class(self) -> type:
+        return _vision_with_projection()
+
+    def from_hf(self, vc: dict) -> dict:
+        """From a vision_config; the projector's output width (the text hidden size) and eps come
+        from the checkpoint's top level (`from_hf_model`)."""
+        expect(vc, "hidden_act", "gelu_pytorch_tanh", "gelu_pytorch_tanh")
+        side = get(vc, "pos_emb_height", 64)
+        if get(vc, "pos_emb_width", side) != side:
+            raise ValueError(f"vision_config pos_emb_width={vc['pos_emb_width']!r} must equal pos_emb_height={side} "
+                             f"(transformers resamples a square position grid)")
+        expect(vc, "pos_emb_time", FRAMES, FRAMES)
+        merge = get(vc, "merge_kernel_size", [2, 2])
+        if not (isinstance(merge, tuple) and len(merge) == 2 and merge[0] == merge[1]):
+            raise ValueError(f"vision_config merge_kernel_size={vc.get('merge_kernel_size')!r} must be two equal sizes")
+        return dict(depth=need(vc, "num_hidden_layers"), heads=need(vc, "num_attention_heads"),
+                    patch_size=need(vc, "patch_size"), temporal_patch_size=1, merge_size=merge[0], in_channels=3,
+                    rope_theta=_rope_theta(vc), width=need(vc, "hidden_size"), mlp_hidden=need(vc, "intermediate_size"),
+                    num_position_embeddings=side * side, eps=1e-5)
+
+    def from_hf_model(self, config: dict) -> dict:
+        """The fields config.json holds outside vision_config: the projector's output width (the
+        text model's hidden size) and its LayerNorm eps, which must be the tower's 1e-5."""
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise ValueError("no text_config object (the projector's output width is its hidden_size)")
+        if get(config, "projection_layer_norm_eps", 1e-5) != 1e-5:
+            raise ValueError(f"projection_layer_norm_eps={config['projection_layer_norm_eps']!r}: this tower "
+                             f"supports only 1e-5 (the vision model's own LayerNorms)")
+        return dict(out_hidden=need(text, "hidden_size"))
+
+    def hf_embeddings(self, model, pixels, grid_thw):
+        """transformers takes each frame's patches in raster order, [rows, 3, P, P]; its merged
+        tokens come out in merge-block order, as ours."""
+        rows = pixels[raster_order(grid_thw, model.merge_size)]
+        return model(rows.view(-1, 3, model.patch_size, model.patch_size), grid_thw)
+
+    # ---- the processor's resize rule ---------------------------------------------------------
+    def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((resized h, w), (padded h, w)) of transformers' navit_resize for an image or a video
+        frame: scaled down (never up) to the patch budget and the per-side cap, then zero-padded
+        to multiples of patch_size * merge_size."""
+        p = cfg.patch_size
+        budget = cfg.max_pixels // (p * p) if kind == "image" else VIDEO_MAX_PATCHES
+        patches = max(1, height // p) * max(1, width // p)
+        cap = MAX_SIDE_PATCHES * p
+        scale = min(1.0, math.sqrt(budget / patches), cap / height, cap / width)
+        h, w = min(max(1, int(height * scale)), cap), min(max(1, int(width * scale)), cap)
+        f = p * cfg.merge_size
+        return (h, w), (-(-h // f) * f, -(-w // f) * f)
+
+    def video_chunks(self, cfg, n_frames: int) -> list[range]:
+        """A video's frames cut into items of at most FRAMES (the last may be shorter)."""
+        return [range(s, min(s + FRAMES, n_frames)) for s in range(0, n_frames, FRAMES)]
+
+
+def raster_order(grid_thw, merge: int):
+    """int64 [rows]: for each row of transformers' layout (every frame's patches row by row), the
+    row of ours (merge-block order) that holds the same patch."""
+    import torch
+
+    out, base = [], 0
+    for t, h, w in grid_thw.tolist():
+        r, c = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        block = ((r // merge) * (w // merge) + c // merge) * merge * merge + (r % merge) * merge + c % merge
+        out += [base + f * h * w + block.reshape(-1) for f in range(t)]
+        base += t * h * w
+    return torch.cat(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _vision_with_projection() -> type:
+    """transformers' Kimi_K25VisionModel and Kimi_K25MultimodalProjection as one module (state
+    dict keys vision_tower.* and mm_projector.*, as Kimi_K25Model holds them), called like the
+    other families' vision models: (pixels [N, 3, P, P], grid_thw) -> [tokens, text hidden]."""
+    from torch import nn
+    from transformers.models.kimi_k25.modeling_kimi_k25 import Kimi_K25MultimodalProjection, Kimi_K25VisionModel
+
+    class Kimi_K25VisionWithProjection(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            config.vision_config._attn_implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+            self.vision_tower = Kimi_K25VisionModel(config.vision_config)
+            self.mm_projector = Kimi_K25MultimodalProjection(config)
+            self.patch_size = config.vision_config.patch_size
+            self.merge_size = config.vision_config.merge_kernel_size[0]
+
+        @property
+        def dtype(self):
+            return self.mm_projector.in_proj.weight.dtype
+
+        def forward(self, pixels, grid_thw):
+            pooled = self.vision_tower(pixels, grid_thw=grid_thw).pooler_output      # [tokens, 4, width]
+            return self.mm_projector(pooled).squeeze(1)
+
+    return Kimi_K25VisionWithProjection
+
+
+FAMILY = KimiK25Family()
