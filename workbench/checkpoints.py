@@ -82,6 +82,10 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
     if v.get("do_rescale", True) is False or v.get("do_normalize", True) is False:
         raise ValueError("do_rescale/do_normalize false: the workbench normalizes as the processor does with both on")
     out["rescale_factor"] = v.get("rescale_factor", 1 / 255)
+    bounds = fam.pixel_bounds(pp, arch)
+    if bounds is not None:
+        out["min_pixels"], out["max_pixels"] = bounds
+        return out
     lo = v.get("min_pixels", v.get("size.shortest_edge"))
     hi = v.get("max_pixels", v.get("size.longest_edge"))
     if lo is None or hi is None:

@@ -103,10 +103,28 @@ class Family:
         whose tower includes the model's projector: its output width)."""
         return {}
 
+    def pixel_bounds(self, pp: dict, arch: dict) -> tuple[int, int] | None:
+        """(min_pixels, max_pixels) from a preprocessor_config.json whose processor bounds sizes its
+        own way (ValueError for a value it cannot take); None: min/max pixels or size's shortest /
+        longest edge, as the Qwen and GLM processors write them."""
+        return None
+
     def frame_pixels(self, shortest_edge: int, longest_edge: int, temporal_patch_size: int) -> tuple[int, int]:
         """(min_pixels, max_pixels) per frame from the processor's ``size`` bounds (the Qwen
         processors bound each frame's pixels; GLM's overrides this)."""
         return shortest_edge, longest_edge
+
+    # ---- the processor's sizes ---------------------------------------------------------------
+    def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((resized h, w), (padded h, w)) of an image or video frame ('image' or 'video'): the
+        Qwen processors' smart_resize, no padding."""
+        from ..images import smart_resize
+        size = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
+        return size, size
+
+    def video_chunks(self, cfg, n_frames: int) -> list[range]:
+        """The frames of each item a video of ``n_frames`` becomes: one item, all of them."""
+        return [range(n_frames)]
 
     def hf_embeddings(self, model, pixels, grid_thw):
         """transformers' output in our tower's form: the merged embedding [N/4, embed_width]."""

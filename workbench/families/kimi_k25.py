@@ -43,7 +43,8 @@ from __future__ import annotations
 import functools
 import math
 
-from .base import Family, check_position_table, check_unused, expect, get, need, norm_params, _rope_theta
+from .base import (POSITIVE, Family, _rope_theta, check_position_table, check_unused, checked, expect, get, need,
+                   norm_params, show)
 from .qwen2_vl import qwen_merger_macs
 
 FRAMES = 4                   # frames per video chunk: the temporal table's rows (pos_emb_time)
@@ -154,6 +155,18 @@ class KimiK25Family(Family):
         return model(rows.view(-1, 3, model.patch_size, model.patch_size), grid_thw)
 
     # ---- the processor's resize rule ---------------------------------------------------------
+    def pixel_bounds(self, pp: dict, arch: dict) -> tuple[int, int]:
+        """Kimi's processors bound an image by max_patches (its patches after resizing) and
+        size.max_height = size.max_width (patches a side, MAX_SIDE_PATCHES here)."""
+        p = arch["patch_size"]
+        patches = checked(pp.get("max_patches", 16384), POSITIVE, "max_patches")
+        size = pp.get("size") or {"max_height": MAX_SIDE_PATCHES, "max_width": MAX_SIDE_PATCHES}
+        sides = [size.get(k) if isinstance(size, dict) else None for k in ("max_height", "max_width")]
+        if sides != [MAX_SIDE_PATCHES] * 2:
+            raise ValueError(f"size={show(size)}: this family supports only max_height = max_width = "
+                             f"{MAX_SIDE_PATCHES} (patches a side)")
+        return p * p, patches * p * p
+
     def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
         """((resized h, w), (padded h, w)) of transformers' navit_resize for an image or a video
         frame: scaled down (never up) to the patch budget and the per-side cap, then zero-padded
