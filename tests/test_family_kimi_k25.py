@@ -246,3 +246,108 @@ def test_torchvision_rows_equal_kimis_processor(photos):
             assert torch.equal(ours.grid_thw, theirs["image_grid_thw"])
             rows = ours.pixels.cpu()[raster_order(ours.grid_thw, 2)].float()
             assert torch.equal(rows, theirs["pixel_values"].reshape(rows.shape)), backend
+
+
+# ---- model folders --------------------------------------------------------------------------------
+
+PROCESSOR = dict(image_processor_type="Kimi_K25ImageProcessor", patch_size=14, merge_size=2, max_patches=16384,
+                 size={"max_height": 512, "max_width": 512}, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                 do_rescale=True, do_normalize=True, rescale_factor=1 / 255)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A tiny Kimi_K25ForConditionalGeneration (a one-layer DeepSeek-V3 text model) saved by
+    save_pretrained, which writes Moonshot's layout (fused wqkv with interleaved rotary rows, norm0 /
+    norm1, fc0 / fc1, wo, mm_projector.proj.0 / 2), and the preprocessor_config.json of its image
+    processor (written by hand: the processor needs torchvision to be built); returns the folder and
+    the model."""
+    import json
+    from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration
+    cfg = wb.VisionConfig.preset(TINY)
+    text = dict(model_type="deepseek_v3", hidden_size=cfg.out_hidden, intermediate_size=64, moe_intermediate_size=16,
+                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=2,
+                n_shared_experts=1, num_experts_per_tok=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16,
+                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, vocab_size=64, n_group=1, topk_group=1)
+    torch.manual_seed(5)
+    model = Kimi_K25ForConditionalGeneration(Kimi_K25Config(vision_config=cfg.to_hf().vision_config.to_dict(),
+                                                            text_config=text, projection_hidden_size=cfg.width)).eval()
+    with torch.no_grad():
+        for name, p in [*model.model.vision_tower.named_parameters(), *model.model.mm_projector.named_parameters()]:
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name and name.endswith("weight") else 0.05 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("kimi") / "m"
+    model.save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    return path, model
+
+
+@pytest.fixture
+def saved(pristine, tmp_path):
+    import shutil
+    return Path(shutil.copytree(pristine[0], tmp_path / "m"))
+
+
+def _model_embeddings(model, batch):
+    with torch.no_grad():
+        rows = batch.pixels[raster_order(batch.grid_thw, 2)].view(-1, 3, 14, 14)
+        return torch.cat(model.model.get_image_features(rows, batch.grid_thw).pooler_output)
+
+
+def test_a_folder_saved_by_transformers_gives_the_models_embeddings(pristine, photos):
+    from safetensors import safe_open
+    path, model = pristine
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        assert "vision_tower.encoder.blocks.0.wqkv.weight" in set(f.keys())
+    from workbench.checkpoints import load_vision_weights, resolve_config
+    cfg = resolve_config(path)
+    assert (cfg.family, cfg.width, cfg.out_hidden, cfg.max_pixels) == ("kimi-k2.5", 64, 48, 16384 * 196)
+    tower = load_vision_weights(build_tower(cfg).eval(), path)
+    batch = wb.preprocess([photos["chelsea"], wb.Video(wb.sample_video(3))], cfg, normalize=True)
+    with torch.no_grad():
+        out = tower(batch.pixels, batch.grid_thw)
+    assert rel_err(out, _model_embeddings(model, batch)) < FP32_TOL
+
+
+def test_a_folder_in_transformers_5s_own_names_loads_the_same(pristine, saved, photos):
+    """The names Kimi_K25ForConditionalGeneration holds in memory (model.vision_tower.*,
+    model.mm_projector.*: q/k/v split, rotary rows already permuted) load too."""
+    from safetensors.torch import save_file
+    from workbench.checkpoints import load_vision_weights, resolve_config
+    model = pristine[1]
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if "vision_tower" in k or "mm_projector" in k}
+    save_file(sd, str(saved / "model.safetensors"), metadata={"format": "pt"})
+    cfg = resolve_config(saved)
+    tower = load_vision_weights(build_tower(cfg).eval(), saved)
+    batch = wb.preprocess([photos["coffee"]], cfg, normalize=True)
+    with torch.no_grad():
+        assert rel_err(tower(batch.pixels, batch.grid_thw), _model_embeddings(model, batch)) < FP32_TOL
+
+
+def _edit(path, dotted, value):
+    import json
+    data = json.loads(path.read_text())
+    *outer, key = dotted.split(".")
+    d = data
+    for k in outer:
+        d = d[k]
+    d[key] = value
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("file, dotted, value, match", [
+    ("config.json", "model_type", "kimi_k3", r"model_type 'kimi_k3' is not a known family; known families .*"
+                                             r"glm-ocr \(glm_ocr\), kimi-k2\.5 \(kimi_k25\)"),
+    ("config.json", "vision_config.pos_emb_time", 8, r"vision_config pos_emb_time=8: this tower supports only 4"),
+    ("config.json", "vision_config.hidden_act", "gelu", r"hidden_act='gelu': this tower supports only 'gelu_pytorch_tanh'"),
+    ("preprocessor_config.json", "patch_size", 16, r"preprocessor_config\.json: patch_size=16 disagrees with "
+                                                   r"config\.json's vision_config \(patch_size=14\)"),
+    ("preprocessor_config.json", "size", {"max_height": 256, "max_width": 256},
+     r"preprocessor_config\.json: size=.*supports only max_height = max_width = 512"),
+])
+def test_a_bad_folder_is_named_before_any_weights_are_read(saved, monkeypatch, file, dotted, value, match):
+    import safetensors
+    from workbench.checkpoints import CheckpointError, resolve_config
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **kw: pytest.fail("a tensor file was opened"))
+    _edit(saved / file, dotted, value)
+    with pytest.raises(CheckpointError, match=match):
+        resolve_config(saved)

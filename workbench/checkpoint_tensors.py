@@ -13,7 +13,7 @@ from pathlib import Path
 from .checkpoint_files import (DTYPE_LABELS, NAME_OF_LABEL, WEIGHTS, WEIGHTS_INDEX, CheckpointError, _inside,
                                _open_regular, _read_json, _show)
 from .config import VisionConfig
-from .families.base import Family, layout_keys
+from .families.base import Family
 
 VISION_PREFIXES = tuple(ckpt for layout in Family.key_layouts for ckpt, _ in layout)   # the default layouts
 HEADER_MAX_BYTES = 100 << 20     # what safetensors itself refuses above
@@ -31,7 +31,18 @@ class _Tensor:
     key: str                     # the checkpoint's name for it
     file: Path
     dtype: str                   # safetensors label: F32, BF16, ...
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]       # the tower's tensor's (of the rows below, where a fused tensor is split)
+    rows: tuple[int, int] | None = None     # the tower's tensor is these rows of the stored one
+    rope_heads: int = 0          # > 0: rows stored as interleaved rotary pairs, per head of that many
+
+    def converted(self, stored):
+        """The tower's tensor from the stored one (`Family.checkpoint_keys`): the rows, then per
+        head the pairs (0, 1), (2, 3), ... split into halves (transformers' PermuteForRope)."""
+        t = stored if self.rows is None else stored[self.rows[0]:self.rows[1]]
+        if self.rope_heads:
+            n = t.shape[0]
+            t = t.reshape(self.rope_heads, n // self.rope_heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+        return t
 
 
 def _entry(name: str, e) -> tuple[str, tuple[int, ...], int, int]:
@@ -102,12 +113,13 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {name: (dtype, shape) for name, (dtype, shape, _, _) in entries.items()}
 
 
-def _vision_keys(names, where: Path, layouts) -> dict[str, str]:
-    """Tower key -> checkpoint key for every vision tensor, under whichever layout the folder uses."""
-    keys = layout_keys(names, layouts)
+def _vision_keys(names, where: Path, cfg: VisionConfig) -> dict[str, tuple]:
+    """Tower key -> (checkpoint key, rows, rope heads) for every vision tensor, under whichever
+    layout the folder uses (`Family.checkpoint_keys`)."""
+    keys = cfg.spec.checkpoint_keys(cfg, names)
     if keys:
         return keys
-    prefixes = [ckpt for layout in layouts for ckpt, _ in layout]
+    prefixes = [ckpt for layout in cfg.spec.key_layouts for ckpt, _ in layout]
     raise CheckpointError(f"{where}: no vision tensors (no key starts with {' or '.join(prefixes)})")
 
 
@@ -127,10 +139,10 @@ def _shard_map(path: Path) -> dict[str, Path]:
     return {key: files[entry] for key, entry in weight_map.items()}
 
 
-def _vision_tensors(path: Path, layouts=Family.key_layouts) -> dict[str, _Tensor]:
+def _vision_tensors(path: Path, cfg: VisionConfig) -> dict[str, _Tensor]:
     """Tower key -> its tensor, from the headers of the files that hold the vision tensors (the
-    one file, or the shards the index names for them), each header checked whole. layouts: the
-    family's key layouts (`Family.key_layouts`)."""
+    one file, or the shards the index names for them), each header checked whole; the names as
+    the family maps them (`Family.checkpoint_keys`)."""
     if os.path.lexists(path / WEIGHTS_INDEX):
         shards = _shard_map(path)
         headers = {}
@@ -141,13 +153,18 @@ def _vision_tensors(path: Path, layouts=Family.key_layouts) -> dict[str, _Tensor
     else:
         raise CheckpointError(f"{path}: no {WEIGHTS} or {WEIGHTS_INDEX} (the model's tensors)")
     out = {}
-    for k, ck in _vision_keys(shards, path, layouts).items():
+    for k, (ck, rows, rope) in _vision_keys(shards, path, cfg).items():
         file = shards[ck]
         if file not in headers:
             headers[file] = _read_header(file)
         if ck not in headers[file]:
             raise CheckpointError(f"{file}: no tensor {ck}, which {WEIGHTS_INDEX} places in this file")
-        out[k] = _Tensor(ck, file, *headers[file][ck])
+        dtype, shape = headers[file][ck]
+        if rows is not None:
+            if rows[1] > shape[0]:
+                raise CheckpointError(f"{file}: tensor {ck} {shape} has no rows {rows[0]}..{rows[1] - 1} (its {k})")
+            shape = (rows[1] - rows[0], *shape[1:])
+        out[k] = _Tensor(ck, file, dtype, shape, rows, rope)
     return out
 
 

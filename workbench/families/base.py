@@ -98,6 +98,13 @@ class Family:
         dict; a missing key or a value the tower cannot run is a ValueError naming it."""
         raise NotImplementedError
 
+    def checkpoint_keys(self, cfg, names) -> dict[str, tuple]:
+        """Tower key -> (checkpoint key, rows, rope heads) of a model folder's tensors ``names``:
+        the tensor, its rows (start, stop) where the tower's tensor is a split of a stored fused one
+        (None: whole), and > 0 where its rows are stored as interleaved rotary pairs of that many
+        heads (`checkpoint_tensors._Tensor.converted`). {} where no key layout fits."""
+        return {k: (ck, None, 0) for k, ck in layout_keys(names, self.key_layouts).items()}
+
     def from_hf_model(self, config: dict) -> dict:
         """VisionConfig fields config.json holds outside its vision_config (none but for a family
         whose tower includes the model's projector: its output width)."""

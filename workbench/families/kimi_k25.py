@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 from .base import (POSITIVE, Family, _rope_theta, check_position_table, check_unused, checked, expect, get, need,
                    norm_params, show)
@@ -52,6 +53,24 @@ VIDEO_MAX_PATCHES = 4096     # the video processor's max_patches (the image proc
 MAX_SIDE_PATCHES = 512       # the processors' size.max_height / max_width, in patches
 KIMI_PROCESSOR = dict(patch_size=14, temporal_patch_size=1, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
                       eps=1e-5, min_pixels=14 * 14, max_pixels=16384 * 14 * 14)
+
+
+# Moonshot's checkpoint names (without a leading "model.") -> the tower's; "wqkv": split in three
+_BLOCK = r"vision_tower\.encoder\.blocks\.(\d+)\."
+ORIGINAL_NAMES = (
+    (r"vision_tower\.(?:encoder\.)?patch_embed\.proj\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"vision_tower\.patch_embed\.pos_emb\.weight", "patch_embed.pos_emb.position_embeddings"),
+    (_BLOCK + r"norm0\.(weight|bias)", r"layers.\1.norm1.\2"),
+    (_BLOCK + r"norm1\.(weight|bias)", r"layers.\1.norm2.\2"),
+    (_BLOCK + r"mlp\.fc0\.(weight|bias)", r"layers.\1.mlp.fc1.\2"),
+    (_BLOCK + r"mlp\.fc1\.(weight|bias)", r"layers.\1.mlp.fc2.\2"),
+    (_BLOCK + r"wo\.(weight|bias)", r"layers.\1.attn.proj.\2"),
+    (_BLOCK + r"wqkv\.(weight|bias)", "wqkv"),
+    (r"vision_tower\.encoder\.final_layernorm\.(weight|bias)", r"final_layernorm.\1"),
+    (r"mm_projector\.pre_norm\.(weight|bias)", r"mm_projector.pre_norm.\1"),
+    (r"mm_projector\.proj\.0\.(weight|bias)", r"mm_projector.in_proj.\1"),
+    (r"mm_projector\.proj\.2\.(weight|bias)", r"mm_projector.out_proj.\1"),
+)
 
 
 class KimiK25Family(Family):
@@ -119,6 +138,29 @@ class KimiK25Family(Family):
 
     def hf_model_class(self) -> type:
         return _vision_with_projection()
+
+    def checkpoint_keys(self, cfg, names) -> dict[str, tuple]:
+        """transformers 5's names (`key_layouts`), or Moonshot's own layout, which the published
+        checkpoint has and transformers' save_pretrained writes back: blocks under
+        vision_tower.encoder with norm0 / norm1, mlp.fc0 / fc1, wo, and one fused wqkv whose q and k
+        rows hold interleaved rotary pairs; mm_projector.proj.0 / proj.2 (a leading model. allowed)."""
+        w = cfg.width
+        out = {}
+        for name in names:
+            bare = name[len("model."):] if name.startswith("model.") else name
+            for pattern, tower in ORIGINAL_NAMES:
+                m = re.fullmatch(pattern, bare)
+                if m is None:
+                    continue
+                if tower == "wqkv":
+                    block, kind = m.groups()
+                    for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+                        out[f"layers.{block}.attn.{proj}.{kind}"] = (name, (j * w, (j + 1) * w), cfg.heads if j < 2 else 0)
+                else:
+                    out[m.expand(tower)] = (name, None, 0)
+                break
+        # Moonshot's blocks found: that layout (its writer leaves a stray model.mm_projector.pre_norm)
+        return out if any(k.startswith("layers.") for k in out) else super().checkpoint_keys(cfg, names)
 
     def from_hf(self, vc: dict) -> dict:
         """From a vision_config; the projector's output width (the text hidden size) and eps come

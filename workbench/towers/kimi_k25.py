@@ -176,8 +176,10 @@ class KimiK25VisionTower(VisionTower):
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> "KimiK25VisionTower":
         """Also under the model's names (`Family.key_layouts`: vision_tower.* and mm_projector.*,
         with or without model.)."""
+        if not any(k.startswith(("vision_tower.", "model.vision_tower.")) for k in sd):
+            return super().load_hf_state_dict(sd)           # the tower's own names
         keys = layout_keys(sd, self.cfg.spec.key_layouts)
-        return super().load_hf_state_dict({k: sd[ck] for k, ck in keys.items()} if keys else sd)
+        return super().load_hf_state_dict({k: sd[ck] for k, ck in keys.items()})
 
     def head(self, x):
         return self.final_layernorm(x)
