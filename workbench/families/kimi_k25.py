@@ -262,6 +262,13 @@ def _vision_with_projection() -> type:
         def dtype(self):
             return self.mm_projector.in_proj.weight.dtype
 
+        def load_state_dict(self, state_dict, strict=True, assign=False):
+            """Also a state dict of our tower's names (the vision model's keys bare)."""
+            if not any(k.startswith("vision_tower.") for k in state_dict):
+                state_dict = {k if k.startswith("mm_projector.") else f"vision_tower.{k}": v
+                              for k, v in state_dict.items() if not k.startswith("input_norm.")}
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
         def forward(self, pixels, grid_thw):
             pooled = self.vision_tower(pixels, grid_thw=grid_thw).pooler_output      # [tokens, 4, width]
             return self.mm_projector(pooled).squeeze(1)
