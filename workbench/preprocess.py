@@ -211,7 +211,10 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
                     f"{what} has {len(frames)} frames, not a multiple of temporal_patch_size={tp} "
                     f"(an odd frame count); drop the last frame or repeat it to make it even")
             chunks = [frames[r.start:r.stop] for r in cfg.spec.video_chunks(cfg, len(frames))]
-        (th, tw), (ph, pw) = cfg.spec.resize(cfg, kind, h, w)
+        sizes = cfg.spec.resize(cfg, kind, h, w)
+        if sizes is None:
+            sizes = (smart_resize(h, w, p * m, cfg.min_pixels, cfg.max_pixels),) * 2
+        (th, tw), (ph, pw) = sizes
         for chunk in chunks:
             grid = [1 if kind == "image" else len(chunk) // tp, ph // p, pw // p]
             limits.check("item_rows", math.prod(grid), f"patch rows of {what} ({len(chunk)} frame(s) of {h}x{w} "

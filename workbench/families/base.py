@@ -122,12 +122,11 @@ class Family:
         return shortest_edge, longest_edge
 
     # ---- the processor's sizes ---------------------------------------------------------------
-    def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
-        """((resized h, w), (padded h, w)) of an image or video frame ('image' or 'video'): the
-        Qwen processors' smart_resize, no padding."""
-        from ..images import smart_resize
-        size = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
-        return size, size
+    def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """((resized h, w), (padded h, w)) of an image or video frame ('image' or 'video'), where the
+        family's processor sizes its own way; None: the Qwen processors' smart_resize, no padding
+        (`workbench.images`, above the specs)."""
+        return None
 
     def video_chunks(self, cfg, n_frames: int) -> list[range]:
         """The frames of each item a video of ``n_frames`` becomes: one item, all of them."""
