@@ -16,33 +16,17 @@ import torch
 
 import workbench as wb
 from workbench.families.kimi_k25 import FRAMES, raster_order
-from workbench.reference import hf_embeddings, hf_vision_model, rel_err
+from workbench.reference import hf_embeddings, rel_err
 from workbench.runner import EncoderGraphRunner
 from workbench.towers import build_tower
 from workbench.towers.common import budget_padding
 
+# transformers' model (here: vision model and projector) with fresh weights and ours loaded from it
+from test_family_glm_ocr import matched_towers, max_err
+
 TINY = "tiny-kimi-k2.5"
 FP32_TOL = 1e-5
 HF = Path(__import__("transformers").__file__).parent / "models" / "kimi_k25"
-
-
-def matched_towers(cfg, seed):
-    """transformers' vision model and projector with fresh random weights (norm scales around 1),
-    and ours loaded from their state dict (fp32)."""
-    hf = hf_vision_model(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            p.copy_(1.0 + 0.1 * r if name.endswith(("norm.weight", "norm1.weight", "norm2.weight")) else 0.05 * r)
-    ours = build_tower(cfg).eval()
-    ours.load_hf_state_dict(hf.state_dict())
-    return hf, ours
-
-
-def max_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return float((out - ref).abs().max() / ref.abs().max())
 
 
 @pytest.fixture(scope="module")

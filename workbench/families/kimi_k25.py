@@ -46,7 +46,7 @@ import re
 
 from .base import (POSITIVE, Family, _rope_theta, check_position_table, check_unused, checked, expect, get, need,
                    norm_params, show)
-from .qwen2_vl import qwen_merger_macs
+from .qwen2_vl import Qwen2VLFamily
 
 FRAMES = 4                   # frames per video chunk: the temporal table's rows (pos_emb_time)
 VIDEO_MAX_PATCHES = 4096     # the video processor's max_patches (the image processor's: max_pixels / 14^2)
@@ -105,18 +105,14 @@ class KimiK25Family(Family):
         return h * w // cfg.merge_unit
 
     def n_params(self, cfg) -> int:
-        w, h, m, o = cfg.width, cfg.mlp_hidden, cfg.width * cfg.merge_unit, cfg.out_hidden
-        block = 2 * norm_params(w, "layer") + 4 * w * w + 4 * w + 2 * w * h + h + w
-        projector = norm_params(w, "layer") + m * m + m + m * o + o
-        return (w * cfg.patch_dim + w + cfg.num_position_embeddings * w + cfg.depth * block
-                + norm_params(w, "layer") + projector)
-
-    def row_macs(self, cfg) -> int:
+        """Qwen2-VL's blocks and merger (the projector: LayerNorm over width, two linears), plus the
+        patch embedding's bias, the position table and the final LayerNorm."""
         w = cfg.width
-        return cfg.patch_dim * w + cfg.depth * (4 * w * w + 2 * w * cfg.mlp_hidden)
+        return Qwen2VLFamily.n_params(self, cfg) + w + cfg.num_position_embeddings * w + norm_params(w, "layer")
 
-    def token_macs(self, cfg) -> int:
-        return qwen_merger_macs(cfg)
+    # the same matmuls as Qwen2-VL's per row (patch embedding, qkv, proj, fc1, fc2) and per token
+    row_macs = Qwen2VLFamily.row_macs
+    token_macs = Qwen2VLFamily.token_macs
 
     # ---- transformers ------------------------------------------------------------------------
     def to_hf(self, cfg):
