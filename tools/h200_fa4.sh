@@ -55,9 +55,9 @@ for step in $QUEUE; do
       timeout "$left" env PYTHONPATH="$path" OUT="$d" python3 tools/verify_reference.py "$study:$run" \
         > "$d.log" 2>&1 ;;
     defaults)  # STUDY@PRESET: one study at the GPU profile's full defaults for one preset
-      IFS=@ read -r study preset <<< "$arg"
+      IFS=@ read -r study preset <<< "$arg"; key=presets; [ "$study" = correctness ] && key=families
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
-        --set "presets=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1
+        --set "$key=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1
       rm -rf "$out"/runs/*/figures ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
