@@ -218,6 +218,19 @@ def pixel_images(pixels, grid_thw, patch: int, merge: int) -> list:
     return out
 
 
+def image_rows(image, patch: int, merge: int):
+    """One [C, H, W] image (H, W multiples of patch * merge) -> (rows [N, C*P*P] in merge-block
+    order, grid [[1, H/P, W/P]]): `pixel_images`' inverse, how a transformers pixel_values image
+    compares with our rows."""
+    import torch
+    c, h, w = image.shape
+    gh, gw = h // patch, w // patch
+    blocks = image.reshape(c, gh // merge, merge, patch, gw // merge, merge, patch)
+    # (C, block row, row in block, ph, block col, col in block, pw) -> (block row, block col, row, col, C, ph, pw)
+    rows = blocks.permute(1, 4, 2, 5, 0, 3, 6).reshape(gh * gw, c * patch * patch)
+    return rows, torch.tensor([[1, gh, gw]])
+
+
 @functools.cache
 def reference_class() -> type:
     """transformers' image path of Mistral3 as one module: `PixtralMistral3Vision(config)` holds a
@@ -250,4 +263,4 @@ def reference_class() -> type:
 
 FAMILY = PixtralFamily()
 
-__all__ = ["FAMILY", "PixtralFamily", "pixel_images", "reference_class"]
+__all__ = ["FAMILY", "PixtralFamily", "image_rows", "pixel_images", "reference_class"]
