@@ -57,7 +57,7 @@ def test_tower_matches_transformers_on_photos_a_mixed_batch_and_video(preset, ph
             assert rel_err(one, out[sl.start // 4: sl.stop // 4]) < 1e-5
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS)
+@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-pixtral"])
 @pytest.mark.parametrize("grid", [[[1, 6, 10]], [[1, 2, 34], [1, 30, 4]], [[3, 10, 6]]])
 def test_odd_non_square_grids_match_transformers(preset, grid, seed):
     """Merged grids of odd sides (3 x 5), extreme aspect ratios, grids larger and smaller than the

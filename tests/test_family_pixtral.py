@@ -1,14 +1,13 @@
 """Pixtral (Mistral3's image path: transformers' `PixtralVisionModel` then `Mistral3MultiModalProjector`,
 model_type mistral3): the tower against transformers' modules with the same weights on real photos,
-odd grids and several images at once (Mistral3 takes no video: a video's frames are images of one
-size); Pixtral's rotary frequency layout; graph safety (padded metadata, the emulated graph runner
-with a NaN-poisoned pool, the outer placement's failure under it; captured metadata buffers, the
-FLOP model, the fused kernels and the parameter count in tests/test_families.py, bf16 and the
+several images at once (Mistral3 takes no video: a video's frames are images of one size);
+Pixtral's rotary frequency layout; graph safety (the emulated graph runner with a NaN-poisoned
+pool, the outer placement's failure under it; odd grids, captured metadata buffers, the FLOP model,
+the fused kernels and the parameter count in tests/test_families.py, padded metadata, bf16 and the
 tower's own norm in tests/test_towers.py); model folders saved by transformers' save_pretrained in
 both key layouts, and bad ones named before any tensor is read; preprocessing bit for bit against
 PixtralImageProcessorPil as PixtralProcessor calls it (patch size 14 x spatial merge 2)."""
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 
@@ -22,7 +21,8 @@ from workbench.families.pixtral import image_rows, pixel_images, reference_class
 from workbench.reference import hf_embeddings, hf_vision_model, rel_err
 from workbench.runner import EncoderGraphRunner
 from workbench.towers import build_tower
-from workbench.towers.common import budget_padding
+
+from test_family_glm_ocr import BUDGETS, _edit, max_err, replays_equal_eager_from_a_poisoned_pool
 
 TINY, REAL = "tiny-pixtral", "mistral-small-3.1-24b"
 FP32_TOL = 1e-5
@@ -45,12 +45,6 @@ def matched_towers(cfg, seed):
     ours = build_tower(cfg).eval()
     ours.load_hf_state_dict(hf.state_dict())
     return hf, ours
-
-
-def max_err(out, ref):
-    """Largest absolute difference relative to the reference's largest magnitude (float64)."""
-    out, ref = out.double(), ref.double()
-    return float((out - ref).abs().max() / ref.abs().max())
 
 
 @pytest.fixture(scope="module")
@@ -78,18 +72,6 @@ def test_tower_matches_transformers_on_photos_several_images_and_video_frames(bo
     assert rel_err(out, ref) < FP32_TOL and max_err(out, ref) < FP32_TOL
     for one, sl in zip(parts, batch.item_slices):       # no attention across items
         assert rel_err(one, out[sl.start // 4: sl.stop // 4]) < 1e-6
-
-
-@pytest.mark.parametrize("grid", [[[1, 6, 10]], [[1, 2, 34], [1, 30, 4]], [[3, 10, 6]]])
-def test_odd_non_square_grids_match_transformers(grid, seed):
-    """Merged grids of odd sides (3 x 5), extreme aspect ratios, several frames of one size."""
-    cfg = wb.VisionConfig.preset(TINY)
-    hf, ours = matched_towers(cfg, seed)
-    grid = torch.tensor(grid)
-    pixels = torch.randn(int(grid.prod(1).sum()), cfg.patch_dim, generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        out, ref = ours(pixels, grid), hf_embeddings(hf, pixels, grid)
-    assert rel_err(out, ref) < FP32_TOL and max_err(out, ref) < FP32_TOL
 
 
 @pytest.mark.slow
@@ -154,21 +136,6 @@ def test_a_config_the_tower_cannot_run_is_refused(change, match):
 
 # ---- graph-safe: host metadata, padding, the runner ---------------------------------------------
 
-def test_padded_metadata_gives_the_same_valid_rows(seed):
-    cfg = wb.VisionConfig.preset(TINY)
-    tower = build_tower(cfg, attn_backend="loop").init_random(seed).eval()
-    grid = torch.tensor([[1, 8, 12], [2, 16, 8], [1, 4, 4]])
-    n, pad = int(grid.prod(1).sum()), 64
-    x = torch.randn(n, cfg.patch_dim)
-    with torch.no_grad():
-        ref = tower(x, grid)
-        meta = tower.prepare(grid, **budget_padding(cfg, (n + pad) // 4, 8))
-        assert meta.cu_seqlens.shape == (9,) and meta.cu_seqlens[-1] == n and meta.pos_index is None
-        out = tower.forward_prepared(torch.cat([x, torch.full((pad, cfg.patch_dim), float("nan"))]), meta)
-    assert out.shape == ((n + pad) // 4, cfg.out_hidden)
-    assert torch.isfinite(out[: n // 4]).all() and rel_err(out[: n // 4], ref) < 1e-6
-
-
 @pytest.fixture(scope="module")
 def items():
     """Merged tokens in a 200 px box (no resize: sides already multiples of 28): 8, 12, 12 (a
@@ -179,7 +146,6 @@ def items():
             p["astronaut"].resize((56, 56)), p["rocket"]]
 
 
-BUDGETS = [8, 16, 24, 32]
 
 
 def small_cfg():
@@ -193,19 +159,9 @@ def small_cfg():
 def test_runner_replays_equal_eager_with_padding_several_items_and_a_poisoned_pool(placement, buffer_dtype, items,
                                                                                   seed):
     cfg = small_cfg()
-    enc = wb.build_encoder(cfg, placement=placement, norm="eager", dtype=torch.float32, device="cpu", seed=seed)
-    batch = wb.preprocess(items, cfg, normalize=enc.input_kind == "normalized")
-    assert [r // 4 for r in batch.item_rows] == [8, 12, 12, 4, 40]
-    runner = EncoderGraphRunner(enc, budgets=BUDGETS, buffer_dtype=buffer_dtype, max_items=4)
-    assert runner.backend == "emulated"
-    eager = enc.encode(batch)
-    clean = enc.encode(batch, path="cudagraph", runner=runner)
-    assert rel_err(clean, eager) < 1e-8
-    st = runner.stats_frame()
+    assert [r // 4 for r in wb.preprocess(items, cfg).item_rows] == [8, 12, 12, 4, 40]
+    st = replays_equal_eager_from_a_poisoned_pool(cfg, placement, buffer_dtype, items, seed)
     assert st.miss.sum() == 1 and set(st.budget[~st.miss]) == {16, 24} and st.padded_rows.sum() > 0
-    runner.poison_pool()
-    poisoned = runner.encode(batch, pad_value=float("nan") if buffer_dtype.is_floating_point else 255)
-    assert torch.isfinite(poisoned).all() and torch.equal(poisoned, clean)
 
 
 def test_outer_placement_is_wrong_under_the_runner_and_device_and_tower_are_right(items, seed):
@@ -300,16 +256,6 @@ def test_the_folders_processor_cuts_the_rows_wb_preprocess_cuts(saved, photos):
         image = pixel_images(ours.pixels, ours.grid_thw, cfg.patch_size, cfg.merge_size)[0]
         assert list(image.shape[1:]) == theirs["image_sizes"][0].tolist(), name
         assert float((image - theirs["pixel_values"][0]).abs().max()) < 1e-6, name
-
-
-def _edit(path, dotted, value):
-    data = json.loads(path.read_text())
-    *outer, key = dotted.split(".")
-    d = data
-    for k in outer:
-        d = d[k]
-    d[key] = value
-    path.write_text(json.dumps(data))
 
 
 @pytest.mark.parametrize("file, dotted, value, match", [
