@@ -8,7 +8,7 @@ import workbench as wb
 from workbench.reference import cos_min, hf_embeddings, hf_vision_model, rel_err
 from workbench.towers import build_tower
 
-FAMILY_PRESETS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5", "tiny-glm-ocr"]
+FAMILY_PRESETS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5", "tiny-glm-ocr", "tiny-pixtral"]
 
 
 def matched_towers(cfg, seed, dtype=torch.float32):
@@ -36,7 +36,7 @@ def test_tower_matches_transformers_on_real_photos_mixed_batch_and_video(preset,
     hf, ours = matched_towers(cfg, seed)
     items = [photos["chelsea"], photos["coffee"], photos["astronaut"], wb.Video(wb.sample_video(4))]
     batch = wb.preprocess(items, cfg, normalize=True)
-    assert batch.grid_thw[:, 0].tolist() == [1, 1, 1, 2]
+    assert batch.grid_thw[:, 0].tolist() == [1, 1, 1, 4 // cfg.temporal_patch_size]
     ref = hf_embeddings(hf, batch.pixels, batch.grid_thw)
     out = ours(batch.pixels, batch.grid_thw)
     assert out.shape == ref.shape == (batch.n_rows // 4, cfg.out_hidden)

@@ -15,6 +15,7 @@ from .checkpoint_files import (DTYPE_LABELS, NAME_OF_LABEL, WEIGHTS, WEIGHTS_IND
 from .config import VisionConfig
 
 VISION_PREFIXES = ("model.visual.", "visual.")
+FAMILY_LAYOUTS = tuple({prefix: ""} for prefix in VISION_PREFIXES)     # `Family.checkpoint_layouts`' default
 HEADER_MAX_BYTES = 100 << 20     # what safetensors itself refuses above
 # safetensors dtype label -> bytes per element (the labels torch reads)
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -101,13 +102,15 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {name: (dtype, shape) for name, (dtype, shape, _, _) in entries.items()}
 
 
-def _vision_keys(names, where: Path) -> dict[str, str]:
-    """Tower key -> checkpoint key for every vision tensor, under whichever prefix the folder uses."""
-    for prefix in VISION_PREFIXES:
-        keys = {k[len(prefix):]: k for k in names if k.startswith(prefix)}
+def _vision_keys(names, where: Path, layouts=FAMILY_LAYOUTS) -> dict[str, str]:
+    """Tower key -> checkpoint key for every vision tensor, in the first of the family's layouts
+    (`Family.checkpoint_layouts`: checkpoint prefix -> tower prefix) that the folder's keys use."""
+    for layout in layouts:
+        keys = {own + k[len(prefix):]: k for k in names for prefix, own in layout.items() if k.startswith(prefix)}
         if keys:
             return keys
-    raise CheckpointError(f"{where}: no vision tensors (no key starts with {' or '.join(VISION_PREFIXES)})")
+    prefixes = [prefix for layout in layouts for prefix in layout]
+    raise CheckpointError(f"{where}: no vision tensors (no key starts with {' or '.join(prefixes)})")
 
 
 def _shard_map(path: Path) -> dict[str, Path]:
@@ -126,9 +129,10 @@ def _shard_map(path: Path) -> dict[str, Path]:
     return {key: files[entry] for key, entry in weight_map.items()}
 
 
-def _vision_tensors(path: Path) -> dict[str, _Tensor]:
+def _vision_tensors(path: Path, layouts=FAMILY_LAYOUTS) -> dict[str, _Tensor]:
     """Tower key -> its tensor, from the headers of the files that hold the vision tensors (the
-    one file, or the shards the index names for them), each header checked whole."""
+    one file, or the shards the index names for them), each header checked whole; ``layouts``: the
+    family's checkpoint layouts (`Family.checkpoint_layouts`)."""
     if os.path.lexists(path / WEIGHTS_INDEX):
         shards = _shard_map(path)
         headers = {}
@@ -139,7 +143,7 @@ def _vision_tensors(path: Path) -> dict[str, _Tensor]:
     else:
         raise CheckpointError(f"{path}: no {WEIGHTS} or {WEIGHTS_INDEX} (the model's tensors)")
     out = {}
-    for k, ck in _vision_keys(shards, path).items():
+    for k, ck in _vision_keys(shards, path, layouts).items():
         file = shards[ck]
         if file not in headers:
             headers[file] = _read_header(file)

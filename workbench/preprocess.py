@@ -7,7 +7,8 @@ run on the device (`normalize=True` gives the legacy CPU-normalized float32 rows
 
 Layout of one item (image or video), with P = patch_size, T = temporal_patch_size, m = merge_size:
 
-* the item is resized (PIL bicubic, uint8 RGB) to `smart_resize(h, w, factor=P*m, ...)`;
+* the item is resized (PIL bicubic, uint8 RGB) to `smart_resize(h, w, factor=P*m, ...)` (Pixtral's
+  processor: its longest-edge rule, `images.target_size`);
 * grid_thw = [t, gh, gw] with gh = H'/P, gw = W'/P, and t = 1 for an image, frames/T for a video;
 * rows are ordered (t, block_row, block_col, inner_row, inner_col) where a block is the m x m
   group of patches that the merger later fuses into one token ("merge-block-major");
@@ -33,6 +34,7 @@ import torch
 
 from . import limits
 from .images import ACCEPTED_INPUTS, MAX_ASPECT, _CHANNELS, _check_image, _check_uint8, smart_resize  # noqa: F401
+from .images import target_size
 from .images import _composite_on_white, _rgb_resized, load_image  # noqa: F401
 from .patches import PatchBatch, _patchify, normalize_rows  # noqa: F401
 from .devices import resolve_device
@@ -152,8 +154,10 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
         16-bit / float PIL modes ("I", "I;16", "F") are a ValueError.
     Every item is resized with PIL bicubic to smart_resize(h, w, patch_size * merge_size,
     cfg.min_pixels, cfg.max_pixels) (small images are upscaled; a side of 0 or an aspect ratio above
-    200 is a ValueError). Video frames all get the size smart_resize gives for the frame size
-    (transformers' video processor differs: torchvision resize and its own size rule).
+    200 is a ValueError); a family whose processor bounds each side instead (Pixtral,
+    `VisionConfig.longest_edge`) gets its rule, `images.target_size`. Video frames all get the size
+    the rule gives for the frame size (transformers' video processor differs: torchvision resize
+    and its own size rule).
 
     Returns uint8 pixels, or with `normalize=True` float32 pixels equal to transformers' default
     (rescale + normalize) output. grid_thw is [1, gh, gw] per image and [T/2, gh, gw] per video.
@@ -193,7 +197,6 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
                          f"got backend {backend!r}")
     dev = resolve_device(device) if backend == "cuda" else torch.device("cpu")
     p, m, tp = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
-    factor = p * m
     # every item checked and sized from its shape first: no pixel is converted before the whole
     # batch is known to fit its caps
     plans = []
@@ -207,7 +210,7 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
                 raise ValueError(
                     f"{what} has {len(frames)} frames, not a multiple of temporal_patch_size={tp} "
                     f"(an odd frame count); drop the last frame or repeat it to make it even")
-        th, tw = smart_resize(h, w, factor, cfg.min_pixels, cfg.max_pixels)
+        th, tw = target_size(h, w, cfg)
         grid = [1 if kind == "image" else len(frames) // tp, th // p, tw // p]
         limits.check("item_rows", math.prod(grid), f"patch rows of {what} ({len(frames)} frame(s) of {h}x{w} "
                                                    f"resized to {th}x{tw}, grid t x h x w = {grid})")

@@ -41,6 +41,12 @@ class Family:
     # the tower's attention has `VisionConfig.kv_heads` key/value heads, each shared by
     # heads / kv_heads query heads (grouped-query attention); False: kv_heads must stay 0
     grouped_kv: bool = False
+    # the processor bounds each side (`VisionConfig.longest_edge`, Pixtral) instead of the area
+    bounds_longest_edge: bool = False
+    # where a checkpoint keeps the tower's tensors: each layout maps checkpoint key prefixes to the
+    # tower's (a folder uses the first layout any of its keys match); transformers 5 writes the
+    # first, older checkpoints the second
+    checkpoint_layouts: tuple[dict[str, str], ...] = ({"model.visual.": ""}, {"visual.": ""})
     # the engine's own cell: where vLLM 0.33 normalizes this family (a study placement: "tower" for its
     # first op or its patch embedding, "device" for a GPU preprocessor, "outer") and whether it
     # captures the encoder in CUDA graphs (read from its released model files: FACTS.md)
@@ -89,6 +95,26 @@ class Family:
         """VisionConfig fields (architecture only) from a checkpoint's config.json ``vision_config``
         dict; a missing key or a value the tower cannot run is a ValueError naming it."""
         raise NotImplementedError
+
+    def from_hf_config(self, config: dict) -> dict:
+        """VisionConfig fields (architecture only) from a checkpoint's whole config.json: its
+        ``vision_config`` (`from_hf`); a family whose tower also reads top-level fields (Mistral3's
+        projector) overrides this."""
+        return self.from_hf(config["vision_config"])
+
+    def processor_bounds(self, values: dict, arch: dict) -> dict:
+        """The resize bounds of preprocessor_config.json: min_pixels / max_pixels per frame, from its
+        min_pixels / max_pixels or its size's shortest_edge / longest_edge (`frame_pixels`).
+        ``values``: the file's settings, each checked for its kind (a size's entries as
+        ``size.shortest_edge`` ...); ``arch``: the vision config's fields. ValueError when absent."""
+        lo = values.get("min_pixels", values.get("size.shortest_edge"))
+        hi = values.get("max_pixels", values.get("size.longest_edge"))
+        if lo is None or hi is None:
+            raise ValueError("no pixel bounds (min_pixels/max_pixels, or size with shortest_edge and longest_edge)")
+        if "min_pixels" in values or "max_pixels" in values:
+            return dict(min_pixels=lo, max_pixels=hi)          # per frame already
+        lo, hi = self.frame_pixels(lo, hi, arch["temporal_patch_size"])
+        return dict(min_pixels=lo, max_pixels=hi)
 
     def frame_pixels(self, shortest_edge: int, longest_edge: int, temporal_patch_size: int) -> tuple[int, int]:
         """(min_pixels, max_pixels) per frame from the processor's ``size`` bounds (the Qwen
@@ -165,6 +191,7 @@ NUMBERS = "a list of finite numbers"
 STRING = "a string"
 BOOL = "true or false"
 OBJECT = "an object or null"
+INTEGER = "an integer"
 # kind -> its conversion (the value as the workbench stores it, or _BAD)
 KINDS = {
     POSITIVE: lambda v: _integer(v, 1),
@@ -174,6 +201,7 @@ KINDS = {
     STRING: lambda v: v if isinstance(v, str) else _BAD,
     BOOL: lambda v: v if isinstance(v, bool) else _BAD,
     OBJECT: lambda v: v if v is None or isinstance(v, dict) else _BAD,
+    INTEGER: lambda v: _integer(v, -(1 << 62)),
 }
 
 # every vision_config key a family's `from_hf` reads -> its kind
@@ -184,6 +212,10 @@ VISION_KEYS = {
     "fullatt_block_indexes": INDICES, "deepstack_visual_indexes": INDICES,
     "rope_theta": NUMBER, "rms_norm_eps": NUMBER, "hidden_act": STRING, "attention_bias": BOOL,
     "rope_parameters": OBJECT, "rope_scaling": OBJECT,
+    # Pixtral's vision_config, and the top-level fields of Mistral3's config.json its projector reads
+    **dict.fromkeys(("num_hidden_layers", "num_attention_heads", "num_channels", "head_dim"), POSITIVE),
+    "text_config": OBJECT, "projector_hidden_act": STRING, "multimodal_projector_bias": BOOL,
+    "vision_feature_layer": INTEGER,
 }
 
 

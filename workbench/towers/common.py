@@ -62,8 +62,9 @@ def remember(cache: dict, key, size: int, make):
 
 
 # norm scales: drawn around 1, as trained checkpoints hold them (every other parameter around 0);
-# "norm.weight" ends the names of the newer families' merger, deepstack and post-conv norms
-_UNIT_WEIGHTS = ("norm1.weight", "norm2.weight", "ln_q.weight", "norm.weight")
+# "norm.weight" ends the names of the newer families' merger, deepstack and post-conv norms,
+# "ln_pre.weight" Pixtral's norm after the patch embedding
+_UNIT_WEIGHTS = ("norm1.weight", "norm2.weight", "ln_q.weight", "norm.weight", "ln_pre.weight")
 
 
 @torch.no_grad()
@@ -107,6 +108,7 @@ class VisionTower(nn.Module):
 
     family: str = ""
     patch_bias: bool = False          # the patch embedding's Conv3d has a bias (Qwen3-VL, GLM-4.1V)
+    patch_conv2d: bool = False        # the checkpoint's patch embedding is a Conv2d (Pixtral)
 
     def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
                  attn_backend: str = "auto", fused="auto", gemm_align: int = GEMM_ALIGN, fold_norm: bool = False):
@@ -130,7 +132,8 @@ class VisionTower(nn.Module):
         self.fused = check_fused(fused)
         self.gemm_align = check_gemm_align(gemm_align)     # the families build their MLPs with it
         self.fold_norm = fold_norm
-        self.patch_embed = (FoldedPatchEmbed if fold_norm else PatchEmbed)(cfg, bias=self.patch_bias)
+        self.patch_embed = (FoldedPatchEmbed if fold_norm else PatchEmbed)(cfg, bias=self.patch_bias,
+                                                                           conv2d=self.patch_conv2d)
 
     # ---- properties ------------------------------------------------------------------------
     @property
@@ -161,7 +164,7 @@ class VisionTower(nn.Module):
                              "rows of grid_thw")
         pos = torch.zeros(n_rows, 2, dtype=torch.int64)
         pos[:n_valid] = merge_block_positions(grid, cfg.merge_size)
-        cos, sin = rotary_cos_sin(pos, cfg, self.dtype)
+        cos, sin = rotary_cos_sin(pos, cfg, self.dtype, self.rotary_inv_freq)
         frame_rows = sequence_rows(grid)
         offsets = [0]
         for r in frame_rows:
@@ -175,6 +178,9 @@ class VisionTower(nn.Module):
                              dense_seqlen=frame_rows[0] if uniform else None)
         meta = self._prepare_family(meta, grid, n_window_segments, max_window_seqlen)
         return meta.to(self.device if device is None else device)
+
+    # the rotary's inverse frequencies (`rotary_cos_sin`): one table for both axes by default
+    rotary_inv_freq = staticmethod(rotary_inv_freq)
 
     # towers with a learned position table resampled to each grid: 'bilinear' or 'bicubic' taps
     # (`position_taps`), host metadata like the rotary tables; None: no table

@@ -97,10 +97,14 @@ def merge_block_positions(grid: list[tuple[int, int, int]], merge: int) -> torch
     return torch.cat(out)
 
 
-def rotary_cos_sin(pos: torch.Tensor, cfg: VisionConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [N, head_dim]: angles (h-freqs | w-freqs) repeated twice for rotate-half."""
+def rotary_cos_sin(pos: torch.Tensor, cfg: VisionConfig, dtype: torch.dtype,
+                   inv_freq=rotary_inv_freq) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [N, head_dim]: angles (h-freqs | w-freqs) repeated twice for rotate-half.
+
+    inv_freq(cfg, math_dtype): the inverse frequencies, [head_dim/4] shared by the h and w halves
+    (the default), or [2, head_dim/4] with the h half's row first (Pixtral's interleaved layout)."""
     math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    inv = rotary_inv_freq(cfg, math_dtype)
+    inv = inv_freq(cfg, math_dtype)
     ang = (pos.to(math_dtype)[:, :, None] * inv).flatten(1)         # [N, head_dim/2] = (h..., w...)
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos(), ang.sin()
