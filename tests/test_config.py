@@ -12,7 +12,8 @@ def test_binding_preset_names_exist():
                                     "qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "qwen3-vl-30b-a3b",
                                     "qwen3-vl-235b-a22b", "tiny-qwen3-vl", "qwen3.5-9b", "tiny-qwen3.5",
                                     "glm-4.1v-9b", "glm-4.5v", "tiny-glm4v", "glm-ocr-0.9b", "tiny-glm-ocr",
-                                    "exaone4.5-33b", "tiny-exaone4.5", "kimi-k2.5-1t", "tiny-kimi-k2.5"}
+                                    "exaone4.5-33b", "tiny-exaone4.5", "mistral-small-3.1-24b", "tiny-pixtral",
+                                    "kimi-k2.5-1t", "tiny-kimi-k2.5"}
     # real checkpoints first, then the tiny ones; the original presets keep their order
     names = list(wb.PRESET_NAMES)
     assert [n for n in names if n.startswith(("qwen2-", "qwen2.5-"))] == [
@@ -55,6 +56,15 @@ def test_inconsistent_config_is_rejected_with_reason(change, match):
 def test_to_hf_matches_the_config(name):
     cfg = wb.VisionConfig.preset(name)
     hf = cfg.to_hf()
+    if cfg.family == "pixtral":        # Mistral3's config: the Pixtral vision config and the projector's fields
+        assert type(hf).__name__ == "Mistral3Config" and type(hf.vision_config).__name__ == "PixtralVisionConfig"
+        vc = hf.vision_config
+        assert (vc.num_hidden_layers, vc.num_attention_heads, vc.hidden_size, vc.intermediate_size) == (
+            cfg.depth, cfg.heads, cfg.width, cfg.mlp_hidden)
+        assert (vc.patch_size, hf.spatial_merge_size, vc.hidden_act) == (cfg.patch_size, cfg.merge_size, "silu")
+        assert (hf.text_config.hidden_size, hf.text_config.rms_norm_eps) == (cfg.out_hidden, cfg.eps)
+        assert hf.vision_feature_layer == -1 and hf.multimodal_projector_bias is False
+        return
     if cfg.family == "kimi-k2.5":      # the model's config (vision config and projector), other names
         vc = hf.vision_config
         assert (vc.num_hidden_layers, vc.num_attention_heads, vc.patch_size) == (cfg.depth, cfg.heads, cfg.patch_size)
@@ -167,7 +177,7 @@ def test_family_specific_fields_are_checked(preset, change, match):
 
 def test_unknown_family_lists_the_registered_ones():
     with pytest.raises(ValueError, match=r"family='llava' is not one of \('qwen2-vl', 'qwen2.5-vl', 'exaone4.5', "
-                                         r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr', 'kimi-k2.5'\)"):
+                                         r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr', 'pixtral', 'kimi-k2.5'\)"):
         wb.VisionConfig("x", family="llava")
 
 

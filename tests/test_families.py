@@ -57,7 +57,7 @@ def test_tower_matches_transformers_on_photos_a_mixed_batch_and_video(preset, ph
             assert rel_err(one, out[sl.start // 4: sl.stop // 4]) < 1e-5
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS)
+@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-pixtral"])
 @pytest.mark.parametrize("grid", [[[1, 6, 10]], [[1, 2, 34], [1, 30, 4]], [[3, 10, 6]]])
 def test_odd_non_square_grids_match_transformers(preset, grid, seed):
     """Merged grids of odd sides (3 x 5), extreme aspect ratios, grids larger and smaller than the
@@ -131,7 +131,7 @@ def test_padded_metadata_gives_the_same_valid_rows(preset, backend, seed):
     assert rel_err(out[: n // 4], ref) < 1e-6
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-glm-ocr", "tiny-kimi-k2.5"])
+@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-glm-ocr", "tiny-pixtral", "tiny-kimi-k2.5"])
 def test_metadata_copied_into_captured_buffers_replays_any_grid(preset, seed):
     """What a graph runner does: metadata prepared once for the capture (a grid filling the budget),
     then each batch's metadata copied into the same tensors; forward_prepared on those buffers
@@ -156,12 +156,12 @@ def test_metadata_copied_into_captured_buffers_replays_any_grid(preset, seed):
         assert rel_err(out[: sum(cfg.item_tokens(grid))], ref) < 1e-6      # Kimi-K2.5 pools a video's frames
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS + [pytest.param(p, marks=pytest.mark.slow)
-                                                  for p in ("tiny-glm-ocr", "tiny-kimi-k2.5")])
+@pytest.mark.parametrize("preset", NEW_PRESETS + [pytest.param("tiny-glm-ocr", marks=pytest.mark.slow), "tiny-pixtral",
+                                                  pytest.param("tiny-kimi-k2.5", marks=pytest.mark.slow)])
 def test_fused_kernels_match_the_plain_twin(preset, seed):
     """The fused path (Triton, here under the interpreter) on the new blocks: LayerNorm / RMSNorm
-    residual sums, the rotary (GLM-OCR's on normalized q and k), SwiGLU (biased in GLM-OCR), the
-    deepstack taps and GLM's post-norm."""
+    residual sums, the rotary (GLM-OCR's on normalized q and k, Pixtral's frequencies), SwiGLU (biased
+    in GLM-OCR), the deepstack taps, GLM's post-norm and Mistral3's projector norm."""
     cfg = wb.VisionConfig.preset(preset)
     plain = build_tower(cfg, fused=False, attn_backend="masked").init_random(seed).eval()
     fused = build_tower(cfg, fused=True, attn_backend="masked").init_random(seed).eval()
@@ -214,7 +214,7 @@ def test_bicubic_taps_equal_grid_sample(h, w, side):
 
 
 @pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5",
-                                    "tiny-kimi-k2.5"])
+                                                 "tiny-pixtral", "tiny-kimi-k2.5"])
 def test_n_params_equals_transformers_parameter_count(preset):
     cfg = wb.VisionConfig.preset(preset)
     assert cfg.n_params == sum(p.numel() for p in hf_vision_model(cfg).parameters())
@@ -222,7 +222,7 @@ def test_n_params_equals_transformers_parameter_count(preset):
     assert cfg.n_params == sum(v.numel() for k, v in sd.items() if not k.startswith("input_norm."))
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-qwen2-vl", "tiny-glm-ocr", "tiny-kimi-k2.5"])
+@pytest.mark.parametrize("preset", NEW_PRESETS + ["tiny-qwen2-vl", "tiny-glm-ocr", "tiny-pixtral", "tiny-kimi-k2.5"])
 def test_tower_flops_count_the_matmuls_the_tower_runs(preset):
     """floors.tower_flops against torch's own count of one forward: its matmul FLOPs are every mm /
     addmm (the position gather is an embedding_bag, not counted), its attention FLOPs the bmm of

@@ -168,6 +168,13 @@ BUDGETS = [8, 16, 24, 32]
 def test_runner_replays_equal_eager_with_padding_several_items_and_a_poisoned_pool(placement, buffer_dtype, items,
                                                                                   seed):
     cfg = dataclasses.replace(wb.VisionConfig.preset(TINY), max_pixels=200 * 200)
+    st = replays_equal_eager_from_a_poisoned_pool(cfg, placement, buffer_dtype, items, seed)
+    assert st.miss.sum() == 1 and (~st.miss).sum() >= 2 and st.padded_rows.sum() > 0
+
+
+def replays_equal_eager_from_a_poisoned_pool(cfg, placement, buffer_dtype, items, seed):
+    """The emulated graph runner (budgets BUDGETS, 4 items a replay) on ``items`` against eager, then
+    again after its pool is poisoned with garbage padding: equal; returns the runner's stats."""
     enc = wb.build_encoder(cfg, placement=placement, norm="eager", dtype=torch.float32, device="cpu", seed=seed)
     batch = wb.preprocess(items, cfg, normalize=enc.input_kind == "normalized")
     runner = EncoderGraphRunner(enc, budgets=BUDGETS, buffer_dtype=buffer_dtype, max_items=4)
@@ -177,12 +184,12 @@ def test_runner_replays_equal_eager_with_padding_several_items_and_a_poisoned_po
     # not asserted bit for bit: on the CPU a matmul's rounding may follow its row count (most seeds
     # gave equal bits, one a few ulps, 2e-11 relative); replays among themselves are equal below
     assert rel_err(clean, eager) < 1e-8
-    st = runner.stats_frame()
-    assert st.miss.sum() == 1 and (~st.miss).sum() >= 2 and st.padded_rows.sum() > 0
+    stats = runner.stats_frame()
     runner.poison_pool()
     # padding rows of garbage: NaN where the buffer holds floats, the brightest value in a uint8 one
     poisoned = runner.encode(batch, pad_value=float("nan") if buffer_dtype.is_floating_point else 255)
     assert torch.isfinite(poisoned).all() and torch.equal(poisoned, clean)
+    return stats
 
 
 def test_outer_placement_is_wrong_under_the_runner_and_the_towers_own_norm_is_right(items, seed):

@@ -10,7 +10,8 @@ import workbench as wb
 from workbench.reference import cos_min, hf_embeddings, hf_vision_model, rel_err
 from workbench.towers import build_tower
 
-FAMILY_PRESETS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5", "tiny-glm-ocr", "tiny-kimi-k2.5"]
+FAMILY_PRESETS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5", "tiny-glm-ocr", "tiny-pixtral",
+                  "tiny-kimi-k2.5"]
 
 
 def matched_towers(cfg, seed, dtype=torch.float32):

@@ -9,7 +9,7 @@ from workbench.preprocess import normalize_rows
 from workbench.towers.common import init_checkpoint_like
 
 photos = list(wb.sample_images().values())[:3]
-for preset in ["qwen3-vl-8b", "qwen3.5-9b", "glm-4.1v-9b"]:
+for preset in ["qwen3-vl-8b", "qwen3.5-9b", "glm-4.1v-9b", "mistral-small-3.1-24b"]:
     t0 = time.time()
     try:
         cfg = dataclasses.replace(wb.VisionConfig.preset(preset), max_pixels=448 * 448)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FlashAttention-4 on a GPU host without a registry, then a queue of GPU work that survives
-# the 10-minute command limit (run from the repo root; FACTS.md says where the wheels come from):
+# the 10-minute command limit (run from the repo root; FACTS.md says where the wheels come from;
+# results come back as one archive, $OUT/fa4-out.tgz):
 #   bash tools/h200_fa4.sh a        # call 1, carrying .fa4/a: keep the first part of the cu13 libraries
 #   bash tools/h200_fa4.sh b        # call 2 (within 30 s), carrying .fa4/b: unpack everything into
 #                                   # /tmp/site, then run the queue until its time is up
@@ -8,7 +9,7 @@
 # Steps: latency:PRESET:EST, breakdown:PRESET@TOKENS:EST, defaults:STUDY@PRESET:EST,
 # verify:STUDY@RUN:EST (verify_plain: without FA4), quack:-:EST, cuda_tests:-:EST.
 # Each step of QUEUE runs once (done markers in /tmp/fa4/done); a step that would not finish in
-# the time left waits for the next call. Results go to $OUT.
+# the time left waits for the next call.
 set -uo pipefail
 start=$(date +%s); budget=${BUDGET_S:-575}
 mkdir -p /tmp/fa4/done
@@ -22,7 +23,11 @@ case "${1:?a|b|q}" in
 esac
 export PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1 OMP_NUM_THREADS=16
 python3 -c "from flash_attn.cute import flash_attn_varlen_func; import workbench.attention as a, torch; print('fa4:', a.resolve_backend('auto', 'cuda', torch.bfloat16, 72))" || exit 3
-out=${OUT:-/tmp/out}; mkdir -p "$out"
+# Everything is written under /tmp/fa4/out (it outlives a call while the machine stays warm) and
+# packed after each step into $OUT/fa4-out.tgz: one file back, whatever the number of runs and logs
+# ($OUT brings back at most 8 files).
+out=/tmp/fa4/out; mkdir -p "$out"
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/fa4-out.tgz" -C "$out" . ; }
 latency() {  # one preset's encoder_latency, realistic cells included, reduced to fit a command
   python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
     --set "presets=[\"$1\"]" --set 'tokens=[256,4096]' --set reps=3 --set warmup=1 --set breakdown=false \
@@ -55,9 +60,9 @@ for step in $QUEUE; do
       timeout "$left" env PYTHONPATH="$path" OUT="$d" python3 tools/verify_reference.py "$study:$run" \
         > "$d.log" 2>&1 ;;
     defaults)  # STUDY@PRESET: one study at the GPU profile's full defaults for one preset
-      IFS=@ read -r study preset <<< "$arg"
+      IFS=@ read -r study preset <<< "$arg"; key=presets; [ "$study" = correctness ] && key=families
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
-        --set "presets=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1
+        --set "$key=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1
       rm -rf "$out"/runs/*/figures ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
@@ -66,5 +71,7 @@ for step in $QUEUE; do
   echo "$tag rc=$rc $(( $(date +%s) - t0 ))s"
   [ "$rc" -ne 124 ] && touch "/tmp/fa4/done/$tag"   # a step killed by the time limit runs again next call
   tail -3 "$out"/*"$arg"*.log 2>/dev/null | tail -3
+  pack
 done
+pack
 ls /tmp/fa4/done

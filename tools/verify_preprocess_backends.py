@@ -23,11 +23,15 @@ import workbench as wb
 from workbench.photos import sample_images
 
 FAMILIES = {"qwen2-vl": "qwen2-vl-7b", "qwen2.5-vl": "qwen2.5-vl-7b", "qwen3-vl": "qwen3-vl-8b",
-            "qwen3.5": "tiny-qwen3.5", "glm4v": "glm-4.1v-9b"}
+            "qwen3.5": "tiny-qwen3.5", "glm4v": "glm-4.1v-9b", "pixtral": "mistral-small-3.1-24b"}
 
 
 def hf_processor(family: str, cfg, raw: bool):
     import transformers
+    if family == "pixtral":       # PixtralImageProcessor; its resize unit is given per call (run_hf)
+        kw = dict(patch_size=cfg.patch_size, size={"longest_edge": cfg.longest_edge},
+                  image_mean=list(cfg.image_mean), image_std=list(cfg.image_std))
+        return transformers.PixtralImageProcessor(**kw, **(dict(do_rescale=False, do_normalize=False) if raw else {}))
     names = ["Glm4vImageProcessor", "Glm4vImageProcessorFast"] if family == "glm4v" else \
         ["Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"]
     cls = next(getattr(transformers, n) for n in names if hasattr(transformers, n))
@@ -44,12 +48,19 @@ def sha(rows: torch.Tensor) -> str:
     return hashlib.sha256(rows.detach().to("cpu", torch.uint8).contiguous().numpy().tobytes()).hexdigest()
 
 
-def run_hf(proc, x, device=None):
+def run_hf(proc, x, device=None, cfg=None):
+    """(rows, grid) of transformers' processor for one input, in our row layout: a Pixtral
+    processor (cfg with longest_edge) is called as PixtralProcessor calls it (patch size times the
+    spatial merge) and its image cut into our rows."""
     kw = dict(return_tensors="pt")
     if not isinstance(x, Image.Image):
         kw["input_data_format"] = "channels_last"
     if device is not None:
         kw["device"] = device
+    if cfg is not None and cfg.longest_edge:
+        from workbench.families.pixtral import image_rows
+        out = proc(images=[x], patch_size=cfg.patch_size * cfg.merge_size, **kw)
+        return image_rows(out["pixel_values"][0], cfg.patch_size, cfg.merge_size)
     out = proc(images=[x], **kw)
     return out["pixel_values"], out["image_grid_thw"]
 
@@ -69,7 +80,7 @@ def main(out_dir: str) -> None:
         fam = report.setdefault(family, {})
         for name, x in items.items():
             r = {}
-            ref, grid = run_hf(raw, x)
+            ref, grid = run_hf(raw, x, cfg=cfg)
             ours = wb.preprocess(x, cfg, backend="torchvision")
             r["grid_equal"] = torch.equal(ours.grid_thw, grid)
             r["tv_rows_equal"] = ours.pixels.shape == ref.shape and torch.equal(ours.pixels.to(ref.dtype), ref)
@@ -82,13 +93,13 @@ def main(out_dir: str) -> None:
             pil = wb.preprocess(x, cfg, backend="pil")
             d = (pil.pixels.int() - ref.to(torch.int32)).abs()
             r["pil_vs_tv_levels_max"], r["pil_vs_tv_frac"] = int(d.max()), float((d > 0).float().mean())
-            nref, _ = run_hf(full, x)
+            nref, _ = run_hf(full, x, cfg=cfg)
             nours = wb.preprocess(x, cfg, backend="torchvision", normalize=True)
             r["tv_norm_maxabs"] = float((nours.pixels - nref).abs().max())
             npil = wb.preprocess(x, cfg, normalize=True)
             r["pil_vs_tv_norm_maxabs"] = float((npil.pixels - nref).abs().max())
             if torch.cuda.is_available():
-                cref, _ = run_hf(raw, x, device="cuda")
+                cref, _ = run_hf(raw, x, device="cuda", cfg=cfg)
                 cours = wb.preprocess(x, cfg, backend="cuda")
                 r["cuda_rows_equal"] = torch.equal(cours.pixels.to(cref.dtype), cref.to(cours.pixels.device))
                 emu = wb.preprocess(x, cfg, backend="cuda", device="cpu")
@@ -97,7 +108,7 @@ def main(out_dir: str) -> None:
                 r["cuda_vs_tv_levels_max"], r["cuda_vs_tv_frac"] = int(dc.max()), float((dc > 0).float().mean())
                 dp = (cours.pixels.cpu().int() - pil.pixels.int()).abs()
                 r["cuda_vs_pil_levels_max"], r["cuda_vs_pil_frac"] = int(dp.max()), float((dp > 0).float().mean())
-                cnref, _ = run_hf(full, x, device="cuda")
+                cnref, _ = run_hf(full, x, device="cuda", cfg=cfg)
                 cnours = wb.preprocess(x, cfg, backend="cuda", normalize=True)
                 r["cuda_norm_maxabs"] = float((cnours.pixels - cnref.to(cnours.pixels.device)).abs().max())
                 r["cuda_vs_pil_norm_maxabs"] = float((cnours.pixels.cpu() - npil.pixels).abs().max())

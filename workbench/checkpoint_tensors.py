@@ -13,9 +13,8 @@ from pathlib import Path
 from .checkpoint_files import (DTYPE_LABELS, NAME_OF_LABEL, WEIGHTS, WEIGHTS_INDEX, CheckpointError, _inside,
                                _open_regular, _read_json, _show)
 from .config import VisionConfig
-from .families.base import Family
 
-VISION_PREFIXES = tuple(ckpt for layout in Family.key_layouts for ckpt, _ in layout)   # the default layouts
+VISION_PREFIXES = ("model.visual.", "visual.")
 HEADER_MAX_BYTES = 100 << 20     # what safetensors itself refuses above
 # safetensors dtype label -> bytes per element (the labels torch reads)
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -114,12 +113,13 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def _vision_keys(names, where: Path, cfg: VisionConfig) -> dict[str, tuple]:
-    """Tower key -> (checkpoint key, rows, rope heads) for every vision tensor, under whichever
-    layout the folder uses (`Family.checkpoint_keys`)."""
+    """Tower key -> (checkpoint key, rows, rope heads) for every vision tensor, as the family maps
+    the folder's names (`Family.checkpoint_keys`: by default the first of its layouts,
+    `Family.checkpoint_layouts`, checkpoint prefix -> tower prefix, that the folder's keys use)."""
     keys = cfg.spec.checkpoint_keys(cfg, names)
     if keys:
         return keys
-    prefixes = [ckpt for layout in cfg.spec.key_layouts for ckpt, _ in layout]
+    prefixes = [prefix for layout in cfg.spec.checkpoint_layouts for prefix in layout]
     raise CheckpointError(f"{where}: no vision tensors (no key starts with {' or '.join(prefixes)})")
 
 
@@ -142,7 +142,7 @@ def _shard_map(path: Path) -> dict[str, Path]:
 def _vision_tensors(path: Path, cfg: VisionConfig) -> dict[str, _Tensor]:
     """Tower key -> its tensor, from the headers of the files that hold the vision tensors (the
     one file, or the shards the index names for them), each header checked whole; the names as
-    the family maps them (`Family.checkpoint_keys`)."""
+    ``cfg``'s family maps them (`Family.checkpoint_keys`)."""
     if os.path.lexists(path / WEIGHTS_INDEX):
         shards = _shard_map(path)
         headers = {}

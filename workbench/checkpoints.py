@@ -61,7 +61,13 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
     the file)."""
     kinds = dict(patch_size=POSITIVE, merge_size=POSITIVE, temporal_patch_size=POSITIVE, image_mean=NUMBERS,
                  image_std=NUMBERS, do_rescale=BOOL, do_normalize=BOOL, rescale_factor=NUMBER, size=OBJECT,
-                 min_pixels=POSITIVE, max_pixels=POSITIVE)
+                 min_pixels=POSITIVE, max_pixels=POSITIVE, max_patches=POSITIVE)
+    side = pp.get("patch_size")
+    if isinstance(side, dict):       # Pixtral's processor writes {"height": p, "width": p}
+        h, w = (checked(side.get(k), POSITIVE, f"patch_size.{k}") for k in ("height", "width"))
+        if h != w:
+            raise ValueError(f"patch_size={_show(side)}: the towers take square patches")
+        pp = dict(pp, patch_size=h)
     v = {k: checked(pp[k], kind, k) for k, kind in kinds.items() if k in pp}
     size = v.get("size") or {}
     v.update({f"size.{k}": checked(size[k], POSITIVE, f"size.{k}") for k in ("shortest_edge", "longest_edge")
@@ -82,19 +88,7 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
     if v.get("do_rescale", True) is False or v.get("do_normalize", True) is False:
         raise ValueError("do_rescale/do_normalize false: the workbench normalizes as the processor does with both on")
     out["rescale_factor"] = v.get("rescale_factor", 1 / 255)
-    bounds = fam.pixel_bounds(pp, arch)
-    if bounds is not None:
-        out["min_pixels"], out["max_pixels"] = bounds
-        return out
-    lo = v.get("min_pixels", v.get("size.shortest_edge"))
-    hi = v.get("max_pixels", v.get("size.longest_edge"))
-    if lo is None or hi is None:
-        raise ValueError("no pixel bounds (min_pixels/max_pixels, or size with shortest_edge and longest_edge)")
-    if "min_pixels" in v or "max_pixels" in v:
-        out["min_pixels"], out["max_pixels"] = lo, hi      # per frame already
-    else:
-        out["min_pixels"], out["max_pixels"] = fam.frame_pixels(lo, hi, arch["temporal_patch_size"])
-    return out
+    return dict(out, **fam.processor_bounds(v, arch))
 
 
 def _declared_label(config: dict, where: Path) -> str | None:
@@ -122,7 +116,7 @@ def _read_configs(path: Path, name: str | None) -> tuple[VisionConfig, str | Non
     if not isinstance(vc, dict):
         raise CheckpointError(f"{path / CONFIG}: no vision_config object (a {fam.name} checkpoint has one)")
     try:
-        arch = {**fam.from_hf(vc), **fam.from_hf_model(config)}
+        arch = fam.from_hf_config(config)
     except ValueError as e:
         raise CheckpointError(f"{path / CONFIG}: {e}") from None
     declared = _declared_label(config, path / CONFIG)

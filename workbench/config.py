@@ -78,6 +78,12 @@ class VisionConfig:
     rescale_factor: float = 1.0 / 255.0
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
+    # a bound on each side instead of the area (Pixtral's processor: the image is shrunk to fit a
+    # longest_edge x longest_edge box, then each side rounded up to patch_size * merge_size; the box
+    # side is also capped at isqrt(max_pixels), the knob the studies turn); 0: the family bounds
+    # the area by min_pixels / max_pixels (smart_resize). Only a family whose spec has
+    # `bounds_longest_edge` takes it.
+    longest_edge: int = 0
     # the model folder this config was read from (`workbench.checkpoints.resolve_config`), whose
     # vision tensors `build_encoder` loads; None: random seeded weights. A reduced copy has none
     # (fewer blocks).
@@ -107,7 +113,7 @@ class VisionConfig:
                 problems.append(f"{name}={value!r} must be a positive integer")
             else:  # numpy integers are integers too; store plain ints (hashing, JSON, messages)
                 object.__setattr__(self, name, int(value))
-        for name in ("num_position_embeddings", "merger_hidden", "kv_heads"):      # 0: the family has none
+        for name in ("num_position_embeddings", "merger_hidden", "kv_heads", "longest_edge"):  # 0: the family has none
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
                 problems.append(f"{name}={value!r} must be a non-negative integer")
@@ -137,6 +143,11 @@ class VisionConfig:
             problems.append(f"kv_heads={self.kv_heads}: " + (
                 f"the {self.family} tower has one key/value head per query head (leave it at 0)"
                 if not self.spec.grouped_kv else f"heads={self.heads} is not a multiple of it"))
+        if bool(self.longest_edge) != self.spec.bounds_longest_edge:
+            problems.append(f"longest_edge={self.longest_edge}: " + (
+                f"the {self.family} processor bounds each side; give the longest edge in pixels (> 0)"
+                if self.spec.bounds_longest_edge else
+                f"the {self.family} processor bounds the area (min_pixels / max_pixels); leave it at 0"))
         # Float settings: a zero, negative, NaN or inf value here fails nowhere later; it turns the
         # embeddings non-finite without a word (rsqrt(var + eps) with eps <= 0, the rotary
         # 1 / theta**(k / half) with theta 0, a NaN or inf scale on every pixel).

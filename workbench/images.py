@@ -65,6 +65,31 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     return h, w
 
 
+def longest_edge_resize(height: int, width: int, factor: int, longest_edge: int) -> tuple[int, int]:
+    """Pixtral's target size (transformers' `get_resize_output_image_size` with the patch size its
+    PixtralProcessor passes, patch_size * spatial_merge_size): an image larger than a
+    `longest_edge` box is shrunk by max(h, w) / longest_edge, each side floored; then each side is
+    rounded up to a multiple of `factor`. Small images are not enlarged; no aspect limit (a side
+    that shrinks to 0 pixels is a ValueError: the processor would resize to nothing)."""
+    ratio = max(height / longest_edge, width / longest_edge)
+    if ratio > 1:
+        height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
+    if height < 1 or width < 1:
+        raise ValueError(f"image shrinks to {height}x{width} pixels inside a {longest_edge} px box: one side is "
+                         f"more than {longest_edge} times the other")
+    return -(-height // factor) * factor, -(-width // factor) * factor
+
+
+def target_size(height: int, width: int, cfg) -> tuple[int, int]:
+    """The size ``cfg``'s processor resizes an image or frame of `height` x `width` to: the
+    longest-edge rule where the family bounds each side (`VisionConfig.longest_edge`, its box side
+    capped at isqrt(max_pixels)), else `smart_resize` with factor patch_size * merge_size."""
+    factor = cfg.patch_size * cfg.merge_size
+    if cfg.longest_edge:
+        return longest_edge_resize(height, width, factor, min(cfg.longest_edge, math.isqrt(cfg.max_pixels)))
+    return smart_resize(height, width, factor, cfg.min_pixels, cfg.max_pixels)
+
+
 def _check_aspect(height: int, width: int) -> None:
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT:

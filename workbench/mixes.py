@@ -138,23 +138,22 @@ def _with_token_range(mix: Mix) -> Mix:
 
 
 def _geometry(cfg):
-    """(patch, merge, temporal, min_pixels, max_pixels) of cfg (VisionConfig, preset name or None:
-    the Qwen2-VL geometry every preset shares)."""
+    """cfg (VisionConfig, preset name or None: the Qwen2-VL geometry every Qwen preset shares) as
+    the VisionConfig whose patch, merge and temporal sizes and resize rule count the tokens."""
     from .config import VisionConfig
-    cfg = VisionConfig.coerce(cfg, default=VisionConfig.preset("qwen2-vl-7b"))
-    return cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size, cfg.min_pixels, cfg.max_pixels
+    return VisionConfig.coerce(cfg, default=VisionConfig.preset("qwen2-vl-7b"))
 
 
 def _target_size(e, geo) -> tuple[int, int]:
-    from .preprocess import smart_resize
-    p, m, _, lo, hi = geo
-    return smart_resize(e.height, e.width, p * m, lo, hi)
+    from .images import target_size
+    return target_size(e.height, e.width, geo)
 
 
 def _entry_tokens(e, geo) -> int:
     """Merged tokens of one item as wb.preprocess makes them: every image / video frame is resized
-    to smart_resize(h, w); grid [frames / T (1 for an image), H'/P, W'/P]; tokens = t*gh*gw / m^2."""
-    p, m, tp, _, _ = geo
+    to the processor's size (`images.target_size`); grid [frames / T (1 for an image), H'/P, W'/P];
+    tokens = t*gh*gw / m^2."""
+    p, m, tp = geo.patch_size, geo.merge_size, geo.temporal_patch_size
     h, w = _target_size(e, geo)
     if e.kind == "video" and e.frames % tp:
         raise ValueError(f"a video entry of {e.frames} frames is not a multiple of temporal_patch_size={tp}")

@@ -7,7 +7,8 @@ run on the device (`normalize=True` gives the legacy CPU-normalized float32 rows
 
 Layout of one item (image or video), with P = patch_size, T = temporal_patch_size, m = merge_size:
 
-* the item is resized (PIL bicubic, uint8 RGB) to `smart_resize(h, w, factor=P*m, ...)`;
+* the item is resized (PIL bicubic, uint8 RGB) to `smart_resize(h, w, factor=P*m, ...)` (Pixtral's
+  processor: its longest-edge rule, `images.target_size`);
 * grid_thw = [t, gh, gw] with gh = H'/P, gw = W'/P, and t = 1 for an image, frames/T for a video;
 * rows are ordered (t, block_row, block_col, inner_row, inner_col) where a block is the m x m
   group of patches that the merger later fuses into one token ("merge-block-major");
@@ -33,6 +34,7 @@ import torch
 
 from . import limits
 from .images import ACCEPTED_INPUTS, MAX_ASPECT, _CHANNELS, _check_image, _check_uint8, smart_resize  # noqa: F401
+from .images import target_size
 from .images import _composite_on_white, _rgb_resized, load_image  # noqa: F401
 from .patches import PatchBatch, _patchify, normalize_rows  # noqa: F401
 from .devices import resolve_device
@@ -152,11 +154,13 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
         16-bit / float PIL modes ("I", "I;16", "F") are a ValueError.
     Every item is resized with PIL bicubic to smart_resize(h, w, patch_size * merge_size,
     cfg.min_pixels, cfg.max_pixels) (small images are upscaled; a side of 0 or an aspect ratio above
-    200 is a ValueError), or to what the family's `resize` says (Kimi-K2.5: its processor's
-    navit_resize, then zeros at the bottom and right up to multiples of patch_size * merge_size);
-    a family may cut a video into several items (`video_chunks`; Kimi-K2.5: chunks of 4
-    frames). Video frames all get the size smart_resize gives for the frame size (transformers'
-    video processor differs: torchvision resize and its own size rule).
+    200 is a ValueError); a family whose processor bounds each side instead (Pixtral,
+    `VisionConfig.longest_edge`) gets its rule, `images.target_size`, and one whose processor pads
+    its own way gets that (`Family.resize`; Kimi-K2.5: its navit_resize, then zeros at the bottom and
+    right up to multiples of patch_size * merge_size); a family may cut a video into several items
+    (`Family.video_chunks`; Kimi-K2.5: chunks of 4 frames). Video frames all get the size the rule
+    gives for the frame size (transformers' video processor differs: torchvision resize and its own
+    size rule).
 
     Returns uint8 pixels, or with `normalize=True` float32 pixels equal to transformers' default
     (rescale + normalize) output. grid_thw is [1, gh, gw] per image and [T/2, gh, gw] per video.
@@ -212,9 +216,7 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
                     f"(an odd frame count); drop the last frame or repeat it to make it even")
             chunks = [frames[r.start:r.stop] for r in cfg.spec.video_chunks(cfg, len(frames))]
         sizes = cfg.spec.resize(cfg, kind, h, w)
-        if sizes is None:
-            sizes = (smart_resize(h, w, p * m, cfg.min_pixels, cfg.max_pixels),) * 2
-        (th, tw), (ph, pw) = sizes
+        (th, tw), (ph, pw) = sizes if sizes is not None else (target_size(h, w, cfg),) * 2
         for chunk in chunks:
             grid = [1 if kind == "image" else len(chunk) // tp, ph // p, pw // p]
             limits.check("item_rows", math.prod(grid), f"patch rows of {what} ({len(chunk)} frame(s) of {h}x{w} "

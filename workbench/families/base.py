@@ -41,14 +41,17 @@ class Family:
     # the tower's attention has `VisionConfig.kv_heads` key/value heads, each shared by
     # heads / kv_heads query heads (grouped-query attention); False: kv_heads must stay 0
     grouped_kv: bool = False
+    # the processor bounds each side (`VisionConfig.longest_edge`, Pixtral) instead of the area
+    bounds_longest_edge: bool = False
+    # where a checkpoint keeps the tower's tensors: each layout maps checkpoint key prefixes to the
+    # tower's (a folder uses the first layout any of its keys match); transformers 5 writes the
+    # first, older checkpoints the second
+    checkpoint_layouts: tuple[dict[str, str], ...] = ({"model.visual.": ""}, {"visual.": ""})
     # the engine's own cell: where vLLM 0.33 normalizes this family (a study placement: "tower" for its
     # first op or its patch embedding, "device" for a GPU preprocessor, "outer") and whether it
     # captures the encoder in CUDA graphs (read from its released model files: FACTS.md)
     vllm_placement: str = "tower"
     vllm_encoder_graphs: bool = False
-    # where a model folder keeps the tower's tensors: layouts tried in order, each (checkpoint
-    # prefix, tower prefix) pairs (transformers 5 writes `model.visual.*`, older versions `visual.*`)
-    key_layouts: tuple = ((("model.visual.", ""),), (("visual.", ""),))
 
     # ---- configuration -----------------------------------------------------------------------
     def validate(self, cfg) -> list[str]:
@@ -102,19 +105,29 @@ class Family:
         """Tower key -> (checkpoint key, rows, rope heads) of a model folder's tensors ``names``:
         the tensor, its rows (start, stop) where the tower's tensor is a split of a stored fused one
         (None: whole), and > 0 where its rows are stored as interleaved rotary pairs of that many
-        heads (`checkpoint_tensors._Tensor.converted`). {} where no key layout fits."""
-        return {k: (ck, None, 0) for k, ck in layout_keys(names, self.key_layouts).items()}
+        heads (`checkpoint_tensors._Tensor.converted`); by default the first of `checkpoint_layouts`
+        any name uses. {} where none fits."""
+        return {k: (ck, None, 0) for k, ck in layout_keys(names, self.checkpoint_layouts).items()}
 
-    def from_hf_model(self, config: dict) -> dict:
-        """VisionConfig fields config.json holds outside its vision_config (none but for a family
-        whose tower includes the model's projector: its output width)."""
-        return {}
+    def from_hf_config(self, config: dict) -> dict:
+        """VisionConfig fields (architecture only) from a checkpoint's whole config.json: its
+        ``vision_config`` (`from_hf`); a family whose tower also reads top-level fields (Mistral3's
+        projector) overrides this."""
+        return self.from_hf(config["vision_config"])
 
-    def pixel_bounds(self, pp: dict, arch: dict) -> tuple[int, int] | None:
-        """(min_pixels, max_pixels) from a preprocessor_config.json whose processor bounds sizes its
-        own way (ValueError for a value it cannot take); None: min/max pixels or size's shortest /
-        longest edge, as the Qwen and GLM processors write them."""
-        return None
+    def processor_bounds(self, values: dict, arch: dict) -> dict:
+        """The resize bounds of preprocessor_config.json: min_pixels / max_pixels per frame, from its
+        min_pixels / max_pixels or its size's shortest_edge / longest_edge (`frame_pixels`).
+        ``values``: the file's settings, each checked for its kind (a size's entries as
+        ``size.shortest_edge`` ...); ``arch``: the vision config's fields. ValueError when absent."""
+        lo = values.get("min_pixels", values.get("size.shortest_edge"))
+        hi = values.get("max_pixels", values.get("size.longest_edge"))
+        if lo is None or hi is None:
+            raise ValueError("no pixel bounds (min_pixels/max_pixels, or size with shortest_edge and longest_edge)")
+        if "min_pixels" in values or "max_pixels" in values:
+            return dict(min_pixels=lo, max_pixels=hi)          # per frame already
+        lo, hi = self.frame_pixels(lo, hi, arch["temporal_patch_size"])
+        return dict(min_pixels=lo, max_pixels=hi)
 
     def frame_pixels(self, shortest_edge: int, longest_edge: int, temporal_patch_size: int) -> tuple[int, int]:
         """(min_pixels, max_pixels) per frame from the processor's ``size`` bounds (the Qwen
@@ -124,8 +137,7 @@ class Family:
     # ---- the processor's sizes ---------------------------------------------------------------
     def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
         """((resized h, w), (padded h, w)) of an image or video frame ('image' or 'video'), where the
-        family's processor sizes its own way; None: the Qwen processors' smart_resize, no padding
-        (`workbench.images`, above the specs)."""
+        family's processor sizes its own way; None: `images.target_size`, no padding (above the specs)."""
         return None
 
     def video_chunks(self, cfg, n_frames: int) -> list[range]:
@@ -142,10 +154,10 @@ class Family:
 
 def layout_keys(names, layouts) -> dict[str, str]:
     """Tower key -> checkpoint key for every tensor under the first of ``layouts`` that any of
-    ``names`` uses (a layout: (checkpoint prefix, tower prefix) pairs, `Family.key_layouts`); {}
+    ``names`` uses (a layout: checkpoint prefix -> tower prefix, `Family.checkpoint_layouts`); {}
     where none does."""
     for layout in layouts:
-        keys = {tower + k[len(ckpt):]: k for ckpt, tower in layout for k in names if k.startswith(ckpt)}
+        keys = {own + k[len(prefix):]: k for k in names for prefix, own in layout.items() if k.startswith(prefix)}
         if keys:
             return keys
     return {}
@@ -213,6 +225,7 @@ NUMBERS = "a list of finite numbers"
 STRING = "a string"
 BOOL = "true or false"
 OBJECT = "an object or null"
+INTEGER = "an integer"
 # kind -> its conversion (the value as the workbench stores it, or _BAD)
 KINDS = {
     POSITIVE: lambda v: _integer(v, 1),
@@ -222,19 +235,24 @@ KINDS = {
     STRING: lambda v: v if isinstance(v, str) else _BAD,
     BOOL: lambda v: v if isinstance(v, bool) else _BAD,
     OBJECT: lambda v: v if v is None or isinstance(v, dict) else _BAD,
+    INTEGER: lambda v: _integer(v, -(1 << 62)),
 }
 
 # every vision_config key a family's `from_hf` reads -> its kind
 VISION_KEYS = {
     **dict.fromkeys(("depth", "num_heads", "patch_size", "temporal_patch_size", "spatial_merge_size",
                      "in_channels", "in_chans", "embed_dim", "mlp_ratio", "hidden_size", "intermediate_size",
-                     "out_hidden_size", "window_size", "num_position_embeddings", "image_size",
-                     "num_hidden_layers", "num_attention_heads", "pos_emb_height", "pos_emb_width",
-                     "pos_emb_time"), POSITIVE),
-    "fullatt_block_indexes": INDICES, "deepstack_visual_indexes": INDICES, "merge_kernel_size": INDICES,
-    "rope_theta": NUMBER, "rms_norm_eps": NUMBER, "projection_layer_norm_eps": NUMBER, "hidden_act": STRING,
-    "attention_bias": BOOL,
+                     "out_hidden_size", "window_size", "num_position_embeddings", "image_size"), POSITIVE),
+    "fullatt_block_indexes": INDICES, "deepstack_visual_indexes": INDICES,
+    "rope_theta": NUMBER, "rms_norm_eps": NUMBER, "hidden_act": STRING, "attention_bias": BOOL,
     "rope_parameters": OBJECT, "rope_scaling": OBJECT,
+    # Pixtral's vision_config, and the top-level fields of Mistral3's config.json its projector reads
+    **dict.fromkeys(("num_hidden_layers", "num_attention_heads", "num_channels", "head_dim"), POSITIVE),
+    # Kimi-K2.5's vision_config, and the top-level field of its config.json its projector reads
+    **dict.fromkeys(("pos_emb_height", "pos_emb_width", "pos_emb_time"), POSITIVE), "merge_kernel_size": INDICES,
+    "projection_layer_norm_eps": NUMBER,
+    "text_config": OBJECT, "projector_hidden_act": STRING, "multimodal_projector_bias": BOOL,
+    "vision_feature_layer": INTEGER,
 }
 
 

@@ -44,8 +44,7 @@ import functools
 import math
 import re
 
-from .base import (POSITIVE, Family, _rope_theta, check_position_table, check_unused, checked, expect, get, need,
-                   norm_params, show)
+from .base import Family, _rope_theta, check_position_table, check_unused, expect, get, need, norm_params, show
 from .qwen2_vl import Qwen2VLFamily
 
 FRAMES = 4                   # frames per video chunk: the temporal table's rows (pos_emb_time)
@@ -81,10 +80,11 @@ class KimiK25Family(Family):
     model_types = ("kimi_k25",)
     study_presets = ("tiny-kimi-k2.5", "kimi-k2.5-1t")
     vllm_encoder_graphs = True     # FACTS.md: vLLM 0.33 captures Kimi-K2.5's encoder (and normalizes in its patch embed)
-    # transformers 5's Kimi_K25ForConditionalGeneration writes model.vision_tower / model.mm_projector,
-    # its Kimi_K25Model saved alone vision_tower / mm_projector
-    key_layouts = ((("model.vision_tower.", ""), ("model.mm_projector.", "mm_projector.")),
-                   (("vision_tower.", ""), ("mm_projector.", "mm_projector.")))
+    # transformers 5's Kimi_K25ForConditionalGeneration holds model.vision_tower / model.mm_projector,
+    # in memory, its Kimi_K25Model vision_tower / mm_projector (save_pretrained writes Moonshot's
+    # layout instead: `checkpoint_keys`)
+    checkpoint_layouts = ({"model.vision_tower.": "", "model.mm_projector.": "mm_projector."},
+                          {"vision_tower.": "", "mm_projector.": "mm_projector."})
     presets = (
         dict(name="kimi-k2.5-1t", depth=27, width=1152, heads=16, mlp_hidden=4304, out_hidden=7168,
              num_position_embeddings=64 * 64, **KIMI_PROCESSOR),
@@ -136,7 +136,7 @@ class KimiK25Family(Family):
         return _vision_with_projection()
 
     def checkpoint_keys(self, cfg, names) -> dict[str, tuple]:
-        """transformers 5's names (`key_layouts`), or Moonshot's own layout, which the published
+        """transformers 5's names (`checkpoint_layouts`), or Moonshot's own layout, which the published
         checkpoint has and transformers' save_pretrained writes back: blocks under
         vision_tower.encoder with norm0 / norm1, mlp.fc0 / fc1, wo, and one fused wqkv whose q and k
         rows hold interleaved rotary pairs; mm_projector.proj.0 / proj.2 (a leading model. allowed)."""
@@ -160,7 +160,7 @@ class KimiK25Family(Family):
 
     def from_hf(self, vc: dict) -> dict:
         """From a vision_config; the projector's output width (the text hidden size) and eps come
-        from the checkpoint's top level (`from_hf_model`)."""
+        from the checkpoint's top level (`from_hf_config`)."""
         expect(vc, "hidden_act", "gelu_pytorch_tanh", "gelu_pytorch_tanh")
         side = get(vc, "pos_emb_height", 64)
         if get(vc, "pos_emb_width", side) != side:
@@ -175,16 +175,16 @@ class KimiK25Family(Family):
                     rope_theta=_rope_theta(vc), width=need(vc, "hidden_size"), mlp_hidden=need(vc, "intermediate_size"),
                     num_position_embeddings=side * side, eps=1e-5)
 
-    def from_hf_model(self, config: dict) -> dict:
-        """The fields config.json holds outside vision_config: the projector's output width (the
-        text model's hidden size) and its LayerNorm eps, which must be the tower's 1e-5."""
+    def from_hf_config(self, config: dict) -> dict:
+        """The vision_config's fields, and those config.json holds outside it: the projector's output
+        width (the text model's hidden size) and its LayerNorm eps, which must be the tower's 1e-5."""
         text = config.get("text_config")
         if not isinstance(text, dict):
             raise ValueError("no text_config object (the projector's output width is its hidden_size)")
         if get(config, "projection_layer_norm_eps", 1e-5) != 1e-5:
             raise ValueError(f"projection_layer_norm_eps={config['projection_layer_norm_eps']!r}: this tower "
                              f"supports only 1e-5 (the vision model's own LayerNorms)")
-        return dict(out_hidden=need(text, "hidden_size"))
+        return dict(self.from_hf(config["vision_config"]), out_hidden=need(text, "hidden_size"))
 
     def hf_embeddings(self, model, pixels, grid_thw):
         """transformers takes each frame's patches in raster order, [rows, 3, P, P]; its merged
@@ -193,17 +193,15 @@ class KimiK25Family(Family):
         return model(rows.view(-1, 3, model.patch_size, model.patch_size), grid_thw)
 
     # ---- the processor's resize rule ---------------------------------------------------------
-    def pixel_bounds(self, pp: dict, arch: dict) -> tuple[int, int]:
+    def processor_bounds(self, values: dict, arch: dict) -> dict:
         """Kimi's processors bound an image by max_patches (its patches after resizing) and
         size.max_height = size.max_width (patches a side, MAX_SIDE_PATCHES here)."""
         p = arch["patch_size"]
-        patches = checked(pp.get("max_patches", 16384), POSITIVE, "max_patches")
-        size = pp.get("size") or {"max_height": MAX_SIDE_PATCHES, "max_width": MAX_SIDE_PATCHES}
-        sides = [size.get(k) if isinstance(size, dict) else None for k in ("max_height", "max_width")]
-        if sides != [MAX_SIDE_PATCHES] * 2:
+        size = values.get("size") or {"max_height": MAX_SIDE_PATCHES, "max_width": MAX_SIDE_PATCHES}
+        if [size.get(k) for k in ("max_height", "max_width")] != [MAX_SIDE_PATCHES] * 2:
             raise ValueError(f"size={show(size)}: this family supports only max_height = max_width = "
                              f"{MAX_SIDE_PATCHES} (patches a side)")
-        return p * p, patches * p * p
+        return dict(min_pixels=p * p, max_pixels=values.get("max_patches", 16384) * p * p)
 
     def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
         """((resized h, w), (padded h, w)) of transformers' navit_resize for an image or a video

@@ -62,8 +62,9 @@ def remember(cache: dict, key, size: int, make):
 
 
 # norm scales: drawn around 1, as trained checkpoints hold them (every other parameter around 0);
-# "norm.weight" ends the names of the newer families' merger, deepstack and post-conv norms
-_UNIT_WEIGHTS = ("norm1.weight", "norm2.weight", "ln_q.weight", "norm.weight")
+# "norm.weight" ends the names of the newer families' merger, deepstack and post-conv norms,
+# "ln_pre.weight" Pixtral's norm after the patch embedding
+_UNIT_WEIGHTS = ("norm1.weight", "norm2.weight", "ln_q.weight", "norm.weight", "ln_pre.weight")
 
 
 @torch.no_grad()
@@ -107,7 +108,7 @@ class VisionTower(nn.Module):
 
     family: str = ""
     patch_bias: bool = False          # the patch embedding's Conv3d has a bias (Qwen3-VL, GLM-4.1V)
-    patch_temporal: bool = True       # False: a Conv2d patch embedding, one frame per row (Kimi-K2.5)
+    patch_conv2d: bool = False        # the checkpoint's patch embedding is a Conv2d (Pixtral, Kimi-K2.5)
     rotary_interleaved: bool = False  # rotary angles as (w, h) pairs (Kimi-K2.5), not an h half and a w half
 
     def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
@@ -133,7 +134,7 @@ class VisionTower(nn.Module):
         self.gemm_align = check_gemm_align(gemm_align)     # the families build their MLPs with it
         self.fold_norm = fold_norm
         self.patch_embed = (FoldedPatchEmbed if fold_norm else PatchEmbed)(cfg, bias=self.patch_bias,
-                                                                          temporal=self.patch_temporal)
+                                                                           conv2d=self.patch_conv2d)
 
     # ---- properties ------------------------------------------------------------------------
     @property
@@ -164,7 +165,7 @@ class VisionTower(nn.Module):
                              "rows of grid_thw")
         pos = torch.zeros(n_rows, 2, dtype=torch.int64)
         pos[:n_valid] = merge_block_positions(grid, cfg.merge_size)
-        cos, sin = rotary_cos_sin(pos, cfg, self.dtype, interleaved=self.rotary_interleaved)
+        cos, sin = rotary_cos_sin(pos, cfg, self.dtype, self.rotary_inv_freq, interleaved=self.rotary_interleaved)
         frame_rows = self.sequences(grid)
         offsets = [0]
         for r in frame_rows:
@@ -178,6 +179,9 @@ class VisionTower(nn.Module):
                              dense_seqlen=frame_rows[0] if uniform else None)
         meta = self._prepare_family(meta, grid, n_window_segments, max_window_seqlen)
         return meta.to(self.device if device is None else device)
+
+    # the rotary's inverse frequencies (`rotary_cos_sin`): one table for both axes by default
+    rotary_inv_freq = staticmethod(rotary_inv_freq)
 
     # True: an item's frames attend as one sequence (Kimi-K2.5's video chunks); False: each frame alone
     joint_frames: bool = False

@@ -132,7 +132,7 @@ def frame_rows(grid, n_rows: int) -> torch.Tensor:
 class KimiK25VisionTower(VisionTower):
     family = "kimi-k2.5"
     patch_bias = True
-    patch_temporal = False
+    patch_conv2d = True
     rotary_interleaved = True
     joint_frames = True
     position_resampling = "bicubic"
@@ -174,11 +174,11 @@ class KimiK25VisionTower(VisionTower):
         return self.mm_projector(weighted_rows(x, meta.pool_index, meta.pool_weight, x.dtype))
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> "KimiK25VisionTower":
-        """Also under the model's names (`Family.key_layouts`: vision_tower.* and mm_projector.*,
+        """Also under the model's names (`Family.checkpoint_layouts`: vision_tower.* and mm_projector.*,
         with or without model.)."""
         if not any(k.startswith(("vision_tower.", "model.vision_tower.")) for k in sd):
             return super().load_hf_state_dict(sd)           # the tower's own names
-        keys = layout_keys(sd, self.cfg.spec.key_layouts)
+        keys = layout_keys(sd, self.cfg.spec.checkpoint_layouts)
         return super().load_hf_state_dict({k: sd[ck] for k, ck in keys.items()})
 
     def head(self, x):

@@ -140,15 +140,18 @@ class PatchEmbed(nn.Module):
     """Conv3d with stride = kernel over (C, T, P, P) == one matmul per row (Qwen2/2.5-VL without
     bias, Qwen3-VL and GLM-4.1V with one).
 
-    The weight keeps the checkpoint's Conv3d shape [width, C, T, P, P], or with ``temporal=False``
-    a Conv2d's [width, C, P, P] (Kimi-K2.5: one frame per row, T = 1)."""
+    The weight keeps the checkpoint's Conv3d shape [width, C, T, P, P], or with ``conv2d`` its
+    Conv2d shape [width, C, P, P] (Pixtral, whose rows have no temporal axis: T = 1)."""
 
-    def __init__(self, cfg: VisionConfig, bias: bool = False, temporal: bool = True):
+    def __init__(self, cfg: VisionConfig, bias: bool = False, conv2d: bool = False):
         super().__init__()
+        if conv2d and cfg.temporal_patch_size != 1:
+            raise ValueError(f"a Conv2d patch embedding takes rows of one frame; temporal_patch_size="
+                             f"{cfg.temporal_patch_size} must be 1")
+        temporal = () if conv2d else (cfg.temporal_patch_size,)
         self.proj = nn.Module()
-        frames = (cfg.temporal_patch_size,) if temporal else ()
-        self.proj.weight = nn.Parameter(torch.empty(cfg.width, cfg.in_channels, *frames, cfg.patch_size,
-                                                    cfg.patch_size))
+        self.proj.weight = nn.Parameter(torch.empty(cfg.width, cfg.in_channels, *temporal,
+                                                    cfg.patch_size, cfg.patch_size))
         self.proj.bias = nn.Parameter(torch.empty(cfg.width)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [N, patch_dim] tower dtype
@@ -176,8 +179,8 @@ class FoldedPatchEmbed(PatchEmbed):
     before its replays (`VisionTower.refresh_derived`). Once fresh, the forward is one matmul
     with bias, the same as `PatchEmbed`'s."""
 
-    def __init__(self, cfg: VisionConfig, bias: bool = False, temporal: bool = True):
-        super().__init__(cfg, bias=bias, temporal=temporal)
+    def __init__(self, cfg: VisionConfig, bias: bool = False, conv2d: bool = False):
+        super().__init__(cfg, bias=bias, conv2d=conv2d)
         self.cfg = cfg
         self.register_buffer("folded_weight", torch.empty(cfg.width, cfg.patch_dim), persistent=False)
         self.register_buffer("folded_bias", torch.empty(cfg.width), persistent=False)

@@ -104,11 +104,14 @@ def merge_block_positions(grid: list[tuple[int, int, int]], merge: int) -> torch
 
 
 def rotary_cos_sin(pos: torch.Tensor, cfg: VisionConfig, dtype: torch.dtype,
-                   interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [N, head_dim]: angles (h-freqs | w-freqs) repeated twice for rotate-half; with
-    ``interleaved``, the half is (w_0, h_0, w_1, h_1, ...) instead (Kimi-K2.5's layout)."""
+                   inv_freq=rotary_inv_freq, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [N, head_dim]: angles (h-freqs | w-freqs) repeated twice for rotate-half.
+
+    inv_freq(cfg, math_dtype): the inverse frequencies, [head_dim/4] shared by the h and w halves
+    (the default), or [2, head_dim/4] with the h half's row first (Pixtral's interleaved layout).
+    interleaved: the half is (w_0, h_0, w_1, h_1, ...) instead (Kimi-K2.5's layout)."""
     math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    inv = rotary_inv_freq(cfg, math_dtype)
+    inv = inv_freq(cfg, math_dtype)
     ang = pos.to(math_dtype)[:, :, None] * inv                      # [N, 2 (h, w), head_dim/4]
     ang = ang.flip(1).transpose(1, 2).flatten(1) if interleaved else ang.flatten(1)   # [N, head_dim/2]
     ang = torch.cat([ang, ang], dim=-1)
