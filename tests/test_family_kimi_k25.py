@@ -320,7 +320,7 @@ def _edit(path, dotted, value):
 
 @pytest.mark.parametrize("file, dotted, value, match", [
     ("config.json", "model_type", "kimi_k3", r"model_type 'kimi_k3' is not a known family; known families .*"
-                                             r"glm-ocr \(glm_ocr\), kimi-k2\.5 \(kimi_k25\)"),
+                                             r"glm-ocr \(glm_ocr\), pixtral \(mistral3\), kimi-k2\.5 \(kimi_k25\)"),
     ("config.json", "vision_config.pos_emb_time", 8, r"vision_config pos_emb_time=8: this tower supports only 4"),
     ("config.json", "vision_config.hidden_act", "gelu", r"hidden_act='gelu': this tower supports only 'gelu_pytorch_tanh'"),
     ("preprocessor_config.json", "patch_size", 16, r"preprocessor_config\.json: patch_size=16 disagrees with "
