@@ -6,14 +6,17 @@
 #   bash tools/h200_fa4.sh b        # call 2 (within 30 s), carrying .fa4/b: unpack everything into
 #                                   # /tmp/site, then run the queue until its time is up
 #   bash tools/h200_fa4.sh q        # later calls (the machine still warm): go on with the queue
+#   bash tools/h200_fa4.sh p        # plain: the queue without FlashAttention-4 (nothing to carry)
 # Steps: latency:PRESET:EST, breakdown:PRESET@TOKENS:EST, defaults:STUDY@PRESET:EST,
-# verify:STUDY@RUN:EST (verify_plain: without FA4), quack:-:EST, cuda_tests:-:EST.
+# verify:STUDY@RUN:EST (verify_plain: without FA4), quack:-:EST, cuda_tests:-:EST,
+# cuda_k:A,B:EST (the tests of tests/test_cuda.py that `-k "A or B"` selects), backends:-:EST
+# (tools/verify_preprocess_backends.py: the torchvision and cuda backends against transformers).
 # Each step of QUEUE runs once (done markers in /tmp/fa4/done); a step that would not finish in
 # the time left waits for the next call.
 set -uo pipefail
 start=$(date +%s); budget=${BUDGET_S:-575}
 mkdir -p /tmp/fa4/done
-case "${1:?a|b|q}" in
+case "${1:?a|b|q|p}" in
   a) cp .fa4/a/* /tmp/fa4/ && ls -la /tmp/fa4; exit 0 ;;
   b) if [ ! -d /tmp/site/flash_attn ]; then
        cp .fa4/b/*.part.* /tmp/fa4/ && mkdir -p /tmp/site
@@ -22,7 +25,9 @@ case "${1:?a|b|q}" in
      fi ;;
 esac
 export PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1 OMP_NUM_THREADS=16
-python3 -c "from flash_attn.cute import flash_attn_varlen_func; import workbench.attention as a, torch; print('fa4:', a.resolve_backend('auto', 'cuda', torch.bfloat16, 72))" || exit 3
+if [ "$1" = p ]; then export PYTHONPATH=$PWD; else
+  python3 -c "from flash_attn.cute import flash_attn_varlen_func; import workbench.attention as a, torch; print('fa4:', a.resolve_backend('auto', 'cuda', torch.bfloat16, 72))" || exit 3
+fi
 # Everything is written under /tmp/fa4/out (it outlives a call while the machine stays warm) and
 # packed after each step into $OUT/fa4-out.tgz: one file back, whatever the number of runs and logs
 # ($OUT brings back at most 8 files).
@@ -65,6 +70,10 @@ for step in $QUEUE; do
         --set "$key=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1
       rm -rf "$out"/runs/*/figures ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
+    cuda_k) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "${arg//,/ or }" \
+      > "$out/cuda_k-$arg.log" 2>&1 ;;
+    backends) mkdir -p "$out/backends"
+      timeout "$left" python3 tools/verify_preprocess_backends.py "$out/backends" > "$out/backends.log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
   esac
   rc=$?

@@ -67,17 +67,21 @@ def _cells(placements, norms, paths, buffer_dtypes):
                     yield placement, (norm if placement not in NORM_FREE else "(unused)"), path, buf
 
 
-def _encode_dp_cells(spec: dict) -> dict:
-    """Runs on every dp rank: encodes every (placement, norm) of spec through the dp path."""
+def _encode_dp_cells(specs: list[dict]) -> list[dict]:
+    """Runs on every dp rank: encodes every (placement, norm) of each family's spec through the dp
+    path (one group of ranks for all families: starting one costs seconds)."""
     import torch.distributed as dist
 
     device = f"cuda:{dist.get_rank()}" if dist.get_backend() == "nccl" else "cpu"
-    out = {}
-    for placement, norm in spec["cells"]:
-        enc = _build(spec["cfg"], placement, norm, spec["dtype"], device, spec["seed"])
-        batch = preprocess(spec["items"], enc.cfg, normalize=enc.input_kind == "normalized")
-        out[(placement, norm)] = PATH_CALLS["dp"](enc, batch, spec, "-")[0].float().cpu()
-    return out
+    results = []
+    for spec in specs:
+        out = {}
+        for placement, norm in spec["cells"]:
+            enc = _build(spec["cfg"], placement, norm, spec["dtype"], device, spec["seed"])
+            batch = preprocess(spec["items"], enc.cfg, normalize=enc.input_kind == "normalized")
+            out[(placement, norm)] = PATH_CALLS["dp"](enc, batch, spec, "-")[0].float().cpu()
+        results.append(out)
+    return results
 
 
 def _encode_eager(enc, batch, p: dict, buf: str):
@@ -118,7 +122,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
      dp_world_size, hazard, seed) = (s.params[k] for k in PARAMS.names)
     dev, dt = s.device, s.dtype
     tol = TOLERANCE[dt]
-    rows = []
+    rows, dp_cells = [], []
     for fam in families:
         base = resolve_config(fam, depth)    # the cap below the preset's floor lowers the floor too
         cfg = dataclasses.replace(base, max_pixels=max_pixels, min_pixels=min(base.min_pixels, max_pixels))
@@ -142,11 +146,13 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             out, extra = PATH_CALLS[path](enc, batch, s.params, buf)
             rows.append(_row(common, placement, norm, path, buf, out, ref, cell_tolerance(dt, buf), **extra))
         encoders.clear()
-        if "dp" in paths:
-            rows += _dp_rows(cfg, items, placements, norms, dt, dev, seed, dp_world_size, common, ref, tol)
+        if "dp" in paths:    # run after the loop, every family in one group of ranks
+            dp_cells.append(dict(cfg=cfg, items=items, common=common, ref=ref))
         if hazard:
             rows += _hazard_rows(cfg, raw, placements, norms, dt, dev, seed, budgets, max_items, common)
         rows += _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref)
+    if dp_cells:
+        rows += _dp_rows(dp_cells, placements, norms, dt, dev, seed, dp_world_size, tol)
     return tidy(pd.DataFrame(rows), METRICS)
 
 
@@ -165,21 +171,25 @@ def _build(cfg, placement, norm, dt, dev, seed):
                          device=dev, seed=seed, check_inputs=False)
 
 
-def _dp_rows(cfg, items, placements, norms, dt, dev, seed, world, common, ref, tol):
+def _dp_rows(families: list[dict], placements, norms, dt, dev, seed, world, tol):
+    """The dp cells of every family (dicts of cfg, items, common, ref), in one group of ranks."""
     from ...launch import launch
 
     cells = sorted({(p, n) for p, n, _, _ in _cells(placements, norms, ["eager"], ["-"])})
     if dev.type == "cuda" and torch.cuda.device_count() < world:
-        return [dict(common, case="embedding", placement=p, norm=n, path="dp", buffer_dtype="-",
-                     note=f"skipped: dp needs {world} GPUs, {torch.cuda.device_count()} visible") for p, n in cells]
-    spec = dict(cfg=cfg, items=items, cells=cells, dtype=dt, seed=seed)
+        return [dict(f["common"], case="embedding", placement=p, norm=n, path="dp", buffer_dtype="-",
+                     note=f"skipped: dp needs {world} GPUs, {torch.cuda.device_count()} visible")
+                for f in families for p, n in cells]
+    specs = [dict(cfg=f["cfg"], items=f["items"], cells=cells, dtype=dt, seed=seed) for f in families]
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    results = launch(_encode_dp_cells, world_size=world, backend=backend, args=(spec,))
+    results = launch(_encode_dp_cells, world_size=world, backend=backend, args=(specs,))
     out = []
-    for p, n in cells:
-        emb = results[0][(p, n)]
-        agree = all(torch.equal(r[(p, n)], emb) for r in results[1:])
-        out.append(_row(common, p, n, "dp", "-", emb, ref, tol, backend=backend, ranks=world, ranks_agree=agree))
+    for i, f in enumerate(families):
+        for p, n in cells:
+            emb = results[0][i][(p, n)]
+            agree = all(torch.equal(r[i][(p, n)], emb) for r in results[1:])
+            out.append(_row(f["common"], p, n, "dp", "-", emb, f["ref"], tol, backend=backend, ranks=world,
+                            ranks_agree=agree))
     return out
 
 
