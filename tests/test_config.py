@@ -12,7 +12,8 @@ def test_binding_preset_names_exist():
                                     "qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "qwen3-vl-30b-a3b",
                                     "qwen3-vl-235b-a22b", "tiny-qwen3-vl", "qwen3.5-9b", "tiny-qwen3.5",
                                     "glm-4.1v-9b", "glm-4.5v", "tiny-glm4v", "glm-ocr-0.9b", "tiny-glm-ocr",
-                                    "exaone4.5-33b", "tiny-exaone4.5", "mistral-small-3.1-24b", "tiny-pixtral"}
+                                    "exaone4.5-33b", "tiny-exaone4.5", "mistral-small-3.1-24b", "tiny-pixtral",
+                                    "kimi-k2.5-1t", "tiny-kimi-k2.5"}
     # real checkpoints first, then the tiny ones; the original presets keep their order
     names = list(wb.PRESET_NAMES)
     assert [n for n in names if n.startswith(("qwen2-", "qwen2.5-"))] == [
@@ -64,9 +65,14 @@ def test_to_hf_matches_the_config(name):
         assert (hf.text_config.hidden_size, hf.text_config.rms_norm_eps) == (cfg.out_hidden, cfg.eps)
         assert hf.vision_feature_layer == -1 and hf.multimodal_projector_bias is False
         return
-    assert hf.depth == cfg.depth and hf.num_heads == cfg.heads
-    assert (hf.patch_size, hf.spatial_merge_size, hf.temporal_patch_size) == (cfg.patch_size, cfg.merge_size,
-                                                                              cfg.temporal_patch_size)
+    if cfg.family == "kimi-k2.5":      # the model's config (vision config and projector), other names
+        vc = hf.vision_config
+        assert (vc.num_hidden_layers, vc.num_attention_heads, vc.patch_size) == (cfg.depth, cfg.heads, cfg.patch_size)
+        assert list(vc.merge_kernel_size) == [cfg.merge_size] * 2 and cfg.temporal_patch_size == 1
+    else:
+        assert hf.depth == cfg.depth and hf.num_heads == cfg.heads
+        assert (hf.patch_size, hf.spatial_merge_size, hf.temporal_patch_size) == (cfg.patch_size, cfg.merge_size,
+                                                                                  cfg.temporal_patch_size)
     if cfg.family == "qwen2-vl":
         assert type(hf).__name__ == "Qwen2VLVisionConfig"
         assert (hf.embed_dim, hf.hidden_size, hf.mlp_ratio * hf.embed_dim) == (cfg.width, cfg.out_hidden,
@@ -88,6 +94,13 @@ def test_to_hf_matches_the_config(name):
                                                                                cfg.mlp_hidden)
         assert hf.num_key_value_heads == cfg.n_kv_heads and cfg.heads % hf.num_key_value_heads == 0
         assert list(hf.fullatt_block_indexes) == list(cfg.fullatt_blocks) and hf.window_size == cfg.window_size
+    elif cfg.family == "kimi-k2.5":
+        vc = hf.vision_config
+        assert (type(hf).__name__, type(vc).__name__) == ("Kimi_K25Config", "Kimi_K25VisionConfig")
+        assert (vc.hidden_size, hf.text_config.hidden_size, vc.intermediate_size) == (cfg.width, cfg.out_hidden,
+                                                                                     cfg.mlp_hidden)
+        assert vc.pos_emb_height * vc.pos_emb_width == cfg.num_position_embeddings and vc.hidden_act == "gelu_pytorch_tanh"
+        assert hf.projection_hidden_size == cfg.width and hf.projection_layer_norm_eps == cfg.eps
     elif cfg.family == "glm-ocr":
         assert type(hf).__name__ == "GlmOcrVisionConfig"
         assert (hf.hidden_size, hf.out_hidden_size, hf.intermediate_size) == (cfg.width, cfg.out_hidden,
@@ -164,7 +177,7 @@ def test_family_specific_fields_are_checked(preset, change, match):
 
 def test_unknown_family_lists_the_registered_ones():
     with pytest.raises(ValueError, match=r"family='llava' is not one of \('qwen2-vl', 'qwen2.5-vl', 'exaone4.5', "
-                                         r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr', 'pixtral'\)"):
+                                         r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr', 'pixtral', 'kimi-k2.5'\)"):
         wb.VisionConfig("x", family="llava")
 
 

@@ -20,6 +20,8 @@ def test_every_family_declares_a_placement_the_study_measures():
         assert spec.vllm_placement in ("tower", "fold", "device", "outer"), name
         assert isinstance(spec.vllm_encoder_graphs, bool), name
     assert FAMILIES["qwen3-vl"].vllm_encoder_graphs and not FAMILIES["glm-ocr"].vllm_encoder_graphs
+    # Kimi-K2.5 normalizes in its patch embedding (the tower) and captures its encoder: the seed bug's cell
+    assert (FAMILIES["kimi-k2.5"].vllm_placement, FAMILIES["kimi-k2.5"].vllm_encoder_graphs) == ("tower", True)
 
 
 def test_the_verdict_covers_the_graph_paths_only_where_the_engine_captures_them(monkeypatch):
@@ -33,7 +35,7 @@ def test_the_verdict_covers_the_graph_paths_only_where_the_engine_captures_them(
     assert summary.engine_verdicts(_cells("not-a-family", set())) == []
 
 
-@pytest.mark.parametrize("family, framed", [("qwen2-vl", 3), ("glm-ocr", 1)])
+@pytest.mark.parametrize("family, framed", [("qwen2-vl", 3), ("glm-ocr", 1), ("kimi-k2.5", 3)])
 def test_the_matrix_frames_the_engines_cells(family, framed):
     import matplotlib
     matplotlib.use("Agg")

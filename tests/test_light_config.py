@@ -60,8 +60,8 @@ def test_resolve_config_takes_names_and_configs_as_the_config_does():
     assert resolve_config("qwen2.5-vl-7b", depth=2) == wb.VisionConfig.preset("qwen2.5-vl-7b", 2)
     cfg = wb.VisionConfig.preset("tiny-qwen3-vl")
     assert resolve_config(cfg) is cfg and resolve_config(cfg, 1) == cfg.reduced(1)
-    with pytest.raises(ValueError, match=r"unknown preset 'qwen3'; valid presets: qwen2-vl-2b.*tiny-glm4v, "
-                                         r"tiny-glm-ocr, tiny-pixtral, or a transformers model folder"):
+    with pytest.raises(ValueError, match=r"unknown preset 'qwen3'; valid presets: qwen2-vl-2b.*tiny-glm-ocr, "
+                                         r"tiny-pixtral, tiny-kimi-k2.5, or a transformers model folder"):
         resolve_config("qwen3")
     with pytest.raises(TypeError, match=r"cfg must be a wb.VisionConfig or a preset name \(valid presets: qwen2-vl-2b"):
         resolve_config(3)

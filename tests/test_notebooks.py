@@ -33,7 +33,7 @@ def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(tmp_p
     from workbench.config import TINY_PRESET_PER_FAMILY, VisionConfig
     families = {VisionConfig.preset(p).family for p in TINY_PRESET_PER_FAMILY}
     assert set(emb.family) == families == {"qwen2-vl", "qwen2.5-vl", "exaone4.5", "qwen3-vl", "qwen3.5", "glm4v", "glm-ocr",
-                                          "pixtral"}
+                                          "pixtral", "kimi-k2.5"}
     assert set(emb.norm) == {"eager", "triton_channel", "triton_flat", "triton_rows", "(unused)"}
 
     def verdicts(placement, path):

@@ -103,7 +103,7 @@ def test_a_folded_tower_takes_no_input_norm():
 CELLS = [("fold", torch.uint8), ("fold", torch.bfloat16), ("device", torch.float32), ("device", torch.bfloat16)]
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen2.5-vl", "tiny-glm4v", "tiny-exaone4.5", "tiny-pixtral"])
+@pytest.mark.parametrize("preset", ["tiny-qwen2.5-vl", "tiny-glm4v", "tiny-exaone4.5", "tiny-pixtral", "tiny-kimi-k2.5"])
 @pytest.mark.parametrize("placement, buffer_dtype", CELLS)
 def test_fold_and_device_agree_with_tower_eager_and_under_the_graph_runner(preset, placement, buffer_dtype, seed):
     cfg = small_cfg(preset)

@@ -1,6 +1,8 @@
 """The vision towers against transformers' implementation with identical weights."""
 import dataclasses
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -8,7 +10,8 @@ import workbench as wb
 from workbench.reference import cos_min, hf_embeddings, hf_vision_model, rel_err
 from workbench.towers import build_tower
 
-FAMILY_PRESETS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5", "tiny-glm-ocr", "tiny-pixtral"]
+FAMILY_PRESETS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5", "tiny-glm-ocr", "tiny-pixtral",
+                  "tiny-kimi-k2.5"]
 
 
 def matched_towers(cfg, seed, dtype=torch.float32):
@@ -39,12 +42,13 @@ def test_tower_matches_transformers_on_real_photos_mixed_batch_and_video(preset,
     assert batch.grid_thw[:, 0].tolist() == [1, 1, 1, 4 // cfg.temporal_patch_size]
     ref = hf_embeddings(hf, batch.pixels, batch.grid_thw)
     out = ours(batch.pixels, batch.grid_thw)
-    assert out.shape == ref.shape == (batch.n_rows // 4, cfg.out_hidden)
+    tokens = cfg.item_tokens(batch.grid_thw)             # rows / 4, but one frame's for Kimi-K2.5's video chunk
+    assert out.shape == ref.shape == (sum(tokens), cfg.out_hidden)
     assert rel_err(out, ref) < 1e-5
     # item by item equals the batch (no cross-item attention leaks)
-    for item, sl in zip(batch.split(), batch.item_slices):
+    for item, a, k in zip(batch.split(), np.cumsum([0] + tokens), tokens):
         one = ours(item.pixels, item.grid_thw)
-        assert rel_err(one, out[sl.start // 4: sl.stop // 4]) < 1e-5
+        assert rel_err(one, out[a:a + k]) < 1e-5
 
 
 @pytest.mark.parametrize("preset", FAMILY_PRESETS)
@@ -98,9 +102,10 @@ def test_padded_metadata_gives_the_same_valid_rows(preset, backend, seed):
                              n_window_segments=(n + pad) // 4, max_window_seqlen=n + pad)
         assert meta.cu_seqlens.shape == (9,) and meta.cu_seqlens[-1] == n
         out = tower.forward_prepared(xp, meta)
-    assert out.shape == ((n + pad) // 4, cfg.out_hidden)
-    assert torch.isfinite(out[: n // 4]).all()
-    assert rel_err(out[: n // 4], ref) < 1e-6
+    k = sum(cfg.item_tokens(grid))
+    assert out.shape == ((n + pad) // 4, cfg.out_hidden) and ref.shape[0] == k
+    assert torch.isfinite(out[:k]).all()
+    assert rel_err(out[:k], ref) < 1e-6
 
 
 @pytest.mark.parametrize("preset", FAMILY_PRESETS)

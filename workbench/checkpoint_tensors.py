@@ -15,7 +15,6 @@ from .checkpoint_files import (DTYPE_LABELS, NAME_OF_LABEL, WEIGHTS, WEIGHTS_IND
 from .config import VisionConfig
 
 VISION_PREFIXES = ("model.visual.", "visual.")
-FAMILY_LAYOUTS = tuple({prefix: ""} for prefix in VISION_PREFIXES)     # `Family.checkpoint_layouts`' default
 HEADER_MAX_BYTES = 100 << 20     # what safetensors itself refuses above
 # safetensors dtype label -> bytes per element (the labels torch reads)
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -31,7 +30,18 @@ class _Tensor:
     key: str                     # the checkpoint's name for it
     file: Path
     dtype: str                   # safetensors label: F32, BF16, ...
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]       # the tower's tensor's (of the rows below, where a fused tensor is split)
+    rows: tuple[int, int] | None = None     # the tower's tensor is these rows of the stored one
+    rope_heads: int = 0          # > 0: rows stored as interleaved rotary pairs, per head of that many
+
+    def converted(self, stored):
+        """The tower's tensor from the stored one (`Family.checkpoint_keys`): the rows, then per
+        head the pairs (0, 1), (2, 3), ... split into halves (transformers' PermuteForRope)."""
+        t = stored if self.rows is None else stored[self.rows[0]:self.rows[1]]
+        if self.rope_heads:
+            n = t.shape[0]
+            t = t.reshape(self.rope_heads, n // self.rope_heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+        return t
 
 
 def _entry(name: str, e) -> tuple[str, tuple[int, ...], int, int]:
@@ -102,14 +112,14 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {name: (dtype, shape) for name, (dtype, shape, _, _) in entries.items()}
 
 
-def _vision_keys(names, where: Path, layouts=FAMILY_LAYOUTS) -> dict[str, str]:
-    """Tower key -> checkpoint key for every vision tensor, in the first of the family's layouts
-    (`Family.checkpoint_layouts`: checkpoint prefix -> tower prefix) that the folder's keys use."""
-    for layout in layouts:
-        keys = {own + k[len(prefix):]: k for k in names for prefix, own in layout.items() if k.startswith(prefix)}
-        if keys:
-            return keys
-    prefixes = [prefix for layout in layouts for prefix in layout]
+def _vision_keys(names, where: Path, cfg: VisionConfig) -> dict[str, tuple]:
+    """Tower key -> (checkpoint key, rows, rope heads) for every vision tensor, as the family maps
+    the folder's names (`Family.checkpoint_keys`: by default the first of its layouts,
+    `Family.checkpoint_layouts`, checkpoint prefix -> tower prefix, that the folder's keys use)."""
+    keys = cfg.spec.checkpoint_keys(cfg, names)
+    if keys:
+        return keys
+    prefixes = [prefix for layout in cfg.spec.checkpoint_layouts for prefix in layout]
     raise CheckpointError(f"{where}: no vision tensors (no key starts with {' or '.join(prefixes)})")
 
 
@@ -129,10 +139,10 @@ def _shard_map(path: Path) -> dict[str, Path]:
     return {key: files[entry] for key, entry in weight_map.items()}
 
 
-def _vision_tensors(path: Path, layouts=FAMILY_LAYOUTS) -> dict[str, _Tensor]:
+def _vision_tensors(path: Path, cfg: VisionConfig) -> dict[str, _Tensor]:
     """Tower key -> its tensor, from the headers of the files that hold the vision tensors (the
-    one file, or the shards the index names for them), each header checked whole; ``layouts``: the
-    family's checkpoint layouts (`Family.checkpoint_layouts`)."""
+    one file, or the shards the index names for them), each header checked whole; the names as
+    ``cfg``'s family maps them (`Family.checkpoint_keys`)."""
     if os.path.lexists(path / WEIGHTS_INDEX):
         shards = _shard_map(path)
         headers = {}
@@ -143,13 +153,18 @@ def _vision_tensors(path: Path, layouts=FAMILY_LAYOUTS) -> dict[str, _Tensor]:
     else:
         raise CheckpointError(f"{path}: no {WEIGHTS} or {WEIGHTS_INDEX} (the model's tensors)")
     out = {}
-    for k, ck in _vision_keys(shards, path, layouts).items():
+    for k, (ck, rows, rope) in _vision_keys(shards, path, cfg).items():
         file = shards[ck]
         if file not in headers:
             headers[file] = _read_header(file)
         if ck not in headers[file]:
             raise CheckpointError(f"{file}: no tensor {ck}, which {WEIGHTS_INDEX} places in this file")
-        out[k] = _Tensor(ck, file, *headers[file][ck])
+        dtype, shape = headers[file][ck]
+        if rows is not None:
+            if rows[1] > shape[0]:
+                raise CheckpointError(f"{file}: tensor {ck} {shape} has no rows {rows[0]}..{rows[1] - 1} (its {k})")
+            shape = (rows[1] - rows[0], *shape[1:])
+        out[k] = _Tensor(ck, file, dtype, shape, rows, rope)
     return out
 
 

@@ -61,7 +61,7 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
     the file)."""
     kinds = dict(patch_size=POSITIVE, merge_size=POSITIVE, temporal_patch_size=POSITIVE, image_mean=NUMBERS,
                  image_std=NUMBERS, do_rescale=BOOL, do_normalize=BOOL, rescale_factor=NUMBER, size=OBJECT,
-                 min_pixels=POSITIVE, max_pixels=POSITIVE)
+                 min_pixels=POSITIVE, max_pixels=POSITIVE, max_patches=POSITIVE)
     side = pp.get("patch_size")
     if isinstance(side, dict):       # Pixtral's processor writes {"height": p, "width": p}
         h, w = (checked(side.get(k), POSITIVE, f"patch_size.{k}") for k in ("height", "width"))
@@ -149,7 +149,7 @@ def check_model_folder(folder, name: str | None = None) -> VisionConfig:
     CheckpointError with a one-line message naming the file and the field or tensor."""
     path = _folder(folder)
     cfg, declared = _read_configs(path, name)
-    _check_tensors(path, _vision_tensors(path, cfg.spec.checkpoint_layouts), _meta_tower(cfg), declared)
+    _check_tensors(path, _vision_tensors(path, cfg), _meta_tower(cfg), declared)
     return cfg
 
 
@@ -208,18 +208,18 @@ def load_vision_weights(tower, folder):
     from safetensors import SafetensorError, safe_open
 
     path = _folder(folder)
-    tensors = _vision_tensors(path, tower.cfg.spec.checkpoint_layouts)
+    tensors = _vision_tensors(path, tower.cfg)
     _check_tensors(path, tensors, tower, _declared_label(_read_json(path, CONFIG, "the model's config"), path / CONFIG))
     own = tower.state_dict()
-    by_file: dict[Path, list[tuple[str, str]]] = {}
+    by_file: dict[Path, list[tuple[str, object]]] = {}
     for k, t in tensors.items():
         if k in own:
-            by_file.setdefault(t.file, []).append((k, t.key))
+            by_file.setdefault(t.file, []).append((k, t))
     state = {}
     for file, keys in by_file.items():
         try:
             with safe_open(str(file), framework="pt") as f:
-                state.update((k, f.get_tensor(ck)) for k, ck in keys)
+                state.update((k, t.converted(f.get_tensor(t.key))) for k, t in keys)
         except (SafetensorError, OSError) as e:     # the file changed since its header was checked
             raise CheckpointError(f"{file}: {e}") from None
     return tower.load_hf_state_dict(state)

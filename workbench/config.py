@@ -231,6 +231,13 @@ class VisionConfig:
         out_hidden-wide deepstack feature per `deepstack_indexes` entry, concatenated after it."""
         return self.out_hidden * (1 + len(self.deepstack_indexes))
 
+    def item_tokens(self, grid_thw) -> list[int]:
+        """Merged tokens the tower returns for each item of ``grid_thw`` ((t, h, w) rows): one per
+        merge block of every frame (t h w / merge_unit), or what the family's `item_tokens` says
+        (Kimi-K2.5 pools a chunk's frames into one frame's tokens)."""
+        rows = grid_thw.tolist() if hasattr(grid_thw, "tolist") else grid_thw
+        return [self.spec.item_tokens(self, *(int(v) for v in g)) for g in rows]
+
     @property
     def merge_unit(self) -> int:
         """Rows merged into one output token (4)."""

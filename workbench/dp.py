@@ -41,9 +41,9 @@ def encode_dp(enc, batch: PatchBatch, local_path: str = "eager", runner=None, gr
         raise ValueError(f"local_path must be 'eager' or 'cudagraph', got {local_path!r}")
     enc.check_batch(batch)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    unit = enc.cfg.merge_unit
+    tokens = enc.cfg.item_tokens(batch.grid_thw)
     assign = balance(batch.item_rows, world)
-    counts = [sum(batch.item_rows[i] // unit for i in a) for a in assign]
+    counts = [sum(tokens[i] for i in a) for a in assign]
     longest = max(counts)
     nccl = dist.get_backend(group) == "nccl"
     # gloo has no bf16 reductions/collectives on every build: ship float32 there
@@ -56,9 +56,9 @@ def encode_dp(enc, batch: PatchBatch, local_path: str = "eager", runner=None, gr
         padded[: counts[rank]] = local.to(device=dev, dtype=wire)
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded, group=group)
-    out = torch.empty(batch.n_rows // unit, enc.cfg.embed_width, dtype=enc.dtype, device=enc.device)
+    out = torch.empty(sum(tokens), enc.cfg.embed_width, dtype=enc.dtype, device=enc.device)
     for r, items in enumerate(assign):
-        batch.place_tokens(out, items, gathered[r][: counts[r]].to(device=enc.device, dtype=enc.dtype), unit)
+        batch.place_tokens(out, items, gathered[r][: counts[r]].to(device=enc.device, dtype=enc.dtype), tokens=tokens)
     return out
 
 

@@ -70,12 +70,16 @@ class PatchBatch:
         return out
 
     def place_tokens(self, out: torch.Tensor, indices: Sequence[int], packed: torch.Tensor,
-                     merge_unit: int = 4) -> None:
+                     merge_unit: int = 4, tokens: Sequence[int] | None = None) -> None:
         """Scatter `packed` (the merged tokens of items `indices`, concatenated in that order)
-        into `out` ([N / merge_unit, ...], item order) at each item's token rows."""
-        slices, start = self.item_slices, 0
+        into `out` (every item's tokens, in item order) at each item's token rows. tokens: the
+        merged tokens of every item of the batch (`VisionConfig.item_tokens`); None: rows /
+        merge_unit each ([N / merge_unit, ...] in all)."""
+        tokens = [r // merge_unit for r in self.item_rows] if tokens is None else list(tokens)
+        firsts = np.cumsum([0] + tokens).tolist()
+        start = 0
         for i in indices:
-            first, k = slices[i].start // merge_unit, self.item_rows[i] // merge_unit
+            first, k = firsts[i], tokens[i]
             out[first: first + k] = packed[start: start + k]
             start += k
 

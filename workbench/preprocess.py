@@ -155,9 +155,12 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
     Every item is resized with PIL bicubic to smart_resize(h, w, patch_size * merge_size,
     cfg.min_pixels, cfg.max_pixels) (small images are upscaled; a side of 0 or an aspect ratio above
     200 is a ValueError); a family whose processor bounds each side instead (Pixtral,
-    `VisionConfig.longest_edge`) gets its rule, `images.target_size`. Video frames all get the size
-    the rule gives for the frame size (transformers' video processor differs: torchvision resize
-    and its own size rule).
+    `VisionConfig.longest_edge`) gets its rule, `images.target_size`, and one whose processor pads
+    its own way gets that (`Family.resize`; Kimi-K2.5: its navit_resize, then zeros at the bottom and
+    right up to multiples of patch_size * merge_size); a family may cut a video into several items
+    (`Family.video_chunks`; Kimi-K2.5: chunks of 4 frames). Video frames all get the size the rule
+    gives for the frame size (transformers' video processor differs: torchvision resize and its own
+    size rule).
 
     Returns uint8 pixels, or with `normalize=True` float32 pixels equal to transformers' default
     (rescale + normalize) output. grid_thw is [1, gh, gw] per image and [T/2, gh, gw] per video.
@@ -204,17 +207,21 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
         what = f"{kind} {i}"
         if kind == "image":
             frames, (h, w) = [x], _check_image(x, what)
+            chunks = [frames]
         else:
             frames, h, w = _check_video(x, what)
             if len(frames) % tp:
                 raise ValueError(
                     f"{what} has {len(frames)} frames, not a multiple of temporal_patch_size={tp} "
                     f"(an odd frame count); drop the last frame or repeat it to make it even")
-        th, tw = target_size(h, w, cfg)
-        grid = [1 if kind == "image" else len(frames) // tp, th // p, tw // p]
-        limits.check("item_rows", math.prod(grid), f"patch rows of {what} ({len(frames)} frame(s) of {h}x{w} "
-                                                   f"resized to {th}x{tw}, grid t x h x w = {grid})")
-        plans.append((i, kind, frames, (th, tw), grid))
+            chunks = [frames[r.start:r.stop] for r in cfg.spec.video_chunks(cfg, len(frames))]
+        sizes = cfg.spec.resize(cfg, kind, h, w)
+        (th, tw), (ph, pw) = sizes if sizes is not None else (target_size(h, w, cfg),) * 2
+        for chunk in chunks:
+            grid = [1 if kind == "image" else len(chunk) // tp, ph // p, pw // p]
+            limits.check("item_rows", math.prod(grid), f"patch rows of {what} ({len(chunk)} frame(s) of {h}x{w} "
+                                                       f"resized to {th}x{tw}, grid t x h x w = {grid})")
+            plans.append((i, kind, chunk, ((th, tw), (ph, pw)), grid))
     total = limits.check("batch_rows", sum(math.prod(g) for *_, g in plans),
                          f"patch rows of the batch ({len(plans)} items)")
     starts = np.cumsum([0] + [math.prod(g) for *_, g in plans]).tolist()
@@ -223,10 +230,10 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
         pixels = np.empty((total, cfg.patch_dim), np.uint8)
 
         def one(k: int) -> None:
-            i, kind, frames, size, grid = plans[k]
-            resized = np.empty((len(frames), *size, 3), np.uint8)
+            i, kind, frames, (size, padded), grid = plans[k]
+            resized = (np.empty if size == padded else np.zeros)((len(frames), *padded, 3), np.uint8)
             for j, frame in enumerate(frames):
-                resized[j] = _rgb_resized(frame, size, i, _where(kind, j))
+                resized[j, :size[0], :size[1]] = _rgb_resized(frame, size, i, _where(kind, j))
             _patchify(resized, p, m, tp, pixels[starts[k]:starts[k + 1]])
 
         _each(one, len(plans), threads or 1)
@@ -234,9 +241,12 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
         return PatchBatch(normalize_rows(rows, cfg) if normalize else rows, grid_thw)
     rows = torch.empty((total, cfg.patch_dim), dtype=torch.uint8, device=dev)
     with torch_threads(threads):
-        for k, (i, kind, frames, size, grid) in enumerate(plans):
+        for k, (i, kind, frames, (size, padded), grid) in enumerate(plans):
             item = frames_nchw([hwc_rgb(f, i, _where(kind, j)) for j, f in enumerate(frames)], dev)
-            patchify(resize(item, size, float_path=backend == "cuda"), p, m, tp, rows[starts[k]:starts[k + 1]])
+            item = resize(item, size, float_path=backend == "cuda")
+            if size != padded:      # zeros at the bottom and right (Kimi-K2.5's processor)
+                item = torch.nn.functional.pad(item, (0, padded[1] - size[1], 0, padded[0] - size[0]))
+            patchify(item, p, m, tp, rows[starts[k]:starts[k + 1]])
         return PatchBatch(normalize_tv(rows, cfg) if normalize else rows, grid_thw)
 
 

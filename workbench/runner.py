@@ -51,7 +51,7 @@ from .preprocess import PatchBatch
 from .runner_policy import PackCosts, ReplayRecord, _PhaseClock, _check_budgets, calibrate, default_budgets
 from .runner_policy import PHASES, engine_budgets, engine_max_items  # noqa: F401
 from .towers.common import remember
-from .towers.metadata import budget_padding, sequence_rows
+from .towers.metadata import budget_padding
 
 BACKENDS = ("auto", "cuda", "emulated")
 POLICIES = ("auto", "always")
@@ -273,7 +273,7 @@ class EncoderGraphRunner:
     def _pack_variant(self, cap: _Captured, n_rows: int, frames: list[int]) -> "_Captured | None":
         """The exact-fit graph a pack replays (equal sequences filling its budget exactly: same
         buffers, dense attention), captured on first use; None: the budget's general graph.
-        ``n_rows``: the pack's rows; ``frames``: its sequence lengths (`sequence_rows`)."""
+        ``n_rows``: the pack's rows; ``frames``: its sequence lengths (`VisionTower.sequences`)."""
         if n_rows != cap.budget * self.encoder.cfg.merge_unit or len(set(frames)) != 1:
             return None
         return self._exact_graph(cap, len(frames))
@@ -291,7 +291,7 @@ class EncoderGraphRunner:
         for budget, idx in packs:
             grid = batch.grid_thw[idx]
             self.host_metadata(grid, budget)
-            self._pack_variant(self.graphs[budget], sum(batch.item_rows[i] for i in idx), sequence_rows(grid))
+            self._pack_variant(self.graphs[budget], sum(batch.item_rows[i] for i in idx), self.tower.sequences(grid))
 
     # ---- replay ------------------------------------------------------------------------------
     def check_pad_value(self, pad_value) -> None:
@@ -349,7 +349,8 @@ class EncoderGraphRunner:
     @torch.inference_mode()
     def encode(self, batch: PatchBatch, pad_value: float = 0.0, phases: dict | None = None,
                policy: str | None = None) -> torch.Tensor:
-        """Merged embeddings [N/4, embed_width] in item order; appends ReplayRecords to `stats`.
+        """Merged embeddings [N/4, embed_width] in item order (`VisionConfig.item_tokens` per item);
+        appends ReplayRecords to `stats`.
 
         pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check).
         phases: a dict to add each phase's seconds to (keys `PHASES`, plus ``miss`` when an item
@@ -388,9 +389,9 @@ class EncoderGraphRunner:
         with phase("staging"):
             dev = PatchBatch(batch.pixels.to(self.device, non_blocking=True), batch.grid_thw)
         slices, rows = batch.item_slices, batch.item_rows
+        tokens = self.encoder.cfg.item_tokens(batch.grid_thw)
         with phase("copy_out"):
-            out = torch.empty(batch.n_rows // unit, self.encoder.cfg.embed_width, dtype=self.encoder.dtype,
-                              device=self.device)
+            out = torch.empty(sum(tokens), self.encoder.cfg.embed_width, dtype=self.encoder.dtype, device=self.device)
         eager_packs: list[ReplayRecord] = []
         eager_items: list[int] = []
         for k, (budget, idx) in enumerate(packs):
@@ -411,12 +412,12 @@ class EncoderGraphRunner:
                 pixels = (dev.pixels[slices[idx[0]].start:slices[idx[-1]].stop] if consecutive else
                           torch.cat([dev.pixels[slices[i]] for i in idx]))
                 self.stage(cap, pixels, pad_value)
-            variant = self._pack_variant(cap, n_rows, sequence_rows(grid))
+            variant = self._pack_variant(cap, n_rows, self.tower.sequences(grid))
             exact = variant is not None
             with phase("replay"):
                 result = self.replay(variant if exact else cap)
             with phase("copy_out"):
-                batch.place_tokens(out, idx, result, unit)
+                batch.place_tokens(out, idx, result, tokens=tokens)
             self.stats.append(ReplayRecord(budget, len(idx), n_rows, budget * unit - n_rows, exact=exact,
                                            **predicted))
         if eager_items:
@@ -429,11 +430,11 @@ class EncoderGraphRunner:
                 if whole:
                     out = result
                 else:
-                    batch.place_tokens(out, items, result, unit)
+                    batch.place_tokens(out, items, result, tokens=tokens)
             self.stats += eager_packs
         for i in misses:
             with phase("miss"):
-                batch.place_tokens(out, [i], self.encoder.encode_eager(dev.select([i], copy=False)), unit)
+                batch.place_tokens(out, [i], self.encoder.encode_eager(dev.select([i], copy=False)), tokens=tokens)
             self.stats.append(ReplayRecord(0, 1, rows[i], 0, miss=True))
         return out
 

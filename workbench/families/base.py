@@ -78,6 +78,11 @@ class Family:
         """Multiply-adds per merged output token of the matmuls after the blocks (mergers)."""
         raise NotImplementedError
 
+    def item_tokens(self, cfg, t: int, h: int, w: int) -> int:
+        """Merged tokens the tower returns for an item of t frames (temporal patches) of h x w
+        patches: one per merge block of every frame."""
+        return t * h * w // cfg.merge_unit
+
     def full_attention_blocks(self, cfg) -> int:
         """How many blocks attend over whole frames (the rest attend within windows)."""
         return cfg.depth
@@ -95,6 +100,14 @@ class Family:
         """VisionConfig fields (architecture only) from a checkpoint's config.json ``vision_config``
         dict; a missing key or a value the tower cannot run is a ValueError naming it."""
         raise NotImplementedError
+
+    def checkpoint_keys(self, cfg, names) -> dict[str, tuple]:
+        """Tower key -> (checkpoint key, rows, rope heads) of a model folder's tensors ``names``:
+        the tensor, its rows (start, stop) where the tower's tensor is a split of a stored fused one
+        (None: whole), and > 0 where its rows are stored as interleaved rotary pairs of that many
+        heads (`checkpoint_tensors._Tensor.converted`); by default the first of `checkpoint_layouts`
+        any name uses. {} where none fits."""
+        return {k: (ck, None, 0) for k, ck in layout_keys(names, self.checkpoint_layouts).items()}
 
     def from_hf_config(self, config: dict) -> dict:
         """VisionConfig fields (architecture only) from a checkpoint's whole config.json: its
@@ -121,6 +134,16 @@ class Family:
         processors bound each frame's pixels; GLM's overrides this)."""
         return shortest_edge, longest_edge
 
+    # ---- the processor's sizes ---------------------------------------------------------------
+    def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """((resized h, w), (padded h, w)) of an image or video frame ('image' or 'video'), where the
+        family's processor sizes its own way; None: `images.target_size`, no padding (above the specs)."""
+        return None
+
+    def video_chunks(self, cfg, n_frames: int) -> list[range]:
+        """The frames of each item a video of ``n_frames`` becomes: one item, all of them."""
+        return [range(n_frames)]
+
     def hf_embeddings(self, model, pixels, grid_thw):
         """transformers' output in our tower's form: the merged embedding [N/4, embed_width]."""
         out = model(pixels, grid_thw)
@@ -128,6 +151,17 @@ class Family:
 
 
 # ---- shared checks and counts -------------------------------------------------------------------
+
+def layout_keys(names, layouts) -> dict[str, str]:
+    """Tower key -> checkpoint key for every tensor under the first of ``layouts`` that any of
+    ``names`` uses (a layout: checkpoint prefix -> tower prefix, `Family.checkpoint_layouts`); {}
+    where none does."""
+    for layout in layouts:
+        keys = {own + k[len(prefix):]: k for k in names for prefix, own in layout.items() if k.startswith(prefix)}
+        if keys:
+            return keys
+    return {}
+
 
 def check_unused(cfg, **defaults) -> list[str]:
     """Problems for fields a family has no use for but that are set away from their default (a
@@ -214,6 +248,9 @@ VISION_KEYS = {
     "rope_parameters": OBJECT, "rope_scaling": OBJECT,
     # Pixtral's vision_config, and the top-level fields of Mistral3's config.json its projector reads
     **dict.fromkeys(("num_hidden_layers", "num_attention_heads", "num_channels", "head_dim"), POSITIVE),
+    # Kimi-K2.5's vision_config, and the top-level field of its config.json its projector reads
+    **dict.fromkeys(("pos_emb_height", "pos_emb_width", "pos_emb_time"), POSITIVE), "merge_kernel_size": INDICES,
+    "projection_layer_norm_eps": NUMBER,
     "text_config": OBJECT, "projector_hidden_act": STRING, "multimodal_projector_bias": BOOL,
     "vision_feature_layer": INTEGER,
 }

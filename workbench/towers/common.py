@@ -108,7 +108,8 @@ class VisionTower(nn.Module):
 
     family: str = ""
     patch_bias: bool = False          # the patch embedding's Conv3d has a bias (Qwen3-VL, GLM-4.1V)
-    patch_conv2d: bool = False        # the checkpoint's patch embedding is a Conv2d (Pixtral)
+    patch_conv2d: bool = False        # the checkpoint's patch embedding is a Conv2d (Pixtral, Kimi-K2.5)
+    rotary_interleaved: bool = False  # rotary angles as (w, h) pairs (Kimi-K2.5), not an h half and a w half
 
     def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
                  attn_backend: str = "auto", fused="auto", gemm_align: int = GEMM_ALIGN, fold_norm: bool = False):
@@ -164,8 +165,8 @@ class VisionTower(nn.Module):
                              "rows of grid_thw")
         pos = torch.zeros(n_rows, 2, dtype=torch.int64)
         pos[:n_valid] = merge_block_positions(grid, cfg.merge_size)
-        cos, sin = rotary_cos_sin(pos, cfg, self.dtype, self.rotary_inv_freq)
-        frame_rows = sequence_rows(grid)
+        cos, sin = rotary_cos_sin(pos, cfg, self.dtype, self.rotary_inv_freq, interleaved=self.rotary_interleaved)
+        frame_rows = self.sequences(grid)
         offsets = [0]
         for r in frame_rows:
             offsets.append(offsets[-1] + r)
@@ -181,6 +182,13 @@ class VisionTower(nn.Module):
 
     # the rotary's inverse frequencies (`rotary_cos_sin`): one table for both axes by default
     rotary_inv_freq = staticmethod(rotary_inv_freq)
+
+    # True: an item's frames attend as one sequence (Kimi-K2.5's video chunks); False: each frame alone
+    joint_frames: bool = False
+
+    def sequences(self, grid) -> list[int]:
+        """Rows of each attention sequence of ``grid`` (`sequence_rows`)."""
+        return sequence_rows(grid, self.joint_frames)
 
     # towers with a learned position table resampled to each grid: 'bilinear' or 'bicubic' taps
     # (`position_taps`), host metadata like the rotary tables; None: no table
@@ -318,13 +326,16 @@ class VisionTower(nn.Module):
 
     def forward(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """pixels [N, patch_dim] (uint8 for a device-normalizing or folded tower, else float) -> merged
-        [N/4, embed_width] (see `run_blocks` for what follows the merged tokens in Qwen3-VL)."""
+        [N/4, embed_width] (see `run_blocks` for what follows the merged tokens in Qwen3-VL; a family
+        that pools frames returns fewer: `VisionConfig.item_tokens`)."""
         if pixels.dim() != 2 or pixels.shape[1] != self.cfg.patch_dim:
             raise ValueError(f"pixels must be [N, {self.cfg.patch_dim}], got {tuple(pixels.shape)}")
         meta = self.prepare_cached(grid_thw)
         if pixels.shape[0] != meta.n_rows:
             raise ValueError(f"pixels have {pixels.shape[0]} rows but grid_thw adds up to {meta.n_rows}")
-        return self.forward_prepared(pixels.to(self.device), meta)
+        out = self.forward_prepared(pixels.to(self.device), meta)
+        tokens = sum(self.cfg.item_tokens(grid_thw))
+        return out if tokens == out.shape[0] else out[:tokens]
 
     # ---- weights ---------------------------------------------------------------------------
     def state_mismatch(self, shapes: dict[str, tuple], missing: str = "missing from the checkpoint",

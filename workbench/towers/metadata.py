@@ -34,6 +34,12 @@ class TowerMetadata:
     # sum_k pos_weight[r, k] * table[pos_index[r, k]]; padding rows have weight 0
     pos_index: torch.Tensor | None = None           # int64 [n_rows, taps]
     pos_weight: torch.Tensor | None = None          # fp32 (fp64 for an fp64 tower) [n_rows, taps]
+    # Kimi-K2.5's frames: row r adds row frame_index[r] of its temporal table (0: none), and its
+    # pooled output row s is sum_f pool_weight[s, f] * x[pool_index[s, f]] (each frame's row of the
+    # merged token, weight 1/t; rows past the pooled ones weigh 0)
+    frame_index: torch.Tensor | None = None         # int64 [n_rows]
+    pool_index: torch.Tensor | None = None          # int64 [n_rows, frames]
+    pool_weight: torch.Tensor | None = None         # fp32 (fp64 for an fp64 tower) [n_rows, frames]
     # rows per sequence when every full-attention sequence has that many rows and no row is padding
     # (one image, or frames of one size): full attention may then run as one dense batched kernel
     # (see attention.DENSE_MIN_ROWS); None: sequences of several lengths, or padding rows
@@ -98,14 +104,16 @@ def merge_block_positions(grid: list[tuple[int, int, int]], merge: int) -> torch
 
 
 def rotary_cos_sin(pos: torch.Tensor, cfg: VisionConfig, dtype: torch.dtype,
-                   inv_freq=rotary_inv_freq) -> tuple[torch.Tensor, torch.Tensor]:
+                   inv_freq=rotary_inv_freq, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [N, head_dim]: angles (h-freqs | w-freqs) repeated twice for rotate-half.
 
     inv_freq(cfg, math_dtype): the inverse frequencies, [head_dim/4] shared by the h and w halves
-    (the default), or [2, head_dim/4] with the h half's row first (Pixtral's interleaved layout)."""
+    (the default), or [2, head_dim/4] with the h half's row first (Pixtral's interleaved layout).
+    interleaved: the half is (w_0, h_0, w_1, h_1, ...) instead (Kimi-K2.5's layout)."""
     math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     inv = inv_freq(cfg, math_dtype)
-    ang = (pos.to(math_dtype)[:, :, None] * inv).flatten(1)         # [N, head_dim/2] = (h..., w...)
+    ang = pos.to(math_dtype)[:, :, None] * inv                      # [N, 2 (h, w), head_dim/4]
+    ang = ang.flip(1).transpose(1, 2).flatten(1) if interleaved else ang.flatten(1)   # [N, head_dim/2]
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos(), ang.sin()
 
@@ -130,10 +138,13 @@ def budget_padding(cfg: VisionConfig, budget: int, max_items: int) -> dict:
                 max_window_seqlen=min(rows, cfg.window_merged ** 2 * cfg.merge_unit))
 
 
-def sequence_rows(grid) -> list[int]:
+def sequence_rows(grid, joint_frames: bool = False) -> list[int]:
     """The attention sequences of a grid ((t, h, w) rows, a list or a tensor), in rows: one per
-    frame, h * w patches each."""
+    frame, h * w patches each; with ``joint_frames``, one per item, t * h * w (Kimi-K2.5's frames
+    of a chunk attend to each other)."""
     grid = grid.tolist() if isinstance(grid, torch.Tensor) else grid
+    if joint_frames:
+        return [t * h * w for t, h, w in grid]
     return [h * w for t, h, w in grid for _ in range(t)]
 
 
@@ -196,11 +207,16 @@ def position_taps(grid: list[tuple[int, int, int]], merge: int, side: int, mode:
 
 def interpolated_positions(table: torch.Tensor, meta: "TowerMetadata", dtype: torch.dtype) -> torch.Tensor:
     """[n_rows, width] in ``dtype``: each row's weighted sum of table rows (`position_taps`),
-    accumulated in the weights' precision (fp32, fp64 for an fp64 tower) as transformers does.
+    accumulated in the weights' precision (fp32, fp64 for an fp64 tower) as transformers does."""
+    return weighted_rows(table, meta.pos_index, meta.pos_weight, dtype)
 
-    One gather and one multiply-add per tap over [n_rows, width]: fixed shapes, plain indexing
+
+def weighted_rows(table: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[n, width] in ``dtype``: out[r] = sum_k weight[r, k] * table[index[r, k]], accumulated in
+    the weights' precision (index, weight: [n, taps]).
+
+    One gather and one multiply-add per tap over [n, width]: fixed shapes, plain indexing
     (graph-capturable, deterministic), and no [rows, taps, width] intermediate (16 taps for GLM)."""
-    index, weight = meta.pos_index, meta.pos_weight
     table = table.to(weight.dtype)
     out = torch.zeros(index.shape[0], table.shape[1], dtype=weight.dtype, device=table.device)
     for k in range(index.shape[1]):

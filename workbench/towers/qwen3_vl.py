@@ -49,8 +49,17 @@ class Qwen3VLBlock(VisionBlock):
         mlp.linear_fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
         super().__init__(cfg, "layer", mlp)
 
+    # the MLP's two linears (Kimi-K2.5's block names them fc1 / fc2)
+    @property
+    def fc1(self) -> nn.Linear:
+        return self.mlp.linear_fc1
+
+    @property
+    def fc2(self) -> nn.Linear:
+        return self.mlp.linear_fc2
+
     def mlp_out(self, h):
-        return self.mlp.linear_fc2(gelu_tanh(self.mlp.linear_fc1(h)))
+        return self.fc2(gelu_tanh(self.fc1(h)))
 
     def mlp_fused(self, h):
         """fc1 with GELU(tanh) in cuBLASLt's GEMM epilogue (`torch._addmm_activation`), then fc2.
@@ -65,8 +74,8 @@ class Qwen3VLBlock(VisionBlock):
         hold two. Checked against the plain twin and float64 in tests/test_cuda.py."""
         if h.device.type not in ("cuda", "meta"):
             return self.mlp_out(h)
-        fc1 = self.mlp.linear_fc1
-        return self.mlp.linear_fc2(torch._addmm_activation(fc1.bias, h, fc1.weight.t(), use_gelu=True))
+        fc1 = self.fc1
+        return self.fc2(torch._addmm_activation(fc1.bias, h, fc1.weight.t(), use_gelu=True))
 
 
 class Qwen3VLMerger(nn.Module):

@@ -240,12 +240,12 @@ def _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref):
     enc = _build(cfg, "tower", norm, dt, dev, seed)
     with torch.no_grad():
         together = enc.encode(raw).float().cpu()
-        unit = cfg.merge_unit
+        firsts = np.cumsum([0] + cfg.item_tokens(raw.grid_thw)).tolist()
         out = []
-        for i, sl in enumerate(raw.item_slices):
+        for i in range(raw.n_items):
             one = raw.select([i])
             alone = enc.encode(one).float().cpu()
-            rows = slice(sl.start // unit, sl.stop // unit)
+            rows = slice(firsts[i], firsts[i + 1])
             out.append(dict(common, case="kernel_choice", placement="tower", norm=norm, path="eager",
                             buffer_dtype="-", item=i, kernels=f"{_attention_kernel(enc, one)} alone, "
                             f"{_attention_kernel(enc, raw)} in the batch",
