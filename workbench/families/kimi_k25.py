@@ -188,9 +188,13 @@ class KimiK25Family(Family):
 
     def hf_embeddings(self, model, pixels, grid_thw):
         """transformers takes each frame's patches in raster order, [rows, 3, P, P]; its merged
-        tokens come out in merge-block order, as ours."""
-        rows = pixels[raster_order(grid_thw, model.merge_size)]
-        return model(rows.view(-1, 3, model.patch_size, model.patch_size), grid_thw)
+        tokens come out in merge-block order, as ours. One item per call: items attend and pool
+        apart, and transformers 5.17's pooler cannot take images and video chunks in one call (it
+        concatenates per-item index tables of [tokens, t, 4], which differ in t)."""
+        import torch
+        rows = pixels[raster_order(grid_thw, model.merge_size)].view(-1, 3, model.patch_size, model.patch_size)
+        sizes = [int(t * h * w) for t, h, w in grid_thw.tolist()]
+        return torch.cat([model(part, grid_thw[i:i + 1]) for i, part in enumerate(rows.split(sizes))])
 
     # ---- the processor's resize rule ---------------------------------------------------------
     def processor_bounds(self, values: dict, arch: dict) -> dict:
