@@ -25,7 +25,7 @@ case "${1:?a|b|q|p}" in
      fi ;;
 esac
 export PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1 OMP_NUM_THREADS=16
-if [ "$1" = p ]; then export PYTHONPATH=$PWD; else
+if [ "$1" = p ]; then export PYTHONPATH=$PWD tag_fa4=plain; else
   python3 -c "from flash_attn.cute import flash_attn_varlen_func; import workbench.attention as a, torch; print('fa4:', a.resolve_backend('auto', 'cuda', torch.bfloat16, 72))" || exit 3
 fi
 # Everything is written under /tmp/fa4/out (it outlives a call while the machine stays warm) and
@@ -36,7 +36,7 @@ pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/fa4-out.tgz" -C "$out" . ; }
 latency() {  # one preset's encoder_latency, realistic cells included, reduced to fit a command
   python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
     --set "presets=[\"$1\"]" --set 'tokens=[256,4096]' --set reps=3 --set warmup=1 --set breakdown=false \
-    --name "h200-fa4-$1" > "$out/latency-$1.log" 2>&1
+    --name "h200-${tag_fa4:-fa4}-$1" > "$out/latency-$1.log" 2>&1
   local rc=$?
   rm -rf "$out"/runs/*/figures       # the report redraws them; fewer files to bring back
   return $rc
@@ -50,7 +50,7 @@ for step in $QUEUE; do
   if [ "$left" -lt "$est" ]; then echo "stop before $tag: ${left}s left, ~${est}s needed"; break; fi
   t0=$(date +%s)
   case "$kind" in
-    latency) timeout "$left" bash -c "$(declare -f latency); out=$out; latency $arg" ;;
+    latency) timeout "$left" bash -c "$(declare -f latency); out=$out; tag_fa4=${tag_fa4:-fa4}; latency $arg" ;;
     quack) timeout "$left" python3 tools/probe_quack.py "$((est - 30))" > "$out/probe_quack.log" 2>&1 ;;
     breakdown)  # one preset's exact cell at $arg merged tokens, eager and graph, kernel time by category
       IFS=@ read -r preset tokens <<< "$arg"
