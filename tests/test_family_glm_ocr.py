@@ -1,7 +1,8 @@
 """GLM-OCR (transformers' `GlmOcrVisionModel`, model_type glm_ocr): the tower against transformers'
-with the same weights on real photos, odd grids and video; graph safety (padded metadata, the emulated
-graph runner with a NaN-poisoned pool on every correct placement; captured metadata buffers, the
-FLOP model and the fused kernels in tests/test_families.py, the tower's own norm against
+with the same weights on real photos and video; graph safety (padded metadata, the emulated graph
+runner with a NaN-poisoned pool on every correct placement; odd grids, captured metadata buffers, the
+FLOP model and the fused kernels in tests/test_families.py, outer, none and double in
+tests/test_runner.py, the tower's own norm against
 transformers and bf16 against float64 in tests/test_towers.py); model folders saved by transformers
 (tests/test_checkpoints.py's MODELS saves and loads one too) and bad ones; preprocessing against
 the processor its checkpoint names (Glm46VImageProcessor)."""
@@ -23,29 +24,11 @@ from workbench.towers import build_tower
 from workbench.towers.common import budget_padding
 
 from test_checkpoints import save_model
+from test_families import matched_towers, max_err
 
 TINY = "tiny-glm-ocr"
 FP32_TOL = 1e-5
 
-
-def matched_towers(cfg, seed):
-    """transformers' tower with fresh random weights (norm scales, q/k norms included, around 1),
-    and ours loaded from its state dict (fp32)."""
-    hf = hf_vision_model(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            p.copy_(1.0 + 0.1 * r if name.endswith(("norm.weight", "norm1.weight", "norm2.weight")) else 0.05 * r)
-    ours = build_tower(cfg).eval()
-    ours.load_hf_state_dict(hf.state_dict())
-    return hf, ours
-
-
-def max_err(out, ref):
-    """Largest absolute difference relative to the reference's largest magnitude (float64)."""
-    out, ref = out.double(), ref.double()
-    return float((out - ref).abs().max() / ref.abs().max())
 
 
 @pytest.fixture(scope="module")
@@ -77,18 +60,6 @@ def test_tower_matches_transformers_on_photos_a_mixed_batch_and_video(max_pixels
     # item by item equals the batch (no cross-item attention leaks)
     for one, sl in zip(parts, batch.item_slices):
         assert rel_err(one, out[sl.start // 4: sl.stop // 4]) < 1e-6
-
-
-@pytest.mark.parametrize("grid", [[[1, 6, 10]], [[1, 2, 34], [1, 30, 4]], [[3, 10, 6]]])
-def test_odd_non_square_grids_match_transformers(grid, seed):
-    """Merged grids of odd sides (3 x 5), extreme aspect ratios and a 3-frame video."""
-    cfg = wb.VisionConfig.preset(TINY)
-    hf, ours = matched_towers(cfg, seed)
-    grid = torch.tensor(grid)
-    pixels = torch.randn(int(grid.prod(1).sum()), cfg.patch_dim, generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        out, ref = ours(pixels, grid), hf_embeddings(hf, pixels, grid)
-    assert rel_err(out, ref) < FP32_TOL and max_err(out, ref) < FP32_TOL
 
 
 @pytest.mark.slow
@@ -190,20 +161,6 @@ def replays_equal_eager_from_a_poisoned_pool(cfg, placement, buffer_dtype, items
     poisoned = runner.encode(batch, pad_value=float("nan") if buffer_dtype.is_floating_point else 255)
     assert torch.isfinite(poisoned).all() and torch.equal(poisoned, clean)
     return stats
-
-
-def test_outer_placement_is_wrong_under_the_runner_and_the_towers_own_norm_is_right(items, seed):
-    """The seed's bug on this family: packed items skip the outer model's norm under graphs."""
-    cfg = dataclasses.replace(wb.VisionConfig.preset(TINY), max_pixels=200 * 200)
-    raw = wb.preprocess(items[:2], cfg)
-    outer = wb.build_encoder(cfg, placement="outer", norm="eager", dtype=torch.float32, device="cpu", seed=seed)
-    tower = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=seed)
-    ref = tower.encode(raw)
-    assert rel_err(outer.encode(raw), ref) < FP32_TOL
-    runner = EncoderGraphRunner(outer, budgets=BUDGETS, buffer_dtype=torch.uint8, max_items=4)
-    assert rel_err(outer.encode(raw, path="cudagraph", runner=runner), ref) > 0.1
-    runner = EncoderGraphRunner(tower, budgets=BUDGETS, buffer_dtype=torch.uint8, max_items=4)
-    assert rel_err(tower.encode(raw, path="cudagraph", runner=runner), ref) < 1e-6
 
 
 # ---- model folders ----------------------------------------------------------------------------------

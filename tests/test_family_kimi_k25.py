@@ -1,10 +1,10 @@
 """Kimi-K2.5 (transformers' `Kimi_K25VisionModel` + `Kimi_K25MultimodalProjection`, model_type kimi_k25):
-the tower against transformers' vision model and projector with the same weights on real photos, odd
-grids and video chunks; graph safety (padded metadata, the emulated graph runner with a NaN-poisoned
-pool, the engine's cell: outer wrong under graphs, the tower's own norm right); the processor's size
-rule and video chunks; model folders. Shared tests that list it: test_towers (its norm, bf16 against
-float64), test_families (captured metadata buffers, FLOPs, fused kernels, parameter count),
-test_placements_fold_device (fold and device)."""
+the tower against transformers' vision model and projector with the same weights on real photos and
+video chunks; graph safety (padded metadata, the emulated graph runner with a NaN-poisoned pool); the
+processor's size rule and video chunks; model folders. Shared tests that list it: test_towers (its
+norm, bf16 against float64), test_families (odd grids and chunks, captured metadata buffers, FLOPs,
+fused kernels, parameter count), test_placements_fold_device (fold and device), test_runner (outer
+wrong under graphs, none and double wrong), test_engine_cell (vLLM's cell)."""
 import ast
 import dataclasses
 import math
@@ -22,7 +22,8 @@ from workbench.towers import build_tower
 from workbench.towers.common import budget_padding
 
 # transformers' model (here: vision model and projector) with fresh weights and ours loaded from it
-from test_family_glm_ocr import matched_towers, max_err
+from test_families import matched_towers, max_err
+from test_family_glm_ocr import _edit
 
 TINY = "tiny-kimi-k2.5"
 FP32_TOL = 1e-5
@@ -53,20 +54,6 @@ def test_tower_matches_transformers_on_photos_and_video_chunks(photos, seed):
     firsts = np.cumsum([0] + tokens)
     for one, a, b in zip(parts, firsts[:-1], firsts[1:]):      # no cross-item attention or pooling leaks
         assert rel_err(one, out[a:b]) < 1e-6
-
-
-@pytest.mark.parametrize("grid", [[[1, 6, 10]], [[1, 2, 34], [1, 30, 4]], [[3, 10, 6]],
-                                  [[4, 4, 8], [1, 20, 18], [2, 2, 2]]])
-def test_odd_grids_and_chunks_match_transformers(grid, seed):
-    """Odd merged sides, extreme aspect ratios, grids larger than the 8 x 8 position table, chunks of
-    2 to 4 frames beside images."""
-    cfg = wb.VisionConfig.preset(TINY)
-    hf, ours = matched_towers(cfg, seed)
-    grid = torch.tensor(grid)
-    pixels = torch.randn(int(grid.prod(1).sum()), cfg.patch_dim, generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        out, ref = ours(pixels, grid), hf_embeddings(hf, pixels, grid)
-    assert rel_err(out, ref) < FP32_TOL and max_err(out, ref) < FP32_TOL
 
 
 @pytest.mark.slow
@@ -155,23 +142,6 @@ def test_runner_replays_equal_eager_with_padding_several_items_and_a_poisoned_po
     runner.poison_pool()
     poisoned = runner.encode(batch, pad_value=float("nan") if buffer_dtype.is_floating_point else 255)
     assert torch.isfinite(poisoned).all() and torch.equal(poisoned, clean)
-
-
-def test_the_engines_cell_outer_is_wrong_under_the_runner_and_the_towers_own_norm_is_right(items, seed):
-    """vLLM normalizes Kimi-K2.5 in its patch embedding and captures its encoder: the cell where the
-    project's founding bug lived (an outer-model norm skipped under encoder graphs)."""
-    assert (wb.VisionConfig.preset(TINY).spec.vllm_placement, wb.VisionConfig.preset(TINY).spec.vllm_encoder_graphs) \
-        == ("tower", True)
-    cfg = dataclasses.replace(wb.VisionConfig.preset(TINY), max_pixels=200 * 200)
-    raw = wb.preprocess(items[:3], cfg)
-    outer = wb.build_encoder(cfg, placement="outer", norm="eager", dtype=torch.float32, device="cpu", seed=seed)
-    tower = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=seed)
-    ref = tower.encode(raw)
-    assert rel_err(outer.encode(raw), ref) < FP32_TOL
-    runner = EncoderGraphRunner(outer, budgets=BUDGETS, buffer_dtype=torch.uint8, max_items=4)
-    assert rel_err(outer.encode(raw, path="cudagraph", runner=runner), ref) > 0.1
-    runner = EncoderGraphRunner(tower, budgets=BUDGETS, buffer_dtype=torch.uint8, max_items=4)
-    assert rel_err(tower.encode(raw, path="cudagraph", runner=runner), ref) < 1e-6
 
 
 # ---- preprocessing: Kimi_K25ImageProcessor / Kimi_K25VideoProcessor ------------------------------
@@ -305,17 +275,6 @@ def test_a_folder_in_transformers_5s_own_names_loads_the_same(pristine, saved, p
     batch = wb.preprocess([photos["coffee"]], cfg, normalize=True)
     with torch.no_grad():
         assert rel_err(tower(batch.pixels, batch.grid_thw), _model_embeddings(model, batch)) < FP32_TOL
-
-
-def _edit(path, dotted, value):
-    import json
-    data = json.loads(path.read_text())
-    *outer, key = dotted.split(".")
-    d = data
-    for k in outer:
-        d = d[k]
-    d[key] = value
-    path.write_text(json.dumps(data))
 
 
 @pytest.mark.parametrize("file, dotted, value, match", [

@@ -22,7 +22,8 @@ from workbench.reference import hf_embeddings, hf_vision_model, rel_err
 from workbench.runner import EncoderGraphRunner
 from workbench.towers import build_tower
 
-from test_family_glm_ocr import BUDGETS, _edit, max_err, replays_equal_eager_from_a_poisoned_pool
+from test_families import max_err
+from test_family_glm_ocr import BUDGETS, _edit, replays_equal_eager_from_a_poisoned_pool
 
 TINY, REAL = "tiny-pixtral", "mistral-small-3.1-24b"
 FP32_TOL = 1e-5

@@ -9,10 +9,10 @@ from workbench.reference import rel_err
 from workbench.runner import EncoderGraphRunner, default_budgets
 
 CORRECT = ("processor", "fold", "device", "tower", "runner")
-FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5", "tiny-pixtral")
+FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-exaone4.5", "tiny-pixtral", "tiny-glm-ocr", "tiny-kimi-k2.5")
 # the families whose resize packs `items` across several budgets (Pixtral's longest-edge rule puts
 # them all in one: its own replay test, tests/test_family_pixtral.py, packs across several)
-PACKING_FAMILIES = FAMILIES[:3]
+PACKING_FAMILIES = FAMILIES[:3]    # GLM-OCR and Kimi-K2.5: their own replay tests (test_family_*)
 BUDGETS = [8, 16, 24, 32]
 
 
@@ -71,8 +71,8 @@ def test_outer_placement_is_wrong_under_cudagraph_and_right_eager(preset, items,
     # packed items skip the outer model's normalization; the miss runs eagerly and stays right
     miss = [r for r in runner.stats if r.miss]
     assert len(miss) == 1
-    tok = [r // 4 for r in batch.item_rows]
-    starts = [s.start // 4 for s in batch.item_slices]
+    tok = cfg.item_tokens(batch.grid_thw)        # Kimi-K2.5 pools a video chunk's frames into one
+    starts = [sum(tok[:i]) for i in range(len(tok))]
     big = max(range(len(tok)), key=tok.__getitem__)
     for i in range(len(tok)):
         sl = slice(starts[i], starts[i] + tok[i])
