@@ -48,7 +48,16 @@ def _largest_batch(latency) -> str:
         return ""
     if not latency.run:
         return latency.text
-    return f"{latency.text.split('; ')[-1]} [{latency.run}, {latency.device}]"
+    return f"{_compact(latency.text.split('; ')[-1])} [{latency.run}, {latency.device}]"
+
+
+def _compact(text: str) -> str:
+    """advise's sentence in the table's words (the column header says the rest): a row per family
+    stays a few lines high."""
+    for long, short in (("cheapest right design at ", "at "), ("engines' budgets", "engines'"),
+                        (" ms per image", " ms/image"), (" us per replay", " us/replay")):
+        text = text.replace(long, short)
+    return text
 
 
 def _advice_row(preset: str, results_dir: Path) -> dict:
@@ -61,13 +70,14 @@ def _advice_row(preset: str, results_dir: Path) -> dict:
     except (ValueError, OSError) as e:
         return {"preset": preset, "placement, norm, buffer": f"no advice: {e}", "measured": True}
     return {"preset": preset, "measured": any(e is not None and e.run for e in (a.placement, a.staging, a.latency)),
-            "placement, norm, buffer": ", ".join(a.choice) if a.choice else "not measured: " + "; ".join(a.missing),
-            "staging (run, device)": a.staging.line(),
+            "placement, norm, buffer": ", ".join(a.choice) if a.choice else "not measured: " + "; ".join(
+                m.replace(f" of {preset}", "") for m in a.missing),
+            "staging (run, device)": _compact(a.staging.line()),
             "time to embedding, largest batch (run, device)": _largest_batch(a.latency),
-            "planner budgets": str(a.budgets),
-            "items / graph": a.max_items, "padding, planner": f"{a.padding['planner']:.1%}",
-            "padding, powers of 2": f"{a.padding['engines']:.1%}",
-            "vLLM --compilation-config": json.dumps(a.compilation_config())}
+            "planner budgets": ", ".join(map(str, a.budgets)),
+            # items per graph: the options' encoder_cudagraph_max_vision_items_per_batch
+            "padding, planner / powers of 2": f"{a.padding['planner']:.1%} / {a.padding['engines']:.1%}",
+            "vLLM --compilation-config": json.dumps(a.compilation_config(), separators=(",", ":"))}
 
 
 def _table(df, sources=None) -> str:

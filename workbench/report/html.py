@@ -38,7 +38,9 @@ pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0
 .figs { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 0.6rem 1rem; }
 figure { margin: 0.4rem 0; } figure img { max-width: 100%; max-height: 220px; border: 1px solid #eee; }
 .tablebox { overflow-x: auto; margin: 0.6rem 0; } ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
-table.answers { font-size: 0.8rem; } table.answers code { word-break: break-all; font-size: 0.72rem; }
+table.answers { font-size: 0.8rem; line-height: 1.35; } table.answers code { word-break: break-all; font-size: 0.72rem; }
+table.answers td:last-child { min-width: 15rem; } table.answers td { padding: 0.2rem 0.5rem; }
+table.answers a.muted { white-space: nowrap; }
 table.data { font-size: 0.8rem; width: auto; } table.data td { text-align: right; white-space: nowrap; }
 details { margin: 0.5rem 0; } details > summary { cursor: pointer; }
 details.fold { border-left: 3px solid #ddd; padding-left: 0.8rem; }
