@@ -69,23 +69,14 @@ class KimiAttention(VisionAttention):
 
 
 class KimiBlock(Qwen3VLBlock):
-    """Qwen3-VL's LayerNorm block with a GELU(tanh) MLP, under Kimi's names (mlp.fc1 / mlp.fc2)."""
+    """Qwen3-VL's LayerNorm block with a GELU(tanh) MLP, under Kimi's names (mlp.fc1 / mlp.fc2),
+    with separate q / k / v projections."""
+
+    mlp_names = ("fc1", "fc2")
 
     def __init__(self, cfg: VisionConfig):
-        nn.Module.__init__(self)
-        self.norm1, self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.eps), nn.LayerNorm(cfg.width, eps=cfg.eps)
+        super().__init__(cfg)
         self.attn = KimiAttention(cfg)
-        self.mlp = nn.Module()
-        self.mlp.fc1 = nn.Linear(cfg.width, cfg.mlp_hidden)
-        self.mlp.fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
-
-    @property
-    def fc1(self) -> nn.Linear:
-        return self.mlp.fc1
-
-    @property
-    def fc2(self) -> nn.Linear:
-        return self.mlp.fc2
 
 
 class KimiProjector(nn.Module):

@@ -43,20 +43,23 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 class Qwen3VLBlock(VisionBlock):
+    # the checkpoint's names of the MLP's two linears (Kimi-K2.5's block: fc1 / fc2)
+    mlp_names = ("linear_fc1", "linear_fc2")
+
     def __init__(self, cfg: VisionConfig):
         mlp = nn.Module()
-        mlp.linear_fc1 = nn.Linear(cfg.width, cfg.mlp_hidden)
-        mlp.linear_fc2 = nn.Linear(cfg.mlp_hidden, cfg.width)
+        first, second = self.mlp_names
+        setattr(mlp, first, nn.Linear(cfg.width, cfg.mlp_hidden))
+        setattr(mlp, second, nn.Linear(cfg.mlp_hidden, cfg.width))
         super().__init__(cfg, "layer", mlp)
 
-    # the MLP's two linears (Kimi-K2.5's block names them fc1 / fc2)
     @property
     def fc1(self) -> nn.Linear:
-        return self.mlp.linear_fc1
+        return getattr(self.mlp, self.mlp_names[0])
 
     @property
     def fc2(self) -> nn.Linear:
-        return self.mlp.linear_fc2
+        return getattr(self.mlp, self.mlp_names[1])
 
     def mlp_out(self, h):
         return self.fc2(gelu_tanh(self.fc1(h)))
