@@ -127,6 +127,21 @@ def test_resized_items_give_the_same_grids(name, preset):
             assert (x.height, x.width) == (h, w)
 
 
+@pytest.mark.parametrize("preset", ["kimi-k2.5-1t", "mistral-small-3.1-24b"])
+@pytest.mark.parametrize("name", MIX_NAMES)
+def test_towers_that_size_their_own_way_get_the_rows_the_mix_counts(name, preset):
+    """Kimi-K2.5 (navit_resize, then zero padding to whole merge blocks; video cut into chunks) and
+    Pixtral (a longest-edge box): the mix's token counts, which the planner budgets from, are the
+    rows / merge_unit wb.preprocess makes."""
+    cfg = wb.VisionConfig.preset(preset)
+    items = image_mix(name, 6, seed=1, resized=True, cfg=cfg)
+    assert preprocess(items, cfg).n_rows // cfg.merge_unit == sum(mix_tokens(name, 6, seed=1, cfg=cfg))
+    if name == "documents":    # and at full size, where Kimi's resize differs from smart_resize
+        full = image_mix(name, 2, seed=1)
+        assert [b.n_rows // cfg.merge_unit for b in preprocess(full, cfg).split()] == \
+            mix_tokens(name, 2, seed=1, cfg=cfg)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ("phone_photos", "screenshots", "documents", "video_clips"))
 def test_full_size_big_items_give_the_drawn_tokens(name):

@@ -144,17 +144,21 @@ def _geometry(cfg):
     return VisionConfig.coerce(cfg, default=VisionConfig.preset("qwen2-vl-7b"))
 
 
-def _target_size(e, geo) -> tuple[int, int]:
+def _target_size(e, geo, padded: bool = False) -> tuple[int, int]:
+    """The size wb.preprocess resizes item ``e`` to (`Family.resize` where the family's processor
+    sizes its own way, else `images.target_size`); ``padded``: the size its patches cover (Kimi-K2.5
+    pads the resized image with zeros to a multiple of patch_size * merge_size)."""
     from .images import target_size
-    return target_size(e.height, e.width, geo)
+    sizes = geo.spec.resize(geo, e.kind, e.height, e.width)
+    return target_size(e.height, e.width, geo) if sizes is None else sizes[padded]
 
 
 def _entry_tokens(e, geo) -> int:
     """Merged tokens of one item as wb.preprocess makes them: every image / video frame is resized
-    to the processor's size (`images.target_size`); grid [frames / T (1 for an image), H'/P, W'/P];
-    tokens = t*gh*gw / m^2."""
+    to the processor's size and padded where it pads (`_target_size`); grid [frames / T (1 for an
+    image), H'/P, W'/P]; tokens = t*gh*gw / m^2."""
     p, m, tp = geo.patch_size, geo.merge_size, geo.temporal_patch_size
-    h, w = _target_size(e, geo)
+    h, w = _target_size(e, geo, padded=True)
     if e.kind == "video" and e.frames % tp:
         raise ValueError(f"a video entry of {e.frames} frames is not a multiple of temporal_patch_size={tp}")
     t = 1 if e.kind == "image" else e.frames // tp
