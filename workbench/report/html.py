@@ -180,8 +180,9 @@ def _tables_html(tables: list[tuple[str, Any, str]]) -> str:
 def _view_body(name: str, v: View) -> str:
     """A view's error, errata, finding, tables and figures (the first group's shown, the other groups folded)."""
     out = [f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>'] if v.error else []
-    out += [f'<p class="errata"><b>Known problem</b> (found after the run; reference/{ERRATA_NAME}): {_e(note)}</p>'
-            for note in v.errata]
+    # folded to its red line: the page shows every known problem, a click its words
+    out += [f'<details class="errata"><summary><b>Known problem</b> (found after the run; reference/{ERRATA_NAME})'
+            f'</summary>{_e(note)}</details>' for note in v.errata]
     groups: dict[str, list[str]] = {}
     for f in v.figures:
         groups.setdefault(v.groups.get(f, ""), []).append(f)
