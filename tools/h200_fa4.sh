@@ -10,7 +10,9 @@
 # Steps: latency:PRESET:EST, breakdown:PRESET@TOKENS:EST, defaults:STUDY@PRESET:EST,
 # verify:STUDY@RUN:EST (verify_plain: without FA4), quack:-:EST, cuda_tests:-:EST,
 # cuda_k:A,B:EST (the tests of tests/test_cuda.py that `-k "A or B"` selects), backends:-:EST
-# (tools/verify_preprocess_backends.py: the torchvision and cuda backends against transformers).
+# (tools/verify_preprocess_backends.py: the torchvision and cuda backends against transformers),
+# pytest:FILE@K:EST (another test file, -k K), reduced:STUDY@PRESET:EST (padding_waste or
+# input_path with fewer items and repetitions).
 # Each step of QUEUE runs once (done markers in /tmp/fa4/done); a step that would not finish in
 # the time left waits for the next call.
 set -uo pipefail
@@ -72,6 +74,18 @@ for step in $QUEUE; do
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
     cuda_k) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "${arg//,/ or }" \
       > "$out/cuda_k-$arg.log" 2>&1 ;;
+    pytest)  # FILE@K: pytest tests/FILE -k K (a test file other than test_cuda.py, on this host)
+      IFS=@ read -r file k <<< "$arg"
+      timeout "$left" python3 -m pytest "tests/$file" -q -p no:cacheprovider -k "$k" > "$out/pytest-$file.log" 2>&1 ;;
+    reduced)  # STUDY@PRESET: padding_waste or input_path cut to fit a command (the README says how)
+      IFS=@ read -r study preset <<< "$arg"
+      case "$study" in
+        padding_waste) sets=(--set n_items=4) ;;
+        *) sets=(--set 'mixes=["photos","phone_photos"]' --set n_items=2 --set reps=2 --set sim_requests=50000) ;;
+      esac
+      timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
+        --set "presets=[\"$preset\"]" "${sets[@]}" --name "h200-reduced-$preset" > "$out/reduced-$study-$preset.log" 2>&1
+      rm -rf "$out"/runs/*/figures ;;
     backends) mkdir -p "$out/backends"
       timeout "$left" python3 tools/verify_preprocess_backends.py "$out/backends" > "$out/backends.log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
