@@ -359,6 +359,19 @@ def test_compare_csv_never_writes_into_a_run_folder(two_runs, capsys):
     assert tree(root) == before
 
 
+def test_a_stray_table_above_the_csv_does_not_make_a_run_folder(two_runs, capsys, tmp_path_factory):
+    """/tmp holding someone's ``x.parquet`` is not a run folder: only meta.json or a study's table makes one."""
+    root, a, b = two_runs
+    elsewhere = tmp_path_factory.mktemp("mine")
+    (elsewhere / "corr_memo.parquet").write_bytes(b"not ours")
+    (elsewhere / "sub").mkdir()
+    assert compare(capsys, "run-a", "run-b", "--results", root, "--csv", elsewhere / "sub" / "all.csv")[0] == 0
+    assert (elsewhere / "sub" / "all.csv").is_file()
+    (elsewhere / "correctness.parquet").write_bytes(b"a study's table")      # that does make one
+    code, _, err = compare(capsys, "run-a", "run-b", "--results", root, "--csv", elsewhere / "sub" / "b.csv")
+    assert code == 2 and "run folder" in err
+
+
 def test_compare_csv_never_replaces_a_file_it_did_not_write(two_runs, capsys):
     root, a, b = two_runs
     mine = root / "mine.csv"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import pkgutil
 import sys
 from contextlib import suppress
 from pathlib import Path
@@ -162,14 +163,22 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     return df
 
 
+def _table_names() -> set[str]:
+    """``<name>.parquet`` for every study and benchmark folder: the tables a run folder holds (a stray
+    ``x.parquet`` in /tmp does not make /tmp a run folder)."""
+    from . import benchmarks, studies        # light: their __init__ imports no torch
+    return {f"{m.name}.parquet" for pkg in (studies, benchmarks) for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg}
+
+
 def _run_folder_above(target: Path, results: Path) -> str | None:
     """Why ``target`` (resolved) lies in a run folder (or below the results folder); None where it does not."""
+    tables = _table_names()
     for d in target.parents:
         try:
             names = os.listdir(d)
         except OSError:
             continue
-        if META_NAME in names or any(n.endswith(".parquet") for n in names):
+        if META_NAME in names or tables.intersection(names):
             return f"it is inside the run folder {d} (it holds {META_NAME} or a table)"
     if results in target.parents and target.parent != results:
         return (f"it is inside {target.parent}, below the results folder {results}, where every folder "
