@@ -152,6 +152,10 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    help="spread the studies over these GPUs of this host: one worker process per GPU "
                         "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device, and OMP_NUM_THREADS "
                         "to its share of the host's cores unless set), each taking the next study nobody has taken")
+    g.add_argument("--workers", metavar="N|auto",
+                   help="cpu profile: run the studies in N worker processes side by side (OMP_NUM_THREADS set to "
+                        "each one's share of the cores unless set), the longest first; auto: one per core, at most "
+                        "one per study (default: auto for report, 1 for sweep: one after the other in this process)")
     g.add_argument("--shard", metavar="I/N|auto",
                    help="run only shard I of N of the selected studies' cells, for a job array (auto: I and N "
                         "from $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT or torchrun's $RANK/$WORLD_SIZE); "

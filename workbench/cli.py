@@ -22,7 +22,7 @@ from .runstate import RunFolder
 from .studies import ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
-from .workers import EMULATE_GPUS_ENV, check_gpus, work
+from .workers import EMULATE_GPUS_ENV, check_gpus, parse_workers, work, worker_count
 
 registered_studies = discover        # every study folder's declaration, torch-free (its params.py)
 
@@ -61,8 +61,10 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
 
 
 def precheck(args: argparse.Namespace) -> None:
-    """Refuse, before torch loads, a bad --gpus/--shard/--name or --resume (studies and parameters: `sweep_plan`)."""
+    """Refuse, before torch loads, a bad --gpus/--workers/--shard/--name or --resume (studies and parameters:
+    `sweep_plan`)."""
     gpus = parse_gpus(args.gpus)
+    parse_workers(args.workers)
     parse_shard(args.shard)
     parse_name(args.name)
     if args.fit and args.max_minutes is None:
@@ -104,6 +106,7 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     shard = parse_shard(args.shard)
     params = _resolve_plan(sets, studies, selected, profile)
     check_gpus(gpus, profile)
+    workers = worker_count(parse_workers(args.workers), profile, len(selected), gpus, default_workers(args))
     if profile == "gpu" and not os.environ.get(EMULATE_GPUS_ENV):     # every study would fail on its first tensor
         import torch
         if not torch.cuda.is_available():
@@ -117,7 +120,12 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
                      mode="direct" if args.direct else "papermill", kernel=kernel,
                      gpus=tuple(gpus) if gpus else None, gpus_emulated=bool(gpus and os.environ.get(EMULATE_GPUS_ENV)),
                      shard=shard, group=shard_group(args.group, name) if shard is not None else None,
-                     max_minutes=args.max_minutes, fit=args.fit)
+                     max_minutes=args.max_minutes, fit=args.fit, workers=workers)
+
+
+def default_workers(args: argparse.Namespace) -> int | str:
+    """Without --workers: the report (make report) runs a CPU sweep's studies side by side, one per core."""
+    return "auto" if args.command_name == "report" else 1
 
 
 def shard_group(group: str | None, name: str) -> str:
@@ -135,7 +143,8 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
         result = SweepResult(None, note=NO_STUDY_MESSAGE)
     elif resume:
         result = resume_sweep(resume, args.results, studies, kernel=args.kernel or default_kernel(),
-                              gpus=parse_gpus(args.gpus), resume_finished=args.resume_finished)
+                              gpus=parse_gpus(args.gpus), resume_finished=args.resume_finished,
+                              workers=parse_workers(args.workers), default_workers=default_workers(args))
     else:
         result = run_sweep(sweep_plan(args, studies))
     print(result.summary())

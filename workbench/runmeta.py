@@ -21,7 +21,7 @@ MAX_DEPTH = 32                  # collect_meta nests 4 levels deep
 Git = TypedDict("Git", {"sha": str, "short": str, "dirty": bool})
 Shard = TypedDict("Shard", {"index": int, "count": int, "group": str, "cells": dict[str, list[Any]]})
 Params = TypedDict("Params", {"profile": str, "device": str, "mode": str, "studies": dict[str, dict],
-                              "shard": Shard, "gpus": list[int]})
+                              "shard": Shard, "gpus": list[int], "workers": int})
 Placement = dict[str, TypedDict("Place", {"gpu": str | int, "threads": str | int, "seconds": float})]
 Resumed = TypedDict("Resumed", {"at": str, "git": str, "note": str, "finished_at": str, "dirty": bool,
                                 "studies": list[str], "failures": list[str], "warnings": list[str],

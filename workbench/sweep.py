@@ -1,5 +1,6 @@
 """Sweeps: a `SweepPlan` in, a run folder ``<results>/<UTC time>-<sha>-<name>/`` and a `SweepResult` out;
-`resume_sweep` finishes a run folder. The studies run here or in one worker process per GPU (workers.py)."""
+`resume_sweep` finishes a run folder. The studies run here, in one worker process per GPU, or in N worker processes
+side by side on the CPU (workers.py)."""
 from __future__ import annotations
 
 import sys
@@ -14,7 +15,7 @@ from .runmeta import MetaError, RunMeta
 from .runstate import RunFolder, run_in_use
 from .stages import finish_study
 from .studies import ParamError
-from .workers import execute_on_gpus, one_gpu_warnings
+from .workers import execute_in_workers, one_gpu_warnings, worker_count
 
 DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda"}
 UNTIMED_STUDY_S = 60.0     # the estimate of a study no committed run has timed
@@ -32,6 +33,7 @@ class SweepPlan:
     kernel: str | None = None         # Jupyter kernel for papermill (None: notebook_run.default_kernel())
     gpus: tuple[int, ...] | None = None   # one worker process per GPU
     gpus_emulated: bool = False       # the GPUs are pretended (workers.EMULATE_GPUS_ENV)
+    workers: int = 1                  # worker processes side by side on the CPU (1: the studies run here)
     shard: tuple[int, int] | None = None  # (index, count): run only that shard of the studies
     group: str | None = None          # with shard: the name the shards of one run share
     max_minutes: float | None = None  # refuse a plan predicted to take longer (with fit: trim its repetitions)
@@ -151,9 +153,15 @@ def predict(studies: list, params: Mapping[str, dict], results: Path,
     recorded = recorded_seconds([Path(results), Path(results) / "reference"], profile)
     out = {}
     for s in studies:
-        cells = study_cells(s, params[s.name], recorded.get(s.name))
+        cells = study_cells(s, params[s.name], recorded.get(s.name) or guessed_seconds(s, profile))
         out[s.name] = (sum(c.seconds for c in cells), len(cells), s.name in recorded)
     return out
+
+
+def guessed_seconds(study, profile: str) -> tuple[float, dict] | None:
+    """(seconds, params) of the study's own guess for its defaults on ``profile`` (`Study.guess_s`), or None."""
+    guess = (study.guess_s or {}).get(profile)
+    return None if guess is None else (float(guess), study.resolve(profile))
 
 
 def _scale_reps(study, p: dict, factor: float) -> tuple[dict, float]:
@@ -214,6 +222,9 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         name = f"{name}-shard{index}of{count}"
     if plan.gpus:
         extra.update(gpus=list(plan.gpus), **({"gpus_emulated": True} if plan.gpus_emulated else {}))
+    workers = min(plan.workers, len(studies))      # a shard may hold fewer studies than the plan
+    if workers > 1:
+        extra["workers"] = workers
     params = plan_time(plan, studies, params)
     device = DEVICE_OF_PROFILE[plan.profile]
     run = RunFolder.create(plan.results, name=name)
@@ -226,9 +237,10 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         meta.write(run.path)
         print(f"sweep: profile {plan.profile}, {n_studies(len(studies))} "
               + (f"(shard {plan.shard[0]}/{plan.shard[1]}) " if plan.shard else "")
-              + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "") + f"-> {run.path}")
+              + (f"on GPUs {list(plan.gpus)} " if plan.gpus else "")
+              + (f"in {workers} worker processes " if workers > 1 else "") + f"-> {run.path}")
         outcome = _execute(studies, params, device, run.path, plan.mode == "direct", plan.kernel or default_kernel(),
-                           plan.profile, plan.gpus)
+                           plan.profile, plan.gpus, workers)
         _record(run.path, meta, outcome)
     finally:
         # a complete run keeps no lock file; one with failures keeps it for --resume to take
@@ -244,8 +256,10 @@ def _resume_meta(run: RunFolder) -> RunMeta:
 
 
 def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str | None = None,
-                 gpus: tuple[int, ...] | list[int] | None = None, resume_finished: bool = False) -> SweepResult:
-    """Finish the run folder ``run`` (a path, or a name under ``results``) with its recorded parameters."""
+                 gpus: tuple[int, ...] | list[int] | None = None, resume_finished: bool = False,
+                 workers: int | str | None = None, default_workers: int | str = 1) -> SweepResult:
+    """Finish the run folder ``run`` (a path, or a name under ``results``) with its recorded parameters; ``workers``
+    (None: ``default_workers``) as `workers.worker_count` takes them."""
     folder = RunFolder.find(results, str(run))
     run_dir = folder.path
     # judged before taking the lock: refusing leaves no trace (not even a .lock) in the folder
@@ -290,7 +304,8 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
             print(f"sweep: warning: {entry['note']}", file=sys.stderr)
         print(f"sweep: resuming {run_dir}: {state.describe_left()}")
         outcome = _execute([studies[n] for n in left], plan, device, run_dir, state.direct,
-                           kernel or default_kernel(), profile, gpus)
+                           kernel or default_kernel(), profile, gpus,
+                           worker_count(workers, profile, len(left), gpus, default_workers))
         if state.finished:      # what the run recorded stays; the resume is one more entry
             entry.update(failures=outcome.failures, warnings=outcome.warnings, study_seconds=outcome.seconds,
                          placement=outcome.placement, finished_at=provenance.iso_utc())
@@ -304,15 +319,16 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
 
 
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool, kernel: str, profile: str,
-             gpus: tuple[int, ...] | list[int] | None = None) -> _Outcome:
-    """Run ``selected`` into ``run_dir`` one after the other, or with ``gpus`` one worker process per GPU."""
+             gpus: tuple[int, ...] | list[int] | None = None, workers: int = 1) -> _Outcome:
+    """Run ``selected`` into ``run_dir`` one after the other, or with ``gpus`` one worker process per GPU, or with
+    ``workers`` > 1 that many worker processes on the CPU (the longest study offered first)."""
     from tqdm.auto import tqdm
-    if gpus:
-        wider = one_gpu_warnings(selected, plan, device)
+    if gpus or workers > 1:
+        wider = one_gpu_warnings(selected, plan, device) if gpus else []
         for w in wider:
             print(f"sweep: {w}", file=sys.stderr)
-        failures, placed, finished = execute_on_gpus(longest_first(selected, run_dir, profile), run_dir, direct,
-                                                     kernel, gpus)
+        failures, placed, finished = execute_in_workers(longest_first(selected, run_dir, profile), run_dir, direct,
+                                                        kernel, gpus, workers)
         return _Outcome(failures, wider, finished, placed)
     out = _Outcome()
     # a bar on a terminal; in a log, one plain line per study (no carriage returns)
@@ -342,9 +358,11 @@ def _record(run_dir: Path, meta: RunMeta, outcome: _Outcome, entry: dict | None 
 
 
 def longest_first(selected: list, run_dir: Path, profile: str) -> list:
-    """``selected`` longest first (untimed first) by the runs beside ``run_dir`` and under reference/."""
+    """``selected`` longest first by the runs beside ``run_dir`` and under reference/, else by the study's own guess
+    (`Study.guess_s`); the studies with neither first."""
     root = run_dir.parent
     known = {name: sec for name, (sec, _) in recorded_seconds([root, root / "reference"], profile, run_dir).items()}
+    known |= {s.name: guess[0] for s in selected if s.name not in known and (guess := guessed_seconds(s, profile))}
     return sorted(selected, key=lambda s: (s.name in known, -known.get(s.name, 0.0)))
 
 

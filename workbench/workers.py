@@ -1,5 +1,6 @@
-"""``sweep --gpus`` (`execute_on_gpus`): a worker process per GPU (``python -m workbench worker``: `work`), each
-taking the next study nobody has claimed (a claim file per study) and recording how it went beside the claim."""
+"""``sweep --gpus`` and ``sweep --workers N`` (`execute_in_workers`): a worker process per GPU, or N of them side by
+side on the CPU (``python -m workbench worker``: `work`), each taking the next study nobody has claimed (a claim file
+per study) and recording how it went beside the claim."""
 from __future__ import annotations
 
 import importlib
@@ -17,6 +18,8 @@ from .provenance import REPO_ROOT
 # N pretend GPUs, for tests of the worker plumbing on a host without them (meta.json says so)
 EMULATE_GPUS_ENV = "WORKBENCH_EMULATE_GPUS"
 CLAIMS_DIR = ".claims"
+# set for a CPU worker of `sweep --workers N`: its index (a GPU worker has CUDA_VISIBLE_DEVICES instead)
+CPU_WORKER_ENV = "WORKBENCH_CPU_WORKER"
 # comma-separated modules outside the package that a worker imports to register the studies they define
 STUDY_MODULES_ENV = "WORKBENCH_STUDY_MODULES"
 
@@ -38,6 +41,35 @@ def check_gpus(gpus: list[int] | tuple[int, ...] | None, profile: str) -> None:
         n = torch.cuda.device_count()
     if bad := [g for g in gpus if g >= n]:
         raise SystemExit(f"--gpus: {bad} not on this host; it has {n} GPU(s): {list(range(n))}")
+
+
+def parse_workers(text: str | int | None) -> int | str | None:
+    """``--workers 2`` -> 2, ``auto`` -> "auto", None -> None (the command's default); SystemExit otherwise."""
+    if text is None or str(text).strip().lower() == "auto":
+        return None if text is None else "auto"
+    try:
+        n = int(str(text))
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise SystemExit(f"--workers {text!r}: give a number of worker processes >= 1, or auto (one per core on "
+                         f"the cpu profile, at most one per study); 1 runs the studies one after the other here")
+    return n
+
+
+def worker_count(wanted: int | str | None, profile: str, n_studies: int, gpus=None, default: int | str = 1) -> int:
+    """How many CPU worker processes a sweep of ``n_studies`` runs: ``wanted`` (None: ``default``, which applies on
+    the cpu profile without --gpus only), ``auto`` the usable cores, never more than the studies. SystemExit for
+    more than one on the gpu profile or beside --gpus."""
+    if wanted is None:
+        return 1 if gpus or profile != "cpu" else worker_count(default, profile, n_studies)
+    if wanted != 1 and profile != "cpu":
+        raise SystemExit(f"--workers {wanted}: the {profile} profile spreads studies over GPUs, with one worker "
+                         f"process per GPU: give --gpus 0,1,... instead (--workers is for the cpu profile)")
+    if wanted != 1 and gpus:
+        raise SystemExit(f"--workers {wanted} with --gpus {','.join(map(str, gpus))}: --gpus already starts one "
+                         f"worker per GPU; give one of the two")
+    return max(1, min(cpu_share(1) if wanted == "auto" else wanted, n_studies))
 
 
 def one_gpu_warnings(selected: list, plan: dict, device: str) -> list[str]:
@@ -62,7 +94,8 @@ def study_modules(selected: list) -> tuple[list[str], list[str]]:
 
 
 def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
-    """One GPU's worker: claim the next study of ``names``, run it, record the outcome in ``.claims/<study>.json``."""
+    """One worker (a GPU's or a CPU's): claim the next study of ``names``, run it, record the outcome in
+    ``.claims/<study>.json``."""
     from .files import atomic_write_text
     from .runstate import RunFolder
     from .stages import finish_study
@@ -72,10 +105,12 @@ def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
     for module in filter(None, os.environ.get(STUDY_MODULES_ENV, "").split(",")):
         importlib.import_module(module)
     studies = discover()
+    cpu, gpu = os.environ.get(CPU_WORKER_ENV), os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    place = {"worker": int(cpu)} if cpu is not None else {"gpu": gpu}
     for name in names:
         try:        # exactly one process can create a study's claim file
             with open(run_dir / CLAIMS_DIR / f"{name}.claim", "x") as claim:
-                claim.write(f"{os.getpid()} gpu {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
+                claim.write(f"{os.getpid()} " + (f"cpu worker {cpu}" if cpu is not None else f"gpu {gpu}") + "\n")
         except FileExistsError:
             continue
         t0 = time.perf_counter()
@@ -83,40 +118,44 @@ def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
             failures = finish_study(studies[name], meta.plan[name], device, run_dir, direct, kernel)
         else:
             failures = [f"{name}: not registered in the worker process (a study defined in a script "
-                        f"or notebook cannot run under --gpus: define it in an importable module)"]
-        record = {"study": name, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid(),
+                        f"or notebook cannot run under --gpus or --workers: define it in an importable module)"]
+        record = {"study": name, **place, "pid": os.getpid(),
                   "threads": os.environ.get("OMP_NUM_THREADS", ""),
                   "seconds": round(time.perf_counter() - t0, 1), "failures": failures}
         atomic_write_text(run_dir / CLAIMS_DIR / f"{name}.json", json.dumps(record))
 
 
-def execute_on_gpus(selected: list, run_dir: Path, direct: bool, kernel: str,
-                    gpus: list[int] | tuple[int, ...]) -> tuple[list[str], dict, dict]:
-    """Run ``selected`` (in this order) with one worker process per GPU: (failures, {study: {gpu, seconds,
-    threads}}, {study: seconds} of those that finished without failure)."""
+def execute_in_workers(selected: list, run_dir: Path, direct: bool, kernel: str, gpus: list[int] | tuple[int, ...]
+                       | None = None, workers: int = 1) -> tuple[list[str], dict, dict]:
+    """Run ``selected`` (in this order) with one worker process per GPU of ``gpus``, else ``workers`` processes on
+    the CPU: (failures, {study: {gpu, seconds, threads}} with GPUs, {study: seconds} of those that finished without
+    failure)."""
     claims = run_dir / CLAIMS_DIR
     shutil.rmtree(claims, ignore_errors=True)       # a killed sweep's claims mean nothing now
     claims.mkdir()
     modules, roots = study_modules(selected)
     cmd = [sys.executable, "-m", "workbench", "worker", str(run_dir), "--studies", ",".join(s.name for s in selected),
            "--kernel", kernel, *(["--direct"] if direct else [])]
+    places = ([{"CUDA_VISIBLE_DEVICES": str(g)} for g in gpus] if gpus
+              else [{CPU_WORKER_ENV: str(k)} for k in range(workers)])
     procs = []
-    for g in gpus:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(g)}
+    for k, place in enumerate(places):
+        env = {**os.environ, **place}
         # a share of the cores each (torch's default oversubscribes: results/reference/README.md); the user's wins
-        env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(gpus))))
+        env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(places))))
         if modules:
             env[STUDY_MODULES_ENV] = ",".join(modules)
             env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [os.environ.get("PYTHONPATH")])])
-        procs.append((g, subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT))))
-    codes = {g: p.wait() for g, p in procs}
+        procs.append((gpus[k] if gpus else k, subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT))))
+    codes = {w: p.wait() for w, p in procs}
     failures, placed, seconds = [], {}, {}
     for s in selected:
         record, claim = claims / f"{s.name}.json", claims / f"{s.name}.claim"
         if record.is_file():
             rec = json.loads(record.read_text())
             failures += rec["failures"]
-            placed[s.name] = {"gpu": rec["gpu"], "seconds": rec["seconds"], "threads": rec["threads"]}
+            if "gpu" in rec:     # the report names each study's GPU; a CPU worker's index says little
+                placed[s.name] = {"gpu": rec["gpu"], "seconds": rec["seconds"], "threads": rec["threads"]}
             if not rec["failures"]:
                 seconds[s.name] = rec["seconds"]
         elif claim.is_file():

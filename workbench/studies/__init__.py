@@ -127,6 +127,9 @@ class Study:
     # estimated peak memory of its largest cell with these resolved params on "cuda" / "cpu"
     # (workbench.studies.footprint); the sweep refuses a plan whose cell cannot fit the device
     footprint: Callable[[Mapping[str, Any], str], Any] | None = None
+    # seconds its defaults take per profile ("cpu": on 2 idle cores), for a sweep no earlier run has timed: the
+    # prediction it prints, and the order its workers take the studies in (longest first)
+    guess_s: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         for field_name, module, attr in (("run", "measure", "run"), ("summarize", "summary", "summarize")):
