@@ -10,6 +10,13 @@ norms need CUDA tensors.
 """
 from __future__ import annotations
 
+import hashlib
+import os
+from collections import OrderedDict
+from contextlib import contextmanager
+
+import torch
+
 # triton_rows tile configurations the GPU benchmark sweeps; the first one is the default.
 # Why these: a row is 1176 contiguous bytes, so a [BLOCK_R, 2048] tile covers BLOCK_R whole rows
 # in one masked pass (43% of the lanes idle, but idle lanes cost issue slots, not bandwidth), and
@@ -173,6 +180,55 @@ def _kernel(name: str):
                   "the Triton norms need the `triton` package; eager and identity do not")
 
 
+# ---- launches, and their reuse under the interpreter ---------------------------------------------
+# Interpreted, a launch costs a tenth of a second of Python, and a study that encodes the same photos through several
+# encoders (correctness: one per placement and norm, each staged through graph buffers) launches the same kernel on
+# the same rows again and again. Inside `reusing_launches()` an interpreted launch whose kernel, grid, shapes,
+# dtypes, constants, valid input rows and scale/shift equal an earlier one's copies that launch's output rows instead
+# of running: the same bits, since a launch reads only the rows below n_valid and writes only those (padding rows
+# are neither read nor written, so their contents are not part of the key). CUDA launches always run.
+# WORKBENCH_REUSE_LAUNCHES=0 turns it off (to check that the tables come out the same without it).
+REUSE_BYTES = 256 * 2**20         # the outputs kept at most; the oldest go first
+REUSE_ENV = "WORKBENCH_REUSE_LAUNCHES"
+_REUSE: OrderedDict | None = None
+
+
+@contextmanager
+def reusing_launches():
+    """Reuse identical interpreted launches in this block (nested: the outer block's store); forgotten at its end."""
+    global _REUSE
+    outer = _REUSE
+    if os.environ.get(REUSE_ENV, "1") != "0":
+        _REUSE = OrderedDict() if outer is None else outer
+    try:
+        yield
+    finally:
+        _REUSE = outer
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.blake2b(t.contiguous().view(torch.uint8).numpy().tobytes(), digest_size=20).hexdigest()
+
+
+def _launch(kernel, grid, pixels, out, scale, shift, nv_ptr, has_nv: bool, **meta) -> None:
+    """``kernel[grid](...)`` over ``pixels`` [N, D] into ``out``, reused inside `reusing_launches` (CPU only)."""
+    n = pixels.shape[0]
+    if _REUSE is None or pixels.device.type == "cuda":
+        kernel[grid](pixels, out, scale, shift, nv_ptr, n, HAS_N_VALID=has_nv, **meta)
+        return
+    valid = min(max(int(nv_ptr), 0), n) if has_nv else n      # a host read: fine on the CPU
+    key = (kernel.fn.__name__, grid, tuple(pixels.shape), pixels.dtype, out.dtype, has_nv, valid,
+           tuple(sorted(meta.items())), _digest(pixels[:valid]), _digest(scale), _digest(shift))
+    if (hit := _REUSE.get(key)) is not None:
+        _REUSE.move_to_end(key)
+        out[:valid].copy_(hit)
+        return
+    kernel[grid](pixels, out, scale, shift, nv_ptr, n, HAS_N_VALID=has_nv, **meta)
+    _REUSE[key] = out[:valid].clone()
+    while sum(v.nbytes for v in _REUSE.values()) > REUSE_BYTES:
+        _REUSE.popitem(last=False)
+
+
 def launch_channel(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool, channels: int) -> None:
     """One program per (row, channel) over its T*P*P values; under the interpreter's coarse
     geometry, one per (INTERPRETER_CHANNEL_ROWS rows, channel)."""
@@ -182,17 +238,16 @@ def launch_channel(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool
         block, rows = triton.next_power_of_2(per_channel), INTERPRETER_CHANNEL_ROWS
     else:
         block, rows = max(CHANNEL_BLOCK, triton.next_power_of_2(per_channel)), 1
-    kernel[(triton.cdiv(n, rows), channels)](pixels, out, scale_ch, shift_ch, nv_ptr, n, D=d, L=per_channel,
-                                             BLOCK=block, HAS_N_VALID=has_nv, ROWS=rows, num_warps=CHANNEL_WARPS)
+    _launch(kernel, (triton.cdiv(n, rows), channels), pixels, out, scale_ch, shift_ch, nv_ptr, has_nv, D=d,
+            L=per_channel, BLOCK=block, ROWS=rows, num_warps=CHANNEL_WARPS)
 
 
 def launch_flat(kernel, pixels, out, scale_ch, shift_ch, nv_ptr, has_nv: bool, channels: int) -> None:
     """A 1-D grid of FLAT_BLOCK elements per program over all N*patch_dim elements."""
     n, d = pixels.shape
     block = INTERPRETER_FLAT_BLOCK if _coarse(pixels) else FLAT_BLOCK
-    kernel[(triton.cdiv(n * d, block),)](pixels, out, scale_ch, shift_ch, nv_ptr, n,
-                                         D=d, L=d // channels, C=channels, BLOCK=block,
-                                         HAS_N_VALID=has_nv, num_warps=FLAT_WARPS)
+    _launch(kernel, (triton.cdiv(n * d, block),), pixels, out, scale_ch, shift_ch, nv_ptr, has_nv,
+            D=d, L=d // channels, C=channels, BLOCK=block, num_warps=FLAT_WARPS)
 
 
 def launch_rows(kernel, pixels, out, scale_col, shift_col, nv_ptr, has_nv: bool, block_rows: int,
@@ -202,6 +257,5 @@ def launch_rows(kernel, pixels, out, scale_col, shift_col, nv_ptr, has_nv: bool,
     n, d = pixels.shape
     if default_tile and _coarse(pixels):
         block_rows = max(block_rows, INTERPRETER_BLOCK_ROWS)
-    kernel[(triton.cdiv(n, block_rows),)](pixels, out, scale_col, shift_col, nv_ptr, n,
-                                          D=d, BLOCK_R=block_rows, BLOCK_C=block_cols,
-                                          HAS_N_VALID=has_nv, num_warps=num_warps)
+    _launch(kernel, (triton.cdiv(n, block_rows),), pixels, out, scale_col, shift_col, nv_ptr, has_nv,
+            D=d, BLOCK_R=block_rows, BLOCK_C=block_cols, num_warps=num_warps)
