@@ -12,7 +12,7 @@ import torch
 
 from workbench import cli, workers
 from workbench.studies import discover
-from workbench.sweep import longest_first
+from workbench.sweep import SweepPlan, longest_first, plan_time, wall_seconds
 from workbench.workers import EMULATE_GPUS_ENV, parse_workers, worker_count
 
 FAST = ["--direct", "--profile", "cpu", "--studies", "stub_a,stub_b", "--set", "stub_a.sizes=[1,2,3]",
@@ -69,6 +69,21 @@ def test_workers_take_the_longest_study_first_by_its_guess_where_no_run_timed_it
     assert order == sorted(order, key=lambda n: -studies[n].guess_s["cpu"]) and order[0] == "correctness"
     unguessed = dataclasses.replace(studies["fp32_memory"], name="never_timed", guess_s=None)
     assert longest_first([*chosen, unguessed], tmp_path / "now", "cpu")[0] is unguessed     # unknown: first
+
+
+def test_the_prediction_is_the_wall_time_of_the_busiest_worker(tmp_path, capsys):
+    studies = discover()
+    chosen = [studies[n] for n in ("cast_cost", "fp32_memory", "padding_waste")]
+    params = {s.name: s.resolve("cpu") for s in chosen}
+    run = tmp_path / "20260101T000000Z-abc1234-cpu"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"params": {"profile": "cpu", "studies": params}, "study_seconds": {
+        "cast_cost": 600.0, "fp32_memory": 240.0, "padding_waste": 300.0}}))
+    assert wall_seconds({"a": 600.0, "b": 240.0, "c": 300.0}, 2) == 600.0
+    for n, says in ((1, "about 19.0 min"), (2, "about 10.0 min in 2 workers"), (5, "about 10.0 min in 3 workers")):
+        plan = SweepPlan(studies=tuple(chosen), params=params, profile="cpu", results=tmp_path, name="cpu", workers=n)
+        plan_time(plan, chosen, params)
+        assert says in capsys.readouterr().out
 
 
 def test_two_workers_write_the_tables_one_process_writes(stubs, tmp_path):

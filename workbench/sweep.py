@@ -176,26 +176,35 @@ def _scale_reps(study, p: dict, factor: float) -> tuple[dict, float]:
     return {**p, **new}, new["reps"] / reps["reps"]
 
 
+def wall_seconds(seconds: Mapping[str, float], workers: int = 1) -> float:
+    """The wall time of studies taking ``seconds`` in ``workers`` processes, each taking the longest one left."""
+    return max(sum(c.seconds for c in part) for part in shard_cells([Cell(n, None, t) for n, t in seconds.items()],
+                                                                     workers))
+
+
 def plan_time(plan: SweepPlan, studies: list, params: dict) -> dict:
     """Print the predicted wall time; with max_minutes, refuse a plan over it (SystemExit, before any run folder
     exists) or, with fit, return the params with their repetitions trimmed so that it fits (time taken as
     proportional to the repetitions)."""
     est = predict(studies, params, plan.results, plan.profile)
-    total = sum(t for t, _, _ in est.values())
+    workers = max(1, min(plan.workers, len(studies)))
+    total = wall_seconds({n: t for n, (t, _, _) in est.items()}, workers)
     print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}"
                                           + ("" if timed else ", untimed: a guess") + ")"
                                           for n, (t, k, timed) in est.items())
-          + f"; about {total / 60:.1f} min" + (f" on {len(plan.gpus)} GPUs" if plan.gpus else ""))
+          + f"; about {total / 60:.1f} min" + (f" on {len(plan.gpus)} GPUs" if plan.gpus else "")
+          + (f" in {workers} workers" if workers > 1 else ""))
     if plan.max_minutes is None or total <= plan.max_minutes * 60:
         return params
     if not plan.fit:
         raise SystemExit(f"sweep: predicted {total / 60:.1f} min, over --max-minutes {plan.max_minutes:g}; narrow it "
                          f"(--studies, --set presets=...), or add --fit to trim the repetitions")
     factor = plan.max_minutes * 60 / total
-    out, fitted = dict(params), 0.0
+    out, scaled = dict(params), {}
     for s in studies:
         out[s.name], reached = _scale_reps(s, params[s.name], factor)
-        fitted += est[s.name][0] * reached
+        scaled[s.name] = est[s.name][0] * reached
+    fitted = wall_seconds(scaled, workers)
     if fitted > plan.max_minutes * 60:
         raise SystemExit(f"sweep: even at the fewest repetitions the plan takes about {fitted / 60:.1f} min, over "
                          f"--max-minutes {plan.max_minutes:g}; narrow it (--studies, --set presets=...)")
