@@ -66,7 +66,7 @@ def test_workers_take_the_longest_study_first_by_its_guess_where_no_run_timed_it
     studies = discover()
     chosen = [studies[n] for n in ("fp32_memory", "cast_cost", "correctness", "padding_waste")]
     order = [s.name for s in longest_first(chosen, tmp_path / "now", "cpu")]
-    assert order == sorted(order, key=lambda n: -studies[n].guess_s["cpu"]) and order[0] == "correctness"
+    assert order == sorted(order, key=lambda n: -studies[n].guess_s["cpu"]) and len(order) == 4
     unguessed = dataclasses.replace(studies["fp32_memory"], name="never_timed", guess_s=None)
     assert longest_first([*chosen, unguessed], tmp_path / "now", "cpu")[0] is unguessed     # unknown: first
 

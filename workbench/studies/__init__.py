@@ -127,8 +127,8 @@ class Study:
     # estimated peak memory of its largest cell with these resolved params on "cuda" / "cpu"
     # (workbench.studies.footprint); the sweep refuses a plan whose cell cannot fit the device
     footprint: Callable[[Mapping[str, Any], str], Any] | None = None
-    # seconds its defaults take per profile ("cpu": on 2 idle cores), for a sweep no earlier run has timed: the
-    # prediction it prints, and the order its workers take the studies in (longest first)
+    # seconds its defaults take per profile ("cpu": in a worker of `sweep --workers 2` on 2 idle cores, one thread),
+    # for a sweep no earlier run has timed: the prediction it prints, and the order workers take the studies in
     guess_s: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="correctness",
-    guess_s={"cpu": 150},
+    guess_s={"cpu": 45},
     order=1,
     notebook="notebooks/correctness.ipynb",
     package=__name__,

@@ -61,7 +61,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="encoder_latency",
-    guess_s={"cpu": 65},
+    guess_s={"cpu": 61},
     order=5,
     notebook="notebooks/encoder_latency.ipynb",
     package=__name__,
