@@ -330,6 +330,53 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
                   engines, placement, staging, missing, choice, latency)
 
 
+def family_presets() -> list[str]:
+    """One real preset per family: the family's study preset, else its first real one."""
+    from .config import PRESETS, families
+
+    out = []
+    for family, spec in families().items():
+        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
+                                                and not n.startswith("tiny-")), None)
+        if preset is not None:
+            out.append(preset)
+    return out
+
+
+def _compact(text: str) -> str:
+    """advise's sentence in a table's words (the column header says the rest): a row stays a few lines high."""
+    for long, short in (("cheapest right design at ", "at "), ("engines' budgets", "engines'"),
+                        (" ms per image", " ms/image"), (" us per replay", " us/replay")):
+        text = text.replace(long, short)
+    return text
+
+
+def _advice_row(preset: str, mix: str, results: Path) -> dict:
+    """Where to normalize ``preset``, its staging, budgets, padding and vLLM's options (a problem in words);
+    "measured": whether any run answered a part of it (placement, staging or time to embedding)."""
+    try:
+        a = advise(preset, mix, results)
+    except (ValueError, OSError) as e:
+        return {"preset": preset, "placement, norm, buffer": f"no advice: {e}", "measured": True}
+    lat = a.latency       # its largest batch only (advise prints them all)
+    return {"preset": preset, "measured": any(e is not None and e.run for e in (a.placement, a.staging, lat)),
+            "placement, norm, buffer": ", ".join(a.choice) if a.choice else "not measured: " + "; ".join(
+                m.replace(f" of {preset}", "") for m in a.missing),
+            "staging (run, device)": _compact(a.staging.line()),
+            "time to embedding, largest batch (run, device)": "" if lat is None else lat.text if not lat.run else
+            f"{_compact(lat.text.split('; ')[-1])} [{lat.run}, {lat.device}]",
+            "planner budgets": ", ".join(map(str, a.budgets)),
+            # items per graph: the options' encoder_cudagraph_max_vision_items_per_batch
+            "padding, planner / powers of 2": f"{a.padding['planner']:.1%} / {a.padding['engines']:.1%}",
+            "vLLM --compilation-config": json.dumps(a.compilation_config(), separators=(",", ":"))}
+
+
+def advice_table(presets: list[str], mix: str, results: Path | str):
+    """`advise` of each preset on ``mix`` as a table row (a problem in words), with a boolean "measured"."""
+    import pandas as pd
+    return pd.DataFrame([_advice_row(preset, mix, Path(results)) for preset in presets])
+
+
 def advise_command(args) -> int:
     """``python -m workbench advise``: the advice as text (or ``--json``); SystemExit naming a bad
     preset, mix, folder or --set."""

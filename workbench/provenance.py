@@ -17,6 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent     # holds pyproject.toml an
 PACKAGES = ("torch", "triton", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "papermill",
             "nvidia-ml-py", "workbench")
 RESULTS_ENV = "WORKBENCH_RESULTS"
+REFERENCE_DIRNAME = "reference"       # <results>/reference/: the committed reference runs
 _GIT_TIMEOUT_S = 10
 
 

@@ -52,11 +52,6 @@ class RunState:
         return "; ".join(f"{n} ({', '.join(stages)})" for n, stages in self.left.items()) or "nothing"
 
 
-def run_state(run_dir: Path | str, meta: RunMeta) -> RunState:
-    """The state of every study ``meta`` (the run's meta.json, already read) planned."""
-    return RunFolder(Path(run_dir)).state(meta)
-
-
 def slug(text, empty: str | None = None, what: str = "name") -> str:
     """``text`` safe as a file name: letters, digits, '.', '_' and '-' kept, other runs one '-', no '-'
     or '.' at either end. Where nothing is left: ``empty``, else a ValueError naming ``what``."""

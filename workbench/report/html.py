@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..provenance import iso_utc
-from ..runstate import run_in_use, run_state
+from ..runstate import RunFolder, run_in_use
 from .output import REPORT_TITLE
 from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
 from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, is_cpu, key_findings
@@ -20,31 +20,7 @@ CPU_NOTE = ("CPU smoke test: its verdicts, memory models and planner padding hol
             "timings are not measurements")
 SHOWN_FIGURES = 2                    # figures of a view's first group shown; the rest are folded
 TABLE_OPEN_ROWS = 8                  # a key-number table with more rows than this starts folded
-
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 80rem; padding: 0 1rem;
-       color: #1d1d1f; line-height: 1.45; }
-h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
-h3 { font-size: 1rem; margin: 1.2rem 0 0.4rem; } table { border-collapse: collapse; font-size: 0.9rem; width: 100%; }
-th, td { text-align: left; padding: 0.3rem 0.6rem; border-bottom: 1px solid #eee; vertical-align: top; }
-th, code { background: #f5f5f7; } code { padding: 0 0.2rem; } .toc { font-size: 0.9rem; }
-.notice { background: #fff8e1; border: 1px solid #f0c36d; padding: 0.8rem 1rem; border-radius: 4px; }
-.keys { background: #f5f9ff; border: 1px solid #c9dcf5; padding: 0.4rem 1rem 0.6rem; border-radius: 4px; }
-.keys li { margin: 0.25rem 0; } .muted { color: #6e6e73; font-size: 0.85rem; } .caption { font-weight: 600; }
-.ref, .cpu { border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; } .ref { background: #e8f0fe; }
-.cpu { background: #fff3e0; } .errata { background: #fdecea; border-left: 3px solid #c62828; padding: 0.3rem 0.6rem; }
-.problem { color: #a50e0e; font-size: 0.85rem; } figcaption { font-size: 0.8rem; color: #3a3a3c; }
-pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; }
-.figs { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 0.6rem 1rem; }
-figure { margin: 0.4rem 0; } figure img { max-width: 100%; max-height: 220px; border: 1px solid #eee; }
-.tablebox { overflow-x: auto; margin: 0.6rem 0; } ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
-table.answers { font-size: 0.8rem; line-height: 1.35; } table.answers code { word-break: break-all; font-size: 0.72rem; }
-table.answers td:last-child { min-width: 15rem; } table.answers td { padding: 0.2rem 0.5rem; }
-table.answers a.muted { white-space: nowrap; }
-table.data { font-size: 0.8rem; width: auto; } table.data td { text-align: right; white-space: nowrap; }
-details { margin: 0.5rem 0; } details > summary { cursor: pointer; }
-details.fold { border-left: 3px solid #ddd; padding-left: 0.8rem; }
-"""
+CSS = Path(__file__).with_name("page.css")     # package data (pyproject.toml), read at each render
 
 
 def _e(x: Any) -> str:
@@ -85,7 +61,7 @@ def _status(r: Run, bad: list[str]) -> str:
         elif odd:
             status = f"interrupted (its stages are not read: {_e(', '.join(odd))}: not a regular file)"
         else:
-            status = (f"interrupted (left: {_e(run_state(r.path, r.meta).describe_left())}): finish it with "
+            status = (f"interrupted (left: {_e(RunFolder(r.path).state(r.meta).describe_left())}): finish it with "
                       f"<code>python -m workbench sweep --resume {_e(r.name)}</code> (make report resumes it "
                       "when the code is the same)")
         if r.shard:
@@ -320,5 +296,5 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, r
     body += [_section_html(s) for s in sections] + [_benchmark_html(b) for b in benchmarks]
     body += ['<h2 id="runs">Runs</h2>', _runs_table(runs, table_problems, links, runs_csv)]
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{REPORT_TITLE}</title><style>{_CSS}</style></head><body>\n"
+            f"<title>{REPORT_TITLE}</title><style>\n{CSS.read_text(encoding='utf-8')}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
