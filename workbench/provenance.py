@@ -93,9 +93,7 @@ def torch_info() -> dict[str, Any]:
         return {"available": False, "error": f"{type(e).__name__}: {e}", "device": f"cpu: {cpu_model()}"}
     info: dict[str, Any] = {"available": True, "version": torch.__version__, "cuda": torch.version.cuda,
                             "hip": getattr(torch.version, "hip", None), "num_threads": torch.get_num_threads(),
-                            "cuda_available": False}
-    with suppress(Exception):
-        info["cuda_available"] = bool(torch.cuda.is_available())
+                            "cuda_available": _probe(lambda: bool(torch.cuda.is_available()), False)}
     if not info["cuda_available"]:
         info["device"] = f"cpu: {cpu_model()}"
         return info
@@ -109,6 +107,14 @@ def torch_info() -> dict[str, Any]:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _probe(read, default=None):
+    """``read()``, or ``default`` where it raises: not every field exists on every machine."""
+    try:
+        return read()
+    except Exception:  # noqa: BLE001
+        return default
 
 
 def nvml_info() -> dict[str, Any] | str:
@@ -129,7 +135,6 @@ def nvml_info() -> dict[str, Any] | str:
         info["gpus"] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            gpu: dict[str, Any] = {"index": i}
             probes = {
                 "name": lambda: _text(pynvml.nvmlDeviceGetName(h)),
                 "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
@@ -140,11 +145,7 @@ def nvml_info() -> dict[str, Any] | str:
                 "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
                 "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
             }
-            for key, probe in probes.items():
-                gpu[key] = None
-                with suppress(Exception):   # not every field exists on every GPU
-                    gpu[key] = probe()
-            info["gpus"].append(gpu)
+            info["gpus"].append({"index": i, **{key: _probe(read) for key, read in probes.items()}})
         return info
     except Exception as e:  # noqa: BLE001
         return f"unavailable ({_text(e) or type(e).__name__})"

@@ -1,8 +1,5 @@
 """A run folder (`RunFolder`): made atomically, locked while a process works in it (`RunLock`), its state read
-back from its files (where a resume starts). Each stage of a study leaves a file, so a run killed at any moment
-can be finished: ``table`` (``<study>.parquet``, written atomically), ``notebook`` (``<study>.ipynb`` executed
-to its end; papermill mode), ``html`` (its readable copy), ``figures`` (``figures/.<study>.drawn``, once all are
-saved)."""
+back from the file each stage of a study leaves (README, "Interrupted runs"): where a resume starts."""
 from __future__ import annotations
 
 import json
