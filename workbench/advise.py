@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .budgets import Budgets
+from .provenance import is_cpu, results_root
 from .runner_policy import engine_budgets, engine_max_items
 
 # cast_cost's staging designs as what an engine configures: (placement, graph input buffer dtype)
@@ -117,7 +118,6 @@ def _load(path: str, stamp: tuple):
 def _newest(results: Path, study: str, column: str, value: str, where=None):
     """(table rows of ``column == value`` (and ``where(rows)``, a mask), run folder) of the newest run of
     ``study`` that has them, a GPU run before any CPU run; (None, None) where none has."""
-    from .report.views import is_cpu
     from .studies.tables import TableError
     cpu = None
     for run in _runs(results):
@@ -144,7 +144,6 @@ def _newest(results: Path, study: str, column: str, value: str, where=None):
 
 
 def _device(rows) -> str:
-    from .report.views import is_cpu
     names = sorted(set(rows["device"].astype(str)))
     return ", ".join(names) + (" (CPU: host numbers, no graph pool)" if all(map(is_cpu, names)) else "")
 
@@ -233,7 +232,6 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
     import pandas as pd
 
     from .checkpoints import resolve_config
-    from .provenance import results_root
     from .samples import mix_label
     from .studies.cast_cost.summary import table_at
     from .studies.correctness.summary import matrix
@@ -302,7 +300,6 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
     """The advice for tower ``preset`` (a preset name or a model folder) on ``mix``."""
     from .checkpoints import resolve_config
     from .planner import expected_padding, plan_budgets
-    from .provenance import results_root
     from .samples import get_mix, mix_distribution, mix_entries, mix_label
 
     cfg = resolve_config(preset)

@@ -85,6 +85,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def is_cpu(device: str) -> bool:
+    """Whether a device name is a CPU's (torch_info's 'cpu: <model>'): a smoke test, not a measurement."""
+    return str(device).strip().lower().startswith("cpu")
+
+
 def torch_info() -> dict[str, Any]:
     """torch's own view: version, CUDA build, visible devices, and the device name runs use."""
     try:

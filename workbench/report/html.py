@@ -8,11 +8,11 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..provenance import iso_utc
+from ..provenance import is_cpu, iso_utc
 from ..runstate import RunFolder, run_in_use
 from .output import REPORT_TITLE
 from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
-from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, is_cpu, key_findings
+from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, key_findings
 
 NO_STUDY_MESSAGE = ("no study exists yet: no module in workbench/studies/ registers one, "
                     "so there is nothing to sweep or summarize")
@@ -34,6 +34,11 @@ def _href(rel: str) -> str:
 
 def _link(rel: str | None, text: str) -> str:
     return f'<a href="{_href(rel)}">{_e(text)}</a>' if rel else _e(text)
+
+
+def _n(count: int, thing: str) -> str:
+    """'1 run', '2 runs', '0 runs'."""
+    return f"{count} {thing}{'s' * (count != 1)}"
 
 
 def _items(lines: list[str]) -> str:
@@ -77,11 +82,9 @@ def _status(r: Run, bad: list[str]) -> str:
             status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
                       f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
     if r.skipped:
-        status += (f", <span class='problem'>{len(r.skipped)} file{'s' if len(r.skipped) > 1 else ''} "
-                   "not read (below)</span>")
+        status += f", <span class='problem'>{_n(len(r.skipped), 'file')} not read (below)</span>"
     if bad:
-        status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
-                   f"table{'s' if len(bad) > 1 else ''} unreadable</span>")
+        status += f", <span class='problem' title='{_e('; '.join(bad))}'>{_n(len(bad), 'table')} unreadable</span>"
     return status
 
 
@@ -110,7 +113,7 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
     if warned:                       # not problems of the page: one click away
         listing += (f"<details class='fold'><summary>Warnings runs recorded ({len(warned)})</summary>"
                     f"<ul>{_items(warned)}</ul></details>")
-    summary = (f"{len(runs)} run folder{'s' if len(runs) != 1 else ''} ({sum(r.reference for r in runs)} reference), "
+    summary = (f"{_n(len(runs), 'run folder')} ({sum(r.reference for r in runs)} reference), "
                "newest first: device, commit, status, tables (each run's name opens its meta.json)")
     csv_link = f' · <a href="{_href(csv)}">CSV</a>' if csv else ""
     return (f'<details class="fold"><summary>{_e(summary)}{csv_link}</summary>'
@@ -172,15 +175,14 @@ def _view_body(name: str, v: View) -> str:
     out += [_paragraphs("\n\n".join(paras[:1])), _tables_html(v.tables),
             _figures_html(first[:SHOWN_FIGURES], v.svgs, v.captions, alt)]
     more, figs = paras[1:], first[SHOWN_FIGURES:]
-    parts = [f"{len(more)} more paragraph{'s' * (len(more) != 1)}" if more else "",
-             f"{len(figs)} more figure{'s' * (len(figs) != 1)}" if figs else ""]
+    parts = [_n(len(more), "more paragraph") if more else "", _n(len(figs), "more figure") if figs else ""]
     hidden = _paragraphs("\n\n".join(more)) + _figures_html(figs, v.svgs, v.captions, alt)
     if rest:                         # the other groups (runs, towers): in the same fold, a heading each
         hidden += "".join(f"<h4>{_e(label or 'the other runs')} ({len(figs)})</h4>"
                           f"{_figures_html(figs, v.svgs, v.captions, alt)}" for label, figs in rest)
         labels = ", ".join(label or "the other runs" for label, _ in rest)
         labels = f": {labels}" if len(labels) <= 60 else " (towers or runs)"     # long lists inside only
-        parts.append(f'figures of {len(rest)} other group{"s" * (len(rest) > 1)}{labels}')
+        parts.append(f"figures of {_n(len(rest), 'other group')}{labels}")
     what = ", ".join(x for x in parts if x)
     if what:
         out.append(f'<details class="fold"><summary>{_e(what[:1].upper() + what[1:])}</summary>{hidden}</details>')
@@ -213,17 +215,17 @@ def _section_html(s: StudySection) -> str:
     out += [_view_html(s.name, v) for v in s.views] or [_paragraphs(s.text)]
     heads, bodies, flagged = [], [], []
     for c in s.comparisons:         # the newest run against the one before it
-        heads.append(f"compared on {_e(c.device)} with the run before: {c.flagged} flagged value"
-                     f'{"s" * (c.flagged != 1)} (<a href="{_href(c.csv)}">CSV of every value</a>)')
+        heads.append(f"compared on {_e(c.device)} with the run before: {_n(c.flagged, 'flagged value')} "
+                     f'(<a href="{_href(c.csv)}">CSV of every value</a>)')
         bodies.append(f"<p>{_e(c.device)}: {_e(c.line)}</p>")
         if c.table is not None:       # set where values were flagged
             first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
-            flagged.append(f'<details class="fold"><summary>The {c.flagged} flagged value{"s" * (c.flagged != 1)}'
-                           f'{first}</summary><div class="tablebox">{_table_html(c.table)}</div></details>')
+            flagged.append(f'<details class="fold"><summary>The {_n(c.flagged, "flagged value")}{first}</summary>'
+                           f'<div class="tablebox">{_table_html(c.table)}</div></details>')
     out += [f'<p class="problem">{_e(line)}</p>' for line in s.table_problems]
     out += [f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>' for dev in s.missing_devices]
     if s.runs:                      # one line: the runs behind the section and the newest against the one before
-        heads.insert(0, f'from {len(s.runs)} run{"s" * (len(s.runs) != 1)}')
+        heads.insert(0, f"from {_n(len(s.runs), 'run')}")
         bodies.insert(0, f"<p>{_e(', '.join(s.runs))}</p>")
     if heads:
         line = " · ".join(heads)
@@ -243,8 +245,8 @@ def _benchmark_html(b: BenchmarkSection) -> str:
             out.append(f'<p class="problem">{_e(p.error)}</p>')
         out.append(_paragraphs(p.text))
         if p.figures:                # a committed benchmark: its figures one click away
-            out.append(f'<details class="fold"><summary>{len(p.figures)} figure{"s" * (len(p.figures) > 1)}'
-                       f'</summary>{_figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}")}</details>')
+            out.append(f'<details class="fold"><summary>{_n(len(p.figures), "figure")}</summary>'
+                       f'{_figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}")}</details>')
         if not p.error:
             out.append(f'<p class="muted">From <code>{_e(REFERENCE_DIRNAME)}/{_e(p.source)}</code>.</p>')
     return "\n".join(out)
