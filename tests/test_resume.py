@@ -16,7 +16,7 @@ import pytest
 from workbench import cli
 from workbench import provenance as prov
 from workbench.runmeta import RunMeta
-from workbench.runstate import STAGES, notebook_done, run_state
+from workbench.runstate import STAGES, RunFolder, notebook_done
 from workbench.studies.plotting import PROGRESS_ENV
 from workbench.sweep import interrupted_run
 
@@ -49,14 +49,14 @@ def test_a_run_killed_after_its_last_table_is_finished_by_resume(stubs, tmp_path
     table = (run / "stub_a.parquet").read_bytes()
     shutil.rmtree(run / "figures")
     _unfinish(run)
-    state = run_state(run, RunMeta.from_json(run))
+    state = RunFolder(run).state(RunMeta.from_json(run))
     assert not state.finished and state.left == {"stub_a": ["figures"]}
     assert interrupted_run(tmp_path, "cpu") in (run, None)   # None where the tree is dirty
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
     assert "stub_a (figures)" in capsys.readouterr().out
     meta = RunMeta.from_json(run)
     assert meta.finished_at and meta.failures == [] and meta.resumed[-1]["stages"] == {"stub_a": ["figures"]}
-    assert run_state(run, meta).left == {}
+    assert RunFolder(run).state(meta).left == {}
     assert (run / "stub_a.parquet").read_bytes() == table           # the table was not measured again
     assert sorted(json.loads((run / "figures" / ".stub_a.drawn").read_text())) == sorted(
         p.name for p in (run / "figures").iterdir() if not p.name.startswith("."))
@@ -85,13 +85,13 @@ def test_a_notebook_that_raised_after_saving_its_table_is_executed_again_on_the_
     (run / "stub_a.html").unlink()
     shutil.rmtree(run / "figures")
     _unfinish(run)
-    assert run_state(run, RunMeta.from_json(run)).left == {"stub_a": ["notebook", "html", "figures"]}
+    assert RunFolder(run).state(RunMeta.from_json(run)).left == {"stub_a": ["notebook", "html", "figures"]}
     assert cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name]) == 0
     assert notebook_done(nb) and "loaded, not measured again" in nb.read_text()
     after = (run / "stub_a.parquet").stat()
     assert (after.st_ino, after.st_mtime_ns) == (table.st_ino, table.st_mtime_ns)
     assert (run / "stub_a.html").is_file() and (run / "figures" / ".stub_a.drawn").is_file()
-    assert run_state(run, RunMeta.from_json(run)).left == {}
+    assert RunFolder(run).state(RunMeta.from_json(run)).left == {}
 
 
 def test_a_finished_reference_run_is_refused_and_left_untouched(tmp_path):
@@ -147,7 +147,7 @@ def test_resume_of_a_garbage_meta_json_names_the_file(tmp_path):
 def test_every_stage_has_a_file_that_says_it_is_done(stubs, tmp_path, monkeypatch):
     monkeypatch.setenv(PROGRESS_ENV, "1")
     run = _sweep(tmp_path)
-    state = run_state(run, RunMeta.from_json(run))
+    state = RunFolder(run).state(RunMeta.from_json(run))
     assert not state.direct and set(state.studies["stub_a"]) == set(STAGES)
     assert state.left == {}
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .budgets import Budgets
+from .provenance import is_cpu, results_root
 from .runner_policy import engine_budgets, engine_max_items
 
 # cast_cost's staging designs as what an engine configures: (placement, graph input buffer dtype)
@@ -117,7 +118,6 @@ def _load(path: str, stamp: tuple):
 def _newest(results: Path, study: str, column: str, value: str, where=None):
     """(table rows of ``column == value`` (and ``where(rows)``, a mask), run folder) of the newest run of
     ``study`` that has them, a GPU run before any CPU run; (None, None) where none has."""
-    from .report.views import is_cpu
     from .studies.tables import TableError
     cpu = None
     for run in _runs(results):
@@ -144,7 +144,6 @@ def _newest(results: Path, study: str, column: str, value: str, where=None):
 
 
 def _device(rows) -> str:
-    from .report.views import is_cpu
     names = sorted(set(rows["device"].astype(str)))
     return ", ".join(names) + (" (CPU: host numbers, no graph pool)" if all(map(is_cpu, names)) else "")
 
@@ -233,7 +232,6 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
     import pandas as pd
 
     from .checkpoints import resolve_config
-    from .provenance import results_root
     from .samples import mix_label
     from .studies.cast_cost.summary import table_at
     from .studies.correctness.summary import matrix
@@ -302,7 +300,6 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
     """The advice for tower ``preset`` (a preset name or a model folder) on ``mix``."""
     from .checkpoints import resolve_config
     from .planner import expected_padding, plan_budgets
-    from .provenance import results_root
     from .samples import get_mix, mix_distribution, mix_entries, mix_label
 
     cfg = resolve_config(preset)
@@ -328,6 +325,53 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
                   planned, items, max(frames) * items if frames else None,
                   {"planner": ours["padded_frac"], "engines": theirs["padded_frac"], "miss": ours["miss_frac"]},
                   engines, placement, staging, missing, choice, latency)
+
+
+def family_presets() -> list[str]:
+    """One real preset per family: the family's study preset, else its first real one."""
+    from .config import PRESETS, families
+
+    out = []
+    for family, spec in families().items():
+        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
+                                                and not n.startswith("tiny-")), None)
+        if preset is not None:
+            out.append(preset)
+    return out
+
+
+def _compact(text: str) -> str:
+    """advise's sentence in a table's words (the column header says the rest): a row stays a few lines high."""
+    for long, short in (("cheapest right design at ", "at "), ("engines' budgets", "engines'"),
+                        (" ms per image", " ms/image"), (" us per replay", " us/replay")):
+        text = text.replace(long, short)
+    return text
+
+
+def _advice_row(preset: str, mix: str, results: Path) -> dict:
+    """Where to normalize ``preset``, its staging, budgets, padding and vLLM's options (a problem in words);
+    "measured": whether any run answered a part of it (placement, staging or time to embedding)."""
+    try:
+        a = advise(preset, mix, results)
+    except (ValueError, OSError) as e:
+        return {"preset": preset, "placement, norm, buffer": f"no advice: {e}", "measured": True}
+    lat = a.latency       # its largest batch only (advise prints them all)
+    return {"preset": preset, "measured": any(e is not None and e.run for e in (a.placement, a.staging, lat)),
+            "placement, norm, buffer": ", ".join(a.choice) if a.choice else "not measured: " + "; ".join(
+                m.replace(f" of {preset}", "") for m in a.missing),
+            "staging (run, device)": _compact(a.staging.line()),
+            "time to embedding, largest batch (run, device)": "" if lat is None else lat.text if not lat.run else
+            f"{_compact(lat.text.split('; ')[-1])} [{lat.run}, {lat.device}]",
+            "planner budgets": ", ".join(map(str, a.budgets)),
+            # items per graph: the options' encoder_cudagraph_max_vision_items_per_batch
+            "padding, planner / powers of 2": f"{a.padding['planner']:.1%} / {a.padding['engines']:.1%}",
+            "vLLM --compilation-config": json.dumps(a.compilation_config(), separators=(",", ":"))}
+
+
+def advice_table(presets: list[str], mix: str, results: Path | str):
+    """`advise` of each preset on ``mix`` as a table row (a problem in words), with a boolean "measured"."""
+    import pandas as pd
+    return pd.DataFrame([_advice_row(preset, mix, Path(results)) for preset in presets])
 
 
 def advise_command(args) -> int:

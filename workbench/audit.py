@@ -57,6 +57,15 @@ VERDICTS = {
 ATTENTION = ("outer+graphs", "double", "unfound")        # the verdicts listed first, and exit 1
 
 
+AUDIT_COLUMNS = ["model", "device norm", "norm in", "encoder graphs", "verdict"]
+
+
+def audit_row(m: dict) -> tuple:
+    """A model class's audit (`ModelAudit` as JSON data) in the words of AUDIT_COLUMNS."""
+    return (m.get("model"), "yes" if m.get("device_norm") else "no", ", ".join(m.get("norm_in") or []) or "-",
+            "yes" if m.get("encoder_graphs") else "no", m.get("verdict"))
+
+
 class AuditError(ValueError):
     """A PATH that cannot be audited: ``str(e)`` names it and what is wrong."""
 
@@ -100,9 +109,7 @@ class Audit:
 
     def table(self) -> str:
         """One line per model class that normalizes on the device or captures its encoder."""
-        rows = [("model", "device norm", "norm in", "encoder graphs", "verdict")]
-        rows += [(m.model, "yes" if m.device_norm else "no", ", ".join(m.norm_in) or "-",
-                  "yes" if m.encoder_graphs else "no", m.verdict) for m in self.models]
+        rows = [tuple(AUDIT_COLUMNS)] + [audit_row(asdict(m)) for m in self.models]
         width = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], width)) + "  " + r[4] for r in rows]
         head = f"{self.engine} {self.version} ({self.source}): {self.files} model files, {len(self.models)} classes"

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .files import atomic_write_text, file_kind, open_regular
-from .provenance import results_root
+from .provenance import REFERENCE_DIRNAME, results_root
 from .runmeta import META_NAME, MetaError, parse
 
-REFERENCE_DIRNAME = "reference"
 ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to a study table
 NOT_KEYS = ("device", "note", "value", "unit")         # not part of a cell's identity
 TIME_UNITS = ("us", "ms", "s")

@@ -1,11 +1,6 @@
-"""Files from folders anyone may have written (run, model and image folders), opened only where they
-are regular files and without waiting; and files written so that a reader never sees a part.
-
-A named pipe blocks its reader until a writer comes and a link may point at any of the reader's
-files, so a path is judged from its metadata, opened non-blocking, and judged again on the open
-descriptor. Run folders are read without following links; model and image folders follow them
-(a hub snapshot is made of links) and their callers confine them. Light: no torch, no pandas.
-"""
+"""Files from folders anyone may have written, opened only where they are regular files and without waiting (a FIFO
+blocks its reader, a link may point anywhere: judged before and after the non-blocking open; run folders are read
+without following links, model and image folders follow them); files written so that a reader never sees a part."""
 from __future__ import annotations
 
 import errno

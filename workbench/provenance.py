@@ -17,6 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent     # holds pyproject.toml an
 PACKAGES = ("torch", "triton", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "papermill",
             "nvidia-ml-py", "workbench")
 RESULTS_ENV = "WORKBENCH_RESULTS"
+REFERENCE_DIRNAME = "reference"       # <results>/reference/: the committed reference runs
 _GIT_TIMEOUT_S = 10
 
 
@@ -84,6 +85,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def is_cpu(device: str) -> bool:
+    """Whether a device name is a CPU's (torch_info's 'cpu: <model>'): a smoke test, not a measurement."""
+    return str(device).strip().lower().startswith("cpu")
+
+
 def torch_info() -> dict[str, Any]:
     """torch's own view: version, CUDA build, visible devices, and the device name runs use."""
     try:
@@ -92,9 +98,7 @@ def torch_info() -> dict[str, Any]:
         return {"available": False, "error": f"{type(e).__name__}: {e}", "device": f"cpu: {cpu_model()}"}
     info: dict[str, Any] = {"available": True, "version": torch.__version__, "cuda": torch.version.cuda,
                             "hip": getattr(torch.version, "hip", None), "num_threads": torch.get_num_threads(),
-                            "cuda_available": False}
-    with suppress(Exception):
-        info["cuda_available"] = bool(torch.cuda.is_available())
+                            "cuda_available": _probe(lambda: bool(torch.cuda.is_available()), False)}
     if not info["cuda_available"]:
         info["device"] = f"cpu: {cpu_model()}"
         return info
@@ -108,6 +112,14 @@ def torch_info() -> dict[str, Any]:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _probe(read, default=None):
+    """``read()``, or ``default`` where it raises: not every field exists on every machine."""
+    try:
+        return read()
+    except Exception:  # noqa: BLE001
+        return default
 
 
 def nvml_info() -> dict[str, Any] | str:
@@ -128,7 +140,6 @@ def nvml_info() -> dict[str, Any] | str:
         info["gpus"] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            gpu: dict[str, Any] = {"index": i}
             probes = {
                 "name": lambda: _text(pynvml.nvmlDeviceGetName(h)),
                 "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
@@ -139,11 +150,7 @@ def nvml_info() -> dict[str, Any] | str:
                 "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
                 "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
             }
-            for key, probe in probes.items():
-                gpu[key] = None
-                with suppress(Exception):   # not every field exists on every GPU
-                    gpu[key] = probe()
-            info["gpus"].append(gpu)
+            info["gpus"].append({"index": i, **{key: _probe(read) for key, read in probes.items()}})
         return info
     except Exception as e:  # noqa: BLE001
         return f"unavailable ({_text(e) or type(e).__name__})"

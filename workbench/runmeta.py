@@ -251,8 +251,3 @@ class RunMeta:
 
 # {field: its type, null aside}: what `problems` checks, in the order a new record writes them
 _FIELDS = {k: get_args(t)[0] for k, t in get_type_hints(RunMeta).items() if k not in ("extra", "_order")}
-
-
-def load(run_dir: Path | str) -> RunMeta:
-    """``run_dir/meta.json`` read and checked; MetaError naming the file and what is wrong."""
-    return RunMeta.from_json(Path(run_dir) / META_NAME)

@@ -1,8 +1,5 @@
 """A run folder (`RunFolder`): made atomically, locked while a process works in it (`RunLock`), its state read
-back from its files (where a resume starts). Each stage of a study leaves a file, so a run killed at any moment
-can be finished: ``table`` (``<study>.parquet``, written atomically), ``notebook`` (``<study>.ipynb`` executed
-to its end; papermill mode), ``html`` (its readable copy), ``figures`` (``figures/.<study>.drawn``, once all are
-saved)."""
+back from the file each stage of a study leaves (README, "Interrupted runs"): where a resume starts."""
 from __future__ import annotations
 
 import json
@@ -50,11 +47,6 @@ class RunState:
     def describe_left(self) -> str:
         """'fp32_memory (notebook, html, figures); correctness (table, ...)' or 'nothing'."""
         return "; ".join(f"{n} ({', '.join(stages)})" for n, stages in self.left.items()) or "nothing"
-
-
-def run_state(run_dir: Path | str, meta: RunMeta) -> RunState:
-    """The state of every study ``meta`` (the run's meta.json, already read) planned."""
-    return RunFolder(Path(run_dir)).state(meta)
 
 
 def slug(text, empty: str | None = None, what: str = "name") -> str:

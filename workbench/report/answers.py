@@ -2,7 +2,6 @@
 recommends for the phone photos mix (from the newest runs, named), and the newest engine audit."""
 from __future__ import annotations
 
-import json
 import re
 from html import escape
 from pathlib import Path
@@ -14,9 +13,6 @@ ADVICE_INTRO = (f'Per family, "{ADVICE_MIX}" mix: the cheapest staging design ri
                 "<code>python -m workbench advise --preset P --mix M</code>.")
 AUDIT_INTRO = ("Read statically by <code>python -m workbench audit</code>: per model class, where it normalizes, "
                "whether it captures its encoder in CUDA graphs, and the correctness matrix's verdict.")
-AUDIT_COLUMNS = ["model", "device norm", "norm in", "encoder graphs", "verdict"]
-
-
 EVIDENCE = re.compile(r"\s*\[([^,\]]+), ([^\]]+)\]$")     # Evidence.line's "[run, device]"
 # the study section each column of the advice and placement tables comes from ("staging ...": cast_cost)
 SOURCES = {"time to embedding, largest batch (run, device)": "encoder_latency", "eager": "correctness",
@@ -27,57 +23,6 @@ SOURCES = {"time to embedding, largest batch (run, device)": "encoder_latency", 
 
 def _source(column: str) -> str | None:
     return SOURCES.get(column) or ("cast_cost" if column.startswith("staging") else None)
-
-
-def family_presets() -> list[str]:
-    """One real preset per family, the page's rows: the family's study preset, else its first real one."""
-    from ..config import PRESETS, families
-
-    out = []
-    for family, spec in families().items():
-        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
-                                                and not n.startswith("tiny-")), None)
-        if preset is not None:
-            out.append(preset)
-    return out
-
-
-def _largest_batch(latency) -> str:
-    """The advice's time to embedding of its largest batch (the page's column; advise prints them all)."""
-    if latency is None:
-        return ""
-    if not latency.run:
-        return latency.text
-    return f"{_compact(latency.text.split('; ')[-1])} [{latency.run}, {latency.device}]"
-
-
-def _compact(text: str) -> str:
-    """advise's sentence in the table's words (the column header says the rest): a row per family
-    stays a few lines high."""
-    for long, short in (("cheapest right design at ", "at "), ("engines' budgets", "engines'"),
-                        (" ms per image", " ms/image"), (" us per replay", " us/replay")):
-        text = text.replace(long, short)
-    return text
-
-
-def _advice_row(preset: str, results_dir: Path) -> dict:
-    """Where to normalize ``preset``, its staging, budgets, padding and vLLM's options (a problem in words);
-    "measured": whether any run answered a part of it (placement, staging or time to embedding)."""
-    from ..advise import advise
-
-    try:
-        a = advise(preset, ADVICE_MIX, results_dir)
-    except (ValueError, OSError) as e:
-        return {"preset": preset, "placement, norm, buffer": f"no advice: {e}", "measured": True}
-    return {"preset": preset, "measured": any(e is not None and e.run for e in (a.placement, a.staging, a.latency)),
-            "placement, norm, buffer": ", ".join(a.choice) if a.choice else "not measured: " + "; ".join(
-                m.replace(f" of {preset}", "") for m in a.missing),
-            "staging (run, device)": _compact(a.staging.line()),
-            "time to embedding, largest batch (run, device)": _largest_batch(a.latency),
-            "planner budgets": ", ".join(map(str, a.budgets)),
-            # items per graph: the options' encoder_cudagraph_max_vision_items_per_batch
-            "padding, planner / powers of 2": f"{a.padding['planner']:.1%} / {a.padding['engines']:.1%}",
-            "vLLM --compilation-config": json.dumps(a.compilation_config(), separators=(",", ":"))}
 
 
 def _table(df, sources=None) -> str:
@@ -138,15 +83,12 @@ def _audit_html(results_dir: Path, csvs) -> str:
     """The newest saved engine audit: the classes that normalize on the device in a table, the others named."""
     import pandas as pd
 
-    from ..audit import load_newest
+    from ..audit import AUDIT_COLUMNS, audit_row, load_newest
 
     data = load_newest(results_dir)
     if data is None:
         return ""
-    audit = pd.DataFrame([{"model": m.get("model"), "device norm": "yes" if m.get("device_norm") else "no",
-                           "norm in": ", ".join(m.get("norm_in") or []) or "-",
-                           "encoder graphs": "yes" if m.get("encoder_graphs") else "no", "verdict": m.get("verdict")}
-                          for m in data["models"] if isinstance(m, dict)], columns=AUDIT_COLUMNS)
+    audit = pd.DataFrame([audit_row(m) for m in data["models"] if isinstance(m, dict)], columns=AUDIT_COLUMNS)
     csv = csvs.write(audit, "audit")
     device = audit[audit["device norm"] == "yes"]
     cpu = [str(m) for m in audit["model"][~audit.index.isin(device.index)]]
@@ -167,13 +109,13 @@ def _audit_html(results_dir: Path, csvs) -> str:
 def answers_html(results_dir: Path, csvs, studies: bool) -> str:
     """Where to normalize each family and the engine options to take (where studies exist), then the engine
     audit; each table's CSV written through ``csvs``."""
-    import pandas as pd
-
     out = ""
     if studies:
+        from ..advise import advice_table, family_presets
+
         presets = family_presets()
         placements = _placements_html(presets, results_dir, csvs)
-        advice = pd.DataFrame([_advice_row(preset, results_dir) for preset in presets])
+        advice = advice_table(presets, ADVICE_MIX, results_dir)
         measured = advice.pop("measured").astype(bool)
         csv = csvs.write(advice, "advice")                     # the commands that would measure it: CSV, advise
         shown = advice.replace(r": python -m workbench [^;]*", "", regex=True)

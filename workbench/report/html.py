@@ -8,11 +8,11 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..provenance import iso_utc
-from ..runstate import run_in_use, run_state
+from ..provenance import is_cpu, iso_utc
+from ..runstate import RunFolder, run_in_use
 from .output import REPORT_TITLE
 from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
-from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, is_cpu, key_findings
+from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, key_findings
 
 NO_STUDY_MESSAGE = ("no study exists yet: no module in workbench/studies/ registers one, "
                     "so there is nothing to sweep or summarize")
@@ -20,31 +20,7 @@ CPU_NOTE = ("CPU smoke test: its verdicts, memory models and planner padding hol
             "timings are not measurements")
 SHOWN_FIGURES = 2                    # figures of a view's first group shown; the rest are folded
 TABLE_OPEN_ROWS = 8                  # a key-number table with more rows than this starts folded
-
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 80rem; padding: 0 1rem;
-       color: #1d1d1f; line-height: 1.45; }
-h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
-h3 { font-size: 1rem; margin: 1.2rem 0 0.4rem; } table { border-collapse: collapse; font-size: 0.9rem; width: 100%; }
-th, td { text-align: left; padding: 0.3rem 0.6rem; border-bottom: 1px solid #eee; vertical-align: top; }
-th, code { background: #f5f5f7; } code { padding: 0 0.2rem; } .toc { font-size: 0.9rem; }
-.notice { background: #fff8e1; border: 1px solid #f0c36d; padding: 0.8rem 1rem; border-radius: 4px; }
-.keys { background: #f5f9ff; border: 1px solid #c9dcf5; padding: 0.4rem 1rem 0.6rem; border-radius: 4px; }
-.keys li { margin: 0.25rem 0; } .muted { color: #6e6e73; font-size: 0.85rem; } .caption { font-weight: 600; }
-.ref, .cpu { border-radius: 3px; padding: 0 0.3rem; font-size: 0.8rem; } .ref { background: #e8f0fe; }
-.cpu { background: #fff3e0; } .errata { background: #fdecea; border-left: 3px solid #c62828; padding: 0.3rem 0.6rem; }
-.problem { color: #a50e0e; font-size: 0.85rem; } figcaption { font-size: 0.8rem; color: #3a3a3c; }
-pre.error { background: #fdecea; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; }
-.figs { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 0.6rem 1rem; }
-figure { margin: 0.4rem 0; } figure img { max-width: 100%; max-height: 220px; border: 1px solid #eee; }
-.tablebox { overflow-x: auto; margin: 0.6rem 0; } ul.diffs { font-size: 0.85rem; margin: 0.3rem 0; }
-table.answers { font-size: 0.8rem; line-height: 1.35; } table.answers code { word-break: break-all; font-size: 0.72rem; }
-table.answers td:last-child { min-width: 15rem; } table.answers td { padding: 0.2rem 0.5rem; }
-table.answers a.muted { white-space: nowrap; }
-table.data { font-size: 0.8rem; width: auto; } table.data td { text-align: right; white-space: nowrap; }
-details { margin: 0.5rem 0; } details > summary { cursor: pointer; }
-details.fold { border-left: 3px solid #ddd; padding-left: 0.8rem; }
-"""
+CSS = Path(__file__).with_name("page.css")     # package data (pyproject.toml), read at each render
 
 
 def _e(x: Any) -> str:
@@ -58,6 +34,11 @@ def _href(rel: str) -> str:
 
 def _link(rel: str | None, text: str) -> str:
     return f'<a href="{_href(rel)}">{_e(text)}</a>' if rel else _e(text)
+
+
+def _n(count: int, thing: str) -> str:
+    """'1 run', '2 runs', '0 runs'."""
+    return f"{count} {thing}{'s' * (count != 1)}"
 
 
 def _items(lines: list[str]) -> str:
@@ -85,7 +66,7 @@ def _status(r: Run, bad: list[str]) -> str:
         elif odd:
             status = f"interrupted (its stages are not read: {_e(', '.join(odd))}: not a regular file)"
         else:
-            status = (f"interrupted (left: {_e(run_state(r.path, r.meta).describe_left())}): finish it with "
+            status = (f"interrupted (left: {_e(RunFolder(r.path).state(r.meta).describe_left())}): finish it with "
                       f"<code>python -m workbench sweep --resume {_e(r.name)}</code> (make report resumes it "
                       "when the code is the same)")
         if r.shard:
@@ -101,11 +82,9 @@ def _status(r: Run, bad: list[str]) -> str:
             status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
                       f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
     if r.skipped:
-        status += (f", <span class='problem'>{len(r.skipped)} file{'s' if len(r.skipped) > 1 else ''} "
-                   "not read (below)</span>")
+        status += f", <span class='problem'>{_n(len(r.skipped), 'file')} not read (below)</span>"
     if bad:
-        status += (f", <span class='problem' title='{_e('; '.join(bad))}'>{len(bad)} "
-                   f"table{'s' if len(bad) > 1 else ''} unreadable</span>")
+        status += f", <span class='problem' title='{_e('; '.join(bad))}'>{_n(len(bad), 'table')} unreadable</span>"
     return status
 
 
@@ -134,7 +113,7 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
     if warned:                       # not problems of the page: one click away
         listing += (f"<details class='fold'><summary>Warnings runs recorded ({len(warned)})</summary>"
                     f"<ul>{_items(warned)}</ul></details>")
-    summary = (f"{len(runs)} run folder{'s' if len(runs) != 1 else ''} ({sum(r.reference for r in runs)} reference), "
+    summary = (f"{_n(len(runs), 'run folder')} ({sum(r.reference for r in runs)} reference), "
                "newest first: device, commit, status, tables (each run's name opens its meta.json)")
     csv_link = f' · <a href="{_href(csv)}">CSV</a>' if csv else ""
     return (f'<details class="fold"><summary>{_e(summary)}{csv_link}</summary>'
@@ -196,15 +175,14 @@ def _view_body(name: str, v: View) -> str:
     out += [_paragraphs("\n\n".join(paras[:1])), _tables_html(v.tables),
             _figures_html(first[:SHOWN_FIGURES], v.svgs, v.captions, alt)]
     more, figs = paras[1:], first[SHOWN_FIGURES:]
-    parts = [f"{len(more)} more paragraph{'s' * (len(more) != 1)}" if more else "",
-             f"{len(figs)} more figure{'s' * (len(figs) != 1)}" if figs else ""]
+    parts = [_n(len(more), "more paragraph") if more else "", _n(len(figs), "more figure") if figs else ""]
     hidden = _paragraphs("\n\n".join(more)) + _figures_html(figs, v.svgs, v.captions, alt)
     if rest:                         # the other groups (runs, towers): in the same fold, a heading each
         hidden += "".join(f"<h4>{_e(label or 'the other runs')} ({len(figs)})</h4>"
                           f"{_figures_html(figs, v.svgs, v.captions, alt)}" for label, figs in rest)
         labels = ", ".join(label or "the other runs" for label, _ in rest)
         labels = f": {labels}" if len(labels) <= 60 else " (towers or runs)"     # long lists inside only
-        parts.append(f'figures of {len(rest)} other group{"s" * (len(rest) > 1)}{labels}')
+        parts.append(f"figures of {_n(len(rest), 'other group')}{labels}")
     what = ", ".join(x for x in parts if x)
     if what:
         out.append(f'<details class="fold"><summary>{_e(what[:1].upper() + what[1:])}</summary>{hidden}</details>')
@@ -237,17 +215,17 @@ def _section_html(s: StudySection) -> str:
     out += [_view_html(s.name, v) for v in s.views] or [_paragraphs(s.text)]
     heads, bodies, flagged = [], [], []
     for c in s.comparisons:         # the newest run against the one before it
-        heads.append(f"compared on {_e(c.device)} with the run before: {c.flagged} flagged value"
-                     f'{"s" * (c.flagged != 1)} (<a href="{_href(c.csv)}">CSV of every value</a>)')
+        heads.append(f"compared on {_e(c.device)} with the run before: {_n(c.flagged, 'flagged value')} "
+                     f'(<a href="{_href(c.csv)}">CSV of every value</a>)')
         bodies.append(f"<p>{_e(c.device)}: {_e(c.line)}</p>")
         if c.table is not None:       # set where values were flagged
             first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
-            flagged.append(f'<details class="fold"><summary>The {c.flagged} flagged value{"s" * (c.flagged != 1)}'
-                           f'{first}</summary><div class="tablebox">{_table_html(c.table)}</div></details>')
+            flagged.append(f'<details class="fold"><summary>The {_n(c.flagged, "flagged value")}{first}</summary>'
+                           f'<div class="tablebox">{_table_html(c.table)}</div></details>')
     out += [f'<p class="problem">{_e(line)}</p>' for line in s.table_problems]
     out += [f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>' for dev in s.missing_devices]
     if s.runs:                      # one line: the runs behind the section and the newest against the one before
-        heads.insert(0, f'from {len(s.runs)} run{"s" * (len(s.runs) != 1)}')
+        heads.insert(0, f"from {_n(len(s.runs), 'run')}")
         bodies.insert(0, f"<p>{_e(', '.join(s.runs))}</p>")
     if heads:
         line = " · ".join(heads)
@@ -267,8 +245,8 @@ def _benchmark_html(b: BenchmarkSection) -> str:
             out.append(f'<p class="problem">{_e(p.error)}</p>')
         out.append(_paragraphs(p.text))
         if p.figures:                # a committed benchmark: its figures one click away
-            out.append(f'<details class="fold"><summary>{len(p.figures)} figure{"s" * (len(p.figures) > 1)}'
-                       f'</summary>{_figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}")}</details>')
+            out.append(f'<details class="fold"><summary>{_n(len(p.figures), "figure")}</summary>'
+                       f'{_figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}")}</details>')
         if not p.error:
             out.append(f'<p class="muted">From <code>{_e(REFERENCE_DIRNAME)}/{_e(p.source)}</code>.</p>')
     return "\n".join(out)
@@ -320,5 +298,5 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, r
     body += [_section_html(s) for s in sections] + [_benchmark_html(b) for b in benchmarks]
     body += ['<h2 id="runs">Runs</h2>', _runs_table(runs, table_problems, links, runs_csv)]
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{REPORT_TITLE}</title><style>{_CSS}</style></head><body>\n"
+            f"<title>{REPORT_TITLE}</title><style>\n{CSS.read_text(encoding='utf-8')}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")

@@ -3,6 +3,7 @@ beside it and renamed into place; in it, copies of what the page links, notebook
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import re
@@ -173,12 +174,9 @@ def swap_in(tmp: Path, out_dir: Path, results_dir: Path) -> None:
 
 def write_failure(out_dir: Path, e: OSError) -> str:
     where = f" ({e.filename})" if e.filename else ""
-    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        hint = "free some disk space, or pass --out DIR on another disk"
-    elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        hint = "the folder is not writable: pass --out DIR to write the report somewhere writable"
-    else:
-        hint = "pass --out DIR to write the report elsewhere"
+    hint = ("free some disk space, or pass --out DIR on another disk" if e.errno in (errno.ENOSPC, errno.EDQUOT) else
+            "the folder is not writable: pass --out DIR to write the report somewhere writable"
+            if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else "pass --out DIR to write the report elsewhere")
     return (f"cannot write the report to {out_dir}: {e.strerror or e}{where}; {hint}. The previous report "
             "there (if any) and every run folder are unchanged.")
 
@@ -210,11 +208,7 @@ def localize_html(text: str) -> str:
 
 
 def nh3_missing() -> bool:
-    try:
-        import nh3  # noqa: F401
-    except ImportError:
-        return True
-    return False
+    return importlib.util.find_spec("nh3") is None
 
 
 def copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..files import file_kind, read_regular
-from ..provenance import results_root
-from ..runmeta import META_NAME, MetaError, RunMeta, load
+from ..provenance import REFERENCE_DIRNAME, results_root
+from ..runmeta import META_NAME, MetaError, RunMeta
 
 REPORT_DIRNAME = "report"
-REFERENCE_DIRNAME = "reference"
 ERRATA_NAME = "errata.json"     # {run folder: {study: note}}: problems of committed runs found after they ran
 READ_SUFFIXES = (".parquet", ".html", ".ipynb")     # what the report reads or copies from a run folder
 NO_META = ("no meta.json: the report cannot say what ran there or on which device, so its tables are "
@@ -82,7 +81,7 @@ def _load_run(path: Path, reference: bool) -> Run | None:
         run.error = NO_META
         return run
     try:
-        run.meta, run.tables = load(path), tables
+        run.meta, run.tables = RunMeta.from_json(path / META_NAME), tables
     except MetaError as e:
         run.error = _one_line(e.line, 600)
         if tables:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..files import read_regular
+from ..provenance import is_cpu
 from ..runstate import slug
 from .runs import REFERENCE_DIRNAME, Run, TableProblem, _kind, _one_line, _why, study_table
 
@@ -75,11 +76,6 @@ class BenchmarkSection:
     note: str = ""                  # one line when there is nothing to show
     svgs: dict[str, str] = field(default_factory=dict)
     captions: dict[str, str] = field(default_factory=dict)
-
-
-def is_cpu(device: str) -> bool:
-    """Whether a table's device name is a CPU ('cpu: <model>'): a smoke test, not a measurement."""
-    return str(device).strip().lower().startswith("cpu")
 
 
 def _runs_words(runs: list[str]) -> str:
