@@ -184,8 +184,9 @@ def test_rows_are_padded_with_zeros_and_videos_cut_into_chunks(backend, photos):
 
 def test_torchvision_rows_equal_kimis_processor(photos):
     """On a host with torchvision and transformers' Kimi-K2.5 processors (the GPU host): the
-    torchvision and cuda backends' rows, reordered to raster order, equal the processor's, raw and
-    normalized."""
+    torchvision backend's rows, reordered to raster order, equal the processor's on the CPU, and the
+    cuda backend's the processor's run on the GPU (``device="cuda"``: the GPU's antialiased resize
+    differs from the CPU's by a level in places, measured on the H200, for every family)."""
     pytest.importorskip("torchvision")
     processors = pytest.importorskip("transformers.models.kimi_k25.image_processing_kimi_k25")
     cfg = wb.VisionConfig.preset("kimi-k2.5-1t")
@@ -193,13 +194,14 @@ def test_torchvision_rows_equal_kimis_processor(photos):
     rng = np.random.default_rng(7)
     inputs = [photos["rocket"], photos["chelsea"], *(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
                                                      for h, w in ((61, 97), (20, 30), (7000, 45), (3000, 4100)))]
+    backends = {"torchvision": "cpu", **({"cuda": "cuda"} if torch.cuda.is_available() else {})}
     for x in inputs:
-        theirs = raw(images=[x], return_tensors="pt")
-        for backend in ("torchvision", "cuda"):
+        for backend, device in backends.items():
+            theirs = raw(images=[x], return_tensors="pt", device=device)
             ours = wb.preprocess(x, cfg, backend=backend)
-            assert torch.equal(ours.grid_thw, theirs["image_grid_thw"])
+            assert torch.equal(ours.grid_thw.cpu(), theirs["image_grid_thw"].cpu())
             rows = ours.pixels.cpu()[raster_order(ours.grid_thw, 2)].float()
-            assert torch.equal(rows, theirs["pixel_values"].reshape(rows.shape)), backend
+            assert torch.equal(rows, theirs["pixel_values"].cpu().reshape(rows.shape)), backend
 
 
 # ---- model folders --------------------------------------------------------------------------------
