@@ -46,7 +46,7 @@ def _stamp(path) -> None:
 
 
 class SlowStart:
-    """An argument that takes ``seconds`` to unpickle: a rank given it cannot start before then,
+    """An object that takes ``seconds`` to unpickle: a rank given it as its function cannot start before
     however fast the machine, so a start timeout shorter than that fires."""
 
     def __init__(self, seconds):
@@ -214,12 +214,13 @@ def test_an_unknown_backend_is_refused_with_the_choices():
 
 @pytest.mark.timeout(300)
 def test_ranks_that_never_start_are_named_after_start_timeout_s():
-    """Each rank's argument takes 60 s to unpickle, so no rank can start within 1 s on any machine;
-    the launcher gives up after start_timeout_s, not timeout_s, and stops them."""
+    """Each rank's function takes 60 s to unpickle, which spawn does before the rank's code runs (the
+    arguments are read from a file after the start, so a slow argument would not do: on a fast host the
+    ranks started within 1 s and the test hung), so no rank can start within 1 s on any machine; the
+    launcher gives up after start_timeout_s, not timeout_s, and stops them."""
     t0 = time.monotonic()
     with pytest.raises(TimeoutError) as ei:
-        launch(_sleep_forever_on_rank_1, world_size=2, args=(SlowStart(60),), backend="gloo",
-               start_timeout_s=1, timeout_s=600)
+        launch(SlowStart(60), world_size=2, backend="gloo", start_timeout_s=1, timeout_s=600)
     msg = str(ei.value)
     assert time.monotonic() - t0 < 50, msg      # the arguments' 60 s were not waited for
     assert re.search(r"ranks \[0, 1\] had not started 1 s after", msg) and "start_timeout_s" in msg, msg
