@@ -47,7 +47,7 @@ def _stamp(path) -> None:
 
 class SlowStart:
     """An object that takes ``seconds`` to unpickle: a rank given it as its function cannot start before
-    however fast the machine, so a start timeout shorter than that fires."""
+    then, however fast the machine, so a start timeout shorter than that fires."""
 
     def __init__(self, seconds):
         self.seconds = seconds
