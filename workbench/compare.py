@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import pkgutil
 import sys
 from contextlib import suppress
 from pathlib import Path
@@ -163,10 +162,10 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
 
 
 def _table_names() -> set[str]:
-    """``<name>.parquet`` for every study and benchmark folder: the tables a run folder holds (a stray
-    ``x.parquet`` in /tmp does not make /tmp a run folder)."""
-    from . import benchmarks, studies        # light: their __init__ imports no torch
-    return {f"{m.name}.parquet" for pkg in (studies, benchmarks) for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg}
+    """``<study>.parquet`` for every registered study: the tables a run folder holds (a stray ``x.parquet`` in
+    /tmp does not make /tmp a run folder)."""
+    from .studies import discover        # the declarations only: no torch
+    return {f"{name}.parquet" for name in discover()}
 
 
 def _run_folder_above(target: Path, results: Path) -> str | None:
