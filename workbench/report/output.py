@@ -174,9 +174,12 @@ def swap_in(tmp: Path, out_dir: Path, results_dir: Path) -> None:
 
 def write_failure(out_dir: Path, e: OSError) -> str:
     where = f" ({e.filename})" if e.filename else ""
-    hint = ("free some disk space, or pass --out DIR on another disk" if e.errno in (errno.ENOSPC, errno.EDQUOT) else
-            "the folder is not writable: pass --out DIR to write the report somewhere writable"
-            if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else "pass --out DIR to write the report elsewhere")
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        hint = "free some disk space, or pass --out DIR on another disk"
+    elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = "the folder is not writable: pass --out DIR to write the report somewhere writable"
+    else:
+        hint = "pass --out DIR to write the report elsewhere"
     return (f"cannot write the report to {out_dir}: {e.strerror or e}{where}; {hint}. The previous report "
             "there (if any) and every run folder are unchanged.")
 
