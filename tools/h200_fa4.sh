@@ -34,6 +34,8 @@ fi
 # packed after each step into $OUT/fa4-out.tgz: one file back, whatever the number of runs and logs
 # ($OUT brings back at most 8 files).
 out=/tmp/fa4/out; mkdir -p "$out"
+# drop the figures (the report redraws them) and keep the sweep's exit status, a timeout's 124 included
+keep_rc() { local rc=$?; rm -rf "$out"/runs/*/figures; return $rc; }
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/fa4-out.tgz" -C "$out" . ; }
 latency() {  # one preset's encoder_latency, realistic cells included, reduced to fit a command
   python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
@@ -59,7 +61,7 @@ for step in $QUEUE; do
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies encoder_latency \
         --results "$out/runs" --set "presets=[\"$preset\"]" --set "tokens=[$tokens]" --set 'images=[1]' \
         --set 'mixes=[]' --set reference=false --set reps=5 --set warmup=1 --name "h200-breakdown-$preset" \
-        > "$out/breakdown-$preset.log" 2>&1; rm -rf "$out"/runs/*/figures ;;
+        > "$out/breakdown-$preset.log" 2>&1; keep_rc ;;
     verify|verify_plain)  # STUDY@RUN: rerun a committed reference at its parameters, compare its timing-free
       # metrics (verify_plain: without FlashAttention-4 on the path, as the references before it ran)
       IFS=@ read -r study run <<< "$arg"; d="$out/$kind-$study"; mkdir -p "$d"
@@ -69,8 +71,7 @@ for step in $QUEUE; do
     defaults)  # STUDY@PRESET: one study at the GPU profile's full defaults for one preset
       IFS=@ read -r study preset <<< "$arg"; key=presets; [ "$study" = correctness ] && key=families
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
-        --set "$key=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1
-      rm -rf "$out"/runs/*/figures ;;
+        --set "$key=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1; keep_rc ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
     cuda_k) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "${arg//,/ or }" \
       > "$out/cuda_k-$arg.log" 2>&1 ;;
@@ -84,8 +85,7 @@ for step in $QUEUE; do
         *) sets=(--set 'mixes=["photos","phone_photos"]' --set n_items=2 --set reps=2 --set sim_requests=50000) ;;
       esac
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
-        --set "presets=[\"$preset\"]" "${sets[@]}" --name "h200-reduced-$preset" > "$out/reduced-$study-$preset.log" 2>&1
-      rm -rf "$out"/runs/*/figures ;;
+        --set "presets=[\"$preset\"]" "${sets[@]}" --name "h200-reduced-$preset" > "$out/reduced-$study-$preset.log" 2>&1; keep_rc ;;
     backends) mkdir -p "$out/backends"
       timeout "$left" python3 tools/verify_preprocess_backends.py "$out/backends" > "$out/backends.log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
