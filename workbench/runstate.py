@@ -74,8 +74,7 @@ class RunLock:
     NAME = ".lock"
 
     def __init__(self, run_dir: Path | str):
-        self.path = Path(run_dir) / self.NAME
-        self._fd: int | None = None
+        self.path, self._fd = Path(run_dir) / self.NAME, None
 
     def acquire(self) -> bool:
         import fcntl
@@ -97,15 +96,6 @@ class RunLock:
                 self.path.unlink(missing_ok=True)
             os.close(self._fd)          # closing drops the flock
             self._fd = None
-
-    def __enter__(self) -> "RunLock":
-        if not self.acquire():
-            raise RuntimeError(f"run folder {self.path.parent} is in use by another process "
-                               f"({self.holder() or 'unknown holder'})")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
     def holder(self) -> str:
         with suppress(OSError):
