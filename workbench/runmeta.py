@@ -46,7 +46,8 @@ def _kind(v: Any) -> str:
 
 def _show(v: Any) -> str:
     """A bad value in words: its JSON kind and, for a scalar, a repr clipped to 40 characters."""
-    a, r = f"{'an' if _kind(v)[0] in 'aeiou' else 'a'} {_kind(v)}", repr(v)
+    a = f"{'an' if _kind(v)[0] in 'aeiou' else 'a'} {_kind(v)}"
+    r = repr(v)
     return a if isinstance(v, (dict, list)) else f"{a} ({r if len(r) <= 40 else r[:37] + '...'})"
 
 

@@ -74,7 +74,8 @@ class RunLock:
     NAME = ".lock"
 
     def __init__(self, run_dir: Path | str):
-        self.path, self._fd = Path(run_dir) / self.NAME, None
+        self.path = Path(run_dir) / self.NAME
+        self._fd: int | None = None
 
     def acquire(self) -> bool:
         import fcntl
