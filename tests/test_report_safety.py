@@ -702,4 +702,4 @@ def test_a_run_records_the_hosts_load_at_its_start_and_end(monkeypatch):
     assert meta.extra["load_avg"] == {"start": [3.0, 2.0, 1.0]}
     meta.finish()
     assert meta.extra["load_avg"] == {"start": [3.0, 2.0, 1.0], "end": [5.5, 2.5, 1.25]}
-    assert RunMeta.from_json(meta.to_json()) == meta
+    assert RunMeta.from_dict(json.loads(meta.to_json())) == meta

@@ -93,6 +93,11 @@ def section(result, name):
     return s
 
 
+def benchmark(result, name):
+    (b,) = [b for b in result.benchmarks if b.name == name]
+    return b
+
+
 def section_html(page: str, name: str) -> str:
     start = page.index(f'<h2 id="{name}">')
     end = page.index("<h2", start + 4)
@@ -253,7 +258,7 @@ def test_norm_bandwidth_section_from_the_committed_json(tmp_path):
     assert len(caps) == 2 and all("NVIDIA H200" in c and NORM_BW_JSON.name in c for c in caps)
     assert any("SM-copy ceiling" in c for c in caps) and any("byte floor" in c for c in caps)
 
-    (panel,) = result.benchmark(NBW.name).panels
+    (panel,) = benchmark(result, NBW.name).panels
     assert panel.error is None and panel.device == "NVIDIA H200" and panel.date == "2026-11-30"
     doc = json.loads(NORM_BW_JSON.read_text())
     full = [r for r in doc["results"] if r["n_valid"] is None]
@@ -273,7 +278,7 @@ def test_norm_bandwidth_bad_files_show_an_error_line(tmp_path):
     (ref / "norm_bw-broken-20261201.json").write_text('{"benchmark": "norm_bandwidth", ')
     (ref / "norm_bw-empty-20261202.json").write_text('{"benchmark": "norm_bandwidth", "device": "X"}')
     result = rep.build_report(tmp_path, studies={})
-    errors = [p.error for p in result.benchmark(NBW.name).panels]
+    errors = [p.error for p in benchmark(result, NBW.name).panels]
     assert len(errors) == 2 and all(errors)
     assert "unreadable JSON" in errors[0] and "results" in errors[1]
     page = result.index.read_text(encoding="utf-8")
@@ -284,7 +289,7 @@ def test_norm_bandwidth_bad_files_show_an_error_line(tmp_path):
 
 def test_no_norm_bandwidth_json_is_one_line(tmp_path):
     result = rep.build_report(tmp_path, studies={})
-    assert result.benchmark(NBW.name).panels == [] and result.benchmark(NBW.name).note
+    assert benchmark(result, NBW.name).panels == [] and benchmark(result, NBW.name).note
     page = result.index.read_text(encoding="utf-8")
     assert "No committed norm bandwidth benchmark" in page
     assert not (result.index.parent / "norm_bandwidth").exists()
@@ -475,7 +480,7 @@ def test_the_report_discovers_benchmarks_and_names_none(tmp_path):
     (tmp_path / "reference" / "fake-1.json").write_text('{"benchmark": "fake_bench", "device": "GPU X", "value": 3}')
     (tmp_path / "reference" / "fake-2.json").write_text('{"benchmark": ')
     result = rep.build_report(tmp_path, studies={}, benchmarks={"fake_bench": fake})
-    b = result.benchmark("fake_bench")
+    b = benchmark(result, "fake_bench")
     assert [p.source for p in b.panels] == ["fake-1.json", "fake-2.json"]
     assert b.panels[0].text == "GPU X did 3." and "unreadable JSON" in b.panels[1].error
     page = result.index.read_text(encoding="utf-8")

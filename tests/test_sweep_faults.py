@@ -120,9 +120,11 @@ def test_resume_refuses_a_folder_in_use_and_an_unknown_one(tmp_path):
     run = RunFolder.create(tmp_path, name="cpu").path
     RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {"fp32_memory": {}}}).write(run)
     before = (run / "meta.json").read_bytes()
-    with RunLock(run):            # another holder: flock locks conflict between open files
-        with pytest.raises(SystemExit) as e:
-            cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name])
+    lock = RunLock(run)             # another holder: flock locks conflict between open files
+    assert lock.acquire()
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", "--results", str(tmp_path), "--resume", run.name])
+    lock.release()
     assert isinstance(e.value.code, str) and "in use by another process" in e.value.code, e.value.code
     assert (run / "meta.json").read_bytes() == before
     with pytest.raises(SystemExit) as e:
@@ -139,7 +141,9 @@ def test_make_report_resumes_an_interrupted_run_of_the_same_code(tmp_path, monke
     run = RunFolder.create(tmp_path, name="cpu").path
     RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {}}).write(run)
     assert interrupted_run(tmp_path, "cpu") == run
-    with RunLock(run):
-        assert interrupted_run(tmp_path, "cpu") is None           # in use: not interrupted
+    lock = RunLock(run)
+    assert lock.acquire()
+    assert interrupted_run(tmp_path, "cpu") is None           # in use: not interrupted
+    lock.release()
     RunMeta.from_json(run).finish().write(run)
     assert interrupted_run(tmp_path, "cpu") is None                # finished

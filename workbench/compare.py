@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping
 from .files import atomic_write_text, file_kind, open_regular
 from .provenance import REFERENCE_DIRNAME, results_root
 from .runmeta import META_NAME, MetaError, parse
+from .runstate import holds_run
 
 ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to a study table
 NOT_KEYS = ("device", "note", "value", "unit")         # not part of a cell's identity
@@ -161,23 +162,13 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     return df
 
 
-def _table_names() -> set[str]:
-    """``<study>.parquet`` for every registered study: the tables a run folder holds (a stray ``x.parquet`` in
-    /tmp does not make /tmp a run folder)."""
-    from .studies import discover        # the declarations only: no torch
-    return {f"{name}.parquet" for name in discover()}
-
-
 def _run_folder_above(target: Path, results: Path) -> str | None:
     """Why ``target`` (resolved) lies in a run folder (or below the results folder); None where it does not."""
-    tables = _table_names()
-    for d in target.parents:
-        try:
-            names = os.listdir(d)
-        except OSError:
-            continue
-        if META_NAME in names or tables.intersection(names):
-            return f"it is inside the run folder {d} (it holds {META_NAME} or a table)"
+    from .studies import discover        # the declarations only: no torch
+    tables = {f"{name}.parquet" for name in discover()}     # a stray x.parquet does not make /tmp a run folder
+    run = next((d for d in target.parents if holds_run(d, tables)), None)
+    if run is not None:
+        return f"it is inside the run folder {run} (it holds {META_NAME} or a table)"
     if results in target.parents and target.parent != results:
         return (f"it is inside {target.parent}, below the results folder {results}, where every folder "
                 "is a run folder or the report's")

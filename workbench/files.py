@@ -56,9 +56,9 @@ def open_regular(path, follow: bool = True) -> BinaryIO:
     return f
 
 
-def read_regular(path, max_bytes: int | None = None, follow: bool = False) -> bytes:
-    """The bytes of ``path`` (`open_regular`); OSError (EFBIG) where it holds more than ``max_bytes``."""
-    with open_regular(path, follow) as f:
+def read_regular(path, max_bytes: int | None = None) -> bytes:
+    """The bytes of ``path`` (`open_regular`, never through a link); OSError (EFBIG) above ``max_bytes``."""
+    with open_regular(path, follow=False) as f:
         data = f.read(-1 if max_bytes is None else max_bytes + 1)
     if max_bytes is not None and len(data) > max_bytes:
         raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", os.fspath(path))
@@ -93,5 +93,5 @@ def atomic_write_bytes(path, data: bytes, exclusive: bool = False) -> Path:
     return path
 
 
-def atomic_write_text(path, text: str, encoding: str = "utf-8") -> Path:
-    return atomic_write_bytes(path, text.encode(encoding))
+def atomic_write_text(path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))

@@ -66,11 +66,11 @@ def git_info(root: Path | str | None = None) -> dict[str, Any]:
     return info
 
 
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
-    """Installed versions of ``names``; packages that are not installed are left out."""
+def package_versions() -> dict[str, str]:
+    """Installed versions of PACKAGES; packages that are not installed are left out."""
     from importlib import metadata
     versions: dict[str, str] = {}
-    for name in names:
+    for name in PACKAGES:
         with suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
     return versions

@@ -32,12 +32,11 @@ _JSON = ((type(None), "null"), (bool, "boolean"), ((int, float), "number"), (str
 
 
 class MetaError(ValueError):
-    """A meta.json that cannot be used: ``str(e)`` starts with its path; ``kind`` is "missing",
-    "unreadable" or "invalid"; ``line`` is what the report shows beside the run."""
+    """A meta.json that cannot be used: ``str(e)`` starts with its path; ``line`` is what the report shows beside
+    the run, starting with ``kind``: "missing", "unreadable" or "invalid"."""
 
     def __init__(self, path: Path | str, reason: str, kind: str = "invalid"):
-        self.path, self.reason, self.kind = Path(path), reason, kind
-        self.line = f"{kind} meta.json: {reason}"
+        self.path, self.line = Path(path), f"{kind} meta.json: {reason}"
         super().__init__(f"{self.path}: {reason}")
 
 
@@ -45,13 +44,11 @@ def _kind(v: Any) -> str:
     return next((name for t, name in _JSON if isinstance(v, t)), type(v).__name__)
 
 
-def _show(v: Any, limit: int = 40) -> str:
-    """A bad value in words: its JSON kind and, for a scalar, a clipped repr."""
+def _show(v: Any) -> str:
+    """A bad value in words: its JSON kind and, for a scalar, a repr clipped to 40 characters."""
     a = f"{'an' if _kind(v)[0] in 'aeiou' else 'a'} {_kind(v)}"
-    if isinstance(v, (dict, list)):
-        return a
     r = repr(v)
-    return f"{a} ({r if len(r) <= limit else r[:limit - 3] + '...'})"
+    return a if isinstance(v, (dict, list)) else f"{a} ({r if len(r) <= 40 else r[:37] + '...'})"
 
 
 def _too_deep(v: Any, limit: int) -> bool:
@@ -107,18 +104,16 @@ def problems(meta: Any) -> list[str]:
     params = meta.get("params")
     shard = params.get("shard") if isinstance(params, dict) else None
     if isinstance(shard, dict):
-        missing = [f"params.shard.{k} is missing" for k in ("index", "count", "group") if shard.get(k) is None]
-        out += missing
-        if not missing and not any(p.startswith("params.shard.") for p in out) \
-                and not 0 <= shard["index"] < shard["count"]:
+        out += [f"params.shard.{k} is missing" for k in ("index", "count", "group") if shard.get(k) is None]
+        if not any(p.startswith("params.shard.") for p in out) and not 0 <= shard["index"] < shard["count"]:
             out.append(f"params.shard is {shard['index']}/{shard['count']}, not I/N with 0 <= I < N")
     return out
 
 
-def parse(path: Path | str, text: str | None = None) -> dict[str, Any]:
-    """The JSON object in ``text``, else in the regular file ``path`` (MAX_BYTES at most); MetaError otherwise."""
+def parse(path: Path | str) -> dict[str, Any]:
+    """The JSON object in the regular file ``path`` (MAX_BYTES at most); MetaError otherwise."""
     try:
-        meta = json.loads(read_regular(path, MAX_BYTES).decode("utf-8") if text is None else text)
+        meta = json.loads(read_regular(path, MAX_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise MetaError(path, "no such file", "missing") from None
     except UnicodeDecodeError as e:
@@ -178,11 +173,9 @@ class RunMeta:
         return cls.from_dict(collect_meta(params))
 
     @classmethod
-    def from_json(cls, source: str | Path) -> "RunMeta":
-        """A meta.json from its text, or from a path (a run folder or the file itself)."""
-        if isinstance(source, str) and source.lstrip().startswith(("{", "[")):
-            return cls.from_dict(parse(META_NAME, source))
-        path = Path(source)
+    def from_json(cls, path: str | Path) -> "RunMeta":
+        """A meta.json from its path: a run folder or the file itself."""
+        path = Path(path)
         path = path / META_NAME if path.name != META_NAME and path.is_dir() else path
         return cls.from_dict(parse(path), path)
 

@@ -22,6 +22,15 @@ def figures_marker(run_dir: Path | str, study: str) -> Path:
     return Path(run_dir) / FIGURES_DIR / f".{study}.drawn"
 
 
+def holds_run(folder: Path | str, tables: set[str] | None = None) -> bool:
+    """Whether ``folder`` is a run folder: it holds a meta.json or a table (one of ``tables``, else any *.parquet)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return META_NAME in names or any(n in tables if tables is not None else n.endswith(".parquet") for n in names)
+
+
 def notebook_done(path: Path) -> bool:
     """Whether ``path`` is a notebook papermill executed to its end without an exception."""
     try:
@@ -88,15 +97,6 @@ class RunLock:
                 self.path.unlink(missing_ok=True)
             os.close(self._fd)          # closing drops the flock
             self._fd = None
-
-    def __enter__(self) -> "RunLock":
-        if not self.acquire():
-            raise RuntimeError(f"run folder {self.path.parent} is in use by another process "
-                               f"({self.holder() or 'unknown holder'})")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
     def holder(self) -> str:
         with suppress(OSError):

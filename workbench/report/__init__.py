@@ -35,10 +35,6 @@ class ReportResult:
     def problems(self) -> list[str]:        # failed summaries (the CLI exits non-zero); not unreadable tables
         return [f"{s.name}: {s.error.splitlines()[-1]}" for s in self.sections if s.error]
 
-    def benchmark(self, name: str) -> BenchmarkSection:
-        (b,) = [b for b in self.benchmarks if b.name == name]
-        return b
-
 
 def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_dir: Path,
                 benchmarks: Mapping[str, Any] | None, log) -> ReportResult:

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..files import atomic_write_text, read_regular
 from ..provenance import iso_utc, results_root
 from ..runmeta import META_NAME
+from ..runstate import holds_run
 from .runs import ReportError, Run, _kind, _why
 
 REPORT_MARKER = ".workbench-report.json"
@@ -88,14 +89,10 @@ def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None)
     if out == results or out in results.parents:
         held = "it is the results folder itself" if out == results else f"it holds the results folder {results_dir}"
         raise refuse(f"{held}; the report replaces its whole folder, which would delete every run folder in it")
-    for d in (out, *(d for d in out.parents if results in d.parents)):
-        try:
-            run = (d / META_NAME).is_file() or any(d.glob("*.parquet"))
-        except OSError:
-            run = False
-        if run:
-            where = "it is a run folder" if d == out else f"it is inside the run folder {d}"
-            raise refuse(f"{where}; a run folder holds results only")
+    run = next((d for d in (out, *(d for d in out.parents if results in d.parents)) if holds_run(d)), None)
+    if run is not None:
+        where = "it is a run folder" if run == out else f"it is inside the run folder {run}"
+        raise refuse(f"{where}; a run folder holds results only")
     if not out.exists():
         if out_dir.is_symlink():
             raise refuse("it is a link to a folder that does not exist")

@@ -106,17 +106,9 @@ def _figure_runs(fig: str, study: str, runs: list[str]) -> tuple[str, str | None
     stem = Path(fig).stem
     run = next((r for r in sorted(runs, key=len, reverse=True) if stem.endswith("_" + _slug(r))), None)
     if run is not None:
-        stem = stem[: -len(_slug(run)) - 1]
-    if stem.startswith(study):
-        stem = stem[len(study):]
+        stem = stem.removesuffix("_" + _slug(run))
+    stem = stem.removeprefix(study)
     return " ".join(stem.replace("_", " ").replace("-", " ").split()), run
-
-
-def newest_mask(table, starts: Mapping[str, str]):
-    """The rows of the newest run of each device and family, as a boolean Series."""
-    keys = ["device"] + (["family"] if "family" in table.columns else [])
-    rank = table["run"].astype(str).map(lambda r: (starts.get(r, ""), r))
-    return rank == rank.groupby([table[k] for k in keys], dropna=False, sort=False).transform("max")
 
 
 def _runs_newest_first(g, starts: Mapping[str, str]) -> list[str]:
@@ -228,11 +220,12 @@ def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[
             return section
         section.runs = list(dict.fromkeys(table["run"].astype(str)))      # in the runs' order, as concatenated
         section.missing_devices = sorted(devices - {str(d) for d in table["device"].dropna().unique()})
-        starts: dict[str, str] = {}         # logical run name -> its (latest) start time
-        for r in runs:
-            starts[r.logical_name] = max(starts.get(r.logical_name, ""), r.started)
+        # logical run name -> its latest start time (a shard group's: its last shard's)
+        starts = {r.logical_name: r.started for r in sorted(runs, key=lambda r: r.started)}
         by_run = {r.logical_name: r for r in runs}
-        newest = newest_mask(table, starts)
+        keys = ["device"] + (["family"] if "family" in table.columns else [])     # newest: per device and family
+        rank = table["run"].astype(str).map(lambda r: (starts.get(r, ""), r))
+        newest = rank == rank.groupby([table[k] for k in keys], dropna=False, sort=False).transform("max")
         latest = {str(dev): max(starts.get(str(r), "") for r in g["run"].unique())
                   for dev, g in table.groupby("device", dropna=True, sort=False)}
         order = sorted(sorted(latest, key=lambda d: (latest[d], d), reverse=True), key=is_cpu)   # GPUs first
