@@ -22,7 +22,7 @@ from .runstate import RunFolder
 from .studies import ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
-from .workers import EMULATE_GPUS_ENV, check_gpus, parse_workers, work, worker_count
+from .workers import EMULATE_GPUS_ENV, check_gpus, work, worker_count
 
 registered_studies = discover        # every study folder's declaration, torch-free (its params.py)
 
@@ -61,12 +61,8 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
 
 
 def precheck(args: argparse.Namespace) -> None:
-    """Refuse, before torch loads, a bad --gpus/--workers/--shard/--name or --resume (studies and parameters:
-    `sweep_plan`)."""
-    gpus = parse_gpus(args.gpus)
-    parse_workers(args.workers)
-    parse_shard(args.shard)
-    parse_name(args.name)
+    """Refuse, before torch loads, options that do not go together, or a bad --resume (each value: the parser's
+    types; studies and parameters: `sweep_plan`)."""
     if args.fit and args.max_minutes is None:
         raise SystemExit("--fit trims the repetitions to fit --max-minutes N: give that too")
     if args.resume:     # a resume measures what its meta.json recorded: an option choosing that would be lost
@@ -80,7 +76,7 @@ def precheck(args: argparse.Namespace) -> None:
         RunFolder.find(args.results, args.resume)      # the run folder's own checks follow at once
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
-        check_gpus(gpus, args.profile)
+        check_gpus(args.gpus, args.profile)
 
 
 def check_kernel(name: str) -> None:
@@ -102,11 +98,9 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     if args.profile == "auto":      # torch tells the profile: refuse a bad value before it loads
         _resolve_plan(sets, studies, selected, "cpu", fits=False)
     profile = default_profile() if args.profile == "auto" else args.profile
-    gpus = parse_gpus(args.gpus)
-    shard = parse_shard(args.shard)
     params = _resolve_plan(sets, studies, selected, profile)
-    check_gpus(gpus, profile)
-    workers = worker_count(parse_workers(args.workers), profile, len(selected), gpus, default_workers(args))
+    check_gpus(args.gpus, profile)
+    workers = worker_count(args.workers, profile, len(selected), args.gpus, default_workers(args))
     if profile == "gpu" and not os.environ.get(EMULATE_GPUS_ENV):     # every study would fail on its first tensor
         import torch
         if not torch.cuda.is_available():
@@ -115,11 +109,12 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     kernel = args.kernel or default_kernel()
     if not args.direct:
         check_kernel(kernel)
-    name = parse_name(args.name) or profile
+    name = args.name or profile
     return SweepPlan(studies=tuple(selected), params=params, profile=profile, results=args.results, name=name,
                      mode="direct" if args.direct else "papermill", kernel=kernel,
-                     gpus=tuple(gpus) if gpus else None, gpus_emulated=bool(gpus and os.environ.get(EMULATE_GPUS_ENV)),
-                     shard=shard, group=shard_group(args.group, name) if shard is not None else None,
+                     gpus=tuple(args.gpus or ()) or None,
+                     gpus_emulated=bool(args.gpus and os.environ.get(EMULATE_GPUS_ENV)),
+                     shard=args.shard, group=shard_group(args.group, name) if args.shard is not None else None,
                      max_minutes=args.max_minutes, fit=args.fit, workers=workers)
 
 
@@ -143,8 +138,8 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
         result = SweepResult(None, note=NO_STUDY_MESSAGE)
     elif resume:
         result = resume_sweep(resume, args.results, studies, kernel=args.kernel or default_kernel(),
-                              gpus=parse_gpus(args.gpus), resume_finished=args.resume_finished,
-                              workers=parse_workers(args.workers), default_workers=default_workers(args))
+                              gpus=args.gpus, resume_finished=args.resume_finished,
+                              workers=args.workers, default_workers=default_workers(args))
     else:
         result = run_sweep(sweep_plan(args, studies))
     print(result.summary())
@@ -189,7 +184,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         resume, reuse = args.resume, None
         if not resume and not args.studies and not args.set and not args.fresh:
             profile = default_profile() if args.profile == "auto" else args.profile
-            name = parse_name(args.name) or profile
+            name = args.name or profile
             interrupted = interrupted_run(args.results, name)
             if interrupted is not None:
                 print(f"report: resuming the interrupted run {interrupted.name}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -38,6 +38,11 @@ class SweepPlan:
     group: str | None = None          # with shard: the name the shards of one run share
     max_minutes: float | None = None  # refuse a plan predicted to take longer (with fit: trim its repetitions)
     fit: bool = False
+
+    @property
+    def processes(self) -> int:
+        """The CPU worker processes it runs: never more than its studies (a shard may hold fewer than planned)."""
+        return max(1, min(self.workers, len(self.studies)))
 
 
 @dataclass(frozen=True)
@@ -182,12 +187,12 @@ def wall_seconds(seconds: Mapping[str, float], workers: int = 1) -> float:
                                                                      workers))
 
 
-def plan_time(plan: SweepPlan, studies: list, params: dict) -> dict:
+def plan_time(plan: SweepPlan) -> dict:
     """Print the predicted wall time; with max_minutes, refuse a plan over it (SystemExit, before any run folder
     exists) or, with fit, return the params with their repetitions trimmed so that it fits (time taken as
     proportional to the repetitions)."""
+    studies, params, workers = list(plan.studies), dict(plan.params), plan.processes
     est = predict(studies, params, plan.results, plan.profile)
-    workers = max(1, min(plan.workers, len(studies)))
     total = wall_seconds({n: t for n, (t, _, _) in est.items()}, workers)
     print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}"
                                           + ("" if timed else ", untimed: a guess") + ")"
@@ -216,27 +221,25 @@ def plan_time(plan: SweepPlan, studies: list, params: dict) -> dict:
 
 def run_sweep(plan: SweepPlan) -> SweepResult:
     """Run the plan's studies (its shard of them) into a new run folder."""
-    studies, params, name = list(plan.studies), dict(plan.params), plan.name
     extra: dict[str, Any] = {}
     if plan.shard is not None:
         index, count = plan.shard
         # balanced by committed runs only: every host of a job array sees the same ones
         recorded = recorded_seconds([Path(plan.results) / "reference"], plan.profile)
-        mine, params, cells = shard_plan(studies, params, index, count, recorded)
+        mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, recorded)
         if not mine:
-            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({n_studies(len(studies))} "
+            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({n_studies(len(plan.studies))} "
                                           f"selected over {count} shards); nothing to run")
-        studies = mine
         extra["shard"] = {"index": index, "count": count, "group": plan.group, "cells": cells}
-        name = f"{name}-shard{index}of{count}"
+        plan = replace(plan, studies=tuple(mine), params=params, name=f"{plan.name}-shard{index}of{count}")
     if plan.gpus:
         extra.update(gpus=list(plan.gpus), **({"gpus_emulated": True} if plan.gpus_emulated else {}))
-    workers = min(plan.workers, len(studies))      # a shard may hold fewer studies than the plan
+    studies, workers = list(plan.studies), plan.processes
     if workers > 1:
         extra["workers"] = workers
-    params = plan_time(plan, studies, params)
+    params = plan_time(plan)
     device = DEVICE_OF_PROFILE[plan.profile]
-    run = RunFolder.create(plan.results, name=name)
+    run = RunFolder.create(plan.results, name=plan.name)
     lock = run.lock()
     lock.acquire()                 # a folder this process just made: nobody else can hold it
     meta, outcome = RunMeta(), _Outcome()
