@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .notebook_run import FALLBACK_KERNEL, PROJECT_KERNEL
+from .stages import FALLBACK_KERNEL, PROJECT_KERNEL
 from .runstate import slug
 from .workers import parse_workers
 

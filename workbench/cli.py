@@ -15,7 +15,7 @@ from .arguments import _parse_sets, _select, build_parser, parse_gpus, parse_nam
 from .checkpoints import CheckpointError
 from .compare import compare_command
 from .limits import Limits
-from .notebook_run import PROJECT_KERNEL, default_kernel, sync_notebook
+from .stages import check_kernel, default_kernel, sync_notebook
 from .provenance import collect_meta, git_info, results_root, utc_now
 from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
 from .runstate import RunFolder
@@ -77,18 +77,6 @@ def precheck(args: argparse.Namespace) -> None:
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
         check_gpus(args.gpus, args.profile)
-
-
-def check_kernel(name: str) -> None:
-    """SystemExit where papermill's Jupyter kernel ``name`` is not installed."""
-    try:
-        from jupyter_client.kernelspec import KernelSpecManager
-    except ImportError:
-        return          # no jupyter_client: the notebook stage records why it cannot run
-    known = sorted(KernelSpecManager().find_kernel_specs())
-    if name not in known:
-        raise SystemExit(f"--kernel {name!r}: no Jupyter kernel of that name; installed: {known or 'none'} "
-                         f"(make lab registers {PROJECT_KERNEL!r}; --direct runs without notebooks)")
 
 
 def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:

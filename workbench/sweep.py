@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import provenance      # git_info looked up when called: tests stand in for it
-from .notebook_run import default_kernel
 from .runmeta import MetaError, RunMeta
 from .runstate import RunFolder, run_in_use
-from .stages import finish_study
+from .stages import default_kernel, finish_study
 from .studies import ParamError
 from .workers import execute_in_workers, one_gpu_warnings, worker_count
 
@@ -30,7 +29,7 @@ class SweepPlan:
     results: Path                     # the folder the run folder goes into
     name: str                         # the run folder's name suffix
     mode: str = "papermill"           # or "direct": the studies' run functions in this process
-    kernel: str | None = None         # Jupyter kernel for papermill (None: notebook_run.default_kernel())
+    kernel: str | None = None         # Jupyter kernel for papermill (None: stages.default_kernel())
     gpus: tuple[int, ...] | None = None   # one worker process per GPU
     gpus_emulated: bool = False       # the GPUs are pretended (workers.EMULATE_GPUS_ENV)
     workers: int = 1                  # worker processes side by side on the CPU (1: the studies run here)
