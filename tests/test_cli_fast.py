@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench import cli, stages
+from workbench.studies import discover
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,7 +40,7 @@ def test_every_help_answers_without_torch(tmp_path, command):
     assert_light(imported)
     assert not any(tmp_path.iterdir())                       # nothing cached
     if command in (["sweep"], ["report"]):
-        for name, study in cli.registered_studies().items():
+        for name, study in discover().items():
             assert f"{name}:" in p.stdout
             for param in study.params.names:
                 assert f"  {param} (" in p.stdout
@@ -125,4 +126,4 @@ def test_the_notebooks_declare_the_project_kernel():
 def test_a_study_registered_in_this_process_is_not_refused(stubs):
     args = cli.build_parser().parse_args(["sweep", "--studies", ",".join(stubs)])
     cli.precheck(args)                      # the registry of this process decides
-    assert set(stubs) <= set(s.name for s in cli._select(cli.registered_studies(), args.studies))
+    assert set(stubs) <= set(s.name for s in cli._select(discover(), args.studies))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .stages import FALLBACK_KERNEL, PROJECT_KERNEL
+from .provenance import results_root
 from .runstate import slug
 from .workers import parse_workers
 
@@ -119,7 +120,8 @@ _positive_int = _number(int, lambda n: n >= 1, "a whole number >= 1")
 _minutes = _number(float, lambda m: 0 < m < float("inf"), "a number of minutes > 0 (e.g. 15 or 2.5)")
 
 
-def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+def _add_sweep_options(p: _Parser) -> None:
+    p.params_epilog = True      # --set takes the studies' parameters: the help lists them
     g = p.add_argument_group("sweep")
     g.add_argument("--profile", choices=("auto", "cpu", "gpu"), default="auto",
                    help="default parameters to use: auto = gpu on a CUDA host, else cpu (default: %(default)s)")
@@ -164,10 +166,7 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose help, with ``params_epilog``, ends with the studies' parameters (imported then only)."""
-
-    def __init__(self, *args, params_epilog=False, **kw):
-        super().__init__(*args, **kw)
-        self.params_epilog = params_epilog
+    params_epilog = False
 
     def format_help(self) -> str:
         if self.params_epilog and self.epilog is None:
@@ -197,12 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kw)
         p.set_defaults(command_name=name)
         if results:
-            p.add_argument("--results", type=Path, metavar="DIR", default=None,
+            p.add_argument("--results", type=Path, metavar="DIR", default=results_root(),
                            help=f"{results} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
                                 f"the same whatever the working directory)")
         return p
 
-    sweeps = dict(params_epilog=True, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sweeps = dict(formatter_class=argparse.RawDescriptionHelpFormatter)
     p = command("report", "folder holding the run folders", **sweeps,
                 help="the main job: default sweep, then results/report/index.html",
                 description="Run the default sweep for this hardware (unless --no-sweep), then build "

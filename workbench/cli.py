@@ -11,21 +11,18 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .arguments import _parse_sets, _select, build_parser, parse_gpus, parse_name, parse_shard  # noqa: F401
+from .arguments import _parse_sets, _select, build_parser, parse_gpus, parse_shard  # noqa: F401
 from .checkpoints import CheckpointError
 from .compare import compare_command
 from .limits import Limits
 from .stages import check_kernel, default_kernel, sync_notebook
-from .provenance import collect_meta, git_info, results_root, utc_now
+from .provenance import collect_meta, git_info, utc_now
 from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
 from .runstate import RunFolder
 from .studies import ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
 from .workers import EMULATE_GPUS_ENV, check_gpus, work, worker_count
-
-registered_studies = discover        # every study folder's declaration, torch-free (its params.py)
-
 
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
                   profile: str, fits: bool = True) -> dict[str, dict[str, Any]]:
@@ -121,7 +118,7 @@ def shard_group(group: str | None, name: str) -> str:
 def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
     """Run the sweep the options ask for, or finish the run folder ``resume``; print its summary."""
     precheck(args)
-    studies = registered_studies()
+    studies = discover()
     if not studies:
         result = SweepResult(None, note=NO_STUDY_MESSAGE)
     elif resume:
@@ -140,7 +137,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
-    stale = [study.notebook for _, study in sorted(registered_studies().items())
+    stale = [study.notebook for _, study in sorted(discover().items())
              if sync_notebook(study, check=args.check)]
     listed = f": {', '.join(stale)}" if stale else ""
     hint = " (run python -m workbench notebooks)" if args.check and stale else ""
@@ -163,7 +160,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     try:        # before the sweep: a folder the report may not replace is refused at once
-        check_report_dir(args.out if args.out is not None else Path(args.results) / REPORT_DIRNAME, args.results)
+        check_report_dir(args.out or args.results / REPORT_DIRNAME, args.results)
     except ReportError as e:
         raise SystemExit(f"report: {e}") from None
     failures: list[str] = []
@@ -178,7 +175,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 print(f"report: resuming the interrupted run {interrupted.name}")
                 resume = str(interrupted)
             else:
-                reuse = reusable_run(args.results, name, profile, registered_studies())
+                reuse = reusable_run(args.results, name, profile, discover())
         if reuse is not None:
             print(f"report: reusing {reuse.name}, the finished default {profile} sweep of this commit "
                   f"(--fresh, or make sweep, measures again)")
@@ -201,14 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:   # an unknown flag after a subcommand: show that subcommand's usage, not the top one
         parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    if getattr(args, "results", "unset") is None:
-        args.results = results_root()
     try:        # a malformed $WORKBENCH_LIMITS is named here, not deep inside a study
         Limits.from_env()
     except ValueError as e:
         raise SystemExit(str(e)) from None
     results = getattr(args, "results", None)
-    if results is not None and Path(results).exists() and not Path(results).is_dir():
+    if results is not None and results.exists() and not results.is_dir():
         raise SystemExit(f"--results {results} is a file, not a folder; give the folder that holds the run folders")
     try:
         return COMMANDS[args.command_name](args)
