@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .stages import FALLBACK_KERNEL, PROJECT_KERNEL
 from .provenance import results_root
 from .runstate import slug
+from .stages import FALLBACK_KERNEL, PROJECT_KERNEL
+from .studies import discover       # the declarations: torch-free
 from .workers import parse_workers
 
 
@@ -171,8 +172,6 @@ class _Parser(argparse.ArgumentParser):
     def format_help(self) -> str:
         if self.params_epilog and self.epilog is None:
             try:
-                from .studies import discover
-
                 studies = discover()
             except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
                 self.epilog = f"(study parameters unavailable: {e})"
@@ -194,7 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, results: str | None = None, **kw) -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kw)
-        p.set_defaults(command_name=name)
         if results:
             p.add_argument("--results", type=Path, metavar="DIR", default=results_root(),
                            help=f"{results} (default: the project's results/, or $WORKBENCH_RESULTS when set; "

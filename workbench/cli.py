@@ -15,10 +15,10 @@ from .arguments import _parse_sets, _select, build_parser, parse_gpus, parse_sha
 from .checkpoints import CheckpointError
 from .compare import compare_command
 from .limits import Limits
-from .stages import check_kernel, default_kernel, sync_notebook
 from .provenance import collect_meta, git_info, utc_now
 from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
 from .runstate import RunFolder
+from .stages import check_kernel, default_kernel, sync_notebook
 from .studies import ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
@@ -105,7 +105,7 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
 
 def default_workers(args: argparse.Namespace) -> int | str:
     """Without --workers: the report (make report) runs a CPU sweep's studies side by side, one per core."""
-    return "auto" if args.command_name == "report" else 1
+    return "auto" if args.command == "report" else 1
 
 
 def shard_group(group: str | None, name: str) -> str:
@@ -120,14 +120,14 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
     precheck(args)
     studies = discover()
     if not studies:
-        result = SweepResult(None, note=NO_STUDY_MESSAGE)
+        result = SweepResult(None, [], NO_STUDY_MESSAGE)
     elif resume:
         result = resume_sweep(resume, args.results, studies, kernel=args.kernel or default_kernel(),
                               gpus=args.gpus, resume_finished=args.resume_finished,
                               workers=args.workers, default_workers=default_workers(args))
     else:
         result = run_sweep(sweep_plan(args, studies))
-    print(result.summary())
+    print(result.summary)
     return result
 
 
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if results is not None and results.exists() and not results.is_dir():
         raise SystemExit(f"--results {results} is a file, not a folder; give the folder that holds the run folders")
     try:
-        return COMMANDS[args.command_name](args)
+        return COMMANDS[args.command](args)
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise

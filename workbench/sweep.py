@@ -46,19 +46,10 @@ class SweepPlan:
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What a sweep or a resume did."""
-    run_dir: Path | None              # None: no run folder was made (nothing to run)
-    failures: list[str] = field(default_factory=list)
-    duration_s: float | None = None   # of a new sweep, as its meta.json records it
-    resumed: list[str] | None = None  # a resume: the studies it took on; None for a new sweep
-    note: str | None = None           # instead of a summary: why nothing ran
-
-    def summary(self) -> str:
-        if self.note is not None:
-            return self.note
-        if self.resumed is not None:
-            return f"sweep: resumed {n_studies(len(self.resumed))}, {len(self.failures)} failure(s): {self.run_dir}"
-        return f"sweep: done in {self.duration_s:.1f} s, {len(self.failures)} failure(s): {self.run_dir}"
+    """What a sweep or a resume did: its run folder (None: none was made), its failures, the line that says so."""
+    run_dir: Path | None
+    failures: list[str]
+    summary: str
 
 
 def n_studies(n: int) -> str:
@@ -227,8 +218,8 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
         recorded = recorded_seconds([Path(plan.results) / "reference"], plan.profile)
         mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, recorded)
         if not mine:
-            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({n_studies(len(plan.studies))} "
-                                          f"selected over {count} shards); nothing to run")
+            return SweepResult(None, [], f"sweep: shard {index}/{count} has no cell ({n_studies(len(plan.studies))} "
+                                         f"selected over {count} shards); nothing to run")
         extra["shard"] = {"index": index, "count": count, "group": plan.group, "cells": cells}
         plan = replace(plan, studies=tuple(mine), params=params, name=f"{plan.name}-shard{index}of{count}")
     if plan.gpus:
@@ -256,7 +247,8 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     finally:
         # a complete run keeps no lock file; one with failures keeps it for --resume to take
         lock.release(remove=not outcome.failures and bool(meta.finished_at))
-    return SweepResult(run.path, outcome.failures, meta.duration_s)
+    return SweepResult(run.path, outcome.failures,
+                       f"sweep: done in {meta.duration_s:.1f} s, {len(outcome.failures)} failure(s): {run.path}")
 
 
 def _resume_meta(run: RunFolder) -> RunMeta:
@@ -278,8 +270,8 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
     state = folder.state(meta)
     if state.finished and not meta.open_failures():
         if not state.left:
-            return SweepResult(run_dir, note=f"sweep: {run_dir} is finished and holds every stage of every "
-                                             f"planned study; nothing to resume")
+            return SweepResult(run_dir, [], f"sweep: {run_dir} is finished and holds every stage of every planned "
+                                            f"study; nothing to resume")
         if not resume_finished:
             raise SystemExit(f"--resume: {run_dir.name} finished at {meta.finished_at} without failures; a "
                              f"finished run is a record and is not resumed by default. Left: {state.describe_left()}. "
@@ -326,7 +318,8 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
             _record(run_dir, meta, outcome, entry if left else None)
     finally:
         lock.release(remove=not outcome.failures or not had_lock)
-    return SweepResult(run_dir, outcome.failures, resumed=list(left))
+    return SweepResult(run_dir, outcome.failures,
+                       f"sweep: resumed {n_studies(len(left))}, {len(outcome.failures)} failure(s): {run_dir}")
 
 
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool, kernel: str, profile: str,
