@@ -262,10 +262,5 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Write each study's declared parameters (CPU defaults) into the cell tagged "
                             "'parameters' of its notebook.")
     p.add_argument("--check", action="store_true", help="only report files that are out of step (exit 1 if any)")
-    p = command("worker", description="internal: one worker of sweep --gpus")     # not listed in the help
-    p.add_argument("run_dir")
-    p.add_argument("--studies", required=True)
-    p.add_argument("--kernel", default="python3")
-    p.add_argument("--direct", action="store_true")
     parser.subcommands = sub.choices
     return parser

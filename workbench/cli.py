@@ -8,10 +8,9 @@ import errno
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
-from .arguments import _parse_sets, _select, build_parser, parse_gpus, parse_shard  # noqa: F401
+from .arguments import _parse_sets, _select, build_parser
 from .checkpoints import CheckpointError
 from .compare import compare_command
 from .limits import Limits
@@ -22,7 +21,7 @@ from .stages import check_kernel, default_kernel, sync_notebook
 from .studies import ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
-from .workers import EMULATE_GPUS_ENV, check_gpus, work, worker_count
+from .workers import EMULATE_GPUS_ENV, check_gpus, worker_count
 
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
                   profile: str, fits: bool = True) -> dict[str, dict[str, Any]]:
@@ -131,11 +130,6 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
     return result
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    work(Path(args.run_dir), [n for n in args.studies.split(",") if n], args.direct, args.kernel)
-    return 0
-
-
 def cmd_notebooks(args: argparse.Namespace) -> int:
     stale = [study.notebook for _, study in sorted(discover().items())
              if sync_notebook(study, check=args.check)]
@@ -227,5 +221,5 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 COMMANDS = {"report": cmd_report, "sweep": lambda args: 1 if _sweep(args, args.resume).failures else 0,
             "advise": cmd_advise, "audit": cmd_audit, "info": cmd_info, "compare": compare_command,
-            "notebooks": cmd_notebooks, "worker": cmd_worker}
+            "notebooks": cmd_notebooks}
 _DISK_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EDQUOT, errno.ENOTDIR}
