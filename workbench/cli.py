@@ -23,6 +23,7 @@ from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, 
                     reusable_run, run_sweep)
 from .workers import EMULATE_GPUS_ENV, check_gpus, worker_count
 
+
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
                   profile: str, fits: bool = True) -> dict[str, dict[str, Any]]:
     """Each selected study's parameters for ``profile``, ``--set`` applied and checked; SystemExit naming a bad one."""

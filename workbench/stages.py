@@ -14,7 +14,7 @@ from typing import Any
 
 from .files import atomic_write_text
 from .provenance import REPO_ROOT
-from .runstate import RunFolder
+from .runstate import FIGURES_DIR, RunFolder, figures_marker
 
 PROJECT_KERNEL = "workbench"          # "Python (workbench)": `make lab` registers it inside the venv
 FALLBACK_KERNEL = "python3"           # what a fresh venv (CI, a GPU host's bundle) has
@@ -57,7 +57,6 @@ def save_run_figures(study: Any, table: Path, run_dir: Path) -> str | None:
     import matplotlib
     matplotlib.use("Agg")
     from .report.runs import Run, run_table
-    from .runstate import FIGURES_DIR, RunFolder, figures_marker
     folder = run_dir / FIGURES_DIR
     try:   # the same columns the report adds (run, reference, run_date), from the same code
         run = Run(path=run_dir, meta=RunFolder(run_dir).meta(), tables={study.name: table})
