@@ -11,7 +11,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "workbench"
 # the command line and the sweep machinery, top to bottom: each imports only those below it
 COMMAND_LAYER = ("workbench.__main__", "workbench.cli", "workbench.arguments", "workbench.sweep", "workbench.workers",
-                 "workbench.stages", "workbench.notebook_run")
+                 "workbench.stages")
 
 
 def _module_name(path: Path) -> str:

@@ -750,7 +750,7 @@ def test_cli_sweep_a_failing_study_is_recorded_as_failed(tmp_path, monkeypatch):
                                             summarize=_no_figures))
     args = cli_module.build_parser().parse_args(
         ["sweep", "--direct", "--results", str(tmp_path), "--studies", "cast_cost,fp32_memory"])
-    assert cli_module.COMMANDS[args.command_name](args) == 1
+    assert cli_module.COMMANDS[args.command](args) == 1
     (run_dir,) = run_folders(tmp_path)
     assert not (run_dir / "cast_cost.parquet").exists() and (run_dir / "fp32_memory.parquet").exists()
     meta = RunMeta.from_json(run_dir).to_dict()

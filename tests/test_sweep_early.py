@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import cli, notebook_run
+from workbench import cli, stages
 
 FAST = ["--direct", "--studies", "stub_a,stub_b", "--set", "stub_a.sizes=[1,2,3]", "--set", "stub_b.sizes=[7]"]
 
@@ -78,7 +78,7 @@ def test_figures_that_fail_to_draw_are_a_recorded_failure_and_a_resume_draws_the
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(notebook_run, "atomic_write_text", full_disk)
+        m.setattr(stages, "atomic_write_text", full_disk)
         assert _sweep(tmp_path, *FAST) == 1                   # the exit says something failed
     (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     meta = json.loads((run / "meta.json").read_text())

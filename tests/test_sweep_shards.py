@@ -12,7 +12,7 @@ import pytest
 
 import stub_study
 from workbench import cli
-from workbench.cli import parse_gpus, parse_shard
+from workbench.arguments import parse_gpus, parse_shard
 from workbench.report import find_runs, load_tables
 from workbench.studies import discover, wide
 from workbench.sweep import Cell, longest_first, shard_cells, shard_plan, study_cells

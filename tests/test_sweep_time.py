@@ -27,7 +27,7 @@ def _plan(tmp_path, **kw):
 def test_the_prediction_comes_from_the_newest_timed_run(tmp_path, capsys):
     study, params, plan = _plan(tmp_path)
     _timed_run(tmp_path, "cast_cost", 600.0, params["cast_cost"])
-    assert plan_time(plan, [study], params) == params
+    assert plan_time(plan) == params
     out = capsys.readouterr().out
     assert "sweep: predicted cast_cost 600 s" in out and "about 10.0 min" in out and "a guess" not in out
 
@@ -36,9 +36,9 @@ def test_over_the_limit_is_refused_and_fit_trims_the_repetitions(tmp_path, capsy
     study, params, plan = _plan(tmp_path, max_minutes=5)
     _timed_run(tmp_path, "cast_cost", 600.0, params["cast_cost"])
     with pytest.raises(SystemExit, match=r"predicted 10.0 min, over --max-minutes 5; .* --fit"):
-        plan_time(plan, [study], params)
+        plan_time(plan)
     _, _, fit = _plan(tmp_path, max_minutes=5, fit=True)
-    got = plan_time(fit, [study], params)
+    got = plan_time(fit)
     assert got["cast_cost"]["reps"] == params["cast_cost"]["reps"] // 2
     assert got["cast_cost"]["min_reps"] == min(params["cast_cost"]["min_reps"], got["cast_cost"]["reps"])
     assert {k: v for k, v in got["cast_cost"].items() if k not in ("reps", "min_reps")} == \
@@ -46,7 +46,7 @@ def test_over_the_limit_is_refused_and_fit_trims_the_repetitions(tmp_path, capsy
     assert "--fit: repetitions trimmed" in capsys.readouterr().out
     _, _, tight = _plan(tmp_path, max_minutes=0.01, fit=True)
     with pytest.raises(SystemExit, match="even at the fewest repetitions"):
-        plan_time(tight, [study], params)
+        plan_time(tight)
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -82,7 +82,7 @@ def test_the_prediction_is_the_wall_time_of_the_busiest_worker(tmp_path, capsys)
     assert wall_seconds({"a": 600.0, "b": 240.0, "c": 300.0}, 2) == 600.0
     for n, says in ((1, "about 19.0 min"), (2, "about 10.0 min in 2 workers"), (5, "about 10.0 min in 3 workers")):
         plan = SweepPlan(studies=tuple(chosen), params=params, profile="cpu", results=tmp_path, name="cpu", workers=n)
-        plan_time(plan, chosen, params)
+        plan_time(plan)
         assert says in capsys.readouterr().out
 
 

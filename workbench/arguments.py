@@ -1,4 +1,5 @@
-"""The parser of ``python -m workbench`` and the checks of its option values (SystemExit naming value and choices)."""
+"""The parser of ``python -m workbench`` and the checks of its option values, its types: a bad value raises
+SystemExit naming value and choices while the command line is parsed, before anything runs."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,11 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .notebook_run import FALLBACK_KERNEL, PROJECT_KERNEL
+from .provenance import results_root
 from .runstate import slug
+from .stages import FALLBACK_KERNEL, PROJECT_KERNEL
+from .studies import discover       # the declarations: torch-free
+from .workers import parse_workers
 
 
 def _parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
@@ -39,10 +43,8 @@ def _select(studies: dict, names: str | None) -> list:
     return [studies[n] for n in wanted]
 
 
-def parse_gpus(text: str | None) -> list[int] | None:
+def parse_gpus(text: str) -> list[int]:
     """``--gpus 0,1`` -> [0, 1]; SystemExit naming the bad value otherwise."""
-    if text is None:
-        return None
     try:
         ids = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
@@ -74,10 +76,8 @@ def _shard_from_env(env) -> tuple[int, int]:
     raise SystemExit(f"--shard auto: no job array variables are set ({wanted}); give --shard I/N")
 
 
-def parse_shard(text: str | None, env=None) -> tuple[int, int] | None:
+def parse_shard(text: str, env=None) -> tuple[int, int]:
     """``--shard 1/4`` -> (1, 4); ``auto``: from a job array's variables; SystemExit otherwise."""
-    if text is None:
-        return None
     if str(text).strip().lower() == "auto":
         (i, n), sep = _shard_from_env(os.environ if env is None else env), "/"
     else:
@@ -95,10 +95,8 @@ def parse_shard(text: str | None, env=None) -> tuple[int, int] | None:
 NAME_MAX = 80      # characters of a run name: the folder adds a 25-character time and commit prefix
 
 
-def parse_name(text: str | None) -> str | None:
+def parse_name(text: str) -> str:
     """``--name``: letters, digits, '.', '_' and '-' (others become '-'), at most NAME_MAX characters."""
-    if text is None:
-        return None
     name = slug(text, empty="")
     if not name:
         raise SystemExit(f"--name {text!r} has no letter or digit; give a short name such as --name smoke")
@@ -123,7 +121,8 @@ _positive_int = _number(int, lambda n: n >= 1, "a whole number >= 1")
 _minutes = _number(float, lambda m: 0 < m < float("inf"), "a number of minutes > 0 (e.g. 15 or 2.5)")
 
 
-def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+def _add_sweep_options(p: _Parser) -> None:
+    p.params_epilog = True      # --set takes the studies' parameters: the help lists them
     g = p.add_argument_group("sweep")
     g.add_argument("--profile", choices=("auto", "cpu", "gpu"), default="auto",
                    help="default parameters to use: auto = gpu on a CUDA host, else cpu (default: %(default)s)")
@@ -131,7 +130,7 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--set", action="append", metavar="[STUDY.]KEY=VALUE",
                    help="override a parameter, for every study or for one (repeatable; VALUE is JSON where it "
                         "parses, else a string)")
-    g.add_argument("--name", help="suffix of the run folder name (default: the profile)")
+    g.add_argument("--name", type=parse_name, help="suffix of the run folder name (default: the profile)")
     g.add_argument("--max-minutes", type=_minutes, metavar="N",
                    help="refuse, before anything runs, a sweep predicted to take longer (the prediction, from the "
                         "newest timed runs of the profile scaled by tower FLOPs, is printed before every sweep)")
@@ -148,15 +147,15 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume-finished", action="store_true",
                    help="with --resume: also finish a run that finished without failures but lacks a stage (what "
                         "it recorded stays; the resume is added to its meta.json)")
-    g.add_argument("--gpus", metavar="0,1,...",
+    g.add_argument("--gpus", type=parse_gpus, metavar="0,1,...",
                    help="spread the studies over these GPUs of this host: one worker process per GPU "
                         "(CUDA_VISIBLE_DEVICES set to it, so each notebook runs on its own device, and OMP_NUM_THREADS "
                         "to its share of the host's cores unless set), each taking the next study nobody has taken")
-    g.add_argument("--workers", metavar="N|auto",
+    g.add_argument("--workers", type=parse_workers, metavar="N|auto",
                    help="cpu profile: run the studies in N worker processes side by side (OMP_NUM_THREADS set to "
                         "each one's share of the cores unless set), the longest first; auto: one per core, at most "
                         "one per study (default: auto for report, 1 for sweep: one after the other in this process)")
-    g.add_argument("--shard", metavar="I/N|auto",
+    g.add_argument("--shard", type=parse_shard, metavar="I/N|auto",
                    help="run only shard I of N of the selected studies' cells, for a job array (auto: I and N "
                         "from $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT or torchrun's $RANK/$WORLD_SIZE); "
                         "cells are dealt longest first by the reference runs' seconds, so every task computes "
@@ -168,16 +167,11 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose help, with ``params_epilog``, ends with the studies' parameters (imported then only)."""
-
-    def __init__(self, *args, params_epilog=False, **kw):
-        super().__init__(*args, **kw)
-        self.params_epilog = params_epilog
+    params_epilog = False
 
     def format_help(self) -> str:
         if self.params_epilog and self.epilog is None:
             try:
-                from .studies import discover
-
                 studies = discover()
             except Exception as e:  # noqa: BLE001 - --help must work even if a study module is broken
                 self.epilog = f"(study parameters unavailable: {e})"
@@ -199,14 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, results: str | None = None, **kw) -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kw)
-        p.set_defaults(command_name=name)
         if results:
-            p.add_argument("--results", type=Path, metavar="DIR", default=None,
+            p.add_argument("--results", type=Path, metavar="DIR", default=results_root(),
                            help=f"{results} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
                                 f"the same whatever the working directory)")
         return p
 
-    sweeps = dict(params_epilog=True, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sweeps = dict(formatter_class=argparse.RawDescriptionHelpFormatter)
     p = command("report", "folder holding the run folders", **sweeps,
                 help="the main job: default sweep, then results/report/index.html",
                 description="Run the default sweep for this hardware (unless --no-sweep), then build "
@@ -269,10 +262,5 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Write each study's declared parameters (CPU defaults) into the cell tagged "
                             "'parameters' of its notebook.")
     p.add_argument("--check", action="store_true", help="only report files that are out of step (exit 1 if any)")
-    p = command("worker", description="internal: one worker of sweep --gpus")     # not listed in the help
-    p.add_argument("run_dir")
-    p.add_argument("--studies", required=True)
-    p.add_argument("--kernel", default="python3")
-    p.add_argument("--direct", action="store_true")
     parser.subcommands = sub.choices
     return parser

@@ -8,23 +8,20 @@ import errno
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
-from .arguments import _parse_sets, _select, build_parser, parse_gpus, parse_name, parse_shard  # noqa: F401
+from .arguments import _parse_sets, _select, build_parser
 from .checkpoints import CheckpointError
 from .compare import compare_command
 from .limits import Limits
-from .notebook_run import PROJECT_KERNEL, default_kernel, sync_notebook
-from .provenance import collect_meta, git_info, results_root, utc_now
+from .provenance import collect_meta, git_info, utc_now
 from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
 from .runstate import RunFolder
+from .stages import check_kernel, default_kernel, sync_notebook
 from .studies import ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
-from .workers import EMULATE_GPUS_ENV, check_gpus, parse_workers, work, worker_count
-
-registered_studies = discover        # every study folder's declaration, torch-free (its params.py)
+from .workers import EMULATE_GPUS_ENV, check_gpus, worker_count
 
 
 def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selected: list,
@@ -61,12 +58,8 @@ def _resolve_plan(sets: dict[str | None, dict[str, Any]], studies: dict, selecte
 
 
 def precheck(args: argparse.Namespace) -> None:
-    """Refuse, before torch loads, a bad --gpus/--workers/--shard/--name or --resume (studies and parameters:
-    `sweep_plan`)."""
-    gpus = parse_gpus(args.gpus)
-    parse_workers(args.workers)
-    parse_shard(args.shard)
-    parse_name(args.name)
+    """Refuse, before torch loads, options that do not go together, or a bad --resume (each value: the parser's
+    types; studies and parameters: `sweep_plan`)."""
     if args.fit and args.max_minutes is None:
         raise SystemExit("--fit trims the repetitions to fit --max-minutes N: give that too")
     if args.resume:     # a resume measures what its meta.json recorded: an option choosing that would be lost
@@ -80,19 +73,7 @@ def precheck(args: argparse.Namespace) -> None:
         RunFolder.find(args.results, args.resume)      # the run folder's own checks follow at once
         return
     if args.profile == "cpu":           # the gpu profile's check counts the host's GPUs, with torch
-        check_gpus(gpus, args.profile)
-
-
-def check_kernel(name: str) -> None:
-    """SystemExit where papermill's Jupyter kernel ``name`` is not installed."""
-    try:
-        from jupyter_client.kernelspec import KernelSpecManager
-    except ImportError:
-        return          # no jupyter_client: the notebook stage records why it cannot run
-    known = sorted(KernelSpecManager().find_kernel_specs())
-    if name not in known:
-        raise SystemExit(f"--kernel {name!r}: no Jupyter kernel of that name; installed: {known or 'none'} "
-                         f"(make lab registers {PROJECT_KERNEL!r}; --direct runs without notebooks)")
+        check_gpus(args.gpus, args.profile)
 
 
 def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
@@ -102,11 +83,9 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     if args.profile == "auto":      # torch tells the profile: refuse a bad value before it loads
         _resolve_plan(sets, studies, selected, "cpu", fits=False)
     profile = default_profile() if args.profile == "auto" else args.profile
-    gpus = parse_gpus(args.gpus)
-    shard = parse_shard(args.shard)
     params = _resolve_plan(sets, studies, selected, profile)
-    check_gpus(gpus, profile)
-    workers = worker_count(parse_workers(args.workers), profile, len(selected), gpus, default_workers(args))
+    check_gpus(args.gpus, profile)
+    workers = worker_count(args.workers, profile, len(selected), args.gpus, default_workers(args))
     if profile == "gpu" and not os.environ.get(EMULATE_GPUS_ENV):     # every study would fail on its first tensor
         import torch
         if not torch.cuda.is_available():
@@ -115,17 +94,18 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     kernel = args.kernel or default_kernel()
     if not args.direct:
         check_kernel(kernel)
-    name = parse_name(args.name) or profile
+    name = args.name or profile
     return SweepPlan(studies=tuple(selected), params=params, profile=profile, results=args.results, name=name,
                      mode="direct" if args.direct else "papermill", kernel=kernel,
-                     gpus=tuple(gpus) if gpus else None, gpus_emulated=bool(gpus and os.environ.get(EMULATE_GPUS_ENV)),
-                     shard=shard, group=shard_group(args.group, name) if shard is not None else None,
+                     gpus=tuple(args.gpus or ()) or None,
+                     gpus_emulated=bool(args.gpus and os.environ.get(EMULATE_GPUS_ENV)),
+                     shard=args.shard, group=shard_group(args.group, name) if args.shard is not None else None,
                      max_minutes=args.max_minutes, fit=args.fit, workers=workers)
 
 
 def default_workers(args: argparse.Namespace) -> int | str:
     """Without --workers: the report (make report) runs a CPU sweep's studies side by side, one per core."""
-    return "auto" if args.command_name == "report" else 1
+    return "auto" if args.command == "report" else 1
 
 
 def shard_group(group: str | None, name: str) -> str:
@@ -138,26 +118,21 @@ def shard_group(group: str | None, name: str) -> str:
 def _sweep(args: argparse.Namespace, resume: str | None) -> SweepResult:
     """Run the sweep the options ask for, or finish the run folder ``resume``; print its summary."""
     precheck(args)
-    studies = registered_studies()
+    studies = discover()
     if not studies:
-        result = SweepResult(None, note=NO_STUDY_MESSAGE)
+        result = SweepResult(None, [], NO_STUDY_MESSAGE)
     elif resume:
         result = resume_sweep(resume, args.results, studies, kernel=args.kernel or default_kernel(),
-                              gpus=parse_gpus(args.gpus), resume_finished=args.resume_finished,
-                              workers=parse_workers(args.workers), default_workers=default_workers(args))
+                              gpus=args.gpus, resume_finished=args.resume_finished,
+                              workers=args.workers, default_workers=default_workers(args))
     else:
         result = run_sweep(sweep_plan(args, studies))
-    print(result.summary())
+    print(result.summary)
     return result
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    work(Path(args.run_dir), [n for n in args.studies.split(",") if n], args.direct, args.kernel)
-    return 0
-
-
 def cmd_notebooks(args: argparse.Namespace) -> int:
-    stale = [study.notebook for _, study in sorted(registered_studies().items())
+    stale = [study.notebook for _, study in sorted(discover().items())
              if sync_notebook(study, check=args.check)]
     listed = f": {', '.join(stale)}" if stale else ""
     hint = " (run python -m workbench notebooks)" if args.check and stale else ""
@@ -180,7 +155,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     try:        # before the sweep: a folder the report may not replace is refused at once
-        check_report_dir(args.out if args.out is not None else Path(args.results) / REPORT_DIRNAME, args.results)
+        check_report_dir(args.out or args.results / REPORT_DIRNAME, args.results)
     except ReportError as e:
         raise SystemExit(f"report: {e}") from None
     failures: list[str] = []
@@ -189,13 +164,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         resume, reuse = args.resume, None
         if not resume and not args.studies and not args.set and not args.fresh:
             profile = default_profile() if args.profile == "auto" else args.profile
-            name = parse_name(args.name) or profile
+            name = args.name or profile
             interrupted = interrupted_run(args.results, name)
             if interrupted is not None:
                 print(f"report: resuming the interrupted run {interrupted.name}")
                 resume = str(interrupted)
             else:
-                reuse = reusable_run(args.results, name, profile, registered_studies())
+                reuse = reusable_run(args.results, name, profile, discover())
         if reuse is not None:
             print(f"report: reusing {reuse.name}, the finished default {profile} sweep of this commit "
                   f"(--fresh, or make sweep, measures again)")
@@ -218,17 +193,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:   # an unknown flag after a subcommand: show that subcommand's usage, not the top one
         parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    if getattr(args, "results", "unset") is None:
-        args.results = results_root()
     try:        # a malformed $WORKBENCH_LIMITS is named here, not deep inside a study
         Limits.from_env()
     except ValueError as e:
         raise SystemExit(str(e)) from None
     results = getattr(args, "results", None)
-    if results is not None and Path(results).exists() and not Path(results).is_dir():
+    if results is not None and results.exists() and not results.is_dir():
         raise SystemExit(f"--results {results} is a file, not a folder; give the folder that holds the run folders")
     try:
-        return COMMANDS[args.command_name](args)
+        return COMMANDS[args.command](args)
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise
@@ -249,5 +222,5 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 COMMANDS = {"report": cmd_report, "sweep": lambda args: 1 if _sweep(args, args.resume).failures else 0,
             "advise": cmd_advise, "audit": cmd_audit, "info": cmd_info, "compare": compare_command,
-            "notebooks": cmd_notebooks, "worker": cmd_worker}
+            "notebooks": cmd_notebooks}
 _DISK_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EDQUOT, errno.ENOTDIR}

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from . import provenance      # git_info looked up when called: tests stand in for it
-from .notebook_run import default_kernel
 from .runmeta import MetaError, RunMeta
 from .runstate import RunFolder, run_in_use
-from .stages import finish_study
+from .stages import default_kernel, finish_study
 from .studies import ParamError
 from .workers import execute_in_workers, one_gpu_warnings, worker_count
 
@@ -30,7 +29,7 @@ class SweepPlan:
     results: Path                     # the folder the run folder goes into
     name: str                         # the run folder's name suffix
     mode: str = "papermill"           # or "direct": the studies' run functions in this process
-    kernel: str | None = None         # Jupyter kernel for papermill (None: notebook_run.default_kernel())
+    kernel: str | None = None         # Jupyter kernel for papermill (None: stages.default_kernel())
     gpus: tuple[int, ...] | None = None   # one worker process per GPU
     gpus_emulated: bool = False       # the GPUs are pretended (workers.EMULATE_GPUS_ENV)
     workers: int = 1                  # worker processes side by side on the CPU (1: the studies run here)
@@ -39,22 +38,18 @@ class SweepPlan:
     max_minutes: float | None = None  # refuse a plan predicted to take longer (with fit: trim its repetitions)
     fit: bool = False
 
+    @property
+    def processes(self) -> int:
+        """The CPU worker processes it runs: never more than its studies (a shard may hold fewer than planned)."""
+        return max(1, min(self.workers, len(self.studies)))
+
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What a sweep or a resume did."""
-    run_dir: Path | None              # None: no run folder was made (nothing to run)
-    failures: list[str] = field(default_factory=list)
-    duration_s: float | None = None   # of a new sweep, as its meta.json records it
-    resumed: list[str] | None = None  # a resume: the studies it took on; None for a new sweep
-    note: str | None = None           # instead of a summary: why nothing ran
-
-    def summary(self) -> str:
-        if self.note is not None:
-            return self.note
-        if self.resumed is not None:
-            return f"sweep: resumed {n_studies(len(self.resumed))}, {len(self.failures)} failure(s): {self.run_dir}"
-        return f"sweep: done in {self.duration_s:.1f} s, {len(self.failures)} failure(s): {self.run_dir}"
+    """What a sweep or a resume did: its run folder (None: none was made), its failures, the line that says so."""
+    run_dir: Path | None
+    failures: list[str]
+    summary: str
 
 
 def n_studies(n: int) -> str:
@@ -182,12 +177,12 @@ def wall_seconds(seconds: Mapping[str, float], workers: int = 1) -> float:
                                                                      workers))
 
 
-def plan_time(plan: SweepPlan, studies: list, params: dict) -> dict:
+def plan_time(plan: SweepPlan) -> dict:
     """Print the predicted wall time; with max_minutes, refuse a plan over it (SystemExit, before any run folder
     exists) or, with fit, return the params with their repetitions trimmed so that it fits (time taken as
     proportional to the repetitions)."""
+    studies, params, workers = list(plan.studies), dict(plan.params), plan.processes
     est = predict(studies, params, plan.results, plan.profile)
-    workers = max(1, min(plan.workers, len(studies)))
     total = wall_seconds({n: t for n, (t, _, _) in est.items()}, workers)
     print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}"
                                           + ("" if timed else ", untimed: a guess") + ")"
@@ -216,27 +211,25 @@ def plan_time(plan: SweepPlan, studies: list, params: dict) -> dict:
 
 def run_sweep(plan: SweepPlan) -> SweepResult:
     """Run the plan's studies (its shard of them) into a new run folder."""
-    studies, params, name = list(plan.studies), dict(plan.params), plan.name
     extra: dict[str, Any] = {}
     if plan.shard is not None:
         index, count = plan.shard
         # balanced by committed runs only: every host of a job array sees the same ones
         recorded = recorded_seconds([Path(plan.results) / "reference"], plan.profile)
-        mine, params, cells = shard_plan(studies, params, index, count, recorded)
+        mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, recorded)
         if not mine:
-            return SweepResult(None, note=f"sweep: shard {index}/{count} has no cell ({n_studies(len(studies))} "
-                                          f"selected over {count} shards); nothing to run")
-        studies = mine
+            return SweepResult(None, [], f"sweep: shard {index}/{count} has no cell ({n_studies(len(plan.studies))} "
+                                         f"selected over {count} shards); nothing to run")
         extra["shard"] = {"index": index, "count": count, "group": plan.group, "cells": cells}
-        name = f"{name}-shard{index}of{count}"
+        plan = replace(plan, studies=tuple(mine), params=params, name=f"{plan.name}-shard{index}of{count}")
     if plan.gpus:
         extra.update(gpus=list(plan.gpus), **({"gpus_emulated": True} if plan.gpus_emulated else {}))
-    workers = min(plan.workers, len(studies))      # a shard may hold fewer studies than the plan
+    studies, workers = list(plan.studies), plan.processes
     if workers > 1:
         extra["workers"] = workers
-    params = plan_time(plan, studies, params)
+    params = plan_time(plan)
     device = DEVICE_OF_PROFILE[plan.profile]
-    run = RunFolder.create(plan.results, name=name)
+    run = RunFolder.create(plan.results, name=plan.name)
     lock = run.lock()
     lock.acquire()                 # a folder this process just made: nobody else can hold it
     meta, outcome = RunMeta(), _Outcome()
@@ -254,7 +247,8 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     finally:
         # a complete run keeps no lock file; one with failures keeps it for --resume to take
         lock.release(remove=not outcome.failures and bool(meta.finished_at))
-    return SweepResult(run.path, outcome.failures, meta.duration_s)
+    return SweepResult(run.path, outcome.failures,
+                       f"sweep: done in {meta.duration_s:.1f} s, {len(outcome.failures)} failure(s): {run.path}")
 
 
 def _resume_meta(run: RunFolder) -> RunMeta:
@@ -276,8 +270,8 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
     state = folder.state(meta)
     if state.finished and not meta.open_failures():
         if not state.left:
-            return SweepResult(run_dir, note=f"sweep: {run_dir} is finished and holds every stage of every "
-                                             f"planned study; nothing to resume")
+            return SweepResult(run_dir, [], f"sweep: {run_dir} is finished and holds every stage of every planned "
+                                            f"study; nothing to resume")
         if not resume_finished:
             raise SystemExit(f"--resume: {run_dir.name} finished at {meta.finished_at} without failures; a "
                              f"finished run is a record and is not resumed by default. Left: {state.describe_left()}. "
@@ -324,7 +318,8 @@ def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str |
             _record(run_dir, meta, outcome, entry if left else None)
     finally:
         lock.release(remove=not outcome.failures or not had_lock)
-    return SweepResult(run_dir, outcome.failures, resumed=list(left))
+    return SweepResult(run_dir, outcome.failures,
+                       f"sweep: resumed {n_studies(len(left))}, {len(outcome.failures)} failure(s): {run_dir}")
 
 
 def _execute(selected: list, plan: dict, device: str, run_dir: Path, direct: bool, kernel: str, profile: str,

@@ -1,5 +1,5 @@
 """``sweep --gpus`` and ``sweep --workers N`` (`execute_in_workers`): a worker process per GPU, or N of them side by
-side on the CPU (``python -m workbench worker``: `work`), each taking the next study nobody has claimed (a claim file
+side on the CPU (``python -m workbench.workers``: `work`), each taking the next study nobody has claimed (a claim file
 per study) and recording how it went beside the claim."""
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ def execute_in_workers(selected: list, run_dir: Path, direct: bool, kernel: str,
     shutil.rmtree(claims, ignore_errors=True)       # a killed sweep's claims mean nothing now
     claims.mkdir()
     modules, roots = study_modules(selected)
-    cmd = [sys.executable, "-m", "workbench", "worker", str(run_dir), "--studies", ",".join(s.name for s in selected),
-           "--kernel", kernel, *(["--direct"] if direct else [])]
+    cmd = [sys.executable, "-m", "workbench.workers", str(run_dir), ",".join(s.name for s in selected), kernel,
+           *(["--direct"] if direct else [])]
     places = ([{"CUDA_VISIBLE_DEVICES": str(g)} for g in gpus] if gpus
               else [{CPU_WORKER_ENV: str(k)} for k in range(workers)])
     procs = []
@@ -165,3 +165,7 @@ def execute_in_workers(selected: list, run_dir: Path, direct: bool, kernel: str,
             failures.append(f"{s.name}: no worker took it (exit codes {codes}); resume the run to run it")
     shutil.rmtree(claims, ignore_errors=True)
     return failures, placed, seconds
+
+
+if __name__ == "__main__":      # a worker process of `execute_in_workers`: RUN_DIR STUDY,STUDY,... KERNEL [--direct]
+    work(Path(sys.argv[1]), sys.argv[2].split(","), "--direct" in sys.argv[4:], sys.argv[3])
