@@ -580,3 +580,57 @@ def test_a_known_problem_of_a_committed_run_is_shown_in_its_view(tmp_path, base_
     page = rep.build_report(tmp_path, studies={"demo": recording_study("demo")}, log=logged.append).index.read_text()
     assert 'class="errata"' not in page and "demo finding" in page
     assert any("errata.json: not used" in line for line in logged)
+
+
+# --------------------------------------------------------------------------- studies side by side
+
+
+def test_studies_summarized_side_by_side_give_the_serial_page_and_a_dead_process_costs_nothing(
+        tmp_path, base_meta, monkeypatch):
+    """The report summarizes its studies in forked processes where it has several cores: the page, its
+    CSVs and figures equal a one-process build, and a study whose process dies is summarized here instead."""
+    import dataclasses
+    import os
+
+    from workbench.limits import cpu_count
+
+    if cpu_count() < 2 or not hasattr(os, "fork"):
+        pytest.skip("one core, or no fork: the studies are summarized one after the other anyway")
+    parent = os.getpid()
+    dying = recording_study("dying")
+    inner = dying.summarize
+
+    def die_in_a_child(table, out_dir):
+        if os.getpid() != parent:
+            os._exit(9)                 # as a process killed for memory would: no exception, no result
+        return inner(table, out_dir)
+
+    dying = dataclasses.replace(dying, summarize=die_in_a_child)
+    alpha = recording_study("alpha")
+
+    def where_alpha_ran(table, out_dir, inner=alpha.summarize):
+        with open(tmp_path / "alpha.pids", "a") as f:       # the serial build's line, then the other's
+            f.write(f"{os.getpid()}\n")
+        return inner(table, out_dir)
+
+    alpha = dataclasses.replace(alpha, summarize=where_alpha_ran)
+    studies = {s.name: s for s in (alpha, recording_study("beta"), dying)}
+    tables = {name: long_table("cpu: test", n=4 + i) for i, name in enumerate(studies)}
+    make_run(tmp_path, base_meta, "one", "cpu: test", tables)
+
+    def build(out: str, processes: int):
+        monkeypatch.setattr(rep, "SUMMARY_PROCESSES", processes)
+        return rep.build_report(tmp_path, out_dir=tmp_path / out, studies=studies, benchmarks={}, log=lambda m: None)
+
+    serial, side = build("serial", 1), build("side", 8)
+    assert [s.name for s in side.sections] == ["alpha", "beta", "dying"] and not side.problems
+    ran = [int(pid) for pid in (tmp_path / "alpha.pids").read_text().split()]
+    assert len(ran) == 2 and ran[0] == parent != ran[1], ran      # the side-by-side build did fork
+    assert section(side, "dying").text == "dying finding from 1 run(s)"
+    page = lambda r: re.sub(r"Built [^<]*", "", r.index.read_text(encoding="utf-8"))  # noqa: E731
+    assert page(side) == page(serial)
+    files = lambda d: sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())  # noqa: E731
+    assert files(tmp_path / "side") == files(tmp_path / "serial")
+    for rel in files(tmp_path / "serial"):
+        if rel.endswith((".csv", ".png")):
+            assert (tmp_path / "side" / rel).read_bytes() == (tmp_path / "serial" / rel).read_bytes(), rel

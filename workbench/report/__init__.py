@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..files import atomic_write_text
+from ..limits import cpu_count
 from ..provenance import results_root
 # the names below that this module does not use are the package's public ones (and _view_body, for tests)
 from .answers import answers_html
@@ -18,6 +19,7 @@ from .output import (NO_SANITIZER, REPORT_MARKER, REPORT_TITLE, RUNS_DIRNAME, Un
 from .runs import ERRATA_NAME, REPORT_DIRNAME, ReportError, Run, find_runs, load_errata, load_tables, study_table
 from .views import BenchmarkSection, Csvs, StudySection, View, benchmark_sections, key_findings, summarize
 
+SUMMARY_PROCESSES = 8    # at most: studies summarized side by side
 RUN_COLUMNS = ["run", "reference", "device", "git", "started_utc", "duration_s", "status", "failed", "tables",
                "unreadable_tables", "skipped_files"]
 
@@ -55,12 +57,8 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
         notes.append(NO_SANITIZER)
     for note in notes:
         log(f"report: {note}")
-    sections = []
     ordered = sorted(studies.values(), key=lambda s: (getattr(s, "order", math.inf), s.name))
-    for i, s in enumerate(ordered, 1):
-        log(f"report: {s.name} ({i}/{len(ordered)})")
-        sections.append(summarize(s, runs, tmp, loaded, [p for p in problems if p.study == s.name],
-                                  devices, csvs, errata))
+    sections = _summaries(ordered, (runs, tmp, loaded, problems, devices, csvs, errata), log)
     bench = benchmark_sections(results_dir, tmp, benchmarks)
     by_run: dict[str, list[str]] = {}
     for p in problems:
@@ -78,6 +76,50 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
     write_marker(tmp, results_dir, final=True)
     return ReportResult(index=Path(), runs=runs, sections=sections, no_study=not studies,
                         table_problems=[f"{p.study}: {p.line}" for p in problems], benchmarks=bench)
+
+
+_JOBS: tuple = ()        # what the forked processes of _summaries read: (studies, summarize's arguments)
+
+
+def _summarize_one(i: int) -> tuple[StudySection, set[str]]:
+    study, (runs, tmp, loaded, problems, devices, csvs, errata) = _JOBS[0][i], _JOBS[1]
+    csvs = Csvs(csvs.root, set(csvs.used))
+    section = summarize(study, runs, tmp, loaded, [p for p in problems if p.study == study.name], devices, csvs,
+                        errata)
+    return section, csvs.used
+
+
+def _summaries(ordered: list, job: tuple, log) -> list[StudySection]:
+    """Each study's section, the studies summarized side by side in forked processes (drawing every run's figures
+    is most of a report's time) where there are several cores, else one after the other here. A study's CSV
+    names start with its own name, so the processes' names never meet."""
+    global _JOBS
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = min(len(ordered), cpu_count(), SUMMARY_PROCESSES)
+    sections: list[StudySection | None] = [None] * len(ordered)
+    _JOBS = (ordered, job)
+    try:
+        if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+            # forked, not spawned: a spawned process imports the caller's script again (a script without a main
+            # guard would run twice); a process that dies leaves its study to the loop below
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                futures = [pool.submit(_summarize_one, i) for i in range(len(ordered))]
+                for i, future in enumerate(futures):
+                    try:
+                        sections[i], used = future.result()
+                    except Exception:  # noqa: BLE001 - the process died (a signal, memory): done here instead
+                        continue
+                    job[5].used.update(used)
+                    log(f"report: {ordered[i].name} ({i + 1}/{len(ordered)})")
+        for i in (i for i, sec in enumerate(sections) if sec is None):
+            log(f"report: {ordered[i].name} ({i + 1}/{len(ordered)})")
+            sections[i], used = _summarize_one(i)
+            job[5].used.update(used)
+    finally:
+        _JOBS = ()
+    return sections
 
 
 def build_report(results_dir: Path | str | None = None, out_dir: Path | str | None = None,
