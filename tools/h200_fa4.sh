@@ -28,6 +28,8 @@ case "${1:?a|b|q|p}" in
 esac
 export PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1 OMP_NUM_THREADS=16
 if [ "$1" = p ]; then export PYTHONPATH=$PWD tag_fa4=plain; else
+  # a machine that went cold since the last call starts bare: FlashAttention-4 must be brought again
+  [ -d /tmp/site/flash_attn ] || { echo "no FlashAttention-4 here (a fresh machine): run 'a' and 'b' again"; exit 3; }
   python3 -c "from flash_attn.cute import flash_attn_varlen_func; import workbench.attention as a, torch; print('fa4:', a.resolve_backend('auto', 'cuda', torch.bfloat16, 72))" || exit 3
 fi
 # Everything is written under /tmp/fa4/out (it outlives a call while the machine stays warm) and
