@@ -10,6 +10,7 @@ import numbers
 import os
 import pickle
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -38,7 +39,13 @@ def _file(folder: str, rank: int, kind: str) -> Path:
     return Path(folder, f"{rank}.{kind}")
 
 
-def _rank_main(rank, world_size, backend, fn, folder, parent_pid, timeout_s):
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, world_size, backend, port, fn, folder, parent_pid, timeout_s):
     # die with the launcher, kill -9 included (start_processes' SIGINT is lost on a rank blocked in C++)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
@@ -50,14 +57,14 @@ def _rank_main(rank, world_size, backend, fn, folder, parent_pid, timeout_s):
     os.dup2(log.fileno(), 2)
     faulthandler.enable(all_threads=True)                    # a crash writes every thread's stack
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks a hung rank where it is
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     if backend == "nccl":
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(cpu_share(world_size))  # the ranks share the host's cores
-    # the ranks meet in a file of the launch folder (no port to pick); a collective whose peer is gone fails after
-    # the timeout instead of blocking when nothing watches
-    dist.init_process_group(backend, init_method=f"file://{Path(folder, 'store')}", rank=rank, world_size=world_size,
+    # a collective whose peer is gone fails after this instead of blocking when nothing watches
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=float(timeout_s)))
     result = fn(*torch.load(Path(folder, "args.pt"), map_location="cpu", weights_only=False))
     torch.save(result, _file(folder, rank, "part"))
@@ -85,7 +92,7 @@ def launch(fn, world_size: int = 2, backend: str | None = None, args: tuple = ()
     with tempfile.TemporaryDirectory(prefix="wb-launch-") as folder:
         # in a file: a write into the pipe of a rank that died unread (no main guard) blocks for ever
         torch.save(args, Path(folder, "args.pt"))
-        ctx = mp.start_processes(_rank_main, (world_size, backend, fn, folder, os.getpid(), timeout_s),
+        ctx = mp.start_processes(_rank_main, (world_size, backend, _free_port(), fn, folder, os.getpid(), timeout_s),
                                  nprocs=world_size, join=False, start_method="spawn")
         try:
             _wait(ctx, folder, timeout_s, start_timeout_s)
