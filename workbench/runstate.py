@@ -25,9 +25,13 @@ def figures_marker(run_dir: Path | str, study: str) -> Path:
 def holds_run(folder: Path | str, tables: set[str] | None = None) -> bool:
     """Whether ``folder`` is a run folder: it holds a meta.json or a table (one of ``tables``, else any *.parquet)."""
     try:
-        names = os.listdir(folder)
+        return lists_run(os.listdir(folder), tables)
     except OSError:
         return False
+
+
+def lists_run(names, tables: set[str] | None = None) -> bool:
+    """`holds_run` on a folder's listing already read."""
     return META_NAME in names or any(n in tables if tables is not None else n.endswith(".parquet") for n in names)
 
 

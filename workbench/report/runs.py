@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from ..files import file_kind, read_regular
 from ..provenance import REFERENCE_DIRNAME, results_root
 from ..runmeta import META_NAME, MetaError, RunMeta
-from ..runstate import holds_run
+from ..runstate import lists_run
 
 REPORT_DIRNAME = "report"
 ERRATA_NAME = "errata.json"     # {run folder: {study: note}}: problems of committed runs found after they ran
@@ -73,7 +73,7 @@ def _load_run(path: Path, reference: bool) -> Run | None:
     except OSError as e:
         run.error = f"the folder cannot be listed ({e.strerror or e}), so none of it is read"
         return run
-    if not holds_run(path):
+    if not lists_run(names):
         return None
     run.skipped = {n: what for n in names if n == META_NAME or n.endswith(READ_SUFFIXES)   # not regular files
                    if (what := _kind(path / n))}
