@@ -9,6 +9,7 @@
 #   bash tools/h200_fa4.sh p        # plain: the queue without FlashAttention-4 (nothing to carry)
 # Steps: latency:PRESET:EST, breakdown:PRESET@TOKENS:EST, defaults:STUDY@PRESET:EST,
 # verify:STUDY@RUN:EST (verify_plain: without FA4), quack:-:EST, cuda_tests:-:EST,
+# cuda_part:I/N:EST (the I-th of N interleaved slices of tests/test_cuda.py),
 # cuda_k:A,B:EST (the tests of tests/test_cuda.py that `-k "A or B"` selects), backends:-:EST
 # (tools/verify_preprocess_backends.py: the torchvision and cuda backends against transformers),
 # pytest:FILE@K:EST (another test file, -k K), reduced:STUDY@PRESET:EST (padding_waste or
@@ -50,7 +51,7 @@ latency() {  # one preset's encoder_latency, realistic cells included, reduced t
 QUEUE=${QUEUE:-"latency:qwen3-vl-8b:200 latency:glm-4.1v-9b:200 latency:qwen2.5-vl-7b:150 latency:qwen3.5-9b:200 latency:qwen2-vl-7b:150 cuda_tests:-:260"}
 for step in $QUEUE; do
   IFS=: read -r kind arg est <<< "$step"
-  tag=$kind-$arg
+  tag=$kind-${arg//\//_}
   [ -e "/tmp/fa4/done/$tag" ] && continue
   left=$(( budget - ($(date +%s) - start) ))
   if [ "$left" -lt "$est" ]; then echo "stop before $tag: ${left}s left, ~${est}s needed"; break; fi
@@ -75,6 +76,12 @@ for step in $QUEUE; do
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
         --set "$key=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1; keep_rc ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
+    cuda_part)  # I/N: the I-th of N slices of tests/test_cuda.py's collected tests (a whole run needs >400 s)
+      IFS=/ read -r i n <<< "$arg"
+      python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider --collect-only 2>/dev/null | grep '::' \
+        | awk -v i="$i" -v n="$n" '(NR - 1) % n == i - 1' > "$out/cuda_part-$i.ids"
+      timeout "$left" python3 -m pytest -q -p no:cacheprovider $(cat "$out/cuda_part-$i.ids") \
+        > "$out/cuda_part-$i.log" 2>&1 ;;
     cuda_k) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "${arg//,/ or }" \
       > "$out/cuda_k-$arg.log" 2>&1 ;;
     pytest)  # FILE@K: pytest tests/FILE -k K (a test file other than test_cuda.py, on this host)
