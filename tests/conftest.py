@@ -51,13 +51,3 @@ def seed(request):
     print(f"{request.node.name}: seed {s} (replay with WB_TEST_SEED={s})")
     torch.manual_seed(s)
     return s
-
-
-@pytest.fixture(scope="session")
-def notebooks(request, tmp_path_factory):
-    """`notebook_pool.NotebookPool` of the notebooks this session's tests ask for (marked
-    ``@pytest.mark.notebook(study)``): ``notebooks.run(study)`` waits for that one's run."""
-    from notebook_pool import NotebookPool, studies_of
-    pool = NotebookPool(studies_of(request.session.items), tmp_path_factory.mktemp("notebooks"))
-    yield pool
-    pool.close()

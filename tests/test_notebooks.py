@@ -20,10 +20,12 @@ def test_notebook_is_committed_without_outputs_and_has_a_parameters_cell(nb):
 
 
 @pytest.mark.slow
-@pytest.mark.notebook("correctness")
-def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(notebooks):
-    run = notebooks.run("correctness")
-    run_dir = run.run_dir
+def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(tmp_path):
+    papermill = pytest.importorskip("papermill")
+    run_dir = tmp_path / "run"
+    papermill.execute_notebook(str(ROOT / "notebooks" / "correctness.ipynb"), str(tmp_path / "out.ipynb"),
+                               parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
+                               kernel_name="python3")
     df = wide(load_table(run_dir / "correctness.parquet"))
     for col in ("family", "placement", "path", "norm", "buffer_dtype", "rel_err", "cos_min", "ok"):
         assert col in df.columns
@@ -50,7 +52,7 @@ def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(noteb
     hazard = df[df.case == "nan_padding"]
     # every norm on every family for tower and device, once for fold (no norm)
     assert len(hazard) == (5 + 5 + 1) * len(families) and hazard.ok.all()
-    executed = json.loads(run.executed.read_text())
+    executed = json.loads((tmp_path / "out.ipynb").read_text())
     images = [o for c in executed["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 2
 
@@ -61,20 +63,25 @@ def _images(executed: Path) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("study, metrics", [pytest.param(*case, marks=pytest.mark.notebook(case[0])) for case in [
+@pytest.mark.parametrize("study, metrics", [
     ("cast_cost", {"staging_us", "copy_us", "norm_us", "bytes", "floor_us", "share_of_replay"}),
     ("fp32_memory", {"model_bytes", "temp_bytes", "counted_peak_bytes", "trace_matches"}),
     ("padding_waste", {"padded_frac", "padded_frac_expected", "norm_us_padding", "matmul_flops_padding",
                        "replay_ms", "edge_replay_ms", "encode_ms_per_image"}),
     ("input_path", {"host_ms", "h2d_bytes", "h2d_ms", "device_ms", "encoder_ms", "total_ms", "p50_ms", "p99_ms",
                     "max_images_per_s"}),
-]])
-def test_input_path_notebooks_run_with_defaults(notebooks, study, metrics):
-    run = notebooks.run(study)
-    table = load_table(run.run_dir / f"{study}.parquet")
+])
+def test_input_path_notebooks_run_with_defaults(tmp_path, study, metrics):
+    papermill = pytest.importorskip("papermill")
+    run_dir = tmp_path / "run"
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(str(ROOT / "notebooks" / f"{study}.ipynb"), str(out),
+                               parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
+                               kernel_name="python3")
+    table = load_table(run_dir / f"{study}.parquet")
     assert metrics <= set(table.metric)
     assert table.device.str.startswith("cpu").all()
-    assert _images(run.executed) >= 1
+    assert _images(out) >= 1
 
 
 @pytest.mark.slow
