@@ -36,7 +36,7 @@ def _key_context_vars() -> None:
     which quack 0.6.5 has no key for (results/reference/README.md), and builtin types' method
     descriptors (``code.co_positions``) and the DSL's logger, which it has none for either. Keyed by
     their names here. (It reaches them only when the CuTe DSL is not under a ``site-packages`` folder,
-    which quack keys by name as installed code: tools/h200_fa4.sh unpacks it there since 2026-12-04,
+    which quack keys by name as installed code: tools/h200_fa4.sh unpacks it there,
     and quack then runs without this.)"""
     import contextvars
     import logging
