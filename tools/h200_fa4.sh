@@ -44,14 +44,6 @@ out=/tmp/fa4/out; mkdir -p "$out"
 # drop the figures (the report redraws them) and keep the sweep's exit status, a timeout's 124 included
 keep_rc() { local rc=$?; rm -rf "$out"/runs/*/figures; return $rc; }
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/fa4-out.tgz" -C "$out" . ; }
-latency() {  # one preset's encoder_latency, realistic cells included, reduced to fit a command
-  python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
-    --set "presets=[\"$1\"]" --set 'tokens=[256,4096]' --set reps=3 --set warmup=1 --set breakdown=false \
-    --name "h200-${tag_fa4:-fa4}-$1" > "$out/latency-$1.log" 2>&1
-  local rc=$?
-  rm -rf "$out"/runs/*/figures       # the report redraws them; fewer files to bring back
-  return $rc
-}
 QUEUE=${QUEUE:-"latency:qwen3-vl-8b:200 latency:glm-4.1v-9b:200 latency:qwen2.5-vl-7b:150 latency:qwen3.5-9b:200 latency:qwen2-vl-7b:150 cuda_tests:-:260"}
 for step in $QUEUE; do
   IFS=: read -r kind arg est <<< "$step"
@@ -61,7 +53,10 @@ for step in $QUEUE; do
   if [ "$left" -lt "$est" ]; then echo "stop before $tag: ${left}s left, ~${est}s needed"; break; fi
   t0=$(date +%s)
   case "$kind" in
-    latency) timeout "$left" bash -c "$(declare -f latency); out=$out; tag_fa4=${tag_fa4:-fa4}; latency $arg" ;;
+    latency)  # PRESET: its encoder_latency, realistic cells included, reduced to fit a command
+      timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
+        --set "presets=[\"$arg\"]" --set 'tokens=[256,4096]' --set reps=3 --set warmup=1 --set breakdown=false \
+        --name "h200-${tag_fa4:-fa4}-$arg" > "$out/latency-$arg.log" 2>&1; keep_rc ;;
     quack) timeout "$left" python3 tools/probe_quack.py "$((est - 30))" > "$out/probe_quack.log" 2>&1 ;;
     breakdown)  # one preset's exact cell at $arg merged tokens, eager and graph, kernel time by category
       IFS=@ read -r preset tokens <<< "$arg"
