@@ -98,6 +98,7 @@ def _summaries(ordered: list, job: tuple, log) -> list[StudySection]:
     from concurrent.futures import ProcessPoolExecutor
 
     workers = min(len(ordered), cpu_count(), SUMMARY_PROCESSES)
+    csvs = job[5]        # the report's CSV names: each study's, used in its own process, merged back here
     sections: list[StudySection | None] = [None] * len(ordered)
     _JOBS = (ordered, job)
     try:
@@ -111,12 +112,12 @@ def _summaries(ordered: list, job: tuple, log) -> list[StudySection]:
                         sections[i], used = future.result()
                     except Exception:  # noqa: BLE001 - the process died (a signal, memory): done here instead
                         continue
-                    job[5].used.update(used)
+                    csvs.used.update(used)
                     log(f"report: {ordered[i].name} ({i + 1}/{len(ordered)})")
         for i in (i for i, sec in enumerate(sections) if sec is None):
             log(f"report: {ordered[i].name} ({i + 1}/{len(ordered)})")
             sections[i], used = _summarize_one(i)
-            job[5].used.update(used)
+            csvs.used.update(used)
     finally:
         _JOBS = ()
     return sections
