@@ -38,11 +38,14 @@ STAMP = "CPU smoke test"
 TIMING = {"cast_cost", "cast_cost_fill", "encoder_latency", "encoder_latency_phases", "encoder_latency_mixes",
           "padding_waste_replay", "norm_bw_pct", "norm_bw_p50"}
 
-# the cheapest CPU run of each study, one budget (or token count) each
+# two towers where a study draws a panel per tower; the cheapest CPU run of each study, one budget
+# (or token count) each
+TWO_PRESETS = ["tiny-qwen2-vl", "tiny-glm4v"]
 CPU_PARAMS = {
-    "cast_cost": dict(budgets=[16], fills=[1.0], reps=1, depth=1),
-    "fp32_memory": dict(budgets=[16], depth=1),
-    "padding_waste": dict(reps=1, n_items=2, max_items=[1], depth=1, budget_sets=["pow2", "planner"]),
+    "cast_cost": dict(presets=TWO_PRESETS, budgets=[16], fills=[1.0], reps=1, depth=1),
+    "fp32_memory": dict(presets=TWO_PRESETS, budgets=[16], depth=1),
+    "padding_waste": dict(presets=TWO_PRESETS, reps=1, n_items=2, max_items=[1], depth=1,
+                          budget_sets=["pow2", "planner"]),
     "encoder_latency": dict(presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0, depth=1,
                             mixes=["photos"], mix_items=[1]),
     "correctness": dict(families=["tiny-qwen2-vl"], depth=1, placements=["tower", "runner"],

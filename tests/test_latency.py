@@ -232,28 +232,6 @@ def test_the_notebook_parameters_cell_is_generated_from_the_declaration():
     assert "".join(cell["source"]) == s.PARAMS.parameters_cell()
 
 
-@pytest.mark.slow
-def test_the_notebook_runs_with_its_defaults(tmp_path):
-    papermill = pytest.importorskip("papermill")
-    run_dir = tmp_path / "run"
-    out = tmp_path / "out.ipynb"
-    papermill.execute_notebook(str(ROOT / "notebooks" / "encoder_latency.ipynb"), str(out),
-                               parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
-                               kernel_name="python3")
-    table = load_table(run_dir / "encoder_latency.parquet")
-    assert {"p50_ms", "p90_ms", "speedup", "x_floor", "floor_ms", "replay_ms", "ok"} <= set(table.metric)
-    assert table.device.str.startswith("cpu").all()
-    w = wide(table)
-    from workbench.studies.encoder_latency.params import TINY_PRESETS
-    from workbench.studies.encoder_latency.summary import mix_cells
-    # the CPU profile: every family's tiny preset, exact-fit cells and the realistic-batch cells
-    assert set(w.preset) == set(TINY_PRESETS) and w.ok.astype(bool).all() and len(mix_cells(table))
-    doc = json.loads(out.read_text())
-    images = sum("image/png" in o.get("data", {}) for c in doc["cells"] for o in c.get("outputs", []))
-    assert images >= 2
-    assert (run_dir / "meta.json").exists()
-
-
 def test_the_breakdown_categories_are_the_profilers():
     from workbench.kernel_profile import KERNEL_CATEGORIES
     from workbench.studies.encoder_latency.params import KERNEL_CATS

@@ -1,10 +1,13 @@
 """The study notebooks run under papermill with their default (CPU) parameters."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from workbench.studies import load_table, wide
+from workbench.runmeta import RunMeta
+from workbench.studies import discover, load_table, wide
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -19,14 +22,50 @@ def test_notebook_is_committed_without_outputs_and_has_a_parameters_cell(nb):
     assert len(tagged) == 1 and 'device = "auto"' in "".join(tagged[0]["source"])
 
 
+@pytest.fixture(scope="module")
+def default_sweep(tmp_path_factory) -> Path:
+    """``make report`` from nothing: the default CPU sweep (every study's notebook at its CPU defaults under
+    papermill, in worker processes side by side), then the report; the run folder it made."""
+    results = tmp_path_factory.mktemp("results")
+    p = subprocess.run([sys.executable, "-m", "workbench", "report", "--profile", "cpu", "--results", str(results)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    (run,) = [d for d in results.iterdir() if d.is_dir() and d.name not in ("report", "reference")]
+    return run
+
+
+def _images(executed: Path) -> int:
+    doc = json.loads(executed.read_text())
+    return sum("image/png" in o.get("data", {}) for c in doc["cells"] for o in c.get("outputs", []))
+
+
 @pytest.mark.slow
-def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(tmp_path):
-    papermill = pytest.importorskip("papermill")
-    run_dir = tmp_path / "run"
-    papermill.execute_notebook(str(ROOT / "notebooks" / "correctness.ipynb"), str(tmp_path / "out.ipynb"),
-                               parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
-                               kernel_name="python3")
-    df = wide(load_table(run_dir / "correctness.parquet"))
+@pytest.mark.parametrize("study, metrics", [
+    ("correctness", {"rel_err", "cos_min", "ok"}),
+    ("cast_cost", {"staging_us", "copy_us", "norm_us", "bytes", "floor_us", "share_of_replay"}),
+    ("fp32_memory", {"model_bytes", "temp_bytes", "counted_peak_bytes", "trace_matches"}),
+    ("padding_waste", {"padded_frac", "padded_frac_expected", "norm_us_padding", "matmul_flops_padding",
+                       "replay_ms", "edge_replay_ms", "encode_ms_per_image"}),
+    ("input_path", {"host_ms", "h2d_bytes", "h2d_ms", "device_ms", "encoder_ms", "total_ms", "p50_ms", "p99_ms",
+                    "max_images_per_s"}),
+    ("encoder_latency", {"p50_ms", "p90_ms", "speedup", "x_floor", "floor_ms", "replay_ms", "ok"}),
+])
+def test_every_notebook_runs_with_its_defaults_in_the_default_sweep(default_sweep, study, metrics):
+    table = load_table(default_sweep / f"{study}.parquet")
+    assert metrics <= set(table.metric)
+    assert table.device.str.startswith("cpu").all()
+    assert _images(default_sweep / f"{study}.ipynb") >= 1
+    html = (default_sweep / f"{study}.html").read_text()       # the executed notebook, rendered, without bars
+    assert "<html" in html and "IProgress" not in html and "TqdmWarning" not in html, study
+    meta = RunMeta.from_json(default_sweep)
+    assert meta.finished_at and meta.failures == [] and meta.params["mode"] == "papermill"
+    defaults = json.loads(json.dumps(discover()[study].resolve("cpu"), default=list))
+    assert meta.plan[study] == defaults                                   # its defaults, as recorded
+
+
+@pytest.mark.slow
+def test_the_default_correctness_notebook_reproduces_the_matrix(default_sweep):
+    df = wide(load_table(default_sweep / "correctness.parquet"))
     for col in ("family", "placement", "path", "norm", "buffer_dtype", "rel_err", "cos_min", "ok"):
         assert col in df.columns
     emb = df[(df.case == "embedding") & (df.norm != "identity")]
@@ -52,36 +91,32 @@ def test_correctness_notebook_runs_with_defaults_and_reproduces_the_matrix(tmp_p
     hazard = df[df.case == "nan_padding"]
     # every norm on every family for tower and device, once for fold (no norm)
     assert len(hazard) == (5 + 5 + 1) * len(families) and hazard.ok.all()
-    executed = json.loads((tmp_path / "out.ipynb").read_text())
-    images = [o for c in executed["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) >= 2
-
-
-def _images(executed: Path) -> int:
-    doc = json.loads(executed.read_text())
-    return sum("image/png" in o.get("data", {}) for c in doc["cells"] for o in c.get("outputs", []))
+    assert _images(default_sweep / "correctness.ipynb") >= 2
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("study, metrics", [
-    ("cast_cost", {"staging_us", "copy_us", "norm_us", "bytes", "floor_us", "share_of_replay"}),
-    ("fp32_memory", {"model_bytes", "temp_bytes", "counted_peak_bytes", "trace_matches"}),
-    ("padding_waste", {"padded_frac", "padded_frac_expected", "norm_us_padding", "matmul_flops_padding",
-                       "replay_ms", "edge_replay_ms", "encode_ms_per_image"}),
-    ("input_path", {"host_ms", "h2d_bytes", "h2d_ms", "device_ms", "encoder_ms", "total_ms", "p50_ms", "p99_ms",
-                    "max_images_per_s"}),
-])
-def test_input_path_notebooks_run_with_defaults(tmp_path, study, metrics):
-    papermill = pytest.importorskip("papermill")
-    run_dir = tmp_path / "run"
-    out = tmp_path / "out.ipynb"
-    papermill.execute_notebook(str(ROOT / "notebooks" / f"{study}.ipynb"), str(out),
-                               parameters={"run_dir": str(run_dir)}, cwd=str(ROOT), progress_bar=False,
-                               kernel_name="python3")
-    table = load_table(run_dir / f"{study}.parquet")
-    assert metrics <= set(table.metric)
-    assert table.device.str.startswith("cpu").all()
-    assert _images(out) >= 1
+def test_the_default_latency_notebook_covers_every_family_and_the_realistic_batches(default_sweep):
+    from workbench.studies.encoder_latency.params import TINY_PRESETS
+    from workbench.studies.encoder_latency.summary import mix_cells
+    table = load_table(default_sweep / "encoder_latency.parquet")
+    w = wide(table)
+    # the CPU profile: every family's tiny preset, exact-fit cells and the realistic-batch cells
+    assert set(w.preset) == set(TINY_PRESETS) and w.ok.astype(bool).all() and len(mix_cells(table))
+    assert _images(default_sweep / "encoder_latency.ipynb") >= 2
+
+
+@pytest.mark.slow
+def test_the_report_links_the_sweeps_notebooks_as_sanitized_copies(default_sweep):
+    report = default_sweep.parent / "report"
+    page = (report / "index.html").read_text()
+    run = default_sweep.name
+    # the page links copies inside the report folder (shareable on its own), never ../
+    assert f'href="runs/{run}/fp32_memory.html"' in page and f'href="runs/{run}/meta.json"' in page
+    assert 'href="../' not in page
+    copied = (report / "runs" / run / "fp32_memory.html").read_text()
+    assert "what normalization parks in the CUDA-graph pool" in copied and "<script" not in copied
+    for study in discover():
+        assert f'<h2 id="{study}">' in page, study
 
 
 @pytest.mark.slow
@@ -113,31 +148,3 @@ def test_a_notebook_run_from_the_notebooks_folder_lands_in_the_results_folder(tm
     assert meta["params"]["mode"] == "interactive" and meta["params"]["studies"]["fp32_memory"]["budgets"] == [1024]
     assert not (ROOT / "notebooks" / "results").exists()
     load_table(run / "fp32_memory.parquet")
-
-
-@pytest.mark.slow
-def test_a_papermill_sweep_exports_readable_html_that_the_report_links(tmp_path):
-    import subprocess
-    import sys
-    # encoder_latency imports transformers (its tqdm.auto warns in a kernel without ipywidgets)
-    p = subprocess.run([sys.executable, "-m", "workbench", "sweep", "--results", str(tmp_path), "--studies",
-                        "fp32_memory,encoder_latency", "--set", "budgets=[1024]", "--set",
-                        'encoder_latency.presets=["tiny-qwen2-vl"]', "--set", "encoder_latency.tokens=[64]",
-                        "--set", "encoder_latency.images=[1]", "--set", "encoder_latency.reps=1",
-                        "--set", "encoder_latency.mixes=[]"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
-    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
-    html = (run / "fp32_memory.html").read_text()
-    assert "<html" in html and "what normalization parks in the CUDA-graph pool" in html   # the notebook, rendered
-    for study in ("fp32_memory", "encoder_latency"):
-        html = (run / f"{study}.html").read_text()
-        assert "IProgress" not in html and "TqdmWarning" not in html, study
-    subprocess.run([sys.executable, "-m", "workbench", "report", "--no-sweep", "--results", str(tmp_path)],
-                   cwd=ROOT, check=True, capture_output=True, timeout=600)
-    page = (tmp_path / "report" / "index.html").read_text()
-    # the page links copies inside the report folder (shareable on its own), never ../
-    assert f'href="runs/{run.name}/fp32_memory.html"' in page and f'href="runs/{run.name}/meta.json"' in page
-    assert 'href="../' not in page
-    copied = (tmp_path / "report" / "runs" / run.name / "fp32_memory.html").read_text()
-    assert "what normalization parks in the CUDA-graph pool" in copied and "<script" not in copied

@@ -20,17 +20,33 @@ MAX_HEIGHT_PX = 6000            # the page at 1400 px wide
 ANSWERS_WITHIN_PX = 1200        # the answer table starts within the first screen
 
 
-@pytest.fixture(scope="module")
-def page(tmp_path_factory) -> Path:
+def _page(tmp_path_factory, studies=None) -> Path:
     root = tmp_path_factory.mktemp("results")
     (root / "reference").symlink_to(REPO / "results" / "reference", target_is_directory=True)
-    return rep.build_report(root).index
+    result = rep.build_report(root, studies=studies)
+    assert not result.problems and not result.table_problems, (result.problems, result.table_problems)
+    return result.index
+
+
+@pytest.fixture(scope="module")
+def answers_page(tmp_path_factory) -> Path:
+    """The page with one study's section: the answers come from the run folders, not the sections (the
+    whole page draws every reference run's figures, a minute on two cores)."""
+    from workbench.studies import discover
+    return _page(tmp_path_factory, {"correctness": discover()["correctness"]})
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Path:
+    """The whole page, every study summarized."""
+    return _page(tmp_path_factory)
 
 
 pytestmark = pytest.mark.slow
 
 
-def test_the_answer_table_opens_the_page_with_a_linked_row_per_family(page):
+def test_the_answer_table_opens_the_page_with_a_linked_row_per_family(answers_page):
+    page = answers_page
     text = page.read_text(encoding="utf-8")
     answers = text[text.index('<h2 id="advice">'):text.index('<h2 id="audit">')]
     assert text.index('<h2 id="advice">') < text.index('id="key-findings"') < text.index('<h2 id="correctness">')
