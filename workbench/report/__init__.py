@@ -13,9 +13,9 @@ from ..limits import cpu_count
 from ..provenance import results_root
 # the names below that this module does not use are the package's public ones (and _view_body, for tests)
 from .answers import answers_html
-from .html import NO_STUDY_MESSAGE, _newest_first, _view_body, render_html
-from .output import (NO_SANITIZER, REPORT_MARKER, REPORT_TITLE, RUNS_DIRNAME, UnsafeOutDir, _token, check_report_dir,
-                     copy_linked, localize_html, nh3_missing, swap_in, write_failure, write_marker)
+from .html import NO_STUDY_MESSAGE, REPORT_TITLE, _newest_first, _view_body, render_html
+from .output import (NO_SANITIZER, REPORT_MARKER, RUNS_DIRNAME, UnsafeOutDir, _token, check_report_dir, copy_linked,
+                     localize_html, nh3_missing, swap_in, write_failure, write_marker)
 from .runs import ERRATA_NAME, REPORT_DIRNAME, ReportError, Run, find_runs, load_errata, load_tables, study_table
 from .views import BenchmarkSection, Csvs, StudySection, View, benchmark_sections, key_findings, summarize
 
@@ -57,8 +57,14 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
         notes.append(NO_SANITIZER)
     for note in notes:
         log(f"report: {note}")
+
+    def summarize_one(study) -> tuple[StudySection, set[str]]:      # on a copy of the CSV names used so far
+        mine = Csvs(tmp, set(csvs.used))
+        return summarize(study, runs, tmp, loaded, [p for p in problems if p.study == study.name], devices, mine,
+                         errata), mine.used
+
     ordered = sorted(studies.values(), key=lambda s: (getattr(s, "order", math.inf), s.name))
-    sections = _summaries(ordered, (runs, tmp, loaded, problems, devices, csvs, errata), log)
+    sections = _summaries(ordered, summarize_one, csvs, log)
     bench = benchmark_sections(results_dir, tmp, benchmarks)
     by_run: dict[str, list[str]] = {}
     for p in problems:
@@ -78,29 +84,24 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
                         table_problems=[f"{p.study}: {p.line}" for p in problems], benchmarks=bench)
 
 
-_JOBS: tuple = ()        # what the forked processes of _summaries read: (studies, summarize's arguments)
+_JOBS: tuple = ()        # what the forked processes of _summaries read: (studies, the function summarizing one)
 
 
 def _summarize_one(i: int) -> tuple[StudySection, set[str]]:
-    study, (runs, tmp, loaded, problems, devices, csvs, errata) = _JOBS[0][i], _JOBS[1]
-    csvs = Csvs(csvs.root, set(csvs.used))
-    section = summarize(study, runs, tmp, loaded, [p for p in problems if p.study == study.name], devices, csvs,
-                        errata)
-    return section, csvs.used
+    return _JOBS[1](_JOBS[0][i])
 
 
-def _summaries(ordered: list, job: tuple, log) -> list[StudySection]:
+def _summaries(ordered: list, summarize_one, csvs: Csvs, log) -> list[StudySection]:
     """Each study's section, the studies summarized side by side in forked processes (drawing every run's figures
     is most of a report's time) where there are several cores, else one after the other here. A study's CSV
-    names start with its own name, so the processes' names never meet."""
+    names start with its own name, so the processes' names never meet: each one's are merged into ``csvs``."""
     global _JOBS
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     workers = min(len(ordered), cpu_count(), SUMMARY_PROCESSES)
-    csvs = job[5]        # the report's CSV names: each study's, used in its own process, merged back here
     sections: list[StudySection | None] = [None] * len(ordered)
-    _JOBS = (ordered, job)
+    _JOBS = (ordered, summarize_one)
     try:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
             # forked, not spawned: a spawned process imports the caller's script again (a script without a main

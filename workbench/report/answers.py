@@ -3,8 +3,9 @@ recommends for the phone photos mix (from the newest runs, named), and the newes
 from __future__ import annotations
 
 import re
-from html import escape
 from pathlib import Path
+
+from .html import _e, _fold
 
 ADVICE_MIX = "phone_photos"
 ADVICE_INTRO = (f'Per family, "{ADVICE_MIX}" mix: the cheapest staging design right on every path, the time to '
@@ -30,19 +31,19 @@ def _table(df, sources=None) -> str:
     study's run, each "... [run, device]" cell linked to its study, vLLM's options as code."""
     def head(c: str) -> str:
         if _source(c) not in (sources or {}):
-            return f"<th>{escape(str(c))}</th>"
+            return f"<th>{_e(c)}</th>"
         run, device = sources[_source(c)]
-        return f'<th><a href="#{_source(c)}" title="{escape(run)}, {escape(device)}">{escape(c)}</a></th>'
+        return f'<th><a href="#{_source(c)}" title="{_e(run)}, {_e(device)}">{_e(c)}</a></th>'
 
     def cell(column: str, v) -> str:
         text = "" if v != v else str(v)
         if column.startswith("vLLM"):
-            return f"<td><code>{escape(text)}</code></td>"
+            return f"<td><code>{_e(text)}</code></td>"
         m = EVIDENCE.search(text)        # "... [run, device]": a link to the study it came from, the run in its title
         if m and _source(column):
-            return (f'<td>{escape(text[:m.start()])} <a class="muted" href="#{_source(column)}" '
-                    f'title="{escape(m[1])}, {escape(m[2])}">({escape(m[2])})</a></td>')
-        return f"<td>{escape(text)}</td>"
+            return (f'<td>{_e(text[:m.start()])} <a class="muted" href="#{_source(column)}" '
+                    f'title="{_e(m[1])}, {_e(m[2])}">({_e(m[2])})</a></td>')
+        return f"<td>{_e(text)}</td>"
     body = "".join("<tr>" + "".join(cell(c, v) for c, v in zip(df.columns, row)) + "</tr>"
                    for row in df.itertuples(index=False))
     return (f'<table class="answers"><thead><tr>{"".join(head(c) for c in df.columns)}</tr></thead>'
@@ -59,24 +60,23 @@ def _placements_html(presets: list[str], results_dir: Path, csvs) -> str:
         try:
             df = placement_table(preset, ADVICE_MIX, results_dir)
         except (ValueError, OSError, KeyError) as e:
-            out.append(f'<p class="problem">{escape(preset)}: no placement table: {escape(str(e))}</p>')
+            out.append(f'<p class="problem">{_e(preset)}: no placement table: {_e(e)}</p>')
             continue
         sources = df.attrs.get("sources", {})
         if not sources:
-            out.append(f'<p class="muted">{escape(preset)} per placement: no run measured it yet (python -m '
+            out.append(f'<p class="muted">{_e(preset)} per placement: no run measured it yet (python -m '
                        f'workbench sweep --studies correctness,cast_cost,fp32_memory,input_path '
-                       f'--set presets={escape(preset)}).</p>')
+                       f'--set presets={_e(preset)}).</p>')
             continue
         shown += 1
-        runs = " · ".join(f"{study}: {escape(run)} ({escape(dev)})" for study, (run, dev) in sources.items())
-        out.append(f'<h4>{escape(preset)}, "{ADVICE_MIX}" mix</h4>{_table(df, sources)}<p class="muted">From '
-                   f'{runs} · <a href="{escape(csvs.write(df, "placements", preset))}">CSV</a></p>')
+        runs = " · ".join(f"{study}: {_e(run)} ({_e(dev)})" for study, (run, dev) in sources.items())
+        out.append(f'<h4>{_e(preset)}, "{ADVICE_MIX}" mix</h4>{_table(df, sources)}<p class="muted">From '
+                   f'{runs} · <a href="{_e(csvs.write(df, "placements", preset))}">CSV</a></p>')
     if not out:
         return ""
-    return ('<details class="fold" id="placements"><summary>Per placement, each family: right on eager, graphs and '
-            "dp; host time and bytes per image and what they save against the CPU processor; staging per replay; "
-            f"the norm's fp32 pool bytes; request to embedding ({shown} of {len(presets)} families measured)"
-            f"</summary>{''.join(out)}</details>")
+    return _fold("Per placement, each family: right on eager, graphs and dp; host time and bytes per image and what "
+                 "they save against the CPU processor; staging per replay; the norm's fp32 pool bytes; request to "
+                 f"embedding ({shown} of {len(presets)} families measured)", "".join(out), anchor="placements")
 
 
 def _audit_html(results_dir: Path, csvs) -> str:
@@ -95,14 +95,14 @@ def _audit_html(results_dir: Path, csvs) -> str:
     tally = ", ".join(f"{n} in the {w}" for w, n in device["norm in"].value_counts().items())
     wrong = int(device["verdict"].str.startswith("WRONG").sum())
     title = f"{data.get('engine')} {data.get('version')} ({data.get('source')})"
-    out = [f'<h2 id="audit">Engine audit: {escape(title)}</h2><p class="muted">{AUDIT_INTRO}</p>',
-           f"<p>{len(audit)} model classes: {len(device)} normalize on the device ({escape(tally)}), "
+    out = [f'<h2 id="audit">Engine audit: {_e(title)}</h2><p class="muted">{AUDIT_INTRO}</p>',
+           f"<p>{len(audit)} model classes: {len(device)} normalize on the device ({_e(tally)}), "
            f"{len(cpu)} on the CPU; {wrong} in the silent-wrong cell (outer norm with encoder graphs).</p>",
-           f'<details class="fold"><summary>The {len(device)} device-normalizing classes, each with its verdict'
-           f'</summary>{_table(device)}<p class="muted"><a href="{escape(csv)}">CSV</a></p></details>']
+           _fold(f"The {len(device)} device-normalizing classes, each with its verdict",
+                 f'{_table(device)}<p class="muted"><a href="{_e(csv)}">CSV</a></p>')]
     if cpu:
-        out.append(f'<details class="fold"><summary>The {len(cpu)} CPU-normalizing classes (right on every '
-                   f'path)</summary><p class="muted">{escape(", ".join(cpu))}.</p></details>')
+        out.append(_fold(f"The {len(cpu)} CPU-normalizing classes (right on every path)",
+                         f'<p class="muted">{_e(", ".join(cpu))}.</p>'))
     return "".join(out)
 
 
@@ -119,11 +119,11 @@ def answers_html(results_dir: Path, csvs, studies: bool) -> str:
         measured = advice.pop("measured").astype(bool)
         csv = csvs.write(advice, "advice")                     # the commands that would measure it: CSV, advise
         shown = advice.replace(r": python -m workbench [^;]*", "", regex=True)
-        pending = "; ".join(f"{escape(r['preset'])} ({escape(r['placement, norm, buffer'])})"
+        pending = "; ".join(f"{_e(r['preset'])} ({_e(r['placement, norm, buffer'])})"
                             for _, r in shown[~measured].iterrows())       # one line, not a row of blanks
         out = ('<h2 id="advice">Where to normalize, and the engine options to take</h2>'
                f'<p class="muted">{ADVICE_INTRO}</p>{_table(shown[measured])}<p class="muted">'
                + (f"No run measured yet: {pending}. " if pending else "")
                + "The commands that measure what is missing: <code>python -m workbench advise --preset P</code> · "
-               + f'<a href="{escape(csv)}">CSV</a></p>{placements}')
+               + f'<a href="{_e(csv)}">CSV</a></p>{placements}')
     return out + _audit_html(results_dir, csvs)

@@ -10,7 +10,6 @@ from typing import Any, Mapping
 
 from ..provenance import is_cpu, iso_utc
 from ..runstate import RunFolder, run_in_use
-from .output import REPORT_TITLE
 from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
 from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, key_findings
 
@@ -21,6 +20,7 @@ CPU_NOTE = ("CPU smoke test: its verdicts, memory models and planner padding hol
 SHOWN_FIGURES = 2                    # figures of a view's first group shown; the rest are folded
 TABLE_OPEN_ROWS = 8                  # a key-number table with more rows than this starts folded
 CSS = Path(__file__).with_name("page.css")     # package data (pyproject.toml), read at each render
+REPORT_TITLE = "Workbench report"             # the <title> of index.html
 
 
 def _e(x: Any) -> str:
@@ -47,6 +47,12 @@ def _items(lines: list[str]) -> str:
 
 def _paragraphs(text: str) -> str:
     return "".join(f"<p>{_e(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
+
+
+def _fold(summary: str, body: str, cls: str = "fold", anchor: str = "") -> str:
+    """``body`` folded under ``summary`` (both HTML already), ``anchor`` its id where given."""
+    anchor = f' id="{anchor}"' if anchor else ""
+    return f'<details class="{cls}"{anchor}><summary>{summary}</summary>{body}</details>'
 
 
 def _newest_first(runs: list[Run]) -> list[Run]:
@@ -105,21 +111,19 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
     problems = [f"{r.name}: {r.error}" for r in runs if r.error]
     problems += [f"{r.name}: {n}: {why}; not read or copied" for r in runs for n, why in r.skipped.items()]
     problems += [f"{name}: {line}" for name, lines in table_problems.items() for line in lines]
-    listing = "".join(f"<p{cls}>{head}</p><ul{cls}>{_items(lines)}</ul>" for head, cls, lines in (
-        ("Run folders and tables the report could not use:", " class='problem'", problems),
-        ("Studies that failed in a run:", " class='problem'", [f"{r.name}: {f}" for r in runs if not r.error
-                                                               for f in r.meta.open_failures()])) if lines)
+    failed = [f"{r.name}: {f}" for r in runs if not r.error for f in r.meta.open_failures()]
+    listing = "".join(f"<p class='problem'>{head}</p><ul class='problem'>{_items(lines)}</ul>" for head, lines in (
+        ("Run folders and tables the report could not use:", problems), ("Studies that failed in a run:", failed))
+        if lines)
     warned = [f"{r.name}: {w}" for r in runs for w in r.meta.all_warnings()]
     if warned:                       # not problems of the page: one click away
         listing += (f"<details class='fold'><summary>Warnings runs recorded ({len(warned)})</summary>"
                     f"<ul>{_items(warned)}</ul></details>")
     summary = (f"{_n(len(runs), 'run folder')} ({sum(r.reference for r in runs)} reference), "
                "newest first: device, commit, status, tables (each run's name opens its meta.json)")
-    csv_link = f' · <a href="{_href(csv)}">CSV</a>' if csv else ""
-    return (f'<details class="fold"><summary>{_e(summary)}{csv_link}</summary>'
-            "<table><thead><tr><th>run</th><th>device</th><th>git</th><th>started (UTC)</th>"
-            "<th>duration</th><th>status</th><th>tables</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table></details>" + listing)
+    head = "".join(f"<th>{h}</th>" for h in ("run", "device", "git", "started (UTC)", "duration", "status", "tables"))
+    return _fold(f'{_e(summary)} · <a href="{_href(csv)}">CSV</a>',
+                 f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>") + listing
 
 
 def _table_html(df) -> str:
@@ -147,12 +151,12 @@ def _tables_html(tables: list[tuple[str, Any, str]]) -> str:
     for caption, df, csv in tables:
         head = f'<span class="caption">{_e(caption)}</span> · <a href="{_href(csv)}">CSV</a>'
         if len(df) > TABLE_OPEN_ROWS or len(tables) > 1:
-            out.append(f'<details class="tablebox"><summary>{head}</summary>{_table_html(df)}</details>')
+            out.append(_fold(head, _table_html(df), "tablebox"))
         else:
             out.append(f'<div class="tablebox"><p>{head}</p>{_table_html(df)}</div>')
     if len(tables) > 1:     # one per tower or run: one fold holding each table's own fold
-        return (f'<details class="tablebox"><summary><span class="caption">Key numbers: {len(tables)} tables '
-                f"(one per tower or run), each with its CSV</span></summary>{''.join(out)}</details>")
+        return _fold(f'<span class="caption">Key numbers: {len(tables)} tables (one per tower or run), each with its '
+                     "CSV</span>", "".join(out), "tablebox")
     return "".join(out)
 
 
@@ -160,8 +164,8 @@ def _view_body(name: str, v: View) -> str:
     """A view's error, errata, finding, tables and figures (the first group's shown, the other groups folded)."""
     out = [f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>'] if v.error else []
     # folded to its red line: the page shows every known problem, a click its words
-    out += [f'<details class="errata"><summary><b>Known problem</b> (found after the run; reference/{ERRATA_NAME})'
-            f'</summary>{_e(note)}</details>' for note in v.errata]
+    out += [_fold(f"<b>Known problem</b> (found after the run; reference/{ERRATA_NAME})", _e(note), "errata")
+            for note in v.errata]
     groups: dict[str, list[str]] = {}
     for f in v.figures:
         groups.setdefault(v.groups.get(f, ""), []).append(f)
@@ -185,7 +189,7 @@ def _view_body(name: str, v: View) -> str:
         parts.append(f"figures of {_n(len(rest), 'other group')}{labels}")
     what = ", ".join(x for x in parts if x)
     if what:
-        out.append(f'<details class="fold"><summary>{_e(what[:1].upper() + what[1:])}</summary>{hidden}</details>')
+        out.append(_fold(_e(what[:1].upper() + what[1:]), hidden))
     return "".join(out)
 
 
@@ -195,14 +199,12 @@ def _view_html(name: str, v: View) -> str:
         diffs = (f"<p class='muted'>Against the newest:</p><ul class='diffs'>{_items(v.diffs)}</ul>"
                  if v.diffs else "")
         what = (f"{changed} of {len(v.diffs)} with verdicts that differ from the newest; " if v.diffs else "")
-        return (f'<details class="fold"><summary>Older runs on {_e(v.device)}: {len(v.runs)} '
-                f"({_e(what)}their verdicts, findings and figures)</summary>"
-                f"<p class='muted'>{_e(_runs_words(v.runs))}</p>{diffs}{_view_body(name, v)}</details>")
+        return _fold(f"Older runs on {_e(v.device)}: {len(v.runs)} ({_e(what)}their verdicts, findings and figures)",
+                     f"<p class='muted'>{_e(_runs_words(v.runs))}</p>{diffs}{_view_body(name, v)}")
     head = f"{_e(v.device)}: newest {_e(_runs_words(v.runs))}"
     short = f"{_e(v.device)}: newest run{'s' * (len(v.runs) > 1)} ({len(v.runs)})"
     if v.folded:
-        return (f'<details class="fold"><summary><span class="cpu">CPU</span> {head}. {_e(CPU_NOTE)}.</summary>'
-                f"{_view_body(name, v)}</details>")
+        return _fold(f'<span class="cpu">CPU</span> {head}. {_e(CPU_NOTE)}.', _view_body(name, v))
     note = f"<p class='muted'>{_e(CPU_NOTE)}.</p>" if is_cpu(v.device) else ""
     return f'<h3 title="{_e(_runs_words(v.runs))}">{short}</h3>{note}{_view_body(name, v)}'
 
@@ -213,24 +215,24 @@ def _section_html(s: StudySection) -> str:
     if s.error and not any(v.error for v in s.views):
         out.append(f'<p>The summary failed:</p><pre class="error">{_e(s.error)}</pre>')
     out += [_view_html(s.name, v) for v in s.views] or [_paragraphs(s.text)]
-    heads, bodies, flagged = [], [], []
-    for c in s.comparisons:         # the newest run against the one before it
+    # one line: the runs behind the section and the newest run against the one before it
+    heads = [f"from {_n(len(s.runs), 'run')}"] if s.runs else []
+    bodies = [f"<p>{_e(', '.join(s.runs))}</p>"] if s.runs else []
+    flagged = []
+    for c in s.comparisons:
         heads.append(f"compared on {_e(c.device)} with the run before: {_n(c.flagged, 'flagged value')} "
                      f'(<a href="{_href(c.csv)}">CSV of every value</a>)')
         bodies.append(f"<p>{_e(c.device)}: {_e(c.line)}</p>")
         if c.table is not None:       # set where values were flagged
             first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
-            flagged.append(f'<details class="fold"><summary>The {_n(c.flagged, "flagged value")}{first}</summary>'
-                           f'<div class="tablebox">{_table_html(c.table)}</div></details>')
+            flagged.append(_fold(f'The {_n(c.flagged, "flagged value")}{first}',
+                                 f'<div class="tablebox">{_table_html(c.table)}</div>'))
     out += [f'<p class="problem">{_e(line)}</p>' for line in s.table_problems]
     out += [f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>' for dev in s.missing_devices]
-    if s.runs:                      # one line: the runs behind the section and the newest against the one before
-        heads.insert(0, f"from {_n(len(s.runs), 'run')}")
-        bodies.insert(0, f"<p>{_e(', '.join(s.runs))}</p>")
     if heads:
         line = " · ".join(heads)
         out.append(f"<details class='muted'><summary>{line[:1].upper() + line[1:]}</summary>{''.join(bodies)}"
-                   f"</details>")
+                   "</details>")
     out += flagged
     return "\n".join(out)
 
@@ -245,8 +247,8 @@ def _benchmark_html(b: BenchmarkSection) -> str:
             out.append(f'<p class="problem">{_e(p.error)}</p>')
         out.append(_paragraphs(p.text))
         if p.figures:                # a committed benchmark: its figures one click away
-            out.append(f'<details class="fold"><summary>{_n(len(p.figures), "figure")}</summary>'
-                       f'{_figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}")}</details>')
+            out.append(_fold(_n(len(p.figures), "figure"),
+                             _figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}")))
         if not p.error:
             out.append(f'<p class="muted">From <code>{_e(REFERENCE_DIRNAME)}/{_e(p.source)}</code>.</p>')
     return "\n".join(out)
@@ -254,9 +256,9 @@ def _benchmark_html(b: BenchmarkSection) -> str:
 
 def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
     """One list per device (the CPU's folded beside a GPU's): each study's newest finding in a sentence."""
-    n = sum(len(items) for items in keys.values())
-    out = ['<details class="keys" id="key-findings"><summary><span class="caption">Key findings: the newest run per '
-           f'device, one sentence each ({n}, each linked to its study)</span></summary>']
+    if not keys:
+        return ""
+    out = []
     gpu = any(not is_cpu(d) for d in keys)
     for dev, items in keys.items():
         lis = "".join(f'<li><a href="#{_href(anchor)}">{_e(anchor)}</a>: {_e(text)}'
@@ -267,7 +269,9 @@ def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
                        f"<ul>{lis}</ul></details>")
         else:
             out.append(f"<h3>{_e(dev)}</h3><ul>{lis}</ul>")
-    return "".join(out) + "</details>" if keys else ""
+    n = sum(len(items) for items in keys.values())
+    return _fold(f'<span class="caption">Key findings: the newest run per device, one sentence each ({n}, each linked '
+                 "to its study)</span>", "".join(out), "keys", "key-findings")
 
 
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, results_dir: Path,

@@ -20,7 +20,6 @@ from ..runstate import holds_run
 from .runs import ReportError, Run, _kind, _why
 
 REPORT_MARKER = ".workbench-report.json"
-REPORT_TITLE = "Workbench report"             # the <title> of index.html
 RUNS_DIRNAME = "runs"                # <report>/runs/<run folder>/: copies of what the page links
 LOCALIZED_NOTE = ("<!-- copied into the workbench report and cleaned by an allow-list (nh3): no script, "
                   "event attribute, frame, plugin or form, no link that runs code, nothing loaded from "

@@ -317,6 +317,6 @@ def key_findings(sections: list[StudySection],
               for b in benchmarks for p in b.panels if not p.error]
     out: dict[str, list[tuple[str, str, str]]] = {}
     for device, anchor, source, text in found:
-        if _first_paragraph(text):
-            out.setdefault(device, []).append((anchor, source, _first_paragraph(text)))
+        if first := _first_paragraph(text):
+            out.setdefault(device, []).append((anchor, source, first))
     return dict(sorted(out.items(), key=lambda kv: is_cpu(kv[0])))
