@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .html import _e, _fold
+from .html import _e, _fold, _href
 
 ADVICE_MIX = "phone_photos"
 ADVICE_INTRO = (f'Per family, "{ADVICE_MIX}" mix: the cheapest staging design right on every path, the time to '
@@ -71,7 +71,7 @@ def _placements_html(presets: list[str], results_dir: Path, csvs) -> str:
         shown += 1
         runs = " · ".join(f"{study}: {_e(run)} ({_e(dev)})" for study, (run, dev) in sources.items())
         out.append(f'<h4>{_e(preset)}, "{ADVICE_MIX}" mix</h4>{_table(df, sources)}<p class="muted">From '
-                   f'{runs} · <a href="{_e(csvs.write(df, "placements", preset))}">CSV</a></p>')
+                   f'{runs} · <a href="{_href(csvs.write(df, "placements", preset))}">CSV</a></p>')
     if not out:
         return ""
     return _fold("Per placement, each family: right on eager, graphs and dp; host time and bytes per image and what "
@@ -99,7 +99,7 @@ def _audit_html(results_dir: Path, csvs) -> str:
            f"<p>{len(audit)} model classes: {len(device)} normalize on the device ({_e(tally)}), "
            f"{len(cpu)} on the CPU; {wrong} in the silent-wrong cell (outer norm with encoder graphs).</p>",
            _fold(f"The {len(device)} device-normalizing classes, each with its verdict",
-                 f'{_table(device)}<p class="muted"><a href="{_e(csv)}">CSV</a></p>')]
+                 f'{_table(device)}<p class="muted"><a href="{_href(csv)}">CSV</a></p>')]
     if cpu:
         out.append(_fold(f"The {len(cpu)} CPU-normalizing classes (right on every path)",
                          f'<p class="muted">{_e(", ".join(cpu))}.</p>'))
@@ -125,5 +125,5 @@ def answers_html(results_dir: Path, csvs, studies: bool) -> str:
                f'<p class="muted">{ADVICE_INTRO}</p>{_table(shown[measured])}<p class="muted">'
                + (f"No run measured yet: {pending}. " if pending else "")
                + "The commands that measure what is missing: <code>python -m workbench advise --preset P</code> · "
-               + f'<a href="{_e(csv)}">CSV</a></p>{placements}')
+               + f'<a href="{_href(csv)}">CSV</a></p>{placements}')
     return out + _audit_html(results_dir, csvs)
