@@ -276,3 +276,28 @@ def test_cuda_a_runner_given_anothers_costs_decides_from_them_and_measures_nothi
     assert second.costs is first.costs
     batch = wb.preprocess(items(), cfg)
     assert rel_err(second.encode(batch), proc.encode(batch)) < 2e-2
+
+
+def test_cuda_auto_races_one_plan_a_call_and_carries_its_choice_to_a_batch_of_another_shape():
+    from workbench.runner_policy import Race, signature
+    cfg = dataclasses.replace(wb.VisionConfig.preset("qwen2.5-vl-7b").reduced(2), max_pixels=448 * 448)
+    enc = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=2)
+    runner = EncoderGraphRunner(enc, budgets=[64, 256, 1024], buffer_dtype=torch.uint8, max_items=4, policy="auto")
+    photo = wb.sample_images()["chelsea"]
+    a, b = (wb.preprocess([photo.resize(size), photo.resize((200, 150))], cfg) for size in ((300, 200), (280, 200)))
+    pa, _ = runner.plan(enc.graph_input(a))
+    pb, _ = runner.plan(enc.graph_input(b))
+    assert signature(a, pa, cfg.merge_unit) == signature(b, pb, cfg.merge_unit)
+    assert a.grid_thw.tolist() != b.grid_thw.tolist()
+    ref = enc.encode(a)
+    for k in range(3 * Race.ROUNDS):
+        runner.reset_stats()
+        got = runner.encode(a)
+        assert len(runner.stats_frame()) == len(pa)            # one plan a call, never several
+        assert torch.isfinite(got).all() and rel_err(got, ref) < 2e-2, k
+        if runner.settled(a):
+            break
+    assert runner.settled(a) and runner.settled(b)           # b: another exact shape, the same signature
+    race = next(iter(runner._races.values()))
+    assert race.chosen in race.names and all(len(v) >= Race.ROUNDS for v in race.seconds.values())
+    assert rel_err(runner.encode(b), enc.encode(b)) < 2e-2

@@ -230,11 +230,12 @@ def test_a_runner_takes_the_costs_of_another_over_the_same_budgets_only():
         EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4, costs={8: 1.0})
 
 
-def test_auto_measures_each_plan_on_a_shapes_first_call_and_keeps_the_fastest(items, monkeypatch):
+def test_auto_races_its_plans_on_real_calls_one_plan_a_call_and_keeps_the_fastest(items, monkeypatch):
     import types
 
     from workbench import runner_policy
     from workbench.runner import PackCosts
+    from workbench.runner_policy import Race, signature
     cfg = small_cfg("tiny-qwen2.5-vl")
     enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=3)
     batch = batch_for(enc, items)
@@ -244,7 +245,7 @@ def test_auto_measures_each_plan_on_a_shapes_first_call_and_keeps_the_fastest(it
     packs, _ = runner.plan(enc.graph_input(batch))
     assert len(packs) > 1
     plain_run, seen, clock = runner._run, [], [0.0]
-    # the calibration's clock: a plan that sends every pack eagerly or none takes a second, a mix none
+    # the race's clock: a plan that sends every pack eagerly or none takes a second, a mix none
     monkeypatch.setattr(runner_policy, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def slow_unless_mixed(b, p, m, eager, *rest):
@@ -254,18 +255,44 @@ def test_auto_measures_each_plan_on_a_shapes_first_call_and_keeps_the_fastest(it
         return plain_run(b, p, m, eager, *rest)
 
     runner._run = slow_unless_mixed
-    # the costs predict every pack replayed; measured, a mixed plan (not a candidate here) cannot be
-    # picked, so make one: the prediction is the mix of the first pack eager, the rest replayed
+    # the costs predict a mix: the first pack eager, the rest replayed
     runner.costs.eager_packs = lambda b, p, unit: frozenset({0})
-    phases: dict = {}
-    out = runner.encode(batch, phases=phases)
-    assert "calibrate" in phases and len(seen) == 6            # 3 plans, each warmed and timed
-    assert runner._choices[tuple(map(tuple, batch.grid_thw.tolist()))] == frozenset({0})
-    st = runner.stats_frame()
-    assert len(st[~st.miss]) == len(packs) and st[~st.miss].eager.sum() == 1   # the chosen plan only
     with torch.no_grad():
         ref = enc.encode(batch, path="eager")
-    assert rel_err(out, ref) < 1e-5
+    rounds = 3 * Race.ROUNDS
+    for k in range(rounds):                        # each call runs one candidate, right every time
+        assert not runner.settled(batch)
+        out = runner.encode(batch)
+        assert len(seen) == k + 1 and rel_err(out, ref) < 1e-5
+    # the prediction first, then every pack replayed, every pack eager, in rounds
+    everything = frozenset(range(len(packs)))
+    assert seen[:3] == [frozenset({0}), frozenset(), everything] and seen[3:6] == seen[:3]
+    race = runner._races[signature(enc.graph_input(batch), packs, cfg.merge_unit)]
+    assert race.chosen == "predicted" and runner.settled(batch)
+    st = runner.stats_frame()
+    assert len(st[~st.miss]) == rounds * len(packs)        # every call's packs recorded, as it ran them
     seen.clear()
-    again = runner.encode(batch)                 # the same shape: the kept plan, nothing measured
+    again = runner.encode(batch)                 # decided: the kept plan, nothing timed
     assert seen == [frozenset({0})] and rel_err(again, ref) < 1e-5
+
+
+def test_a_signature_carries_over_to_batches_of_other_exact_shapes():
+    from workbench.runner_policy import Race, signature
+
+    class B:            # item_rows only: what a signature reads
+        def __init__(self, rows):
+            self.item_rows = rows
+    # 1232 and 1300 tokens fall in one quarter octave, 1232 and 1600 do not; 1 item and 2 items differ
+    assert signature(B([1232 * 4]), [(2048, [0])], 4) == signature(B([1300 * 4]), [(2048, [0])], 4)
+    assert signature(B([1232 * 4]), [(2048, [0])], 4) != signature(B([1600 * 4]), [(2048, [0])], 4)
+    assert signature(B([1232 * 4]), [(2048, [0])], 4) != signature(B([616 * 4, 616 * 4]), [(2048, [0, 1])], 4)
+    # a prediction that is one of the plain plans is not raced twice
+    assert Race.of(frozenset(), 2).names == ("replay", "eager")
+    assert Race.of(frozenset({0, 1}), 2).names == ("eager", "replay")
+    assert Race.of(frozenset({1}), 2).names == ("predicted", "replay", "eager")
+    race = Race.of(frozenset(), 1)
+    for name, s in (("replay", 2.0), ("eager", 1.5), ("replay", 1.0), ("eager", 3.0), ("replay", 4.0)):
+        assert race.next() == name and race.chosen is None
+        race.add(name, s)
+    race.add("eager", 1.2)
+    assert race.chosen == "replay"               # by each candidate's best call: 1.0 against 1.2

@@ -22,13 +22,15 @@ Backends: ``cuda`` (torch.cuda.CUDAGraph capture and replay) and ``emulated`` (t
 buffers, padding and call path, replayed eagerly: the placement bugs reproduce on a CPU).
 
 Policies (`POLICIES`): ``always`` replays every pack that fits a budget, as the engines do;
-``auto`` (the default) runs each batch the fastest way it has measured for that batch shape: the
-first call of a shape runs every pack replayed, every pack eagerly, and the plan predicted from
-the costs the runner measures at construction (`PackCosts`: a pack of 1232 tokens padded into a
-2048-token graph does ~1.7x the work of the pack, and the replay can lose to eager), each once to
-warm and once timed, and keeps the fastest for later calls of that shape, as cuDNN's benchmark
-mode keeps an algorithm per shape (`calibrate`; False decides from the prediction alone). The
-decision of every pack is recorded in `stats`. On the
+``auto`` (the default) runs each batch the fastest way it has measured for batches like it. The
+runner measures costs at construction (`PackCosts`: a pack of 1232 tokens padded into a
+2048-token graph does ~1.7x the work of the pack, and the replay can lose to eager) and predicts
+from them which packs run eagerly. On CUDA it also races the candidate plans (the prediction,
+every pack replayed, every pack eager) on real calls, one plan per call, keyed by a `signature`
+(per pack: budget, tokens to a quarter octave, items to an octave) that carries over to batches
+it has not seen, and keeps the fastest once each has run a few times (`runner_policy.race_call`;
+``calibrate = False`` decides from the prediction alone). No call runs more than one plan, so a
+new batch shape costs what its plan costs. The decision of every pack is recorded in `stats`. On the
 emulated backend ``auto`` acts as ``always``: an emulated replay is eager work, its costs say
 nothing about a GPU graph, and the emulation exists to reproduce the graph path.
 """
@@ -48,7 +50,7 @@ from .dtypes import dtype_name, names
 from .encoder import BUFFER_DTYPES, VisionEncoder
 from .norms import replaying
 from .preprocess import PatchBatch
-from .runner_policy import PackCosts, ReplayRecord, _PhaseClock, _check_budgets, calibrate, default_budgets
+from .runner_policy import PackCosts, ReplayRecord, _PhaseClock, _check_budgets, default_budgets, race_call, signature
 from .runner_policy import PHASES, engine_budgets, engine_max_items  # noqa: F401
 from .towers.common import remember
 from .towers.metadata import budget_padding
@@ -158,9 +160,9 @@ class EncoderGraphRunner:
         if costs is not None:
             _check_costs(costs, self.budgets)
         self.costs = None
-        # 'auto' on CUDA measures its plan per batch shape on the shape's first call (`calibrate`)
+        # 'auto' on CUDA races its candidate plans per batch signature on real calls (`runner_policy.race_call`)
         self.calibrate = self.backend == "cuda"
-        self._choices: dict = {}
+        self._races: dict = {}
         if self.policy == "auto":
             self.costs = PackCosts.measure(self) if costs is None else costs
 
@@ -354,8 +356,7 @@ class EncoderGraphRunner:
 
         pad_value: what padding rows are filled with (0 as engines do; NaN for the hazard check).
         phases: a dict to add each phase's seconds to (keys `PHASES`, plus ``miss`` when an item
-        misses every budget, ``eager`` when policy 'auto' runs a pack eagerly and ``calibrate`` on
-        the first call of a batch shape under 'auto' on CUDA); the device is synchronized before
+        misses every budget, ``eager`` when policy 'auto' runs a pack eagerly); the device is synchronized before
         and after each phase, so the times are wall times of finished work. None (the default)
         times nothing and never synchronizes.
         policy: 'always' replays every pack for this call whatever the runner's policy (one runner,
@@ -373,12 +374,26 @@ class EncoderGraphRunner:
         if not self.calibrate:
             return self._run(batch, packs, misses, costs.eager_packs(batch, packs, self.encoder.cfg.merge_unit),
                              costs, pad_value, phase)
-        key = tuple(map(tuple, batch.grid_thw.tolist()))
-        eager = self._choices.get(key)
-        if eager is not None:
-            return self._run(batch, packs, misses, eager, costs, pad_value, phase)
-        with phase("calibrate"):
-            return calibrate(self, key, batch, packs, misses, costs, pad_value)
+        return race_call(self, batch, packs, misses, costs, pad_value, phase)
+
+    def settled(self, batch: PatchBatch) -> bool:
+        """Whether a call of ``batch`` runs a plan already chosen: policy 'always', a prediction alone (not CUDA),
+        or on CUDA the race of the batch's `signature` decided (until then each call times one candidate)."""
+        batch = self.encoder.graph_input(batch)
+        packs, _ = self.plan(batch)
+        if self.costs is None or not packs or not self.calibrate:
+            return True
+        race = self._races.get(signature(batch, packs, self.encoder.cfg.merge_unit))
+        return race is not None and race.chosen is not None
+
+    def settle(self, batch: PatchBatch, limit: int = 64) -> int:
+        """Encode ``batch`` until its plan is settled (`settled`), as a caller timing the steady state does first;
+        the calls made (at most ``limit``)."""
+        n = 0
+        while n < limit and not self.settled(batch):
+            self.encode(batch)
+            n += 1
+        return n
 
     def _run(self, batch: PatchBatch, packs, misses, eager: frozenset, costs: PackCosts | None, pad_value,
              phase: _PhaseClock) -> torch.Tensor:

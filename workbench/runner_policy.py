@@ -93,43 +93,76 @@ class PackCosts:
         return cls(replay, tuple(picks), tuple(points), time.perf_counter() - t0)
 
 
-# the batch shapes whose plan policy 'auto' has measured, kept per runner for later calls of the same shape
+# the signatures whose plans policy 'auto' has raced, kept per runner for later calls
 CHOICE_CACHE = 256
 
 
-def calibrate(runner, key, batch: PatchBatch, packs, misses, costs: PackCosts, pad_value) -> torch.Tensor:
-    """The first call of a batch shape under policy 'auto' on CUDA: run each candidate plan (every
-    pack replayed, every pack eager, and the costs' prediction where it differs) once to warm it and
-    once timed, keep the fastest for this shape in ``runner._choices`` (as cuDNN's benchmark mode keeps
-    an algorithm per shape) and return its output; the runner's `stats` record that plan only."""
+def signature(batch: PatchBatch, packs, merge_unit: int) -> tuple:
+    """What policy 'auto' keys what it learns by, so that it carries over to batches it has not seen: per pack its
+    budget, its merged tokens to a quarter octave and its items to an octave. A pack's replay time is its budget's,
+    and its eager time moves little within a quarter octave of tokens; the exact grids rarely repeat in serving."""
+    rows = batch.item_rows
+    return tuple((budget, round(4 * math.log2(max(1, sum(rows[i] for i in idx) // merge_unit))), len(idx).bit_length())
+                 for budget, idx in packs)
+
+
+@dataclass
+class Race:
+    """Policy 'auto''s record of one `signature` on CUDA: the candidate plans ("predicted", from the `PackCosts`
+    prediction of each call; "replay", every pack replayed; "eager", every pack run eagerly), each timed on
+    `ROUNDS` real calls, one plan a call, then the fastest (by its best call) kept. Exploring costs no extra work:
+    each call runs one plan, whose output is the call's; only the device is synchronized around it to time it."""
+
+    names: tuple[str, ...]                  # the candidates, the prediction's first
+    seconds: dict[str, list[float]]         # each candidate's timed calls
+    chosen: str | None = None
+
+    ROUNDS = 3
+
+    @classmethod
+    def of(cls, predicted: frozenset, n_packs: int) -> "Race":
+        """The race for a signature whose first batch the costs predict ``predicted`` for (``n_packs`` packs)."""
+        plain = {"replay": frozenset(), "eager": frozenset(range(n_packs))}
+        first = next((n for n, plan in plain.items() if plan == predicted), "predicted")
+        names = (first, *(n for n in plain if n != first))
+        return cls(names, {n: [] for n in names})
+
+    def next(self) -> str:
+        """The candidate to time on this call: the least timed, in order."""
+        return min(self.names, key=lambda n: len(self.seconds[n]))
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name].append(seconds)
+        if all(len(v) >= self.ROUNDS for v in self.seconds.values()):
+            self.chosen = min(self.names, key=lambda n: min(self.seconds[n]))
+
+    @staticmethod
+    def plan(name: str, predicted: frozenset, n_packs: int) -> frozenset:
+        """The packs (positions) candidate ``name`` runs eagerly in a batch of ``n_packs`` packs."""
+        return {"replay": frozenset(), "eager": frozenset(range(n_packs))}.get(name, predicted)
+
+
+def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_value, phase) -> torch.Tensor:
+    """One call of policy 'auto' on CUDA: the plan its `signature`'s race chose, or while it races, the next
+    candidate's, timed (the device synchronized around it, the pack's metadata and exact-fit graphs prepared first
+    so that one-time work is not counted against the plan)."""
     from .towers.common import remember
 
-    def sync():
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)
-
+    unit = runner.encoder.cfg.merge_unit
+    predicted = costs.eager_packs(batch, packs, unit)
+    race = remember(runner._races, signature(batch, packs, unit), CHOICE_CACHE, lambda: Race.of(predicted, len(packs)))
+    if race.chosen is not None:
+        return runner._run(batch, packs, misses, Race.plan(race.chosen, predicted, len(packs)), costs, pad_value, phase)
+    name = race.next()
     runner.prepare(batch)
-    plans = {"replay": frozenset(), "eager": frozenset(range(len(packs)))}
-    predicted = costs.eager_packs(batch, packs, runner.encoder.cfg.merge_unit)
-    if predicted not in plans.values():
-        plans["predicted"] = predicted
-    kept, times, outs, records = runner.stats, {}, {}, {}
-    try:
-        for name, eager in plans.items():
-            runner.stats = []
-            runner._run(batch, packs, misses, eager, costs, pad_value, _PhaseClock(None, runner.device))
-            runner.stats = []
-            sync()
-            t0 = time.perf_counter()
-            outs[name] = runner._run(batch, packs, misses, eager, costs, pad_value, _PhaseClock(None, runner.device))
-            sync()
-            times[name], records[name] = time.perf_counter() - t0, runner.stats
-    finally:
-        runner.stats = kept
-    best = min(times, key=times.get)
-    remember(runner._choices, key, CHOICE_CACHE, lambda: plans[best])
-    runner.stats += records[best]
-    return outs[best]
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    t0 = time.perf_counter()
+    out = runner._run(batch, packs, misses, Race.plan(name, predicted, len(packs)), costs, pad_value, phase)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    race.add(name, time.perf_counter() - t0)
+    return out
 
 
 def _check_budgets(budgets, max_items) -> tuple[list[int], int]:

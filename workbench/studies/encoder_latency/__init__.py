@@ -33,10 +33,15 @@ by transformers, eager, and three runners over the same batch: ``graph_engine``,
 budgets (`runner.engine_budgets`: doubling from 64 up to ``engine_max_budget``, which is
 appended; their default items per replay) replaying every pack (policy ``always``);
 ``graph_planner``, `plan_budgets` for the mix's distribution with as many graphs, replaying every
-pack; ``graph_auto``, the engines' budgets with policy ``auto`` (a pack replays only where its
-graph is predicted faster than eager). Times are per image (p50 and p90 of the call / n); beside
-them each runner's replays, padded rows, eager packs and misses, and every output checked against
-eager before it is timed. ``image_folder`` (an absolute path) adds a mix of your own images: the
+pack; ``graph_auto``, the engines' budgets with policy ``auto`` (a pack replays only where that has
+measured faster than eager: the runner's race of candidate plans, run out on the batch before it is
+timed, ``explore_calls`` calls; its first call is ``first_ms``). Times are per image (p50 and p90 of
+the call / n); beside them each runner's replays, padded rows, eager packs and misses, and every
+output checked against eager before it is timed. Then ``fresh`` batches of the same mix and item
+count, drawn with other seeds (shapes no call has seen, as a server meets them), each strategy
+once on each, the device synchronized around every call: ``fresh_image_ms``, the stream's time per
+image (policy auto keeps what it learned; no runner keeps host metadata from another strategy's
+call). ``image_folder`` (an absolute path) adds a mix of your own images: the
 folder's images, drawn by size and resized (`workbench.samples.get_mix`), its rows named
 ``folder:<its name>`` with the folder's ``fingerprint``.
 
@@ -61,7 +66,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="encoder_latency",
-    guess_s={"cpu": 61},
+    guess_s={"cpu": 64},
     order=5,
     notebook="notebooks/encoder_latency.ipynb",
     package=__name__,

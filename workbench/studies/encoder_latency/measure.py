@@ -109,6 +109,11 @@ def _release(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _pinned(batch: PatchBatch, dev: torch.device) -> PatchBatch:
+    """``batch`` in pinned host memory on CUDA, as engines batch multimodal inputs; as it is elsewhere."""
+    return PatchBatch(batch.pixels.pin_memory(), batch.grid_thw) if dev.type == "cuda" else batch
+
+
 def _median_phases(samples: list[dict]) -> dict:
     out = {f"{k}_ms": statistics.median(s.get(k, 0.0) for s in samples) * 1e3 for k in PHASES}
     out["phases_ms"] = statistics.median(sum(s.values()) for s in samples) * 1e3
@@ -233,6 +238,8 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
                          largest_budget=int(runner.budgets[-1]))
                 err, equal, ok = judge_graph(got, ref, dt)
                 m.update(rel_err=err, bit_equal=equal, ok=ok)
+                if runners[name][1] is None:     # policy auto: its race for this batch run out before timing
+                    m["explore_calls"] = runner.settle(batch)
             elif name == "transformers":
                 hf_out = call()
                 c = cos_min(ref, hf_out)
@@ -245,6 +252,34 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
                 m.update(image_p50_ms=m["p50_ms"] / n, image_p90_ms=m["p90_ms"] / n)
             out[name] = m
     return out
+
+
+def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners: dict) -> dict[str, dict]:
+    """Each strategy on a stream of batches of shapes it has not seen (what a server meets): every batch once, each
+    call timed with the device synchronized around it; per strategy the stream's time per image. Policy auto keeps
+    what it learned before and along the stream; the host metadata a runner caches is dropped before each call, so
+    no strategy gains from another's call on the same runner."""
+    dev = enc.device
+    calls = {"eager": lambda k: enc.encode(batches[k], path="eager")}
+    if hf is not None:      # its input normalized on the host beforehand, as measure_mix times it
+        hf_in = [(_pinned(PatchBatch(normalize_rows(b.pixels, cfg), b.grid_thw), dev).pixels, b.grid_thw.to(dev))
+                 for b in batches]
+        calls["transformers"] = lambda k: hf_embeddings(hf, hf_in[k][0].to(dev, non_blocking=True), hf_in[k][1])
+    for name, (runner, policy) in runners.items():
+        calls[name] = (lambda k, r=runner, pol=policy: r.encode(batches[k], policy=pol))
+    seconds = dict.fromkeys(calls, 0.0)
+    with torch.inference_mode():
+        for k in range(len(batches)):
+            for name, call in calls.items():
+                if name in runners:
+                    runners[name][0]._host_meta.clear()
+                _sync(dev)
+                t0 = time.perf_counter()
+                call(k)
+                _sync(dev)
+                seconds[name] += time.perf_counter() - t0
+    images = sum(b.n_items for b in batches)
+    return {name: dict(fresh_image_ms=s * 1e3 / images, fresh_batches=len(batches)) for name, s in seconds.items()}
 
 
 def _mix_runners(enc, cfg: VisionConfig, mix: str, engine) -> dict:
@@ -326,10 +361,13 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                 runners = _mix_runners(enc, cfg, mix, engine)     # captured once per mix, for every item count
                 planner_s = time.perf_counter() - t0
                 for n in p["mix_items"]:
-                    batch = preprocess(image_mix(mix, n, seed=p["seed"], resized=True, cfg=cfg), cfg)
-                    if dev.type == "cuda":
-                        batch = PatchBatch(batch.pixels.pin_memory(), batch.grid_thw)
+                    batch = _pinned(preprocess(image_mix(mix, n, seed=p["seed"], resized=True, cfg=cfg), cfg), dev)
                     res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"], p["min_reps"])
+                    if p["fresh"]:       # the same mix and item count, drawn anew: shapes no call has seen
+                        fresh = [_pinned(preprocess(image_mix(mix, n, seed=p["seed"] + 1 + k, resized=True, cfg=cfg),
+                                                    cfg), dev) for k in range(p["fresh"])]
+                        for path, m in measure_fresh(enc, hf, cfg, fresh, runners).items():
+                            res.setdefault(path, {}).update(m)
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
                                   depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], device=label,
                                   **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
