@@ -323,7 +323,8 @@ def plot_mixes(g: pd.DataFrame):
     h = 0.8 / max(1, len(paths))
     # items of a few hundred tokens beside 12 MP photos (over 100x apart on Qwen3-VL): a log axis
     # keeps the short bars readable; one scale for every panel, so they compare
-    times = w.image_p50_ms.dropna()
+    fresh = "fresh_image_ms" in w and w.fresh_image_ms.notna().any()
+    times = pd.concat([w.image_p50_ms, w.fresh_image_ms if fresh else w.image_p50_ms.iloc[:0]]).dropna()
     times = times[times > 0]
     log = len(times) > 1 and times.max() / times.min() > LOG_SPREAD
     for ax, preset in zip(axes.flat, presets):
@@ -335,6 +336,12 @@ def plot_mixes(g: pd.DataFrame):
                     for c in cells.itertuples()]
             vals = [float(v.iloc[0]) if len(v) else np.nan for v in vals]
             ax.barh(np.arange(len(cells)) + k * h, vals, height=h, color=color, label=name)
+            if fresh:        # the same strategy on batches of shapes no call had seen: a black tick on its bar
+                new = [d[(d.mix == c.mix) & (d.images == c.images) & (d.path == path)].fresh_image_ms
+                       for c in cells.itertuples()]
+                new = [float(v.iloc[0]) if len(v) else np.nan for v in new]
+                ax.plot(new, np.arange(len(cells)) + k * h, "|", color="black", markersize=7, mew=1.5,
+                        label="new shapes, per image" if k == 0 else None)
         ax.set_yticks(np.arange(len(cells)) + h * (len(paths) - 1) / 2,
                       [f"{c.mix} x{int(c.images)}" for c in cells.itertuples()], fontsize=8)
         ax.invert_yaxis()
@@ -349,7 +356,9 @@ def plot_mixes(g: pd.DataFrame):
             stamp_cpu(ax)
     fig.suptitle(f"Realistic batches: per-image time of each strategy ({run_label(g)})", fontsize=11)
     fig.tight_layout()
-    legend_below(fig, *axes.flat[0].get_legend_handles_labels(), ncol=3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: labels[i] == "new shapes, per image")     # the tick last
+    legend_below(fig, [handles[i] for i in order], [labels[i] for i in order], ncol=3)
     return fig
 
 
@@ -378,7 +387,8 @@ FIGURES = (("encoder_latency", plot_latency, "p50 per encode call against merged
              ("encoder_latency_kernels", lambda g: plot_kernels(g) if (g.metric == "kernel_matmul_ms").any() else None,
               "The tower's device time by kernel category (one forward, profiled)"),
              ("encoder_latency_mixes", plot_mixes, "Realistic batches: per-image time of transformers, eager, the "
-              "engines' budgets, planner budgets and policy auto"))
+              "engines' budgets, planner budgets and policy auto (bars: one batch repeated; black ticks, where "
+              "measured: a stream of batches of new shapes)"))
 
 summarize = Summarizer(findings=findings, figures=FIGURES, key_numbers=key_numbers, key_caption="Encoder latency on {device} (single calls: p50 per encode call in ms of each path, the FLOP "
                 "and practical floors, the graph path's speedup, times as multiples of the floors, where the graph "
