@@ -31,7 +31,8 @@ what that costs. For each image mix (data/image_mixes.toml) and budget set, this
 Cost on a GPU: full attention makes a long item expensive (a 12 MP photo is one sequence of
 more than ten thousand tokens on Qwen3-VL; its replay times on the H200 are in
 results/reference/README.md), and every runner cell captures its set's budgets and encodes the
-drawn items. So the runners here skip what a sweep of short-lived runners
+drawn items; sets of a mix that give the same budgets for the same ``max_items`` (the planner's two
+often agree) share one runner and its measurement. So the runners here skip what a sweep of short-lived runners
 does not need: the replay-table runner captures no exact-fit graphs (it replays the general
 ones), the cells' runners warm up once per budget (the table's runner has already compiled every
 kernel and warmed the capture stream) and capture exact-fit graphs only where a pack uses them,

@@ -23,6 +23,60 @@ from ..plotting import progress as show_progress
 from ..tables import tidy
 from .params import BUDGET_SETS, METRICS, NORM_FILLS, PARAMS
 
+def _runner_cell(enc, cfg, backend: str, batch: PatchBatch, ref, rb: list[int], m: int, p: dict, dt,
+                 norm_times) -> dict:
+    """One runner over budgets ``rb`` holding ``m`` items on the mix's drawn ``batch``: its row's measurements
+    (padding through the real runner, the norm's time and the tower's FLOPs on it, time, pool, error against
+    ``ref``, the eager output)."""
+    from ...reference import rel_err
+
+    with torch.inference_mode():
+        # the table's runner has compiled every kernel and warmed the capture stream
+        runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m, policy="always",
+                                    warmup=1, exact_capture="first_use")
+        pool = _pool_bytes(runner)
+        runner.prepare(batch)            # host metadata and exact-fit graphs: the next call is warm
+        pool_used = _pool_bytes(runner)
+        outs = []
+
+        def call(r=runner, b=batch):
+            r.reset_stats()
+            outs.clear()                 # one output alive at a time
+            outs.append(r.encode(b))
+        # the timed calls are the checked ones (the last one's output and stats)
+        timing = _wall_ms(call, max(1, p["reps"] // 3), warmup=0)
+        out, stats = outs[-1], runner.stats_frame()
+        del outs
+    replays = stats[~stats.miss]
+    budget_rows = (replays.valid_rows + replays.padded_rows)
+    padded_frac = float(replays.padded_rows.sum() / budget_rows.sum()) if len(replays) else float("nan")
+    per = (replays.padded_rows / budget_rows) if len(replays) else pd.Series([np.nan])
+    norm_all = norm_valid = mm_pad = att_pad = total = 0.0
+    for r in replays.itertuples():
+        a, v = norm_times(int(r.budget), int(r.valid_rows))
+        norm_all, norm_valid = norm_all + a, norm_valid + v
+        brows = int(r.budget) * cfg.merge_unit
+        full = tower_flops(cfg, [brows])
+        mm_pad += full["matmul"] - tower_flops(cfg, [int(r.valid_rows)])["matmul"]
+        att_pad += attention_padding_flops(cfg, backend, brows, [int(r.valid_rows)])
+        total += full["total"]
+    row = dict(case="runner", max_items=m, budgets=",".join(map(str, rb)),
+               padded_frac=padded_frac, padded_frac_replay_mean=float(per.mean()),
+               padded_frac_replay_max=float(per.max()), replays_per_image=len(replays) / batch.n_items,
+               misses=int(stats.miss.sum()), items=batch.n_items, encode_ms_per_image=timing["p50"] / batch.n_items,
+               norm_us_all=norm_all, norm_us_valid=norm_valid, norm_us_padding=norm_all - norm_valid,
+               matmul_flops_padding=mm_pad, attention_flops_padding=att_pad,
+               flops_padding_frac=(mm_pad + att_pad) / total if total else float("nan"),
+               pool_bytes=pool, pool_used_bytes=pool_used,
+               pool_model_bytes=graph_pool_bytes(cfg, rb, dtype=dt, max_items=m, norm=p["norm"],
+                                                 buffer_dtype=torch.uint8),
+               rel_err_vs_eager=rel_err(out.float(), ref))
+    del runner, out
+    if enc.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
 # ---- budget sets -------------------------------------------------------------------------------
 
 def budget_sets(dist: dict[int, float], names, latency: dict[int, float] | None = None) -> dict[str, list[int]]:
@@ -154,8 +208,6 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
 
 def _measure(s, progress: bool) -> pd.DataFrame:
     """One preset's cells (``s.params["preset"]``)."""
-    from ...reference import rel_err
-
     dev, p, dt, cfg, label = s.device, s.params, s.dtype, s.config(), s.label
     p["mixes"] = with_folder(p["mixes"], p["image_folder"])      # the folder's mix joins the named ones
     common = dict(study="padding_waste", preset=p["preset"], family=cfg.family, depth=cfg.depth,
@@ -209,6 +261,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
         batch = preprocess(items, cfg)
         with torch.inference_mode():
             ref = enc.encode_eager(batch.to(dev)).float()
+        cells: dict[tuple, list[tuple[int, dict]]] = {}   # (runner budgets, max_items) -> [(its row's slot, key)]
         for set_name, budgets in sets.items():
             # expected replay time: the replay table (its running maximum, as the planner reads it)
             # interpolated at each item's budget
@@ -220,51 +273,14 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                              pool_model_bytes=graph_pool_bytes(cfg, budgets, dtype=dt, max_items=1, norm=p["norm"],
                                                                buffer_dtype=torch.uint8)))
             for m in p["max_items"]:
-                rb = list(Budgets.of(budgets).holding(m))
-                with torch.inference_mode():
-                    # the table's runner has compiled every kernel and warmed the capture stream
-                    runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m, policy="always",
-                                                warmup=1, exact_capture="first_use")
-                    pool = _pool_bytes(runner)
-                    runner.prepare(batch)            # host metadata and exact-fit graphs: the next call is warm
-                    pool_used = _pool_bytes(runner)
-                    outs = []
-
-                    def call(r=runner, b=batch):
-                        r.reset_stats()
-                        outs.clear()                 # one output alive at a time
-                        outs.append(r.encode(b))
-                    # the timed calls are the checked ones (the last one's output and stats)
-                    timing = _wall_ms(call, max(1, p["reps"] // 3), warmup=0)
-                    out, stats = outs[-1], runner.stats_frame()
-                    del outs
-                replays = stats[~stats.miss]
-                budget_rows = (replays.valid_rows + replays.padded_rows)
-                padded_frac = float(replays.padded_rows.sum() / budget_rows.sum()) if len(replays) else float("nan")
-                per = (replays.padded_rows / budget_rows) if len(replays) else pd.Series([np.nan])
-                norm_all = norm_valid = mm_pad = att_pad = total = 0.0
-                for r in replays.itertuples():
-                    a, v = norm_times(int(r.budget), int(r.valid_rows))
-                    norm_all, norm_valid = norm_all + a, norm_valid + v
-                    brows = int(r.budget) * cfg.merge_unit
-                    full = tower_flops(cfg, [brows])
-                    mm_pad += full["matmul"] - tower_flops(cfg, [int(r.valid_rows)])["matmul"]
-                    att_pad += attention_padding_flops(cfg, backend, brows, [int(r.valid_rows)])
-                    total += full["total"]
-                rows.append(dict(key, case="runner", max_items=m, budgets=",".join(map(str, rb)),
-                                 padded_frac=padded_frac, padded_frac_replay_mean=float(per.mean()),
-                                 padded_frac_replay_max=float(per.max()), replays_per_image=len(replays) / batch.n_items,
-                                 misses=int(stats.miss.sum()), items=batch.n_items,
-                                 encode_ms_per_image=timing["p50"] / batch.n_items,
-                                 norm_us_all=norm_all, norm_us_valid=norm_valid, norm_us_padding=norm_all - norm_valid,
-                                 matmul_flops_padding=mm_pad, attention_flops_padding=att_pad,
-                                 flops_padding_frac=(mm_pad + att_pad) / total if total else float("nan"),
-                                 pool_bytes=pool, pool_used_bytes=pool_used, pool_model_bytes=graph_pool_bytes(cfg, rb, dtype=dt, max_items=m, norm=p["norm"],
-                                                                                    buffer_dtype=torch.uint8),
-                                 rel_err_vs_eager=rel_err(out.float(), ref)))
-                del runner, out
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
+                cells.setdefault((tuple(Budgets.of(budgets).holding(m)), m), []).append((len(rows), key))
+                rows.append({})          # the runner's row, in this place once it has run
+        # one runner per distinct (budgets, max_items) of the mix, built and measured once for every set that
+        # gives it (the planner's two sets often agree); one alive at a time
+        for (rb, m), slots in cells.items():
+            measured = _runner_cell(enc, cfg, backend, batch, ref, list(rb), m, p, dt, norm_times)
+            for slot, key in slots:
+                rows[slot] = dict(key, **measured)
                 bar.update()
         del batch, ref
     bar.close()
