@@ -8,10 +8,12 @@ replay time of its budget in a committed padding_waste run of the same preset (l
 interpolated; a forward of an exact-fit graph at 1/1.5 of it, from the cuDNN vs flash varlen
 ratio in results/reference/README.md). Host work, the norm timings and Python are left out.
 
-    PYTHONPATH=$PWD python3 tools/padding_cost.py RUN_FOLDER [--n-items 16] [--before]
+    PYTHONPATH=$PWD python3 tools/padding_cost.py RUN_FOLDER [--n-items 16] [--before | --unshared]
 
-``--before``: the study as it was at commit 074da98 (every runner warmed twice per budget and
-captured its exact-fit graphs with it; every cell encoded twice). How close the model came to the
+The study as it is: the sets of a mix that give the same runner budgets for the same max_items share
+one runner and its measurement (a step of no forward). ``--unshared``: before that (c2ed01e), one
+runner per set; ``--before``: the study as it was at commit 074da98 (every runner warmed twice per
+budget and captured its exact-fit graphs with it; every cell encoded twice). How close the model came to the
 H200 runs it was checked against is in results/reference/README.md (the padding_waste notes of
 the newer families).
 """
@@ -33,7 +35,7 @@ EXACT_SPEEDUP = 1.5        # dense cuDNN over flash varlen from 4096 rows (resul
 LADDER_REPLAYS = 7         # per budget of the replay table: warm-up + 5 reps, and its edge case
 
 
-def step_seconds(table: pd.DataFrame, preset: str, n_items: int, before: bool) -> list[float]:
+def step_seconds(table: pd.DataFrame, preset: str, n_items: int, before: bool, shared: bool = True) -> list[float]:
     """Modelled seconds of each progress step of the study for ``preset`` (the replay table's
     budgets, then one per mix x budget set x max_items)."""
     cfg = VisionConfig.preset(preset)
@@ -54,9 +56,14 @@ def step_seconds(table: pd.DataFrame, preset: str, n_items: int, before: bool) -
         batch = preprocess(image_mix(mix, n_items, seed=0, resized=True, cfg=cfg), cfg)
         tokens = [int(np.prod(g)) // cfg.merge_unit for g in batch.grid_thw.tolist()]
         reference = sum(fwd(t) for t in tokens)              # the mix's eager reference, in its first step
+        seen = set()
         for name, budgets in sets.items():
             for m in (1, 16):
                 rb = list(Budgets.of(budgets).holding(m))
+                if shared and not before and (tuple(rb), m) in seen:
+                    steps.append(0.0)                         # the runner of an earlier set of this mix
+                    continue
+                seen.add((tuple(rb), m))
                 if before:
                     cap = sum(6 * fwd(b) for b in rb)
                 else:                                         # 1 warm-up + capture; exact-fit graphs where used
@@ -73,11 +80,13 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run", type=Path, help="a run folder holding padding_waste.parquet")
     ap.add_argument("--n-items", type=int, default=16)
-    ap.add_argument("--before", action="store_true", help="the study as it was at commit 074da98")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--before", action="store_true", help="the study as it was at commit 074da98")
+    how.add_argument("--unshared", action="store_true", help="one runner per set, as before c2ed01e")
     args = ap.parse_args(argv)
     table = pd.read_parquet(args.run / "padding_waste.parquet")
     for preset in table.preset.unique():
-        c = np.cumsum(step_seconds(table, preset, args.n_items, args.before))
+        c = np.cumsum(step_seconds(table, preset, args.n_items, args.before, not args.unshared))
         print(f"{preset}: {len(c)} steps, {c[-1]:.0f} s modelled ({c[-1] / 60:.1f} min); after step k: "
               + ", ".join(f"{k} {c[k - 1]:.0f} s" for k in (17, 22, 24, 52) if k <= len(c)))
 
