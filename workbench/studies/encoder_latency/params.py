@@ -57,7 +57,7 @@ PARAMS = ParamSpec(
           help="absolute path of a folder of your own images: one more mix for those cells (None: none)"),
     Param("mix_items", "list[int]", cap="items", cpu=[2], gpu=[1, 4], minimum=1, rule=ascending_unique,
           help="items per realistic batch, drawn from each mix"),
-    Param("fresh", "int", cap="reps", cpu=1, gpu=8, minimum=0,
+    Param("fresh", "int", cap="reps", cpu=1, gpu=4, minimum=0,
           help="batches of shapes no call has seen, per mix and item count, each strategy timed once on each "
                "(what a server meets; 0 for none)"),
     Param("engine_max_budget", "int", cap="budget_tokens", cpu=512, gpu=16384, minimum=64,
