@@ -124,6 +124,9 @@ def test_padding_cost_model_of_the_gpu_study_runs_on_a_committed_run():
     then = tool.step_seconds(table, "glm-4.1v-9b", 2, before=True)
     assert len(now) == len(then) == 17 + 7 * 4 * 2
     assert all(a <= b for a, b in zip(now, then)) and sum(now) < 0.7 * sum(then)
+    # a mix's sets that give one runner share it: those steps issue no forward
+    unshared = tool.step_seconds(table, "glm-4.1v-9b", 2, before=False, shared=False)
+    assert all(a <= b for a, b in zip(now, unshared)) and 0.0 in now and 0.0 not in unshared
     with pytest.raises(SystemExit, match="no replay table for 'qwen3-vl-8b'"):
         tool.step_seconds(table, "qwen3-vl-8b", 2, before=False)
 
