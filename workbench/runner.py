@@ -50,7 +50,8 @@ from .dtypes import dtype_name, names
 from .encoder import BUFFER_DTYPES, VisionEncoder
 from .norms import replaying
 from .preprocess import PatchBatch
-from .runner_policy import PackCosts, ReplayRecord, _PhaseClock, _check_budgets, default_budgets, race_call, signature
+from .runner_policy import (PackCosts, ReplayRecord, _PhaseClock, _check_budgets, _check_costs, default_budgets,
+                            race_call, signature)
 from .runner_policy import PHASES, engine_budgets, engine_max_items  # noqa: F401
 from .towers.common import remember
 from .towers.metadata import budget_padding
@@ -494,12 +495,3 @@ def default_runner(encoder, batch: PatchBatch) -> "EncoderGraphRunner":
                   f"was captured again). To capture once, pass runner=wb.EncoderGraphRunner(enc, "
                   f"budgets=[...]) with budgets covering your largest item.", stacklevel=4)
     return encoder._default_runner
-
-
-def _check_costs(costs, budgets: list[int]) -> None:
-    """TypeError/ValueError unless ``costs`` is a PackCosts measured over exactly ``budgets``."""
-    if not isinstance(costs, PackCosts):
-        raise TypeError(f"costs must be the PackCosts of another runner (runner.costs) or None, got {type(costs).__name__}")
-    if sorted(costs.replay_ms) != list(budgets):
-        raise ValueError(f"costs were measured over budgets {sorted(costs.replay_ms)}, this runner has {list(budgets)}; "
-                         "pass costs only between runners of the same budgets (or None to measure them)")

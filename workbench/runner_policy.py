@@ -93,6 +93,15 @@ class PackCosts:
         return cls(replay, tuple(picks), tuple(points), time.perf_counter() - t0)
 
 
+def _check_costs(costs, budgets: list[int]) -> None:
+    """TypeError/ValueError unless ``costs`` is a PackCosts measured over exactly ``budgets``."""
+    if not isinstance(costs, PackCosts):
+        raise TypeError(f"costs must be the PackCosts of another runner (runner.costs) or None, got {type(costs).__name__}")
+    if sorted(costs.replay_ms) != list(budgets):
+        raise ValueError(f"costs were measured over budgets {sorted(costs.replay_ms)}, this runner has {list(budgets)}; "
+                         "pass costs only between runners of the same budgets (or None to measure them)")
+
+
 # the signatures whose plans policy 'auto' has raced, kept per runner for later calls
 CHOICE_CACHE = 256
 
