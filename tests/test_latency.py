@@ -267,6 +267,39 @@ def test_realistic_batches_time_every_strategy_checked_against_eager(tmp_path):
     assert any("encoder_latency_mixes" in str(f) for f in summary.figures)
 
 
+def test_a_stream_of_new_shapes_times_each_strategy_checked_and_leaves_a_wrong_one_out():
+    """`measure_fresh`: every batch once per strategy, each output checked against eager's for that batch; a
+    strategy wrong on one batch, or wrong in the cell's own check, has no time (none is reported for a wrong
+    result); the rows of a run carry fresh_image_ms for the others."""
+    import workbench as wb
+    from workbench.preprocess import preprocess
+    from workbench.runner import EncoderGraphRunner
+    from workbench.samples import image_mix
+    from workbench.studies import encoder_latency as s
+    cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=0)
+    batches = [preprocess(image_mix("photos", 2, seed=k, resized=True, cfg=cfg), cfg) for k in (1, 2)]
+    runner = EncoderGraphRunner(enc, budgets=[64, 128, 256, 512], buffer_dtype=torch.uint8, max_items=4)
+    calls = []
+
+    class Wrong:                 # right on the first batch, wrong on the second
+        def encode(self, batch, policy=None):
+            calls.append(policy)
+            out = runner.encode(batch)
+            return out if len(calls) == 1 else out + 1.0
+
+    Wrong._host_meta = {}
+    got = s.measure.measure_fresh(enc, None, cfg, batches,
+                                  {"graph_engine": (runner, "always"), "graph_auto": (Wrong(), None),
+                                   "graph_planner": (runner, "always")}, skip={"graph_planner"})
+    assert set(got) == {"eager", "graph_engine"} and len(calls) == 2
+    assert all(m["fresh_image_ms"] > 0 and m["fresh_batches"] == 2 for m in got.values())
+    t = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0,
+              mixes=["photos"], mix_items=[2], engine_max_budget=256, fresh=2)
+    m = wide(s.summary.mix_cells(t)).set_index("path")
+    assert (m.fresh_image_ms > 0).all() and (m.fresh_batches == 2).all() and m.loc["graph_auto", "explore_calls"] == 0
+    assert "fresh: auto / transformers" in s.summary.mix_table(t)
+
 def test_a_cpu_figure_never_calls_the_emulated_runner_a_cuda_graph(latency_table):
     import matplotlib
     matplotlib.use("Agg")

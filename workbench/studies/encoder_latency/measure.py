@@ -254,12 +254,15 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
     return out
 
 
-def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners: dict) -> dict[str, dict]:
+def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners: dict,
+                  skip=()) -> dict[str, dict]:
     """Each strategy on a stream of batches of shapes it has not seen (what a server meets): every batch once, each
-    call timed with the device synchronized around it; per strategy the stream's time per image. Policy auto keeps
-    what it learned before and along the stream; the host metadata a runner caches is dropped before each call, so
-    no strategy gains from another's call on the same runner."""
-    dev = enc.device
+    call timed with the device synchronized around it; per strategy the stream's time per image. Every output is
+    checked against the eager one of its batch, as `measure_mix` checks: a strategy wrong on any batch, or in
+    ``skip`` (wrong in the cell's own check), gets no time. Policy auto keeps what it learned before and along the
+    stream; the host metadata a runner caches is dropped before each call, so no strategy gains from another's call
+    on the same runner."""
+    dev, dt = enc.device, enc.dtype
     calls = {"eager": lambda k: enc.encode(batches[k], path="eager")}
     if hf is not None:      # its input normalized on the host beforehand, as measure_mix times it
         hf_in = [(_pinned(PatchBatch(normalize_rows(b.pixels, cfg), b.grid_thw), dev).pixels, b.grid_thw.to(dev))
@@ -267,19 +270,30 @@ def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners
         calls["transformers"] = lambda k: hf_embeddings(hf, hf_in[k][0].to(dev, non_blocking=True), hf_in[k][1])
     for name, (runner, policy) in runners.items():
         calls[name] = (lambda k, r=runner, pol=policy: r.encode(batches[k], policy=pol))
-    seconds = dict.fromkeys(calls, 0.0)
+    calls = {name: call for name, call in calls.items() if name == "eager" or name not in skip}
+    seconds, right = dict.fromkeys(calls, 0.0), dict.fromkeys(calls, True)
     with torch.inference_mode():
         for k in range(len(batches)):
-            for name, call in calls.items():
+            ref = None
+            for name, call in calls.items():        # eager first: the batch's reference
                 if name in runners:
                     runners[name][0]._host_meta.clear()
                 _sync(dev)
                 t0 = time.perf_counter()
-                call(k)
+                out = call(k)
                 _sync(dev)
                 seconds[name] += time.perf_counter() - t0
+                if ref is None:
+                    ref = out
+                elif name == "transformers":
+                    c = cos_min(ref, out)
+                    right[name] &= bool(np.isfinite(c) and c >= COS_MIN.get(dt, 0.99))
+                else:
+                    right[name] &= judge_graph(out, ref, dt)[2]
+                del out
     images = sum(b.n_items for b in batches)
-    return {name: dict(fresh_image_ms=s * 1e3 / images, fresh_batches=len(batches)) for name, s in seconds.items()}
+    return {name: dict(fresh_image_ms=s * 1e3 / images, fresh_batches=len(batches)) for name, s in seconds.items()
+            if right[name] and (name == "eager" or name not in skip)}
 
 
 def _mix_runners(enc, cfg: VisionConfig, mix: str, engine) -> dict:
@@ -366,7 +380,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     if p["fresh"]:       # the same mix and item count, drawn anew: shapes no call has seen
                         fresh = [_pinned(preprocess(image_mix(mix, n, seed=p["seed"] + 1 + k, resized=True, cfg=cfg),
                                                     cfg), dev) for k in range(p["fresh"])]
-                        for path, m in measure_fresh(enc, hf, cfg, fresh, runners).items():
+                        wrong = {path for path, m in res.items() if not m.get("ok", True)}
+                        for path, m in measure_fresh(enc, hf, cfg, fresh, runners, skip=wrong).items():
                             res.setdefault(path, {}).update(m)
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
                                   depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], device=label,
