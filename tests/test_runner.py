@@ -279,13 +279,16 @@ def test_auto_races_its_plans_on_real_calls_one_plan_a_call_and_keeps_the_fastes
 def test_a_signature_carries_over_to_batches_of_other_exact_shapes():
     from workbench.runner_policy import Race, signature
 
-    class B:            # item_rows only: what a signature reads
-        def __init__(self, rows):
+    class B:            # what a signature reads: the items' rows and their frames
+        def __init__(self, rows, frames=None):
             self.item_rows = rows
-    # 1232 and 1300 tokens fall in one quarter octave, 1232 and 1600 do not; 1 item and 2 items differ
+            self.grid_thw = torch.tensor([[f, 2, 2] for f in frames or [1] * len(rows)])
+    # 1232 and 1300 tokens fall in one quarter octave, 1232 and 1600 do not; 1 sequence and 2 differ
     assert signature(B([1232 * 4]), [(2048, [0])], 4) == signature(B([1300 * 4]), [(2048, [0])], 4)
     assert signature(B([1232 * 4]), [(2048, [0])], 4) != signature(B([1600 * 4]), [(2048, [0])], 4)
     assert signature(B([1232 * 4]), [(2048, [0])], 4) != signature(B([616 * 4, 616 * 4]), [(2048, [0, 1])], 4)
+    # a 4-frame clip is four sequences: not keyed like one image of its tokens
+    assert signature(B([1232 * 4], [4]), [(2048, [0])], 4) != signature(B([1232 * 4]), [(2048, [0])], 4)
     # a prediction that is one of the plain plans is not raced twice
     assert Race.of(frozenset(), 2).names == ("replay", "eager")
     assert Race.of(frozenset({0, 1}), 2).names == ("eager", "replay")

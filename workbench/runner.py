@@ -27,7 +27,7 @@ runner measures costs at construction (`PackCosts`: a pack of 1232 tokens padded
 2048-token graph does ~1.7x the work of the pack, and the replay can lose to eager) and predicts
 from them which packs run eagerly. On CUDA it also races the candidate plans (the prediction,
 every pack replayed, every pack eager) on real calls, one plan per call, keyed by a `signature`
-(per pack: budget, tokens to a quarter octave, items to an octave) that carries over to batches
+(per pack: budget, tokens to a quarter octave, sequences to an octave) that carries over to batches
 it has not seen, and keeps the fastest once each has run a few times (`runner_policy.race_call`;
 ``calibrate = False`` decides from the prediction alone). No call runs more than one plan, so a
 new batch shape costs what its plan costs. The decision of every pack is recorded in `stats`. On the

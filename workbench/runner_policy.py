@@ -108,11 +108,12 @@ CHOICE_CACHE = 256
 
 def signature(batch: PatchBatch, packs, merge_unit: int) -> tuple:
     """What policy 'auto' keys what it learns by, so that it carries over to batches it has not seen: per pack its
-    budget, its merged tokens to a quarter octave and its items to an octave. A pack's replay time is its budget's,
-    and its eager time moves little within a quarter octave of tokens; the exact grids rarely repeat in serving."""
-    rows = batch.item_rows
-    return tuple((budget, round(4 * math.log2(max(1, sum(rows[i] for i in idx) // merge_unit))), len(idx).bit_length())
-                 for budget, idx in packs)
+    budget, its merged tokens to a quarter octave and its attention sequences (images, video frames) to an octave.
+    A pack's replay time is its budget's, and its eager time moves little within a quarter octave of tokens and an
+    octave of sequences; the exact grids rarely repeat in serving."""
+    rows, frames = batch.item_rows, batch.grid_thw[:, 0].tolist()
+    return tuple((budget, round(4 * math.log2(max(1, sum(rows[i] for i in idx) // merge_unit))),
+                  int(sum(frames[i] for i in idx)).bit_length()) for budget, idx in packs)
 
 
 @dataclass
