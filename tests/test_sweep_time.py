@@ -32,6 +32,15 @@ def test_the_prediction_comes_from_the_newest_timed_run(tmp_path, capsys):
     assert "sweep: predicted cast_cost 600 s" in out and "about 10.0 min" in out and "a guess" not in out
 
 
+
+def test_a_prediction_from_a_run_of_other_settings_says_which(tmp_path, capsys):
+    study, params, plan = _plan(tmp_path)
+    _timed_run(tmp_path, "cast_cost", 600.0, {**params["cast_cost"], "reps": 3, "seed": 7})
+    plan_time(plan)
+    out = capsys.readouterr().out
+    assert "cast_cost 600 s" in out and f"from a run with other settings: reps 3 (here {params['cast_cost']['reps']})" in out
+    assert "seed 7 (here 0)" in out and "a guess" not in out
+
 def test_over_the_limit_is_refused_and_fit_trims_the_repetitions(tmp_path, capsys):
     study, params, plan = _plan(tmp_path, max_minutes=5)
     _timed_run(tmp_path, "cast_cost", 600.0, params["cast_cost"])

@@ -142,15 +142,31 @@ REPS_PARAMS = ("reps", "warmup", "min_reps")     # what --fit trims, each down t
 
 
 def predict(studies: list, params: Mapping[str, dict], results: Path,
-            profile: str) -> dict[str, tuple[float, int, bool]]:
-    """{study: (predicted seconds, cells, whether a run timed it)}: the newest timed run of the profile here or
-    under reference/, scaled to these cells by tower FLOPs (`study_cells`); untimed: UNTIMED_STUDY_S."""
+            profile: str) -> dict[str, tuple[float, int, str]]:
+    """{study: (predicted seconds, cells, how)}: the newest timed run of the profile here or under reference/,
+    scaled to these cells by tower FLOPs (`study_cells`); untimed: the study's guess or UNTIMED_STUDY_S. ``how``
+    is "" for a run of these settings, else what the number rests on (a guess; a run of other settings)."""
     recorded = recorded_seconds([Path(results), Path(results) / "reference"], profile)
     out = {}
     for s in studies:
         cells = study_cells(s, params[s.name], recorded.get(s.name) or guessed_seconds(s, profile))
-        out[s.name] = (sum(c.seconds for c in cells), len(cells), s.name in recorded)
+        how = _other_settings(s, recorded[s.name][1], params[s.name]) if s.name in recorded else "untimed: a guess"
+        out[s.name] = (sum(c.seconds for c in cells), len(cells), how)
     return out
+
+
+def _other_settings(study, then: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """Where the timed run's settings differ from the plan's (the cell parameter aside, which the FLOPs scale):
+    "from a run with other settings: reps 3 (here 10), ..." for the first three, or ""."""
+    def show(v) -> str:
+        text = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+        return text if len(text) <= 24 else text[:21] + "..."
+    diff = [k for k in now if k != study.cells and k in then and then[k] != now[k]]
+    if not diff:
+        return ""
+    more = f", {len(diff) - 3} more" if len(diff) > 3 else ""
+    return ("from a run with other settings: " + ", ".join(f"{k} {show(then[k])} (here {show(now[k])})"
+                                                        for k in diff[:3]) + more)
 
 
 def guessed_seconds(study, profile: str) -> tuple[float, dict] | None:
@@ -184,9 +200,8 @@ def plan_time(plan: SweepPlan) -> dict:
     studies, params, workers = list(plan.studies), dict(plan.params), plan.processes
     est = predict(studies, params, plan.results, plan.profile)
     total = wall_seconds({n: t for n, (t, _, _) in est.items()}, workers)
-    print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}"
-                                          + ("" if timed else ", untimed: a guess") + ")"
-                                          for n, (t, k, timed) in est.items())
+    print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}" + (f", {how}" if how else "") + ")"
+                                          for n, (t, k, how) in est.items())
           + f"; about {total / 60:.1f} min" + (f" on {len(plan.gpus)} GPUs" if plan.gpus else "")
           + (f" in {workers} workers" if workers > 1 else ""))
     if plan.max_minutes is None or total <= plan.max_minutes * 60:
