@@ -379,8 +379,8 @@ class EncoderGraphRunner:
 
     def settled(self, batch: PatchBatch) -> bool:
         """Whether a call of ``batch`` runs a plan already chosen: policy 'always', a prediction alone (not CUDA),
-        or on CUDA the race of the batch's `signature` decided (until then each call times one candidate)."""
-        batch = self.encoder.graph_input(batch)
+        or on CUDA the race of the batch's `signature` decided (until then each call times one candidate). The
+        plan reads the grids only: the batch is not preprocessed for the question."""
         packs, _ = self.plan(batch)
         if self.costs is None or not packs or not self.calibrate:
             return True
