@@ -132,7 +132,7 @@ class Race:
     @classmethod
     def of(cls, predicted: frozenset, n_packs: int) -> "Race":
         """The race for a signature whose first batch the costs predict ``predicted`` for (``n_packs`` packs)."""
-        plain = {"replay": frozenset(), "eager": frozenset(range(n_packs))}
+        plain = cls.plain(n_packs)
         first = next((n for n, plan in plain.items() if plan == predicted), "predicted")
         names = (first, *(n for n in plain if n != first))
         return cls(names, {n: [] for n in names})
@@ -147,9 +147,14 @@ class Race:
             self.chosen = min(self.names, key=lambda n: min(self.seconds[n]))
 
     @staticmethod
-    def plan(name: str, predicted: frozenset, n_packs: int) -> frozenset:
+    def plain(n_packs: int) -> dict[str, frozenset]:
+        """The candidates that are not the prediction: the packs (positions) each runs eagerly."""
+        return {"replay": frozenset(), "eager": frozenset(range(n_packs))}
+
+    @classmethod
+    def plan(cls, name: str, predicted: frozenset, n_packs: int) -> frozenset:
         """The packs (positions) candidate ``name`` runs eagerly in a batch of ``n_packs`` packs."""
-        return {"replay": frozenset(), "eager": frozenset(range(n_packs))}.get(name, predicted)
+        return cls.plain(n_packs).get(name, predicted)
 
 
 def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_value, phase) -> torch.Tensor:

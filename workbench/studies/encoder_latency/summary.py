@@ -309,6 +309,12 @@ def mix_table(table: pd.DataFrame) -> pd.DataFrame:
 LOG_SPREAD = 20.0
 
 
+def _per_cell(d: pd.DataFrame, cells: pd.DataFrame, path: str, column: str) -> list[float]:
+    """``column`` of ``path`` in each (mix, images) cell of ``d``, in the order of ``cells``; nan where missing."""
+    got = [d[(d.mix == c.mix) & (d.images == c.images) & (d.path == path)][column] for c in cells.itertuples()]
+    return [float(v.iloc[0]) if len(v) else np.nan for v in got]
+
+
 def plot_mixes(g: pd.DataFrame):
     """Per preset, per-image p50 (ms) of every strategy on each realistic batch (mix x items);
     None when the run has no realistic-batch cells."""
@@ -332,16 +338,11 @@ def plot_mixes(g: pd.DataFrame):
         for k, path in enumerate(paths):
             color, name = MIX_STYLE[path]
             name = f"{name} (emulated)" if cpu and path.startswith("graph") else name
-            vals = [d[(d.mix == c.mix) & (d.images == c.images) & (d.path == path)].image_p50_ms
-                    for c in cells.itertuples()]
-            vals = [float(v.iloc[0]) if len(v) else np.nan for v in vals]
-            ax.barh(np.arange(len(cells)) + k * h, vals, height=h, color=color, label=name)
+            ax.barh(np.arange(len(cells)) + k * h, _per_cell(d, cells, path, "image_p50_ms"), height=h, color=color,
+                    label=name)
             if fresh:        # the same strategy on batches of shapes no call had seen: a black tick on its bar
-                new = [d[(d.mix == c.mix) & (d.images == c.images) & (d.path == path)].fresh_image_ms
-                       for c in cells.itertuples()]
-                new = [float(v.iloc[0]) if len(v) else np.nan for v in new]
-                ax.plot(new, np.arange(len(cells)) + k * h, "|", color="black", markersize=7, mew=1.5,
-                        label="new shapes, per image" if k == 0 else None)
+                ax.plot(_per_cell(d, cells, path, "fresh_image_ms"), np.arange(len(cells)) + k * h, "|",
+                        color="black", markersize=7, mew=1.5, label="new shapes, per image" if k == 0 else None)
         ax.set_yticks(np.arange(len(cells)) + h * (len(paths) - 1) / 2,
                       [f"{c.mix} x{int(c.images)}" for c in cells.itertuples()], fontsize=8)
         ax.invert_yaxis()
