@@ -109,6 +109,11 @@ def _release(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _agrees(cos: float, dt: torch.dtype) -> bool:
+    """Whether ours and transformers' outputs agree: a finite row-wise cosine at least the dtype's COS_MIN."""
+    return bool(np.isfinite(cos) and cos >= COS_MIN.get(dt, 0.99))
+
+
 def _pinned(batch: PatchBatch, dev: torch.device) -> PatchBatch:
     """``batch`` in pinned host memory on CUDA, as engines batch multimodal inputs; as it is elsewhere."""
     return PatchBatch(batch.pixels.pin_memory(), batch.grid_thw) if dev.type == "cuda" else batch
@@ -165,7 +170,7 @@ def measure_cell(enc, hf, cfg: VisionConfig, batch: PatchBatch, tokens: int, ima
     eager_ok = True
     if hf_out is not None:
         c = cos_min(ref_out, hf_out)
-        eager_ok = bool(np.isfinite(c) and c >= COS_MIN.get(dt, 0.99))
+        eager_ok = _agrees(c, dt)
         out["transformers"] = dict(rel_err=rel_err(ref_out, hf_out), cos_min=c, ok=eager_ok)
         out["eager"]["ok"] = eager_ok
     graph_ok = graph_ok and eager_ok
@@ -243,7 +248,7 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
             elif name == "transformers":
                 hf_out = call()
                 c = cos_min(ref, hf_out)
-                m.update(cos_min=c, rel_err=rel_err(ref, hf_out), ok=bool(np.isfinite(c) and c >= COS_MIN.get(dt, 0.99)))
+                m.update(cos_min=c, rel_err=rel_err(ref, hf_out), ok=_agrees(c, dt))
                 del hf_out
             else:
                 m["ok"] = True
@@ -286,14 +291,13 @@ def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners
                 if ref is None:
                     ref = out
                 elif name == "transformers":
-                    c = cos_min(ref, out)
-                    right[name] &= bool(np.isfinite(c) and c >= COS_MIN.get(dt, 0.99))
+                    right[name] &= _agrees(cos_min(ref, out), dt)
                 else:
                     right[name] &= judge_graph(out, ref, dt)[2]
                 del out
     images = sum(b.n_items for b in batches)
     return {name: dict(fresh_image_ms=s * 1e3 / images, fresh_batches=len(batches)) for name, s in seconds.items()
-            if right[name] and (name == "eager" or name not in skip)}
+            if right[name]}
 
 
 def _mix_runners(enc, cfg: VisionConfig, mix: str, engine) -> dict:

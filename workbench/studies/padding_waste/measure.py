@@ -23,59 +23,6 @@ from ..plotting import progress as show_progress
 from ..tables import tidy
 from .params import BUDGET_SETS, METRICS, NORM_FILLS, PARAMS
 
-def _runner_cell(enc, cfg, backend: str, batch: PatchBatch, ref, rb: list[int], m: int, p: dict, dt,
-                 norm_times) -> dict:
-    """One runner over budgets ``rb`` holding ``m`` items on the mix's drawn ``batch``: its row's measurements
-    (padding through the real runner, the norm's time and the tower's FLOPs on it, time, pool, error against
-    ``ref``, the eager output)."""
-    from ...reference import rel_err
-
-    with torch.inference_mode():
-        # the table's runner has compiled every kernel and warmed the capture stream
-        runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m, policy="always",
-                                    warmup=1, exact_capture="first_use")
-        pool = _pool_bytes(runner)
-        runner.prepare(batch)            # host metadata and exact-fit graphs: the next call is warm
-        pool_used = _pool_bytes(runner)
-        outs = []
-
-        def call(r=runner, b=batch):
-            r.reset_stats()
-            outs.clear()                 # one output alive at a time
-            outs.append(r.encode(b))
-        # the timed calls are the checked ones (the last one's output and stats)
-        timing = _wall_ms(call, max(1, p["reps"] // 3), warmup=0)
-        out, stats = outs[-1], runner.stats_frame()
-        del outs
-    replays = stats[~stats.miss]
-    budget_rows = (replays.valid_rows + replays.padded_rows)
-    padded_frac = float(replays.padded_rows.sum() / budget_rows.sum()) if len(replays) else float("nan")
-    per = (replays.padded_rows / budget_rows) if len(replays) else pd.Series([np.nan])
-    norm_all = norm_valid = mm_pad = att_pad = total = 0.0
-    for r in replays.itertuples():
-        a, v = norm_times(int(r.budget), int(r.valid_rows))
-        norm_all, norm_valid = norm_all + a, norm_valid + v
-        brows = int(r.budget) * cfg.merge_unit
-        full = tower_flops(cfg, [brows])
-        mm_pad += full["matmul"] - tower_flops(cfg, [int(r.valid_rows)])["matmul"]
-        att_pad += attention_padding_flops(cfg, backend, brows, [int(r.valid_rows)])
-        total += full["total"]
-    row = dict(case="runner", max_items=m, budgets=",".join(map(str, rb)),
-               padded_frac=padded_frac, padded_frac_replay_mean=float(per.mean()),
-               padded_frac_replay_max=float(per.max()), replays_per_image=len(replays) / batch.n_items,
-               misses=int(stats.miss.sum()), items=batch.n_items, encode_ms_per_image=timing["p50"] / batch.n_items,
-               norm_us_all=norm_all, norm_us_valid=norm_valid, norm_us_padding=norm_all - norm_valid,
-               matmul_flops_padding=mm_pad, attention_flops_padding=att_pad,
-               flops_padding_frac=(mm_pad + att_pad) / total if total else float("nan"),
-               pool_bytes=pool, pool_used_bytes=pool_used,
-               pool_model_bytes=graph_pool_bytes(cfg, rb, dtype=dt, max_items=m, norm=p["norm"],
-                                                 buffer_dtype=torch.uint8),
-               rel_err_vs_eager=rel_err(out.float(), ref))
-    del runner, out
-    if enc.device.type == "cuda":
-        torch.cuda.empty_cache()
-    return row
-
 
 # ---- budget sets -------------------------------------------------------------------------------
 
@@ -197,6 +144,60 @@ def size_rows(common: dict, mix: str, cfg) -> list[dict]:
     return [dict(common, case="sizes", frames=e["frames"], height=e["height"], width=e["width"], tokens=e["tokens"],
                  share=e["weight"] / total, **({"folder": folder, "images": e["weight"]} if folder else {}))
             for e in entries]
+
+
+def _runner_cell(enc, cfg, backend: str, batch: PatchBatch, ref, rb: list[int], m: int, p: dict, dt,
+                 norm_times) -> dict:
+    """One runner over budgets ``rb`` holding ``m`` items on the mix's drawn ``batch``: its row's measurements
+    (padding through the real runner, the norm's time and the tower's FLOPs on it, time, pool, error against
+    ``ref``, the eager output)."""
+    from ...reference import rel_err
+
+    with torch.inference_mode():
+        # the table's runner has compiled every kernel and warmed the capture stream
+        runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m, policy="always",
+                                    warmup=1, exact_capture="first_use")
+        pool = _pool_bytes(runner)
+        runner.prepare(batch)            # host metadata and exact-fit graphs: the next call is warm
+        pool_used = _pool_bytes(runner)
+        outs = []
+
+        def call(r=runner, b=batch):
+            r.reset_stats()
+            outs.clear()                 # one output alive at a time
+            outs.append(r.encode(b))
+        # the timed calls are the checked ones (the last one's output and stats)
+        timing = _wall_ms(call, max(1, p["reps"] // 3), warmup=0)
+        out, stats = outs[-1], runner.stats_frame()
+        del outs
+    replays = stats[~stats.miss]
+    budget_rows = (replays.valid_rows + replays.padded_rows)
+    padded_frac = float(replays.padded_rows.sum() / budget_rows.sum()) if len(replays) else float("nan")
+    per = (replays.padded_rows / budget_rows) if len(replays) else pd.Series([np.nan])
+    norm_all = norm_valid = mm_pad = att_pad = total = 0.0
+    for r in replays.itertuples():
+        a, v = norm_times(int(r.budget), int(r.valid_rows))
+        norm_all, norm_valid = norm_all + a, norm_valid + v
+        brows = int(r.budget) * cfg.merge_unit
+        full = tower_flops(cfg, [brows])
+        mm_pad += full["matmul"] - tower_flops(cfg, [int(r.valid_rows)])["matmul"]
+        att_pad += attention_padding_flops(cfg, backend, brows, [int(r.valid_rows)])
+        total += full["total"]
+    row = dict(case="runner", max_items=m, budgets=",".join(map(str, rb)),
+               padded_frac=padded_frac, padded_frac_replay_mean=float(per.mean()),
+               padded_frac_replay_max=float(per.max()), replays_per_image=len(replays) / batch.n_items,
+               misses=int(stats.miss.sum()), items=batch.n_items, encode_ms_per_image=timing["p50"] / batch.n_items,
+               norm_us_all=norm_all, norm_us_valid=norm_valid, norm_us_padding=norm_all - norm_valid,
+               matmul_flops_padding=mm_pad, attention_flops_padding=att_pad,
+               flops_padding_frac=(mm_pad + att_pad) / total if total else float("nan"),
+               pool_bytes=pool, pool_used_bytes=pool_used,
+               pool_model_bytes=graph_pool_bytes(cfg, rb, dtype=dt, max_items=m, norm=p["norm"],
+                                                 buffer_dtype=torch.uint8),
+               rel_err_vs_eager=rel_err(out.float(), ref))
+    del runner, out
+    if enc.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
 
 
 def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
