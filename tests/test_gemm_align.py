@@ -151,6 +151,26 @@ def test_an_assigning_load_into_a_meta_built_padded_tower_repacks(photos, seed):
         assert rel_err(lazy(batch.pixels, batch.grid_thw), plain(batch.pixels, batch.grid_thw)) < 1e-5
 
 
+def test_a_conversion_that_changes_nothing_keeps_the_packed_buffers_and_a_real_one_repacks(seed):
+    """A captured graph reads the packed buffers: a .to() of the tower's own device and dtype leaves them (and a
+    load after it still reaches them); a cast replaces them, padding zero and values the cast ones."""
+    tower = build_tower(UNALIGNED["glm4v"], gemm_align=64).eval()
+    before = {n: (m.gate_up_weight, m.down_weight) for n, m in gated_mlps(tower).items()}
+    tower.to(torch.float32).to("cpu").float()
+    for n, m in gated_mlps(tower).items():
+        assert m.gate_up_weight is before[n][0] and m.down_weight is before[n][1], n
+    gen = torch.Generator().manual_seed(seed)
+    new = {k: torch.randn(v.shape, generator=gen) for k, v in tower.state_dict().items()}
+    tower.load_state_dict(new)
+    for n, m in gated_mlps(tower).items():
+        assert torch.equal(before[n][1][:, :m.gate_proj.out_features], new[f"{n}.down_proj.weight"]), n
+    tower.to(torch.float64)
+    assert_padded_with_zeros(tower, 64)
+    for n, m in gated_mlps(tower).items():
+        assert m.down_weight.dtype == torch.float64
+        assert torch.equal(m.down_weight[:, :m.gate_proj.out_features], new[f"{n}.down_proj.weight"].double()), n
+
+
 # checkpoint layouts of tests/test_checkpoints.py with unaligned SwiGLU widths
 def _qwen2_5_vl_unaligned():
     from test_checkpoints import _qwen2_5_vl

@@ -23,6 +23,7 @@ the way engines wire them, so that their failures come from the wiring alone:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Callable
@@ -40,7 +41,7 @@ from .norms import InputNorm, make_norm
 from .triton_support import interpreting
 from .preprocess import PatchBatch
 from .towers import build_tower
-from .towers.common import check_fused
+from .towers.common import check_fused, skipped_default_init
 from .towers.layers import GEMM_ALIGN
 from .vocabulary import PATHS, PLACEMENT_TABLE, PLACEMENTS, STUDY_PLACEMENTS, Placement  # noqa: F401
 from .vocabulary import check_placement
@@ -306,8 +307,10 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     if norm.startswith("triton") and dev.type == "cpu" and not interpreting():
         raise ValueError(f"norm {norm!r} is a Triton kernel; on CPU it runs only under TRITON_INTERPRET=1 "
                          f"(set before the first Triton call); CPU-native choices: 'eager', 'identity'")
-    enc = VisionEncoder(cfg, spec, norm_module, dtype, dev,
-                        attn_backend=attn_backend, check_inputs=check_inputs, fused=fused, gemm_align=gemm_align)
+    # every parameter is written below (drawn or loaded): torch's default initialization would be drawn for nothing
+    with skipped_default_init() if weights is not None or seed is not None else contextlib.nullcontext():
+        enc = VisionEncoder(cfg, spec, norm_module, dtype, dev,
+                            attn_backend=attn_backend, check_inputs=check_inputs, fused=fused, gemm_align=gemm_align)
     enc.visual.resolve_kernels()     # an attention backend or fused choice this device cannot run fails here
     if weights is not None:
         from .checkpoints import load_vision_weights

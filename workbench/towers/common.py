@@ -12,6 +12,7 @@ state dict loads unchanged.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -86,10 +87,58 @@ def init_checkpoint_like(module: nn.Module, seed: int, std: float = 0.02, on_dev
             else:
                 p.normal_(0.0, std, generator=gen)
         return
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in params:
-        r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-        p.copy_(1.0 + 0.1 * r if name.endswith(_UNIT_WEIGHTS) else std * r)
+    for (name, p), value in zip(params, host_draws([(n, tuple(p.shape)) for n, p in params], seed, std)):
+        p.copy_(value)
+
+
+@contextlib.contextmanager
+def skipped_default_init():
+    """Module constructors inside skip torch's default initialization (``torch.nn.init``'s in-place initializers do
+    nothing), for a tower whose every parameter is written next (`init_checkpoint_like`, a checkpoint's load): that
+    initialization draws each parameter one by one on the host, as long as the draw that replaces it. Buffers and
+    tensors made otherwise (``torch.zeros``, a norm's constants) are unaffected. Not thread-safe: it swaps module
+    attributes of ``torch.nn.init`` while it lasts."""
+    init = torch.nn.init
+    saved = {n: getattr(init, n) for n in dir(init) if n.endswith("_") and not n.startswith("_")
+             and callable(getattr(init, n))}
+    for n in saved:
+        setattr(init, n, _leave)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(init, n, f)
+
+
+def _leave(tensor, *args, **kwargs):
+    return tensor
+
+
+# the host draws of the latest towers (`host_draws`): a sweep builds one tower again and again (a cell per
+# placement, norm, budget or buffer), and drawing it costs more than building it; bounded in entries and bytes
+DRAW_CACHE_ENTRIES = 2
+DRAW_CACHE_BYTES = 4 << 30
+_DRAWS: dict = {}
+
+
+def host_draws(shapes: list[tuple[str, tuple[int, ...]]], seed: int, std: float = 0.02) -> list[torch.Tensor]:
+    """The fp32 values `init_checkpoint_like` copies into the parameters ``shapes`` ((name, shape), in order):
+    drawn once per (shapes, seed, std) and kept while they are among the `DRAW_CACHE_ENTRIES` latest and within
+    `DRAW_CACHE_BYTES` in all, so that the next tower of the same parameters copies them instead of drawing
+    again (the same values: a copy into any dtype rounds them as before). Read-only: never written in place."""
+    key = (seed, std, tuple(shapes))
+    hit = _DRAWS.pop(key, None)
+    if hit is None:
+        gen = torch.Generator().manual_seed(seed)
+        hit = []
+        for name, shape in shapes:
+            r = torch.randn(shape, generator=gen, dtype=torch.float32)
+            hit.append(1.0 + 0.1 * r if name.endswith(_UNIT_WEIGHTS) else std * r)
+    if sum(t.numel() * 4 for t in hit) <= DRAW_CACHE_BYTES:
+        _DRAWS[key] = hit
+    while len(_DRAWS) > DRAW_CACHE_ENTRIES or sum(t.numel() * 4 for v in _DRAWS.values() for t in v) > DRAW_CACHE_BYTES:
+        _DRAWS.pop(next(iter(_DRAWS)))
+    return hit
 
 
 class VisionTower(nn.Module):

@@ -60,8 +60,8 @@ class GatedMLP(nn.Module):
     forwards multiply with the padded buffers: a padded hidden unit is silu(0) * 0 = 0 and meets
     a zero column of down_proj, so the output is the unpadded one (up to the matmuls' rounding).
     Inference only: the matmuls read the buffers, so autograd does not reach the parameters.
-    Redone after every `_apply` (.to, .cuda, dtype casts), which replaces the parameters with
-    fresh tensors, and after a load that replaced them (``assign=True``).
+    Redone after an `_apply` (.to, .cuda, dtype casts) that replaced the parameters with fresh
+    tensors (not after one that changed nothing), and after a load that replaced them (``assign=True``).
 
     The FLOP, byte and parameter models (`Family.row_macs` / `n_params`, `workbench.floors`) count
     the real hidden width: a floor is the work the checkpoint asks for, and the padding is work
@@ -104,19 +104,24 @@ class GatedMLP(nn.Module):
             pairs += [(self.gate_proj.bias, self.gate_up_bias), (self.up_proj.bias, self.gate_up_bias)]
         return pairs
 
+    def _replaced(self) -> bool:
+        """Whether a parameter is no longer a view of its packed buffer."""
+        return any(p.device != buf.device or p.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+                   for p, buf in self._views())
+
     @staticmethod
     def _repack_if_replaced(module: "GatedMLP", incompatible_keys) -> None:
         # a plain load copies into the views; an assigning one (assign=True: a tower built on the
         # meta device, then given real tensors) replaces the parameters, and the padded buffers
         # would keep the old values. Repacked only then: a repack allocates new buffers, which a
         # captured graph would not see.
-        if any(p.device != buf.device or p.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
-               for p, buf in module._views()):
+        if module._replaced():
             module._pack()
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
-        self._pack()
+        if self._replaced():          # a conversion that changed nothing (.to of the same device and dtype) keeps them
+            self._pack()
         return out
 
     @property

@@ -1,0 +1,53 @@
+"""Host time of the tower builds a study makes for one preset, at the GPU profile's defaults, built on the CPU
+(where construction and the seeded draws happen on every device): correctness (the float64 reference, one encoder
+per placement and norm, the NaN-hazard and kernel-choice encoders) and fp32_memory (a plain tower per budget and a
+tower per budget, buffer and norm). ``python tools/build_cost.py PRESET...``; compare two commits by running it on
+each. A model of what the builds cost a GPU sweep, not a GPU measurement."""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from workbench.checkpoints import resolve_config
+from workbench.encoder import build_encoder
+from workbench.vocabulary import NORM_FREE_PLACEMENTS, NORM_NAMES, STUDY_PLACEMENTS
+
+
+def correctness_builds(preset: str):
+    cfg = resolve_config(preset, 4)
+    yield cfg, "processor", "eager", torch.float64
+    for placement in STUDY_PLACEMENTS:
+        for norm in (["eager"] if placement in NORM_FREE_PLACEMENTS else NORM_NAMES):
+            yield cfg, placement, norm, torch.bfloat16
+    for placement, norms in (("tower", NORM_NAMES), ("fold", ["eager"]), ("device", NORM_NAMES)):
+        for norm in norms:
+            yield cfg, placement, norm, torch.bfloat16
+    yield cfg, "tower", "eager", torch.bfloat16
+
+
+def fp32_memory_builds(preset: str):
+    cfg = resolve_config(preset, 2)
+    for _budget in range(3):
+        yield cfg, "none", "eager", torch.bfloat16
+        for _buffer in range(2):
+            for norm in NORM_NAMES:
+                yield cfg, "tower", norm, torch.bfloat16
+
+
+def main(presets: list[str]) -> None:
+    torch.set_num_threads(2)
+    for preset in presets:
+        for study, builds in (("correctness", correctness_builds), ("fp32_memory", fp32_memory_builds)):
+            t0, n = time.perf_counter(), 0
+            for cfg, placement, norm, dtype in builds(preset):
+                norm = "eager" if norm.startswith("triton") else norm    # the norm's kernel is not what is timed
+                build_encoder(cfg, placement=placement, norm=norm, dtype=dtype, device="cpu", seed=0,
+                              check_inputs=False)
+                n += 1
+            print(f"{preset:24s} {study:12s} {n:3d} builds {time.perf_counter() - t0:7.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["qwen3-vl-8b", "glm-4.1v-9b"])
