@@ -100,3 +100,71 @@ def test_skipped_default_init_gives_torch_init_back_even_after_an_error():
     t = torch.full((3,), 7.0)
     torch.nn.init.zeros_(t)
     assert torch.equal(t, torch.zeros(3))
+
+
+class Reads:
+    """Counts the tensors read from safetensors files (`safe_open(...).get_tensor`)."""
+
+    def __init__(self, monkeypatch):
+        import safetensors
+        self.keys: list[str] = []
+        real, reads = safetensors.safe_open, self
+
+        class Recording:
+            def __init__(self, *a, **kw):
+                self.f = real(*a, **kw)
+
+            def __enter__(self):
+                self.inner = self.f.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return self.f.__exit__(*exc)
+
+            def get_tensor(self, k):
+                reads.keys.append(k)
+                return self.inner.get_tensor(k)
+
+        monkeypatch.setattr(safetensors, "safe_open", Recording)
+
+
+@pytest.fixture
+def fresh_loads():
+    from workbench import checkpoints
+    checkpoints._LOADED.clear()
+    yield checkpoints
+    checkpoints._LOADED.clear()
+
+
+def test_a_folder_is_read_once_for_many_towers_and_again_when_it_changes(tmp_path, monkeypatch, fresh_loads, seed):
+    from test_checkpoints import save_model
+    folder = tmp_path / "m"
+    save_model("qwen2.5-vl", folder, seed)
+    reads = Reads(monkeypatch)
+    first = wb.build_encoder(folder, placement="tower", norm="eager", dtype=torch.float32, device="cpu")
+    n = len(reads.keys)
+    assert n > 0
+    again = wb.build_encoder(folder, placement="fold", norm="eager", dtype=torch.float64, device="cpu")
+    assert len(reads.keys) == n
+    for (name, p), q in zip(first.visual.named_parameters(), again.visual.parameters()):
+        assert torch.equal(p.double(), q), name
+    with torch.no_grad():             # an in-place change to one tower reaches no later one
+        for p in first.visual.parameters():
+            p.mul_(2.0)
+    third = wb.build_encoder(folder, placement="tower", norm="eager", dtype=torch.float64, device="cpu")
+    assert all(torch.equal(p, q) for p, q in zip(third.visual.parameters(), again.visual.parameters()))
+    save_model("qwen2.5-vl", folder, seed + 1)          # other weights, the same names and shapes
+    changed = wb.build_encoder(folder, placement="tower", norm="eager", dtype=torch.float64, device="cpu")
+    assert len(reads.keys) == 2 * n
+    assert not torch.equal(dict(changed.visual.named_parameters())["blocks.0.attn.qkv.weight"],
+                           dict(third.visual.named_parameters())["blocks.0.attn.qkv.weight"])
+
+
+def test_loaded_tensors_kept_are_bounded(tmp_path, monkeypatch, fresh_loads, seed):
+    from test_checkpoints import save_model
+    save_model("qwen2.5-vl", tmp_path / "m", seed)
+    monkeypatch.setattr(fresh_loads, "LOAD_CACHE_BYTES", 1024)
+    reads = Reads(monkeypatch)
+    for _ in range(2):
+        wb.build_encoder(tmp_path / "m", norm="eager", device="cpu")
+    assert len(fresh_loads._LOADED) == 0 and len(set(reads.keys)) * 2 == len(reads.keys)

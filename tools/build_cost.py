@@ -1,7 +1,7 @@
 """Host time of the tower builds a study makes for one preset, at the GPU profile's defaults, built on the CPU
 (where construction and the seeded draws happen on every device): correctness (the float64 reference, one encoder
-per placement and norm, the NaN-hazard and kernel-choice encoders) and fp32_memory (a plain tower per budget and a
-tower per budget, buffer and norm). ``python tools/build_cost.py PRESET...``; compare two commits by running it on
+per placement and norm, the NaN-hazard and kernel-choice encoders), fp32_memory (a plain tower per budget and a
+tower per budget, buffer and norm) and input_path (the full tower per placement). ``python tools/build_cost.py PRESET...``; compare two commits by running it on
 each. A model of what the builds cost a GPU sweep, not a GPU measurement."""
 from __future__ import annotations
 
@@ -36,10 +36,18 @@ def fp32_memory_builds(preset: str):
                 yield cfg, "tower", norm, torch.bfloat16
 
 
+def input_path_builds(preset: str):
+    from workbench.studies.input_path.params import INPUT_PLACEMENTS
+    cfg = resolve_config(preset)
+    for placement in INPUT_PLACEMENTS:
+        yield cfg, placement, "eager", torch.bfloat16
+
+
 def main(presets: list[str]) -> None:
     torch.set_num_threads(2)
     for preset in presets:
-        for study, builds in (("correctness", correctness_builds), ("fp32_memory", fp32_memory_builds)):
+        for study, builds in (("correctness", correctness_builds), ("fp32_memory", fp32_memory_builds),
+                              ("input_path", input_path_builds)):
             t0, n = time.perf_counter(), 0
             for cfg, placement, norm, dtype in builds(preset):
                 norm = "eager" if norm.startswith("triton") else norm    # the norm's kernel is not what is timed

@@ -210,19 +210,44 @@ def load_vision_weights(tower, folder):
     path = _folder(folder)
     tensors = _vision_tensors(path, tower.cfg)
     _check_tensors(path, tensors, tower, _declared_label(_read_json(path, CONFIG, "the model's config"), path / CONFIG))
+    from .towers.common import host_cache_bytes, keep_latest
+
     own = tower.state_dict()
     by_file: dict[Path, list[tuple[str, object]]] = {}
     for k, t in tensors.items():
         if k in own:
             by_file.setdefault(t.file, []).append((k, t))
-    state = {}
-    for file, keys in by_file.items():
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                state.update((k, t.converted(f.get_tensor(t.key))) for k, t in keys)
-        except (SafetensorError, OSError) as e:     # the file changed since its header was checked
-            raise CheckpointError(f"{file}: {e}") from None
-    return tower.load_hf_state_dict(state)
+
+    def read() -> dict:
+        state = {}
+        for file, keys in by_file.items():
+            try:
+                with safe_open(str(file), framework="pt") as f:
+                    state.update((k, t.converted(f.get_tensor(t.key))) for k, t in keys)
+            except (SafetensorError, OSError) as e:     # the file changed since its header was checked
+                raise CheckpointError(f"{file}: {e}") from None
+        return state
+
+    # a file that changed since (its size or modification stamp) is read again
+    key = tuple((str(file), *_stamp(file), tuple((k, t.key, t.rows, t.rope_heads) for k, t in keys))
+                for file, keys in by_file.items())
+    bound = host_cache_bytes() if LOAD_CACHE_BYTES is None else LOAD_CACHE_BYTES
+    return tower.load_hf_state_dict(keep_latest(_LOADED, key, read, LOAD_CACHE_ENTRIES, bound))
+
+
+# the vision tensors of the latest folders loaded (`load_vision_weights`), read once for the towers a sweep builds
+# from one folder again and again; bounded in entries and bytes, read-only
+LOAD_CACHE_ENTRIES = 2
+LOAD_CACHE_BYTES = None         # None: towers.common.host_cache_bytes()
+_LOADED: dict = {}
+
+
+def _stamp(file: Path) -> tuple[int, ...]:
+    try:
+        st = os.stat(file)
+    except OSError as e:
+        raise CheckpointError(f"{file}: {e.strerror or e}") from None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 __all__ = ["CheckpointError", "check_model_folder", "read_vision_config", "load_vision_weights", "family_of",

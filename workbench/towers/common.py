@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
@@ -114,10 +115,37 @@ def _leave(tensor, *args, **kwargs):
     return tensor
 
 
+def _tensor_bytes(value) -> int:
+    return sum(t.numel() * t.element_size() for t in (value.values() if isinstance(value, dict) else value))
+
+
+def keep_latest(cache: dict, key, make, entries: int, max_bytes: int):
+    """``cache[key]`` (a list or dict of tensors), made by ``make()`` when missing; the cache keeps the ``entries``
+    most recently used within ``max_bytes`` in all (one larger than that is returned, not kept)."""
+    value = cache.pop(key, None)
+    if value is None:
+        value = make()
+    if _tensor_bytes(value) <= max_bytes:
+        cache[key] = value
+    while len(cache) > entries or sum(_tensor_bytes(v) for v in cache.values()) > max_bytes:
+        cache.pop(next(iter(cache)))
+    return value
+
+
+def host_cache_bytes() -> int:
+    """What each of the host-side weight caches (`host_draws`, `checkpoints.load_vision_weights`) may hold: an
+    eighth of this machine's memory, at most 16 GiB (4 GiB where the memory cannot be read)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+    return min(16 << 30, total // 8)
+
+
 # the host draws of the latest towers (`host_draws`): a sweep builds one tower again and again (a cell per
 # placement, norm, budget or buffer), and drawing it costs more than building it; bounded in entries and bytes
 DRAW_CACHE_ENTRIES = 2
-DRAW_CACHE_BYTES = 4 << 30
+DRAW_CACHE_BYTES = host_cache_bytes()
 _DRAWS: dict = {}
 
 
@@ -126,19 +154,15 @@ def host_draws(shapes: list[tuple[str, tuple[int, ...]]], seed: int, std: float 
     drawn once per (shapes, seed, std) and kept while they are among the `DRAW_CACHE_ENTRIES` latest and within
     `DRAW_CACHE_BYTES` in all, so that the next tower of the same parameters copies them instead of drawing
     again (the same values: a copy into any dtype rounds them as before). Read-only: never written in place."""
-    key = (seed, std, tuple(shapes))
-    hit = _DRAWS.pop(key, None)
-    if hit is None:
+    def draw() -> list[torch.Tensor]:
         gen = torch.Generator().manual_seed(seed)
-        hit = []
+        out = []
         for name, shape in shapes:
             r = torch.randn(shape, generator=gen, dtype=torch.float32)
-            hit.append(1.0 + 0.1 * r if name.endswith(_UNIT_WEIGHTS) else std * r)
-    if sum(t.numel() * 4 for t in hit) <= DRAW_CACHE_BYTES:
-        _DRAWS[key] = hit
-    while len(_DRAWS) > DRAW_CACHE_ENTRIES or sum(t.numel() * 4 for v in _DRAWS.values() for t in v) > DRAW_CACHE_BYTES:
-        _DRAWS.pop(next(iter(_DRAWS)))
-    return hit
+            out.append(1.0 + 0.1 * r if name.endswith(_UNIT_WEIGHTS) else std * r)
+        return out
+
+    return keep_latest(_DRAWS, (seed, std, tuple(shapes)), draw, DRAW_CACHE_ENTRIES, DRAW_CACHE_BYTES)
 
 
 class VisionTower(nn.Module):
