@@ -178,34 +178,41 @@ def test_both_vision_key_layouts_load(family, tmp_path, seed, photos):
         assert rel_err(tower(batch.pixels, batch.grid_thw), hf_embeddings(visual, batch.pixels, batch.grid_thw)) < 1e-5
 
 
+class TensorReads:
+    """Records the tensors read from safetensors files (`safe_open(...).get_tensor`) in ``keys``."""
+
+    def __init__(self, monkeypatch):
+        import safetensors
+        self.keys: list[str] = []
+        real, reads = safetensors.safe_open, self
+
+        class Recording:
+            def __init__(self, *a, **kw):
+                self.f = real(*a, **kw)
+
+            def __enter__(self):
+                self.inner = self.f.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return self.f.__exit__(*exc)
+
+            def keys(self):
+                return self.inner.keys()
+
+            def get_slice(self, k):
+                return self.inner.get_slice(k)
+
+            def get_tensor(self, k):
+                reads.keys.append(k)
+                return self.inner.get_tensor(k)
+
+        monkeypatch.setattr(safetensors, "safe_open", Recording)
+
+
 def test_only_vision_tensors_are_read(tmp_path, seed, monkeypatch):
-    import safetensors
     save_model("qwen3-vl", tmp_path, seed, max_shard_size="100KB")
-    read = []
-    real = safetensors.safe_open
-
-    class Recording:
-        def __init__(self, *a, **kw):
-            self.f = real(*a, **kw)
-
-        def __enter__(self):
-            self.inner = self.f.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.f.__exit__(*exc)
-
-        def keys(self):
-            return self.inner.keys()
-
-        def get_slice(self, k):
-            return self.inner.get_slice(k)
-
-        def get_tensor(self, k):
-            read.append(k)
-            return self.inner.get_tensor(k)
-
-    monkeypatch.setattr(safetensors, "safe_open", Recording)
+    read = TensorReads(monkeypatch).keys
     cfg = resolve_config(tmp_path)
     load_vision_weights(build_tower(cfg), tmp_path)
     assert read and all(k.startswith("model.visual.") for k in read)

@@ -102,32 +102,6 @@ def test_skipped_default_init_gives_torch_init_back_even_after_an_error():
     assert torch.equal(t, torch.zeros(3))
 
 
-class Reads:
-    """Counts the tensors read from safetensors files (`safe_open(...).get_tensor`)."""
-
-    def __init__(self, monkeypatch):
-        import safetensors
-        self.keys: list[str] = []
-        real, reads = safetensors.safe_open, self
-
-        class Recording:
-            def __init__(self, *a, **kw):
-                self.f = real(*a, **kw)
-
-            def __enter__(self):
-                self.inner = self.f.__enter__()
-                return self
-
-            def __exit__(self, *exc):
-                return self.f.__exit__(*exc)
-
-            def get_tensor(self, k):
-                reads.keys.append(k)
-                return self.inner.get_tensor(k)
-
-        monkeypatch.setattr(safetensors, "safe_open", Recording)
-
-
 @pytest.fixture
 def fresh_loads():
     from workbench import checkpoints
@@ -137,10 +111,10 @@ def fresh_loads():
 
 
 def test_a_folder_is_read_once_for_many_towers_and_again_when_it_changes(tmp_path, monkeypatch, fresh_loads, seed):
-    from test_checkpoints import save_model
+    from test_checkpoints import TensorReads, save_model
     folder = tmp_path / "m"
     save_model("qwen2.5-vl", folder, seed)
-    reads = Reads(monkeypatch)
+    reads = TensorReads(monkeypatch)
     first = wb.build_encoder(folder, placement="tower", norm="eager", dtype=torch.float32, device="cpu")
     n = len(reads.keys)
     assert n > 0
@@ -161,10 +135,10 @@ def test_a_folder_is_read_once_for_many_towers_and_again_when_it_changes(tmp_pat
 
 
 def test_loaded_tensors_kept_are_bounded(tmp_path, monkeypatch, fresh_loads, seed):
-    from test_checkpoints import save_model
+    from test_checkpoints import TensorReads, save_model
     save_model("qwen2.5-vl", tmp_path / "m", seed)
     monkeypatch.setattr(fresh_loads, "LOAD_CACHE_BYTES", 1024)
-    reads = Reads(monkeypatch)
+    reads = TensorReads(monkeypatch)
     for _ in range(2):
         wb.build_encoder(tmp_path / "m", norm="eager", device="cpu")
     assert len(fresh_loads._LOADED) == 0 and len(set(reads.keys)) * 2 == len(reads.keys)
