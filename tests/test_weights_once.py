@@ -142,3 +142,23 @@ def test_loaded_tensors_kept_are_bounded(tmp_path, monkeypatch, fresh_loads, see
     for _ in range(2):
         wb.build_encoder(tmp_path / "m", norm="eager", device="cpu")
     assert len(fresh_loads._LOADED) == 0 and len(set(reads.keys)) * 2 == len(reads.keys)
+
+
+def test_the_build_cost_model_builds_what_the_correctness_study_builds(monkeypatch):
+    """tools/build_cost.py models a study's builds: for correctness, as many towers as a run of the study makes."""
+    import importlib.util
+    from pathlib import Path
+
+    from workbench.studies.correctness import measure
+    spec = importlib.util.spec_from_file_location("build_cost", Path(__file__).resolve().parents[1] / "tools"
+                                                  / "build_cost.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    built = []
+    real = measure.build_encoder
+    monkeypatch.setattr(measure, "build_encoder", lambda cfg, **kw: built.append(kw["placement"]) or real(cfg, **kw))
+    placements, norms = ["processor", "tower", "fold", "runner"], ["eager", "identity"]
+    measure.run("cpu", progress=False, families=["tiny-qwen2-vl"], placements=placements, norms=norms,
+                paths=["eager"], buffer_dtypes=["bfloat16"])
+    model = [placement for _, placement, _, _ in tool.correctness_builds("tiny-qwen2-vl", None, placements, norms)]
+    assert sorted(built) == sorted(model)

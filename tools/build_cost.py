@@ -15,14 +15,15 @@ from workbench.encoder import build_encoder
 from workbench.vocabulary import NORM_FREE_PLACEMENTS, NORM_NAMES, STUDY_PLACEMENTS
 
 
-def correctness_builds(preset: str):
-    cfg = resolve_config(preset, 4)
+def correctness_builds(preset: str, depth: int | None = 4, placements=STUDY_PLACEMENTS, norms=NORM_NAMES):
+    cfg = resolve_config(preset, depth)
     yield cfg, "processor", "eager", torch.float64
-    for placement in STUDY_PLACEMENTS:
-        for norm in (["eager"] if placement in NORM_FREE_PLACEMENTS else NORM_NAMES):
+    for placement in placements:
+        for norm in (["eager"] if placement in NORM_FREE_PLACEMENTS else norms):
             yield cfg, placement, norm, torch.bfloat16
-    for placement, norms in (("tower", NORM_NAMES), ("fold", ["eager"]), ("device", NORM_NAMES)):
-        for norm in norms:
+    hazard = [p for p in ("tower", "fold", "device") if p == "tower" or p in placements]
+    for placement in hazard:
+        for norm in (["eager"] if placement in NORM_FREE_PLACEMENTS else norms):
             yield cfg, placement, norm, torch.bfloat16
     yield cfg, "tower", "eager", torch.bfloat16
 
