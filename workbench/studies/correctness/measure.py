@@ -144,16 +144,15 @@ def _measure(s, progress: bool) -> pd.DataFrame:
         del ref_enc
         common = dict(family=cfg.family, preset=fam, depth=cfg.depth, width=cfg.width, dtype=dtype_name(dt), device=device_label(dev), n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
         cells = list(_cells(placements, norms, [p for p in paths if p != "dp"], buffer_dtypes))
-        encoders = {}
+        key, enc = None, None
         for placement, norm, path, buf in show_progress(cells, desc=f"correctness {fam}", enabled=progress):
-            key = (placement, norm)
-            if key not in encoders:
-                encoders[key] = _build(cfg, placement, norm, dt, dev, seed)
-            enc = encoders[key]
+            if key != (placement, norm):     # a (placement, norm)'s cells come together: one encoder alive at a time
+                enc = None                   # (the last one's memory back before the next is built)
+                enc, key = _build(cfg, placement, norm, dt, dev, seed), (placement, norm)
             batch = nrm if enc.input_kind == "normalized" else raw
             out, extra = PATH_CALLS[path](enc, batch, s.params, buf)
             rows.append(_row(common, placement, norm, path, buf, out, ref, cell_tolerance(dt, buf), **extra))
-        encoders.clear()
+        del enc
         if "dp" in paths:    # run after the loop, every family in one group of ranks
             dp_cells.append(dict(cfg=cfg, items=items, common=common, ref=ref))
         if hazard:
