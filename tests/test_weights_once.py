@@ -1,12 +1,12 @@
 """A tower's seeded random weights are drawn once per process and copied into the next tower of the same
-parameters (`towers.common.host_draws`), and torch's default initialization, which those weights replace, is
-skipped (`towers.common.skipped_default_init`): the same weights, bit for bit, in a fraction of the time."""
+parameters (`towers.weights.host_draws`), and torch's default initialization, which those weights replace, is
+skipped (`towers.weights.skipped_default_init`): the same weights, bit for bit, in a fraction of the time."""
 import pytest
 import torch
 
 import workbench as wb
 from workbench.checkpoints import resolve_config
-from workbench.towers import common
+from workbench.towers import weights
 
 PRESETS = ["tiny-qwen2.5-vl", "tiny-glm4v", "tiny-kimi-k2.5"]
 RANDN = torch.randn      # the helper's own draws, apart from the ones a test counts
@@ -21,7 +21,7 @@ def drawn_by_hand(enc, seed: int, std: float = 0.02) -> dict[str, torch.Tensor]:
         if name.startswith("input_norm."):
             continue
         r = RANDN(p.shape, generator=gen, dtype=torch.float32)
-        out[name] = (1.0 + 0.1 * r if name.endswith(common._UNIT_WEIGHTS) else std * r).to(p.dtype)
+        out[name] = (1.0 + 0.1 * r if name.endswith(weights._UNIT_WEIGHTS) else std * r).to(p.dtype)
     return out
 
 
@@ -35,9 +35,9 @@ def assert_seeded(enc, seed: int) -> None:
 
 @pytest.fixture(autouse=True)
 def fresh_draws():
-    common._DRAWS.clear()
+    weights._DRAWS.clear()
     yield
-    common._DRAWS.clear()
+    weights._DRAWS.clear()
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -70,13 +70,13 @@ def test_a_repeated_build_copies_the_draws_and_a_changed_tower_keeps_none_of_the
 
 
 def test_the_draws_kept_are_bounded_in_entries_and_bytes(monkeypatch):
-    monkeypatch.setattr(common, "DRAW_CACHE_ENTRIES", 1)
+    monkeypatch.setattr(weights, "DRAW_CACHE_ENTRIES", 1)
     for preset in PRESETS:
         wb.build_encoder(preset, norm="eager", device="cpu", seed=0)
-        assert len(common._DRAWS) == 1
-    monkeypatch.setattr(common, "DRAW_CACHE_BYTES", 1024)
+        assert len(weights._DRAWS) == 1
+    monkeypatch.setattr(weights, "DRAW_CACHE_BYTES", 1024)
     enc = wb.build_encoder("tiny-qwen2-vl", norm="eager", device="cpu", seed=0)
-    assert len(common._DRAWS) == 0                       # over the bound: nothing kept
+    assert len(weights._DRAWS) == 0                       # over the bound: nothing kept
     assert_seeded(enc, 0)
 
 
@@ -92,7 +92,7 @@ def test_an_unseeded_build_keeps_torch_default_initialization():
 def test_skipped_default_init_gives_torch_init_back_even_after_an_error():
     before = dict(vars(torch.nn.init))
     with pytest.raises(RuntimeError, match="inside"):
-        with common.skipped_default_init():
+        with weights.skipped_default_init():
             t = torch.full((3,), 7.0)
             assert torch.nn.init.normal_(t) is t and torch.equal(t, torch.full((3,), 7.0))
             raise RuntimeError("inside")

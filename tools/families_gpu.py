@@ -6,7 +6,7 @@ import workbench as wb
 from workbench.reference import hf_vision_model, hf_embeddings, rel_err, cos_min
 from workbench.runner import EncoderGraphRunner
 from workbench.preprocess import normalize_rows
-from workbench.towers.common import init_checkpoint_like
+from workbench.towers.weights import init_checkpoint_like
 
 photos = list(wb.sample_images().values())[:3]
 for preset in ["qwen3-vl-8b", "qwen3.5-9b", "glm-4.1v-9b", "mistral-small-3.1-24b"]:

@@ -210,7 +210,7 @@ def load_vision_weights(tower, folder):
     path = _folder(folder)
     tensors = _vision_tensors(path, tower.cfg)
     _check_tensors(path, tensors, tower, _declared_label(_read_json(path, CONFIG, "the model's config"), path / CONFIG))
-    from .towers.common import host_cache_bytes, keep_latest
+    from .towers.weights import host_cache_bytes, keep_latest
 
     own = tower.state_dict()
     by_file: dict[Path, list[tuple[str, object]]] = {}
@@ -238,7 +238,7 @@ def load_vision_weights(tower, folder):
 # the vision tensors of the latest folders loaded (`load_vision_weights`), read once for the towers a sweep builds
 # from one folder again and again; bounded in entries and bytes, read-only
 LOAD_CACHE_ENTRIES = 2
-LOAD_CACHE_BYTES = None         # None: towers.common.host_cache_bytes()
+LOAD_CACHE_BYTES = None         # None: towers.weights.host_cache_bytes()
 _LOADED: dict = {}
 
 

@@ -41,7 +41,8 @@ from .norms import InputNorm, make_norm
 from .triton_support import interpreting
 from .preprocess import PatchBatch
 from .towers import build_tower
-from .towers.common import check_fused, skipped_default_init
+from .towers.common import check_fused
+from .towers.weights import skipped_default_init
 from .towers.layers import GEMM_ALIGN
 from .vocabulary import PATHS, PLACEMENT_TABLE, PLACEMENTS, STUDY_PLACEMENTS, Placement  # noqa: F401
 from .vocabulary import check_placement

@@ -24,7 +24,7 @@ from ...preprocess import preprocess
 from ...runner import PHASES, EncoderGraphRunner, engine_budgets, engine_max_items
 from ...samples import image_mix, mix_columns, with_folder
 from ...timing import cpu_time_us
-from ...towers.common import init_checkpoint_like
+from ...towers.weights import init_checkpoint_like
 from .. import begin_run
 from ..correctness.measure import TOLERANCE as CORRECT_TOL
 from ..plotting import progress as show_progress
