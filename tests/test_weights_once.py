@@ -144,16 +144,28 @@ def test_loaded_tensors_kept_are_bounded(tmp_path, monkeypatch, fresh_loads, see
     assert len(fresh_loads._LOADED) == 0 and len(set(reads.keys)) * 2 == len(reads.keys)
 
 
-def test_the_build_cost_model_builds_what_the_correctness_study_builds(monkeypatch):
-    """tools/build_cost.py models a study's builds: for correctness, as many towers as a run of the study makes."""
+def load_tool(name: str):
     import importlib.util
     from pathlib import Path
-
-    from workbench.studies.correctness import measure
-    spec = importlib.util.spec_from_file_location("build_cost", Path(__file__).resolve().parents[1] / "tools"
-                                                  / "build_cost.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_the_weights_digest_sees_one_changed_value_and_nothing_else():
+    tool = load_tool("weights_digest")
+    a, b = (wb.build_encoder("tiny-glm4v", placement="fold", norm="eager", device="cpu", seed=2) for _ in range(2))
+    assert tool.digest(a) == tool.digest(b)
+    with torch.no_grad():
+        dict(b.visual.named_parameters())["blocks.0.norm1.weight"][3] += 2 ** -7
+    assert tool.digest(a) != tool.digest(b)
+
+
+def test_the_build_cost_model_builds_what_the_correctness_study_builds(monkeypatch):
+    """tools/build_cost.py models a study's builds: for correctness, as many towers as a run of the study makes."""
+    from workbench.studies.correctness import measure
+    tool = load_tool("build_cost")
     built = []
     real = measure.build_encoder
     monkeypatch.setattr(measure, "build_encoder", lambda cfg, **kw: built.append(kw["placement"]) or real(cfg, **kw))
