@@ -204,14 +204,16 @@ def load_vision_weights(tower, folder):
 
     The headers are checked as `check_model_folder` does, against this tower (a missing,
     unexpected or mis-shaped tensor is an error naming it and both shapes, and nothing is
-    loaded); then only the vision tensors are read, file by file, and cast into the tower's dtype."""
+    loaded); then only the vision tensors are read, file by file, and cast into the tower's dtype. What was read
+    is kept for the next tower built from the same folder (the latest `LOAD_CACHE_ENTRIES` folders, within
+    `towers.weights.host_cache_bytes`), and read again where a file was replaced or changed since."""
     from safetensors import SafetensorError, safe_open
+
+    from .towers.weights import host_cache_bytes, keep_latest
 
     path = _folder(folder)
     tensors = _vision_tensors(path, tower.cfg)
     _check_tensors(path, tensors, tower, _declared_label(_read_json(path, CONFIG, "the model's config"), path / CONFIG))
-    from .towers.weights import host_cache_bytes, keep_latest
-
     own = tower.state_dict()
     by_file: dict[Path, list[tuple[str, object]]] = {}
     for k, t in tensors.items():
@@ -228,7 +230,7 @@ def load_vision_weights(tower, folder):
                 raise CheckpointError(f"{file}: {e}") from None
         return state
 
-    # a file that changed since (its size or modification stamp) is read again
+    # kept for the next tower of the same folder; a file replaced or changed since (`_stamp`) is read again
     key = tuple((str(file), *_stamp(file), tuple((k, t.key, t.rows, t.rope_heads) for k, t in keys))
                 for file, keys in by_file.items())
     bound = host_cache_bytes() if LOAD_CACHE_BYTES is None else LOAD_CACHE_BYTES
