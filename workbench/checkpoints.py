@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .caches import host_cache_bytes, remember
 from .checkpoint_files import CONFIG, DTYPE_LABELS, PREPROCESSOR, CheckpointError, _folder, _read_json, _show
 from .checkpoint_files import JSON_MAX_BYTES, JSON_MAX_DEPTH, NAME_OF_LABEL, WEIGHTS, WEIGHTS_INDEX  # noqa: F401
 from .checkpoint_tensors import _check_tensors, _meta_tower, _vision_tensors
@@ -206,10 +207,8 @@ def load_vision_weights(tower, folder):
     unexpected or mis-shaped tensor is an error naming it and both shapes, and nothing is
     loaded); then only the vision tensors are read, file by file, and cast into the tower's dtype. What was read
     is kept for the next tower built from the same folder (the latest `LOAD_CACHE_ENTRIES` folders, within
-    `towers.weights.host_cache_bytes`), and read again where a file was replaced or changed since."""
+    `caches.host_cache_bytes`), and read again where a file was replaced or changed since."""
     from safetensors import SafetensorError, safe_open
-
-    from .towers.weights import host_cache_bytes, keep_latest
 
     path = _folder(folder)
     tensors = _vision_tensors(path, tower.cfg)
@@ -234,13 +233,13 @@ def load_vision_weights(tower, folder):
     key = tuple((str(file), *_stamp(file), tuple((k, t.key, t.rows, t.rope_heads) for k, t in keys))
                 for file, keys in by_file.items())
     bound = host_cache_bytes() if LOAD_CACHE_BYTES is None else LOAD_CACHE_BYTES
-    return tower.load_hf_state_dict(keep_latest(_LOADED, key, read, LOAD_CACHE_ENTRIES, bound))
+    return tower.load_hf_state_dict(remember(_LOADED, key, LOAD_CACHE_ENTRIES, read, bound))
 
 
 # the vision tensors of the latest folders loaded (`load_vision_weights`), read once for the towers a sweep builds
 # from one folder again and again; bounded in entries and bytes, read-only
 LOAD_CACHE_ENTRIES = 2
-LOAD_CACHE_BYTES = None         # None: towers.weights.host_cache_bytes()
+LOAD_CACHE_BYTES = None         # None: caches.host_cache_bytes()
 _LOADED: dict = {}
 
 

@@ -53,7 +53,7 @@ from .preprocess import PatchBatch
 from .runner_policy import (PackCosts, ReplayRecord, _PhaseClock, _check_budgets, _check_costs, default_budgets,
                             race_call, signature)
 from .runner_policy import PHASES, engine_budgets, engine_max_items  # noqa: F401
-from .towers.common import remember
+from .caches import remember
 from .towers.metadata import budget_padding
 
 BACKENDS = ("auto", "cuda", "emulated")

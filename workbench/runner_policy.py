@@ -11,6 +11,7 @@ import torch
 
 from . import limits
 from .budgets import Budgets
+from .caches import remember
 from .preprocess import PatchBatch
 from .towers.metadata import filling_grid
 from .vocabulary import PHASES  # noqa: F401  (the phases of one runner encode call)
@@ -161,8 +162,6 @@ def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_va
     """One call of policy 'auto' on CUDA: the plan its `signature`'s race chose, or while it races, the next
     candidate's, timed (the device synchronized around it, the pack's metadata and exact-fit graphs prepared first
     so that one-time work is not counted against the plan)."""
-    from .towers.common import remember
-
     unit = runner.encoder.cfg.merge_unit
     predicted = costs.eager_packs(batch, packs, unit)
     race = remember(runner._races, signature(batch, packs, unit), CHOICE_CACHE, lambda: Race.of(predicted, len(packs)))

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .. import fused as fk
+from ..caches import remember
 from ..attention import check_backend, resolve_backend, warm_fa4
 from ..config import VisionConfig
 from .layers import GEMM_ALIGN, FoldedPatchEmbed, PatchEmbed, check_gemm_align
@@ -48,18 +49,6 @@ def check_fused(fused):
         raise ValueError(f"fused must be one of {FUSED_CHOICES} ('auto': the fused Triton kernels on CUDA "
                          f"for bf16/fp16 towers, plain torch ops elsewhere), got {fused!r}")
     return fused
-
-
-def remember(cache: dict, key, size: int, make):
-    """``cache[key]``, made by ``make()`` when missing; the cache keeps the ``size`` most recently
-    used entries (dicts keep insertion order: a hit moves to the end, the front is evicted)."""
-    value = cache.pop(key, None)
-    if value is None:
-        value = make()
-        while len(cache) >= size:
-            cache.pop(next(iter(cache)))
-    cache[key] = value
-    return value
 
 
 class VisionTower(nn.Module):

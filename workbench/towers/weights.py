@@ -1,14 +1,15 @@
 """A tower's random weights, as checkpoints hold them, and what makes building the same tower again cheap: the host
 draws of a seed kept for the next tower of the same parameters (`host_draws`), torch's default initialization
-skipped where every parameter is written next (`skipped_default_init`), and the bounded cache both weight caches
-use (`keep_latest`, within `host_cache_bytes`)."""
+skipped where every parameter is written next (`skipped_default_init`); the cache is `workbench.caches.remember`,
+bounded by `caches.host_cache_bytes`."""
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 from torch import nn
+
+from ..caches import host_cache_bytes, remember
 
 
 # norm scales: drawn around 1, as trained checkpoints hold them (every other parameter around 0);
@@ -63,33 +64,6 @@ def _leave(tensor, *args, **kwargs):
     return tensor
 
 
-def _tensor_bytes(value) -> int:
-    return sum(t.numel() * t.element_size() for t in (value.values() if isinstance(value, dict) else value))
-
-
-def keep_latest(cache: dict, key, make, entries: int, max_bytes: int):
-    """``cache[key]`` (a list or dict of tensors), made by ``make()`` when missing; the cache keeps the ``entries``
-    most recently used within ``max_bytes`` in all (one larger than that is returned, not kept)."""
-    value = cache.pop(key, None)
-    if value is None:
-        value = make()
-    if _tensor_bytes(value) <= max_bytes:
-        cache[key] = value
-    while len(cache) > entries or sum(_tensor_bytes(v) for v in cache.values()) > max_bytes:
-        cache.pop(next(iter(cache)))
-    return value
-
-
-def host_cache_bytes() -> int:
-    """What each of the host-side weight caches (`host_draws`, `checkpoints.load_vision_weights`) may hold: an
-    eighth of this machine's memory, at most 16 GiB (4 GiB where the memory cannot be read)."""
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-    return min(16 << 30, total // 8)
-
-
 # the host draws of the latest towers (`host_draws`): a sweep builds one tower again and again (a cell per
 # placement, norm, budget or buffer), and drawing it costs more than building it; bounded in entries and bytes
 DRAW_CACHE_ENTRIES = 2
@@ -110,4 +84,4 @@ def host_draws(shapes: list[tuple[str, tuple[int, ...]]], seed: int, std: float 
             out.append(1.0 + 0.1 * r if name.endswith(_UNIT_WEIGHTS) else std * r)
         return out
 
-    return keep_latest(_DRAWS, (seed, std, tuple(shapes)), draw, DRAW_CACHE_ENTRIES, DRAW_CACHE_BYTES)
+    return remember(_DRAWS, (seed, std, tuple(shapes)), DRAW_CACHE_ENTRIES, draw, DRAW_CACHE_BYTES)
