@@ -207,7 +207,7 @@ def load_vision_weights(tower, folder):
     unexpected or mis-shaped tensor is an error naming it and both shapes, and nothing is
     loaded); then only the vision tensors are read, file by file, and cast into the tower's dtype. What was read
     is kept for the next tower built from the same folder (the latest `LOAD_CACHE_ENTRIES` folders, within
-    `caches.host_cache_bytes`), and read again where a file was replaced or changed since."""
+    `LOAD_CACHE_BYTES`), and read again where a file was replaced or changed since."""
     from safetensors import SafetensorError, safe_open
 
     path = _folder(folder)
@@ -232,14 +232,13 @@ def load_vision_weights(tower, folder):
     # kept for the next tower of the same folder; a file replaced or changed since (`_stamp`) is read again
     key = tuple((str(file), *_stamp(file), tuple((k, t.key, t.rows, t.rope_heads) for k, t in keys))
                 for file, keys in by_file.items())
-    bound = host_cache_bytes() if LOAD_CACHE_BYTES is None else LOAD_CACHE_BYTES
-    return tower.load_hf_state_dict(remember(_LOADED, key, LOAD_CACHE_ENTRIES, read, bound))
+    return tower.load_hf_state_dict(remember(_LOADED, key, LOAD_CACHE_ENTRIES, read, LOAD_CACHE_BYTES))
 
 
 # the vision tensors of the latest folders loaded (`load_vision_weights`), read once for the towers a sweep builds
 # from one folder again and again; bounded in entries and bytes, read-only
 LOAD_CACHE_ENTRIES = 2
-LOAD_CACHE_BYTES = None         # None: caches.host_cache_bytes()
+LOAD_CACHE_BYTES = host_cache_bytes()
 _LOADED: dict = {}
 
 
