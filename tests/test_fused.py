@@ -221,6 +221,8 @@ def test_exact_fit_graphs_are_chosen_for_equal_sequences_filling_a_budget(monkey
     assert lazy.graphs[64].exact == captured                 # the encode captured nothing more
     assert sorted(lazy.stats_frame().exact.tolist()) == [False, True]
     assert rel_err(got, enc.encode(batch)) < 1e-5
+    lazy.forget_metadata()                                    # a shape seen before is prepared again
+    assert not lazy._host_meta and rel_err(lazy.encode(batch), got) == 0 and len(lazy._host_meta) == 2
     with pytest.raises(ValueError, match=r"unknown exact_capture 'later'; valid: \('construction', 'first_use'\)"):
         EncoderGraphRunner(enc, budgets=[64], exact_capture="later")
 

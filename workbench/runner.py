@@ -29,10 +29,9 @@ from them which packs run eagerly. On CUDA it also races the candidate plans (th
 every pack replayed, every pack eager) on real calls, one plan per call, keyed by a `signature`
 (per pack: budget, tokens to a quarter octave, sequences to an octave) that carries over to batches
 it has not seen, and keeps the fastest once each has run a few times (`runner_policy.race_call`;
-``calibrate = False`` decides from the prediction alone). No call runs more than one plan, so a
-new batch shape costs what its plan costs. The decision of every pack is recorded in `stats`. On the
-emulated backend ``auto`` acts as ``always``: an emulated replay is eager work, its costs say
-nothing about a GPU graph, and the emulation exists to reproduce the graph path.
+``calibrate = False`` decides from the prediction alone). No call runs more than one plan. Every
+pack's decision is in `stats`. On the emulated backend ``auto`` acts as ``always``: an emulated
+replay is eager work, its costs say nothing about a GPU graph.
 """
 from __future__ import annotations
 
@@ -202,6 +201,10 @@ class EncoderGraphRunner:
             return meta
 
         return remember(self._host_meta, (tuple(map(tuple, grid_thw.tolist())), budget), self.HOST_META_CACHE, make)
+
+    def forget_metadata(self) -> None:
+        """Drop the host metadata remembered per (grid, budget): the next call prepares its own, as a new shape's does."""
+        self._host_meta.clear()
 
     def _exact_graph(self, cap: _Captured, n_seqs: int) -> "_Captured | None":
         """The exact-fit variant of `cap` for ``n_seqs`` equal sequences, captured on first use;

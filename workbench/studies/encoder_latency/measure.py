@@ -282,7 +282,7 @@ def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners
             ref = None
             for name, call in calls.items():        # eager first: the batch's reference
                 if name in runners:
-                    runners[name][0]._host_meta.clear()
+                    runners[name][0].forget_metadata()
                 _sync(dev)
                 t0 = time.perf_counter()
                 out = call(k)
