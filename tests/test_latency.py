@@ -356,3 +356,24 @@ def test_the_realistic_batch_table_shows_how_well_autos_median_is_known():
     assert (timed.p50_ci_lo_ms <= timed.p50_ms).all() and (timed.p50_ms <= timed.p50_ci_hi_ms).all()
     m = mix_table(table)
     assert m["auto p50 95% interval (±%)"].between(0, 1000).all() and m["auto timed calls"].between(6, 8).all()
+
+
+def test_auto_verdicts_counts_a_reference_and_sees_auto_slowed(tmp_path, capsys):
+    """tools/auto_verdicts.py over a committed H200 run: its counts, and the same run with auto made 10% slower."""
+    from test_weights_once import load_tool
+    tool = load_tool("auto_verdicts")
+    run = ROOT / "results/reference/20261205T025012Z-3200d44-h200-fa4-race-glm-4.1v-9b"
+    t = tool.cells(run)
+    got = tool.verdicts(t, 0.05).iloc[0]
+    assert (got.cells, got.within, got["slower than transformers"]) == (2, 2, 0)
+    table = load_table(run / "encoder_latency.parquet")
+    slow = (table.path == "graph_auto") & table.metric.isin(["image_p50_ms", "fresh_image_ms"])
+    poisoned = tmp_path / run.name
+    poisoned.mkdir()
+    table.assign(value=table.value.where(~slow, table.value * 1.1)).to_parquet(poisoned / "encoder_latency.parquet")
+    got = tool.verdicts(tool.cells(poisoned), 0.05).iloc[0]
+    assert (got.within, got["fresh within"]) == (0, 0)
+    assert tool.main([str(run), "--csv", str(tmp_path / "cells.csv")]) == 0 and len(pd.read_csv(tmp_path / "cells.csv")) == 2
+    with pytest.raises(SystemExit):
+        tool.main([str(tmp_path)])                     # no table there
+    assert "no encoder_latency.parquet in" in capsys.readouterr().err
