@@ -3,6 +3,7 @@ phase timing it reads. Timings are never asserted: only that they exist, and how
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -294,10 +295,15 @@ def test_a_stream_of_new_shapes_times_each_strategy_checked_and_leaves_a_wrong_o
                                    "graph_planner": (runner, "always")}, skip={"graph_planner"})
     assert set(got) == {"eager", "graph_engine"} and len(calls) == 2
     assert all(m["fresh_image_ms"] > 0 and m["fresh_batches"] == 2 for m in got.values())
+    started = time.perf_counter()
     t = s.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], tokens=[16], images=[1], reps=1, warmup=0,
               mixes=["photos"], mix_items=[2], engine_max_budget=256, fresh=2)
     m = wide(s.summary.mix_cells(t)).set_index("path")
     assert (m.fresh_image_ms > 0).all() and (m.fresh_batches == 2).all() and m.loc["graph_auto", "explore_calls"] == 0
+    t0 = time.perf_counter()      # where the run's seconds went: each cell, its stream, the rate probe
+    e = wide(t[t.path == "eager"]).set_index("case")
+    assert e.loc["mix", "cell_s"] > e.loc["mix", "fresh_s"] > 0 and e.loc["exact", "cell_s"] > 0
+    assert e.loc["exact", "rates_s"] > 0 and e.loc["exact", "cell_s"] + e.loc["mix", "cell_s"] < t0 - started
     assert "fresh: auto / transformers" in s.summary.mix_table(t)
 
 def test_a_cpu_figure_never_calls_the_emulated_runner_a_cuda_graph(latency_table):

@@ -318,7 +318,9 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
     s = begin_run(PARAMS, "encoder_latency", device, params)
     dev, p, dt, label = s.device, s.params, s.dtype, s.label
     p["mixes"] = with_folder(p["mixes"], p["image_folder"])      # the folder's mix joins the named ones
+    t0 = time.perf_counter()
     tflops = matmul_tflops(dev)
+    rates_s = time.perf_counter() - t0       # where a run's seconds go: this, build_s, runner_s, cell_s, fresh_s
     gen = torch.Generator().manual_seed(p["seed"])
     rows: list[dict] = []
     cells = [(t, i) for t in p["tokens"] for i in p["images"]]
@@ -336,6 +338,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         build_s = time.perf_counter() - t0
         bar.update()
         for tokens, images in cells:
+            t_cell = time.perf_counter()
             batch = latency_batch(cfg, tokens, images, gen)
             if dev.type == "cuda":   # engines batch multimodal inputs into pinned host memory
                 batch = PatchBatch(batch.pixels.pin_memory(), batch.grid_thw)
@@ -366,7 +369,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                          flops_attention_full=flops["attention_full"],
                          flops_attention_window=flops["attention_window"], matmul_tflops=tflops)
                 if path == "eager":
-                    m["build_s"] = build_s
+                    m.update(build_s=build_s, rates_s=rates_s, cell_s=time.perf_counter() - t_cell)
                 rows.append({**common, "path": path, **m})
             bar.update()
         if p["mixes"]:
@@ -379,14 +382,17 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                 runners = _mix_runners(enc, cfg, mix, engine)     # captured once per mix, for every item count
                 planner_s = time.perf_counter() - t0
                 for n in p["mix_items"]:
+                    t_cell = time.perf_counter()
                     batch = _pinned(preprocess(image_mix(mix, n, seed=p["seed"], resized=True, cfg=cfg), cfg), dev)
                     res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"], p["min_reps"])
+                    t_fresh = time.perf_counter()
                     if p["fresh"]:       # the same mix and item count, drawn anew: shapes no call has seen
                         fresh = [_pinned(preprocess(image_mix(mix, n, seed=p["seed"] + 1 + k, resized=True, cfg=cfg),
                                                     cfg), dev) for k in range(p["fresh"])]
                         wrong = {path for path, m in res.items() if not m.get("ok", True)}
                         for path, m in measure_fresh(enc, hf, cfg, fresh, runners, skip=wrong).items():
                             res.setdefault(path, {}).update(m)
+                    res["eager"].update(cell_s=time.perf_counter() - t_cell, fresh_s=time.perf_counter() - t_fresh)
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
                                   depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], device=label,
                                   **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
