@@ -76,7 +76,7 @@ METRICS = {
     "floor_ms": "ms", "plan_ms": "ms", "metadata_ms": "ms", "staging_ms": "ms", "replay_ms": "ms",
     "copy_out_ms": "ms", "phases_ms": "ms", "rel_err": "relative", "cos_min": "cosine", "bit_equal": "bool",
     "ok": "bool", "flops_matmul": "FLOP", "flops_attention_full": "FLOP", "flops_attention_window": "FLOP",
-    "matmul_tflops": "TFLOP/s", "build_s": "s", "capture_s": "s", "rates_s": "s", "cell_s": "s", "fresh_s": "s",
+    "matmul_tflops": "TFLOP/s", "build_s": "s", "capture_s": "s", "rates_s": "s", "ceiling_s": "s", "cell_s": "s", "fresh_s": "s",
     "practical_floor_ms": "ms", "x_practical_floor": "x", "attn_tflops_full": "TFLOP/s",
     "attn_tflops_window": "TFLOP/s", "kernels_per_call": "count", "fused": "bool", "exact_fit": "bool",
     "prepare_uncached_ms": "ms", **{f"kernel_{c}_ms": "ms" for c in KERNEL_CATS},
