@@ -388,6 +388,9 @@ def test_auto_verdicts_counts_a_reference_and_sees_auto_slowed(tmp_path, capsys)
     poisoned = tmp_path / run.name
     poisoned.mkdir()
     table.assign(value=table.value.where(~slow, table.value * 1.1)).to_parquet(poisoned / "encoder_latency.parquet")
+    auto = wide(table[table.path == "graph_auto"]).set_index("mix")
+    first = auto.first_ms / (auto.image_p50_ms * auto.images)       # the first call against the steady one
+    assert t.set_index("mix")["auto first / steady call"].to_dict() == pytest.approx(first.to_dict())
     got = tool.verdicts(tool.cells(poisoned), 0.05).iloc[0]
     assert (got.within, got["fresh within"]) == (0, 0)
     assert tool.main([str(run), "--csv", str(tmp_path / "cells.csv")]) == 0 and len(pd.read_csv(tmp_path / "cells.csv")) == 2

@@ -17,14 +17,12 @@ BEST, FRESH, HF = "auto / best of eager, engine graph", "fresh: auto / best of e
 
 
 def cells(run: Path) -> pd.DataFrame:
-    """mix_table of one run folder, with the run's name and auto's first call over its steady-state call."""
+    """mix_table of one run folder, with the run's name."""
     table = load_table(run / "encoder_latency.parquet")
     t = mix_table(table)
     if t.empty:
         return t
     t.insert(0, "run", run.name)
-    if "auto first call (ms)" in t:
-        t["auto first / steady call"] = t["auto first call (ms)"] / (t["graph_auto"] * t["images"])
     return t
 
 

@@ -290,6 +290,9 @@ def mix_table(table: pd.DataFrame) -> pd.DataFrame:
     a = w[w.path == "graph_auto"].set_index(idx)
     if "first_ms" in w:       # the batch shape's first call, and the calls its race took before the timed ones
         out["auto first call (ms)"] = a["first_ms"].groupby(level=idx).first()
+        if "graph_auto" in t:      # against its steady-state call of the same batch (p50 per image x items)
+            steady = t["graph_auto"] * t.index.get_level_values("images")
+            out["auto first / steady call"] = out["auto first call (ms)"] / steady
     if "explore_calls" in w:
         out["auto race calls"] = a["explore_calls"].groupby(level=idx).first()
     if "fresh_image_ms" in w:     # a stream of batches of new shapes: each strategy's time per image
