@@ -25,16 +25,20 @@ SITE=/tmp/fa4/site-packages
 mkdir -p /tmp/fa4/done
 case "${1:?a|b|q|p}" in
   a) cp .fa4/a/* /tmp/fa4/ && ls -la /tmp/fa4; exit 0 ;;
-  b) if [ ! -d $SITE/flash_attn ]; then
-       cp .fa4/b/*.part.* /tmp/fa4/ && mkdir -p $SITE
-       cat /tmp/fa4/cu13.part.* | tar xJf - -C $SITE
-       for w in .fa4/b/*.whl; do python3 -m zipfile -e "$w" $SITE; done
+  b) if [ ! -e $SITE/.complete ]; then
+       # part aa comes with call 'a' on this same machine: without it (the machine went back between the calls,
+       # or 'a' never started one) nothing is unpacked, so no half-filled folder passes for a whole one later
+       [ -e /tmp/fa4/cu13.part.aa ] || { echo "no cu13.part.aa here (a fresh machine): run 'a' and 'b' again"; exit 3; }
+       rm -rf $SITE && cp .fa4/b/*.part.* /tmp/fa4/ && mkdir -p $SITE
+       cat /tmp/fa4/cu13.part.* | tar xJf - -C $SITE || { echo "the cu13 libraries did not unpack"; rm -rf $SITE; exit 3; }
+       for w in .fa4/b/*.whl; do python3 -m zipfile -e "$w" $SITE || { rm -rf $SITE; exit 3; }; done
+       touch $SITE/.complete
      fi ;;
 esac
 export PYTHONPATH=$PWD:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1 OMP_NUM_THREADS=16
 if [ "$1" = p ]; then export PYTHONPATH=$PWD tag_fa4=plain; else
   # a machine that went cold since the last call starts bare: FlashAttention-4 must be brought again
-  [ -d $SITE/flash_attn ] || { echo "no FlashAttention-4 here (a fresh machine): run 'a' and 'b' again"; exit 3; }
+  [ -e $SITE/.complete ] || { echo "no FlashAttention-4 here (a fresh machine): run 'a' and 'b' again"; exit 3; }
   python3 -c "from flash_attn.cute import flash_attn_varlen_func; import workbench.attention as a, torch; print('fa4:', a.resolve_backend('auto', 'cuda', torch.bfloat16, 72))" || exit 3
 fi
 # Everything is written under /tmp/fa4/out (it outlives a call while the machine stays warm) and
