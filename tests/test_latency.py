@@ -360,6 +360,27 @@ def test_realistic_batch_figure_reads_times_that_span_orders_of_magnitude():
     plt.close(fig)
 
 
+def test_a_stream_of_new_shapes_makes_every_strategy_prepare_its_own_metadata(monkeypatch):
+    """The eager strategy's call must not prepare a shape for a runner that then runs it eagerly (a miss): each
+    strategy's time on a new shape holds its own host metadata."""
+    from workbench.preprocess import preprocess
+    from workbench.samples import image_mix
+    from workbench.studies import encoder_latency as s
+    cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=0)
+    runner = EncoderGraphRunner(enc, budgets=[16], buffer_dtype=torch.uint8, max_items=1)
+    batches = [preprocess(image_mix("photos", 1, seed=k, resized=True, cfg=cfg), cfg) for k in (1, 2)]
+    assert all(b.n_rows // cfg.merge_unit > 16 for b in batches)          # larger than the budget: a miss
+    prepared = []
+    real = type(enc.visual).prepare
+    monkeypatch.setattr(type(enc.visual), "prepare",
+                        lambda self, g, **kw: prepared.append(g.tolist()) or real(self, g, **kw))
+    got = s.measure.measure_fresh(enc, None, cfg, batches, {"graph_engine": (runner, "always")})
+    assert set(got) == {"eager", "graph_engine"}
+    assert runner.stats_frame().miss.all()
+    assert len(prepared) == 4 and prepared[0] == prepared[1] and prepared[2] == prepared[3]   # twice per batch
+
+
 def test_the_realistic_batch_table_shows_how_well_autos_median_is_known():
     """Timed until known: six calls give a 95% interval of the median, recorded per strategy and
     shown for policy auto in the realistic-batch table (its half-width in percent, its calls)."""

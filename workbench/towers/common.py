@@ -180,6 +180,10 @@ class VisionTower(nn.Module):
         return remember(self.__dict__.setdefault("_meta_cache", {}), key, self.META_CACHE_SIZE,
                         lambda: self.prepare(grid_thw, **kw))
 
+    def forget_metadata(self) -> None:
+        """Drop what `prepare_cached` remembers: the next call of any shape prepares its own, as a new shape's does."""
+        self.__dict__.pop("_meta_cache", None)
+
     def _apply(self, fn, recurse=True):
         self.__dict__.pop("_kernels", None)      # resolved again for the new device or dtype
         self.__dict__.pop("_meta_cache", None)   # device or dtype changes: drop cached tables

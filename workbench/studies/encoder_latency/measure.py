@@ -265,8 +265,8 @@ def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners
     call timed with the device synchronized around it; per strategy the stream's time per image. Every output is
     checked against the eager one of its batch, as `measure_mix` checks: a strategy wrong on any batch, or in
     ``skip`` (wrong in the cell's own check), gets no time. Policy auto keeps what it learned before and along the
-    stream; the host metadata a runner caches is dropped before each call, so no strategy gains from another's call
-    on the same runner."""
+    stream; the host metadata the tower and a runner cache is dropped before each call, so no strategy gains from
+    another's call on the same batch."""
     dev, dt = enc.device, enc.dtype
     calls = {"eager": lambda k: enc.encode(batches[k], path="eager")}
     if hf is not None:      # its input normalized on the host beforehand, as measure_mix times it
@@ -281,7 +281,8 @@ def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners
         for k in range(len(batches)):
             ref = None
             for name, call in calls.items():        # eager first: the batch's reference
-                if name in runners:
+                enc.visual.forget_metadata()             # no strategy prepares a shape for the next one:
+                if name in runners:                      # each pays its host metadata, as on a new shape
                     runners[name][0].forget_metadata()
                 _sync(dev)
                 t0 = time.perf_counter()
