@@ -381,6 +381,22 @@ def test_a_stream_of_new_shapes_makes_every_strategy_prepare_its_own_metadata(mo
     assert len(prepared) == 4 and prepared[0] == prepared[1] and prepared[2] == prepared[3]   # twice per batch
 
 
+@pytest.mark.parametrize("shape", [(517, 96), (3, 5), (1, 7), (64, 1)])
+def test_errors_in_place_equal_the_hosts_over_chunks(shape, monkeypatch):
+    """The stream of new shapes checks its outputs where they are, in float64 chunks of rows: the same verdict
+    values as the recorded host ones (up to the sums' order), one wrong row seen in any chunk."""
+    from workbench import reference
+    from workbench.reference import cos_min, errors_in_place, rel_err
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 200)     # many chunks, rows split across them
+    g = torch.Generator().manual_seed(shape[0])
+    b = torch.randn(shape, generator=g).to(torch.bfloat16)
+    a = (b.float() + 1e-2 * torch.randn(shape, generator=g)).to(torch.bfloat16)
+    a[-1] = -b[-1]                                            # the last row points the other way
+    err, cos = errors_in_place(a, b)
+    assert err == pytest.approx(rel_err(a, b), rel=1e-12) and cos == pytest.approx(cos_min(a, b), abs=1e-12)
+    assert cos < -0.99 and errors_in_place(b, b) == (0.0, pytest.approx(1.0))
+
+
 def test_the_realistic_batch_table_shows_how_well_autos_median_is_known():
     """Timed until known: six calls give a 95% interval of the median, recorded per strategy and
     shown for policy auto in the realistic-batch table (its half-width in percent, its calls)."""

@@ -17,7 +17,7 @@ from ...encoder import build_encoder
 from ...floors import flop_floor_us, tower_flops
 from ...kernel_profile import kernel_breakdown
 from ...preprocess import PatchBatch, normalize_rows
-from ...reference import cos_min, hf_embeddings, hf_vision_model, rel_err
+from ...reference import cos_min, errors_in_place, hf_embeddings, hf_vision_model, rel_err
 from ...budgets import Budgets
 from ...planner import plan_budgets
 from ...preprocess import preprocess
@@ -112,6 +112,13 @@ def _release(dev: torch.device) -> None:
 def _agrees(cos: float, dt: torch.dtype) -> bool:
     """Whether ours and transformers' outputs agree: a finite row-wise cosine at least the dtype's COS_MIN."""
     return bool(np.isfinite(cos) and cos >= COS_MIN.get(dt, 0.99))
+
+
+def _agrees_in_place(got: torch.Tensor, ref: torch.Tensor, dt, transformers: bool) -> bool:
+    """`judge_graph`'s verdict (or, for transformers' output, `_agrees`'), computed on the outputs' device."""
+    if transformers:
+        return _agrees(errors_in_place(got, ref)[1], dt)
+    return bool(torch.equal(got, ref)) or errors_in_place(got, ref)[0] <= GRAPH_TOL.get(dt, GRAPH_TOL[torch.bfloat16])
 
 
 def _pinned(batch: PatchBatch, dev: torch.device) -> PatchBatch:
@@ -291,10 +298,8 @@ def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners
                 seconds[name] += time.perf_counter() - t0
                 if ref is None:
                     ref = out
-                elif name == "transformers":
-                    right[name] &= _agrees(cos_min(ref, out), dt)
-                else:
-                    right[name] &= judge_graph(out, ref, dt)[2]
+                elif right[name]:         # checked where the outputs are: only the verdict is kept
+                    right[name] = _agrees_in_place(out, ref, dt, name == "transformers")
                 del out
     images = sum(b.n_items for b in batches)
     return {name: dict(fresh_image_ms=s * 1e3 / images, fresh_batches=len(batches)) for name, s in seconds.items()
