@@ -106,6 +106,29 @@ def test_cli_compare(two_runs, capsys):
         cli.main(["compare", "run-a", "zzz", "--results", str(root)])
 
 
+def test_runs_with_other_attention_backends_compare_cell_by_cell_and_say_so(tmp_path, capsys):
+    """FlashAttention-4 against torch's flash: the attention column is not part of a cell, and the summary
+    names each run's backend (an older run that recorded none says so)."""
+    rows = [(64, "graph", "p50_ms", 10.0, "ms"), (64, "graph", "p90_ms", 10.5, "ms")]
+    a = run_folder(tmp_path, "varlen", "2030-01-01T00:00:00Z", rows)
+    b = run_folder(tmp_path, "fa4", "2030-01-02T00:00:00Z", [(t, p, m, v / 2, u) for t, p, m, v, u in rows])
+    old = run_folder(tmp_path, "old", "2029-01-01T00:00:00Z", rows)
+    for run, backend in ((a, "varlen"), (b, "fa4")):
+        t = pd.read_parquet(run / "lat.parquet").assign(attention=backend)
+        (run / "lat.parquet").unlink()
+        write_study_table(t[["tokens", "path", "device", "attention", "metric", "value", "unit"]], run / "lat.parquet")
+    df = compare_runs("varlen", "fa4", results=tmp_path)
+    assert "attention" not in df.columns and len(df) == 2
+    assert row(df, 64, "graph", "p50_ms")["flag"] == "faster beyond spread"
+    assert cli.main(["compare", "varlen", "fa4", "--results", str(tmp_path)]) == 0
+    assert "; attention a: varlen, b: fa4" in capsys.readouterr().out
+    assert cli.main(["compare", "old", "fa4", "--results", str(tmp_path)]) == 0
+    assert "; attention a: not recorded, b: fa4" in capsys.readouterr().out
+    assert cli.main(["compare", "fa4", "fa4", "--results", str(tmp_path)]) == 0
+    assert "; attention a:" not in capsys.readouterr().out
+    assert old.exists()
+
+
 def test_two_committed_reference_runs():
     """The correctness table of 20261130T143728Z equals 20261130T133302Z's value for value
     (results/reference/README.md): every shared value has ratio 1 (or no ratio at 0) and no flag."""

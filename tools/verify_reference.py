@@ -29,7 +29,8 @@ for spec in sys.argv[1:]:
     a, b = keep(ref), keep(new)
     if name == "padding_waste" and "budget_set" in a:          # planner_time budgets come from measured times
         a, b = a[a.budget_set != "planner_time"], b[b.budget_set != "planner_time"]
-    keys = [c for c in a.columns if c not in ("value", "device", "unit", "note", "run", "reference")
+    # attention is no key: a rerun with another backend is compared cell by cell, and says which it ran
+    keys = [c for c in a.columns if c not in ("value", "device", "attention", "unit", "note", "run", "reference")
             and c in b.columns]
     ka = a.assign(**{c: a[c].astype(str) for c in keys}).set_index(keys)["value"]
     kb = b.assign(**{c: b[c].astype(str) for c in keys}).set_index(keys)["value"]
@@ -42,7 +43,9 @@ for spec in sys.argv[1:]:
     worst = []
     for i in list(diff)[:8]:
         worst.append((dict(zip(keys, i)), float(ka.loc[i]), float(kb.loc[i])))
-    report[name] = dict(seconds=round(secs, 1), compared=int(len(common)), equal=int(same.sum()),
+    backends = lambda t: sorted(set(t["attention"].dropna().astype(str))) if "attention" in t else None  # noqa: E731
+    report[name] = dict(seconds=round(secs, 1), attention_ref=backends(ref), attention_new=backends(new),
+                        compared=int(len(common)), equal=int(same.sum()),
                         only_ref=int(len(ka.index.difference(kb.index))), only_new=int(len(kb.index.difference(ka.index))),
                         differing_by_metric=bymetric, examples=worst)
     print(name, json.dumps({k: v for k, v in report[name].items() if k != "examples"}), flush=True)

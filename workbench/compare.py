@@ -15,7 +15,9 @@ from .runmeta import META_NAME, MetaError, parse
 from .runstate import holds_run
 
 ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to a study table
-NOT_KEYS = ("device", "note", "value", "unit")         # not part of a cell's identity
+# not part of a cell's identity: a run on another device, or with another attention backend (FlashAttention-4
+# against torch's flash), is what a comparison is for
+NOT_KEYS = ("device", "attention", "note", "value", "unit")
 TIME_UNITS = ("us", "ms", "s")
 VERDICT_UNIT = "bool"
 LATEST = "latest"
@@ -158,8 +160,14 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
         df[params] = df[params].fillna("")
     else:
         df = pd.DataFrame(columns=["study", *VALUE_COLUMNS])
-    df.attrs.update(a=str(pa), b=str(pb), studies_a=sorted(ta), studies_b=sorted(tb))
+    df.attrs.update(a=str(pa), b=str(pb), studies_a=sorted(ta), studies_b=sorted(tb),
+                    attention={s: tuple(_backends(t[s]) for t in (ta, tb)) for s in set(ta) & set(tb)})
     return df
+
+
+def _backends(table) -> str:
+    """The attention backends a table's rows name ("" where it records none: runs made before it was recorded)."""
+    return ",".join(sorted(set(table["attention"].dropna().astype(str)))) if "attention" in table else ""
 
 
 def _run_folder_above(target: Path, results: Path) -> str | None:
@@ -252,8 +260,10 @@ def compare_command(args) -> int:
         print(f"studies in one run only (not compared): {', '.join(only)}")
     for study in shared:
         g = df[df["study"] == study]
+        att = df.attrs["attention"].get(study, ("", ""))
         print(f"{study}: {summary_line(g)}"
-              + ("" if len(g) else " (no cell measured in both: other presets, sizes or parameters)"))
+              + ("" if len(g) else " (no cell measured in both: other presets, sizes or parameters)")
+              + (f"; attention a: {att[0] or 'not recorded'}, b: {att[1] or 'not recorded'}" if att[0] != att[1] else ""))
     if args.csv:
         print(f"compare: every value written to {args.csv}")
     show = df if args.all else df[df["flag"] != ""]

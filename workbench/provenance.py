@@ -14,8 +14,9 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent     # holds pyproject.toml and the workbench package
 # Distribution names whose versions every run records (those installed).
+# FlashAttention-4 and its CuTe libraries, where installed: a tower's attention on CUDA depends on them
 PACKAGES = ("torch", "triton", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "papermill",
-            "nvidia-ml-py", "workbench")
+            "nvidia-ml-py", "flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels", "workbench")
 RESULTS_ENV = "WORKBENCH_RESULTS"
 REFERENCE_DIRNAME = "reference"       # <results>/reference/: the committed reference runs
 _GIT_TIMEOUT_S = 10

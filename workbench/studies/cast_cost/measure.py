@@ -164,6 +164,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
     bar = show_progress(total=len(cells) * len(p["budgets"]) * len(p["fills"]) + len(p["budgets"]),
                         desc=f"cast_cost {p['preset']}", enabled=progress)
     enc = build_encoder(cfg, placement="none", norm="eager", dtype=dt, device=dev, seed=p["seed"], check_inputs=False)
+    attention = enc.visual.kernels.backend        # the replay's attention, recorded with every row
     for budget in p["budgets"]:                  # one tower, built once, replayed at every budget
         replay[budget] = _tower_replay_us(enc, cfg, dt, dev, budget, p["reps"])
         bar.update()
@@ -189,7 +190,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                 min_bytes = n * cfg.patch_dim * (1 + torch.empty((), dtype=dt).element_size())
                 rows.append(dict(
                     study="cast_cost", preset=p["preset"], family=cfg.family, depth=cfg.depth, dtype=dtype_name(dt),
-                    device=label, design=design, norm=norm, budget=budget, budget_rows=big_n, fill=fill,
+                    device=label, attention=attention, design=design, norm=norm, budget=budget, budget_rows=big_n, fill=fill,
                     valid_rows=n, copy_us=t_copy["p50_us"], copy_p90_us=t_copy["p90_us"], norm_us=t_norm["p50_us"],
                     norm_p90_us=t_norm["p90_us"], staging_us=t_all["p50_us"], staging_p90_us=t_all["p90_us"],
                     staging_reps_n=t_all["reps"], staging_ci_lo_us=t_all["ci_lo_us"], staging_ci_hi_us=t_all["ci_hi_us"],

@@ -10,6 +10,7 @@ import torch
 from ...checkpoints import resolve_config
 from ...dtypes import dtype_name
 from ...dtypes import resolve_dtype as dtype_of
+from ...attention import resolve_backend
 from ...dp import encode_dp
 from ...encoder import PLACEMENT_TABLE, build_encoder
 from ...formatting import device_label
@@ -142,7 +143,10 @@ def _measure(s, progress: bool) -> pd.DataFrame:
         with torch.no_grad():
             ref = ref_enc.visual(normalize_reference(raw.pixels, cfg).to(dev), raw.grid_thw).cpu()
         del ref_enc
-        common = dict(family=cfg.family, preset=fam, depth=cfg.depth, width=cfg.width, dtype=dtype_name(dt), device=device_label(dev), n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
+        # every encoder under test is built with attn_backend="auto": the attention it resolves to on this device
+        common = dict(family=cfg.family, preset=fam, depth=cfg.depth, width=cfg.width, dtype=dtype_name(dt),
+                      device=device_label(dev), attention=resolve_backend("auto", dev, dt, cfg.head_dim),
+                      n_items=raw.n_items, n_rows=raw.n_rows, tolerance=tol)
         cells = list(_cells(placements, norms, [p for p in paths if p != "dp"], buffer_dtypes))
         key, enc = None, None
         for placement, norm, path, buf in show_progress(cells, desc=f"correctness {fam}", enabled=progress):

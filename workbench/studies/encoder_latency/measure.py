@@ -339,7 +339,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         t0 = time.perf_counter()
         enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"],
                                fused=False if p["fused"] == "off" else "auto")
-        fused_on = enc.visual.kernels.fused
+        fused_on, attention = enc.visual.kernels.fused, enc.visual.kernels.backend
         _release(dev)
         build_s = time.perf_counter() - t0
         bar.update()
@@ -361,7 +361,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             eager_p50 = res["eager"].get("p50_ms", float("nan"))
             hf_p50 = res.get("transformers", {}).get("p50_ms", float("nan"))
             common = dict(study="encoder_latency", case="exact", preset=preset, family=cfg.family, depth=cfg.depth,
-                          dtype=dtype_name(dt), norm=p["norm"], device=label, tokens=tokens, images=images,
+                          dtype=dtype_name(dt), norm=p["norm"], attention=attention, device=label, tokens=tokens, images=images,
                           tokens_per_image=per, grid="x".join(map(str, grid_for(per, cfg))))
             for path in LATENCY_PATHS:
                 if path not in res:
@@ -402,8 +402,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                             res.setdefault(path, {}).update(m)
                     res["eager"].update(cell_s=time.perf_counter() - t_cell, fresh_s=time.perf_counter() - t_fresh)
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
-                                  depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], device=label,
-                                  **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
+                                  depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], attention=attention,
+                                  device=label, **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
                     for path, m in res.items():
                         if path in ("graph_engine", "graph_auto"):
                             m["runner_s"] = engine_s

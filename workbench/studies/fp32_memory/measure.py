@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from ...attention import resolve_backend
 from ...config import VisionConfig
 
 from ...cuda_memory import captured_memory, eager_peak_bytes
@@ -94,7 +95,8 @@ def _measure(s, progress: bool) -> pd.DataFrame:
     cfg = _config(p)
     cuda = dev.type == "cuda"
     common = dict(study="fp32_memory", preset=p["preset"], family=cfg.family, depth=cfg.depth,
-                  dtype="bfloat16", device=label)
+                  dtype="bfloat16", device=label,     # the towers' attention (attn_backend="auto") on this device
+                  attention=resolve_backend("auto", dev, OUT_DTYPE, cfg.head_dim))
     rows = []
     cells = [(b, buf, n) for b in p["budgets"] for buf in p["buffer_dtypes"] for n in p["norms"]]
     bar = show_progress(total=len(cells) + len(p["budgets"]) * (1 + len(p["buffer_dtypes"])), desc=f"fp32_memory {p['preset']}",

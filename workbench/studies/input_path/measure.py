@@ -98,6 +98,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
     encoders = {pl: build_encoder(cfg, placement=pl, norm=p["norm"], dtype=dt, device=dev, seed=p["seed"],
                                   check_inputs=False)
                 for pl in p["placements"]}
+    base["attention"] = next(iter(encoders.values())).visual.kernels.backend
     for mix in p["mixes"]:
         images = [_fit(im, p["max_side"]) for im in image_mix(mix, p["n_items"], seed=p["seed"])]
         m = dict(base, **mix_columns(mix))

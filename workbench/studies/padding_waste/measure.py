@@ -215,7 +215,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                   dtype=dtype_name(dt), device=label)
     enc = build_encoder(cfg, placement="tower", norm=p["norm"], dtype=dt, device=dev, seed=p["seed"],
                         check_inputs=False)
-    backend = enc.visual.kernels.backend
+    backend = common["attention"] = enc.visual.kernels.backend
     gen = torch.Generator().manual_seed(p["seed"])
     dists = {mix: dict(mix_distribution(mix, cfg)) for mix in p["mixes"]}
     largest = max(max(d) for d in dists.values())
