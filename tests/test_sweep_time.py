@@ -82,3 +82,27 @@ def test_a_sweep_that_would_not_fit_leaves_no_run_folder(stubs, tmp_path, capsys
     assert "untimed: a guess" in capsys.readouterr().out
     assert not [p for p in tmp_path.iterdir() if (p / "meta.json").exists()]
     assert cli.main(["sweep", "--direct", "--studies", "stub_a", "--max-minutes", "5", "--results", str(tmp_path)]) == 0
+
+
+def test_a_cell_timed_alone_takes_its_own_seconds_and_each_cell_is_printed(tmp_path, capsys):
+    """A run of one preset measured that preset's cell: the prediction takes its seconds instead of scaling
+    another run's by tower FLOPs (one of other settings does not count), and prints every cell."""
+    study = discover()["cast_cost"]
+    both = study.resolve("cpu", {"presets": ["tiny-qwen2-vl", "tiny-qwen3-vl"]})
+    plan = SweepPlan(studies=(study,), params={"cast_cost": both}, profile="cpu", results=tmp_path, name="cpu")
+
+    def timed(stamp: str, seconds: float, params: dict):
+        run = tmp_path / f"{stamp}-abc1234-cpu"
+        run.mkdir()
+        (run / "meta.json").write_text(json.dumps({"params": {"profile": "cpu", "studies": {"cast_cost": params}},
+                                                   "study_seconds": {"cast_cost": seconds}}))
+
+    timed("20260103T000000Z", 100.0, both)                                              # the newest: both
+    timed("20260102T000000Z", 7.0, {**both, "presets": ["tiny-qwen3-vl"]})              # one, same settings
+    timed("20260101T000000Z", 1.0, {**both, "presets": ["tiny-qwen2-vl"], "reps": 1})    # one, other settings
+    plan_time(plan)
+    out = capsys.readouterr().out
+    cells = dict(part.rsplit(" ", 2)[0:2] for part in out.splitlines()[1].split(": ", 1)[1].split(", "))
+    assert cells["tiny-qwen3-vl"] == "7"                     # its own run, not its FLOPs' share of 100 s
+    assert 1 < float(cells["tiny-qwen2-vl"]) < 100           # its FLOPs' share of the newest run
+    assert "(2 cells, 1 timed alone)" in out

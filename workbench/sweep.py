@@ -66,10 +66,12 @@ class _Outcome:
 
 @dataclass(frozen=True)
 class Cell:
-    """A unit of a sharded sweep: a study, the values of its cell parameter it runs (None: all), its seconds."""
+    """A unit of a sharded sweep: a study, the values of its cell parameter it runs (None: all), its seconds
+    (``alone``: as a run of that cell alone took them, else scaled from a run of the study)."""
     study: str
     values: tuple | None
     seconds: float
+    alone: bool = False
 
 
 def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
@@ -87,14 +89,22 @@ def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
     return out
 
 
-def study_cells(study, params: Mapping[str, Any], recorded: tuple[float, Mapping[str, Any]] | None) -> list[Cell]:
-    """A cell per value of the study's cell parameter (or one), with the ``recorded`` seconds shared by weight."""
+def study_cells(study, params: Mapping[str, Any], recorded: tuple[float, Mapping[str, Any]] | None,
+                alone: Mapping[Any, tuple[float, Mapping[str, Any]]] | None = None) -> list[Cell]:
+    """A cell per value of the study's cell parameter (or one), with the ``recorded`` seconds shared by weight;
+    a value ``alone`` holds a run of by itself, with these settings otherwise, takes that run's seconds."""
     weights = _cell_weights(study, params)
     seconds, then = (recorded[0], _cell_weights(study, recorded[1])) if recorded else (UNTIMED_STUDY_S, weights)
     rate = seconds / (sum(then.values()) or 1.0)
-    if len(weights) < 2:
-        return [Cell(study.name, None, rate * (sum(weights.values()) or 1.0))]
-    return [Cell(study.name, (v,), rate * w) for v, w in weights.items()]
+    if not weights:
+        return [Cell(study.name, None, rate)]
+    same = {v: sec for v, (sec, p) in (alone or {}).items() if _same_settings(study, p, params)}
+    cells = [Cell(study.name, (v,), same.get(v, rate * w), v in same) for v, w in weights.items()]
+    return cells if len(cells) > 1 else [replace(cells[0], values=None)]
+
+
+def _same_settings(study, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return {k: v for k, v in a.items() if k != study.cells} == {k: v for k, v in b.items() if k != study.cells}
 
 
 def shard_cells(cells: list[Cell], count: int) -> list[list[Cell]]:
@@ -107,26 +117,45 @@ def shard_cells(cells: list[Cell], count: int) -> list[list[Cell]]:
     return parts
 
 
-def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = None) -> dict[str, tuple[float, dict]]:
-    """{study: (seconds, params)} from the newest run (by name: UTC time first) of ``profile`` that timed it."""
-    metas = sorted((m for f in folders for m in Path(f).glob("*/meta.json") if m.parent != exclude),
-                   key=lambda m: m.parent.name, reverse=True)
-    known: dict[str, tuple[float, dict]] = {}
-    for m in metas:
+def _timings(folders: list[Path], profile: str, exclude: Path | None = None):
+    """(study, seconds, params) of every study timed by the runs of ``profile``, the newest run (by name: UTC time
+    first) first."""
+    for m in sorted((m for f in folders for m in Path(f).glob("*/meta.json") if m.parent != exclude),
+                    key=lambda m: m.parent.name, reverse=True):
         try:
             meta = RunMeta.from_json(m)
         except MetaError:          # a broken record of another run counts nothing
             continue
         if (meta.params or {}).get("profile") == profile:
             for name, sec in (meta.study_seconds or {}).items():
-                known.setdefault(name, (float(sec), dict(meta.plan.get(name) or {})))
+                yield name, float(sec), dict(meta.plan.get(name) or {})
+
+
+def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = None) -> dict[str, tuple[float, dict]]:
+    """{study: (seconds, params)} from the newest run of ``profile`` that timed it."""
+    known: dict[str, tuple[float, dict]] = {}
+    for name, sec, params in _timings(folders, profile, exclude):
+        known.setdefault(name, (sec, params))
+    return known
+
+
+def timed_alone(folders: list[Path], profile: str, studies: list) -> dict[str, dict[Any, tuple[float, dict]]]:
+    """{study: {value of its cell parameter: (seconds, params)}} from the newest run of ``profile`` that timed the
+    study on that one value (one preset, say): a measured cell, where FLOPs only scale another one."""
+    cells = {s.name: s.cells for s in studies if s.cells}
+    known: dict[str, dict[Any, tuple[float, dict]]] = {}
+    for name, sec, params in _timings(folders, profile):
+        values = params.get(cells.get(name)) if name in cells else None
+        if isinstance(values, list) and len(values) == 1 and isinstance(values[0], (str, int, float)):
+            known.setdefault(name, {}).setdefault(values[0], (sec, params))
     return known
 
 
 def shard_plan(studies: list, params: Mapping[str, dict], index: int, count: int,
-               recorded: Mapping[str, tuple[float, dict]]) -> tuple[list, dict[str, dict], dict[str, list | None]]:
+               recorded: Mapping[str, tuple[float, dict]], alone: Mapping[str, dict] | None = None
+               ) -> tuple[list, dict[str, dict], dict[str, list | None]]:
     """Shard ``index``: (its studies, their params for its cells, {study: its cell values, None for all})."""
-    cells = [c for s in studies for c in study_cells(s, params[s.name], recorded.get(s.name))]
+    cells = [c for s in studies for c in study_cells(s, params[s.name], recorded.get(s.name), (alone or {}).get(s.name))]
     chosen: dict[str, list | None] = {}
     for c in shard_cells(cells, count)[index]:
         chosen[c.study] = None if c.values is None else [*chosen.get(c.study, []), *c.values]
@@ -142,17 +171,24 @@ REPS_PARAMS = ("reps", "warmup", "min_reps")     # what --fit trims, each down t
 
 
 def predict(studies: list, params: Mapping[str, dict], results: Path,
-            profile: str) -> dict[str, tuple[float, int, str]]:
-    """{study: (predicted seconds, cells, how)}: the newest timed run of the profile here or under reference/,
+            profile: str) -> dict[str, tuple[float, list[Cell], str]]:
+    """{study: (predicted seconds, its cells, how)}: the newest timed run of the profile here or under reference/,
     scaled to these cells by tower FLOPs (`study_cells`); untimed: the study's guess or UNTIMED_STUDY_S. ``how``
     is "" for a run of these settings, else what the number rests on (a guess; a run of other settings)."""
-    recorded = recorded_seconds([Path(results), Path(results) / "reference"], profile)
+    folders = [Path(results), Path(results) / "reference"]
+    recorded, alone = recorded_seconds(folders, profile), timed_alone(folders, profile, studies)
     out = {}
     for s in studies:
-        cells = study_cells(s, params[s.name], recorded.get(s.name) or guessed_seconds(s, profile))
+        cells = study_cells(s, params[s.name], recorded.get(s.name) or guessed_seconds(s, profile), alone.get(s.name))
         how = _other_settings(s, recorded[s.name][1], params[s.name]) if s.name in recorded else "untimed: a guess"
-        out[s.name] = (sum(c.seconds for c in cells), len(cells), how)
+        out[s.name] = (sum(c.seconds for c in cells), cells, how)
     return out
+
+
+def _cell_lines(est: Mapping[str, tuple[float, list[Cell], str]]) -> list[str]:
+    """A line per study of several cells: each cell's predicted seconds, the longest first."""
+    return [f"  {name}: " + ", ".join(f"{c.values[0]} {c.seconds:.0f} s" for c in sorted(cells, key=lambda c: -c.seconds))
+            for name, (_, cells, _) in est.items() if len(cells) > 1]
 
 
 def _other_settings(study, then: Mapping[str, Any], now: Mapping[str, Any]) -> str:
@@ -200,10 +236,12 @@ def plan_time(plan: SweepPlan) -> dict:
     studies, params, workers = list(plan.studies), dict(plan.params), plan.processes
     est = predict(studies, params, plan.results, plan.profile)
     total = wall_seconds({n: t for n, (t, _, _) in est.items()}, workers)
-    print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({k} cell{'s' * (k > 1)}" + (f", {how}" if how else "") + ")"
-                                          for n, (t, k, how) in est.items())
+    alone = lambda k: sum(c.alone for c in k)       # noqa: E731
+    print("sweep: predicted " + ", ".join(f"{n} {t:.0f} s ({len(k)} cell{'s' * (len(k) > 1)}"
+                                          + (f", {alone(k)} timed alone" if alone(k) else "")
+                                          + (f", {how}" if how else "") + ")" for n, (t, k, how) in est.items())
           + f"; about {total / 60:.1f} min" + (f" on {len(plan.gpus)} GPUs" if plan.gpus else "")
-          + (f" in {workers} workers" if workers > 1 else ""))
+          + (f" in {workers} workers" if workers > 1 else ""), *_cell_lines(est), sep="\n")
     if plan.max_minutes is None or total <= plan.max_minutes * 60:
         return params
     if not plan.fit:
@@ -230,8 +268,10 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     if plan.shard is not None:
         index, count = plan.shard
         # balanced by committed runs only: every host of a job array sees the same ones
-        recorded = recorded_seconds([Path(plan.results) / "reference"], plan.profile)
-        mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, recorded)
+        committed = [Path(plan.results) / "reference"]
+        mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count,
+                                         recorded_seconds(committed, plan.profile),
+                                         timed_alone(committed, plan.profile, list(plan.studies)))
         if not mine:
             return SweepResult(None, [], f"sweep: shard {index}/{count} has no cell ({n_studies(len(plan.studies))} "
                                          f"selected over {count} shards); nothing to run")

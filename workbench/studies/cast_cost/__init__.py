@@ -39,7 +39,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="cast_cost",
-    guess_s={"cpu": 11},
+    guess_s={"cpu": 21},
     order=2,
     notebook="notebooks/cast_cost.ipynb",
     package=__name__,

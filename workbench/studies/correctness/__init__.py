@@ -24,7 +24,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="correctness",
-    guess_s={"cpu": 45},
+    guess_s={"cpu": 49},
     order=1,
     notebook="notebooks/correctness.ipynb",
     package=__name__,

@@ -66,7 +66,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="encoder_latency",
-    guess_s={"cpu": 64},
+    guess_s={"cpu": 72},
     order=5,
     notebook="notebooks/encoder_latency.ipynb",
     package=__name__,

@@ -37,7 +37,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="fp32_memory",
-    guess_s={"cpu": 5},
+    guess_s={"cpu": 11},
     order=4,
     notebook="notebooks/fp32_memory.ipynb",
     package=__name__,

@@ -33,7 +33,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="input_path",
-    guess_s={"cpu": 24},
+    guess_s={"cpu": 38},
     order=6,
     notebook="notebooks/input_path.ipynb",
     package=__name__,

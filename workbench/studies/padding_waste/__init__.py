@@ -60,7 +60,7 @@ from .params import PARAMS, footprint
 
 STUDY = register(Study(
     name="padding_waste",
-    guess_s={"cpu": 59},
+    guess_s={"cpu": 67},
     order=3,
     notebook="notebooks/padding_waste.ipynb",
     package=__name__,
