@@ -235,13 +235,15 @@ def test_n_params_equals_transformers_parameter_count(preset):
 def test_tower_flops_count_the_matmuls_the_tower_runs(preset):
     """floors.tower_flops against torch's own count of one forward: its matmul FLOPs are every mm /
     addmm (the position gather is an embedding_bag, not counted), its attention FLOPs the bmm of
-    the one-frame dense attention."""
+    the one-frame dense attention (SDPA's math path, whose bmm the counter sees: it has no formula
+    for the CPU's fused kernel)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
     cfg = wb.VisionConfig.preset(preset)
     tower = build_tower(cfg, fused=False).init_random(0).eval()
     grid = torch.tensor([[1, 8, 12]])
     x = torch.randn(96, cfg.patch_dim)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as counter:
         tower(x, grid)
     counts = counter.get_flop_counts()["Global"]
     matmul = sum(v for k, v in counts.items() if str(k).split(".")[1] in ("mm", "addmm"))

@@ -330,13 +330,15 @@ def test_every_study_table_holds_to_the_schema(cast_table):
 @pytest.mark.parametrize("preset", ["tiny-qwen2-vl", "tiny-qwen2.5-vl"])
 def test_tower_flop_model_equals_torch_flop_counter(preset):
     """The FLOP floor's count (matmuls, full and window attention) is what the tower executes,
-    counted by torch's FlopCounterMode on a real forward (grids that tile whole windows)."""
+    counted by torch's FlopCounterMode on a real forward (grids that tile whole windows; SDPA's math
+    path, whose bmm the counter sees: it has no formula for the CPU's fused kernel)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
     cfg = wb.VisionConfig.preset(preset)
     enc = wb.build_encoder(cfg, placement="none", norm="eager", dtype=torch.float32, device="cpu")
     grid = torch.tensor([[1, 16, 24], [1, 8, 8]])
     x = torch.randn(int(grid.prod(1).sum()), cfg.patch_dim)
-    with FlopCounterMode(display=False) as fc:
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc:
         enc.visual(x, grid)
     model = floors.tower_flops(cfg, [16 * 24, 8 * 8])
     counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
