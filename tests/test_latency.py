@@ -220,7 +220,7 @@ def test_the_study_is_registered_with_cpu_and_gpu_profiles():
     assert study is s.STUDY and study.notebook == "notebooks/encoder_latency.ipynb"
     cpu, gpu = study.resolve("cpu"), study.resolve("gpu")
     assert cpu["presets"] == list(s.params.TINY_PRESETS) and cpu["dtype"] == "float32" and cpu["norm"] == "eager"
-    assert gpu["presets"] == [p for p in wb.PRESET_NAMES if not p.startswith("tiny-")]
+    assert gpu["presets"] == list(s.params.distinct_towers())          # each real tower once (test below)
     assert gpu["dtype"] == "bfloat16" and gpu["tokens"] == [64, 256, 1024, 4096]
     assert s.measure.grid_for(64, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 16, 16]
     assert s.measure.grid_for(32, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 8, 16]
@@ -434,3 +434,23 @@ def test_auto_verdicts_counts_a_reference_and_sees_auto_slowed(tmp_path, capsys)
     with pytest.raises(SystemExit):
         tool.main([str(tmp_path)])                     # no table there
     assert "no encoder_latency.parquet in" in capsys.readouterr().err
+
+
+def test_the_gpu_profile_times_every_distinct_tower_once():
+    """The GPU default: one preset per tower (presets whose configs differ only in the merger's widths share
+    one), every family's studies preset among them, and every real preset's tower covered."""
+    import dataclasses
+    from workbench.config import PRESETS, REAL_PRESET_PER_FAMILY
+    from workbench.studies.encoder_latency.params import REAL_PRESETS, distinct_towers, tower_key
+    gpu = STUDIES["encoder_latency"].resolve("gpu")["presets"]
+    assert tuple(gpu) == distinct_towers()
+    keys = [tower_key(n) for n in gpu]
+    assert len(set(keys)) == len(keys)                                   # no tower twice
+    assert {tower_key(n) for n in REAL_PRESETS} == set(keys)             # and none left out
+    assert set(REAL_PRESET_PER_FAMILY) <= set(gpu) and {PRESETS[n].family for n in REAL_PRESETS} == \
+        {PRESETS[n].family for n in gpu}
+    for name in set(REAL_PRESETS) - set(gpu):     # what a left-out preset differs in: its merger only
+        twin = next(n for n in gpu if tower_key(n) == tower_key(name))
+        a, b = dataclasses.asdict(PRESETS[name]), dataclasses.asdict(PRESETS[twin])
+        assert {k for k in a if a[k] != b[k]} <= {"name", "out_hidden", "merger_hidden", "checkpoint"}
+    assert {"qwen2.5-vl-72b", "qwen3-vl-235b-a22b", "glm-4.5v"}.isdisjoint(gpu) and "qwen3-vl-2b" in gpu

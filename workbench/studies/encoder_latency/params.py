@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 
-from ...config import PRESET_NAMES
+import dataclasses
+
+from ...config import PRESET_NAMES, PRESETS, REAL_PRESET_PER_FAMILY
 from ...checkpoints import resolve_config
 from ...vocabulary import REAL_NORMS
 from ...vocabulary import PHASES
@@ -13,6 +15,26 @@ from ..footprint import Footprint, itemsize, largest, tower_bytes
 from ..params import Param, ParamSpec, ascending_unique
 
 REAL_PRESETS = tuple(n for n in PRESET_NAMES if not n.startswith("tiny-"))
+# what a merger-only difference changes: presets that differ in nothing else run the same blocks
+MERGER_FIELDS = ("name", "out_hidden", "merger_hidden", "checkpoint")
+
+
+def tower_key(name: str) -> tuple:
+    """A preset's tower less its merger's widths: equal for qwen2.5-vl-3b / 7b / 72b, qwen3-vl-8b / 30b-a3b /
+    235b-a22b, glm-4.1v-9b / glm-4.5v."""
+    cfg = PRESETS[name]
+    return tuple(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in MERGER_FIELDS)
+
+
+def distinct_towers() -> tuple[str, ...]:
+    """One real preset per distinct tower (`tower_key`), the studies' preset of its family where it is one of
+    them, in preset order: what the GPU profile times (the others: ``--set presets=...``)."""
+    chosen: dict[tuple, str] = {}
+    for name in REAL_PRESETS:
+        key = tower_key(name)
+        if key not in chosen or name in REAL_PRESET_PER_FAMILY:
+            chosen[key] = name
+    return tuple(n for n in REAL_PRESETS if n in chosen.values())
 
 
 TINY_PRESETS = tuple(n for n in PRESET_NAMES if n.startswith("tiny-"))
@@ -28,12 +50,15 @@ def _divisible(p: dict) -> None:
                          f"tokens / images merged tokens); not divisible: {bad}")
 
 
-# The GPU profile times every real preset at four token counts, each path 1 (check) + warmup + reps
-# calls: minutes on one GPU (each reference run's meta.json records its study_seconds); the
-# table's build_s and capture_s say what building and capturing took.
+# The GPU profile times every distinct real tower (10 of the 17 real presets: the others differ from one
+# of them in their merger's widths only) at four token counts, each path 1 (check) + warmup + reps
+# calls, and the realistic batches: minutes per tower on one GPU (each reference run's meta.json
+# records its study_seconds); the table's build_s, capture_s and cell_s say where they went.
 PARAMS = ParamSpec(
-    Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(REAL_PRESETS),
-          choices=PRESET_NAMES, model_folders=True, help="towers to time"),
+    Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(distinct_towers()),
+          choices=PRESET_NAMES, model_folders=True,
+          help="towers to time (gpu default: one preset per distinct tower; presets that differ only in the "
+               "merger's widths, such as qwen2.5-vl-3b/7b/72b, time alike but for the merger)"),
     Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1, help="blocks per tower (None: the preset's depth)"),
     Param("tokens", "list[int]", cap="budget_tokens", cpu=[64, 256], gpu=[64, 256, 1024, 4096], minimum=1, rule=ascending_unique,
           help="merged tokens per call (4 pixel rows each); the graph budget is exactly this"),
