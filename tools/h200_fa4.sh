@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FlashAttention-4 on a GPU host without a registry, then a queue of GPU work that survives
-# the 10-minute command limit (run from the repo root; FACTS.md says where the wheels come from;
+# the 10-minute command limit (run from the repo root; tools/fa4_bundle.sh builds the .fa4/ it carries;
 # results come back as one archive, $OUT/fa4-out.tgz):
 #   bash tools/h200_fa4.sh a        # call 1, carrying .fa4/a: keep the first part of the cu13 libraries
 #   bash tools/h200_fa4.sh b        # call 2 (within 30 s), carrying .fa4/b: unpack everything into
