@@ -106,3 +106,18 @@ def test_a_cell_timed_alone_takes_its_own_seconds_and_each_cell_is_printed(tmp_p
     assert cells["tiny-qwen3-vl"] == "7"                     # its own run, not its FLOPs' share of 100 s
     assert 1 < float(cells["tiny-qwen2-vl"]) < 100           # its FLOPs' share of the newest run
     assert "(2 cells, 1 timed alone)" in out
+
+
+def test_a_plan_whose_every_cell_was_timed_alone_rests_on_nothing_else(tmp_path, capsys):
+    study = discover()["cast_cost"]
+    plan_params = study.resolve("cpu", {"presets": ["tiny-qwen2-vl"]})
+    plan = SweepPlan(studies=(study,), params={"cast_cost": plan_params}, profile="cpu", results=tmp_path, name="cpu")
+    for stamp, seconds, params in (("20260102T000000Z", 5.0, {**plan_params, "reps": 1}),   # newest: other settings
+                                   ("20260101T000000Z", 9.0, plan_params)):                 # this cell, alone
+        run = tmp_path / f"{stamp}-abc1234-cpu"
+        run.mkdir()
+        (run / "meta.json").write_text(json.dumps({"params": {"profile": "cpu", "studies": {"cast_cost": params}},
+                                                   "study_seconds": {"cast_cost": seconds}}))
+    plan_time(plan)
+    out = capsys.readouterr().out
+    assert "cast_cost 9 s (1 cell, 1 timed alone)" in out and "other settings" not in out

@@ -90,15 +90,19 @@ def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
 
 
 def study_cells(study, params: Mapping[str, Any], recorded: tuple[float, Mapping[str, Any]] | None,
-                alone: Mapping[Any, tuple[float, Mapping[str, Any]]] | None = None) -> list[Cell]:
+                alone: Mapping[Any, list[tuple[float, Mapping[str, Any]]]] | None = None) -> list[Cell]:
     """A cell per value of the study's cell parameter (or one), with the ``recorded`` seconds shared by weight;
-    a value ``alone`` holds a run of by itself, with these settings otherwise, takes that run's seconds."""
+    a value ``alone`` holds runs of by itself takes the seconds of the newest with these settings otherwise."""
     weights = _cell_weights(study, params)
     seconds, then = (recorded[0], _cell_weights(study, recorded[1])) if recorded else (UNTIMED_STUDY_S, weights)
     rate = seconds / (sum(then.values()) or 1.0)
     if not weights:
         return [Cell(study.name, None, rate)]
-    same = {v: sec for v, (sec, p) in (alone or {}).items() if _same_settings(study, p, params)}
+    same = {}
+    for v, runs in (alone or {}).items():
+        sec = next((sec for sec, p in runs if _same_settings(study, p, params)), None)
+        if sec is not None:
+            same[v] = sec
     cells = [Cell(study.name, (v,), same.get(v, rate * w), v in same) for v, w in weights.items()]
     return cells if len(cells) > 1 else [replace(cells[0], values=None)]
 
@@ -139,15 +143,15 @@ def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = N
     return known
 
 
-def timed_alone(folders: list[Path], profile: str, studies: list) -> dict[str, dict[Any, tuple[float, dict]]]:
-    """{study: {value of its cell parameter: (seconds, params)}} from the newest run of ``profile`` that timed the
-    study on that one value (one preset, say): a measured cell, where FLOPs only scale another one."""
+def timed_alone(folders: list[Path], profile: str, studies: list) -> dict[str, dict[Any, list[tuple[float, dict]]]]:
+    """{study: {value of its cell parameter: [(seconds, params), ...]}}, newest first, from the runs of ``profile``
+    that timed the study on that one value (one preset, say): measured cells, where FLOPs only scale another."""
     cells = {s.name: s.cells for s in studies if s.cells}
-    known: dict[str, dict[Any, tuple[float, dict]]] = {}
+    known: dict[str, dict[Any, list[tuple[float, dict]]]] = {}
     for name, sec, params in _timings(folders, profile):
         values = params.get(cells.get(name)) if name in cells else None
         if isinstance(values, list) and len(values) == 1 and isinstance(values[0], (str, int, float)):
-            known.setdefault(name, {}).setdefault(values[0], (sec, params))
+            known.setdefault(name, {}).setdefault(values[0], []).append((sec, params))
     return known
 
 
@@ -181,7 +185,7 @@ def predict(studies: list, params: Mapping[str, dict], results: Path,
     for s in studies:
         cells = study_cells(s, params[s.name], recorded.get(s.name) or guessed_seconds(s, profile), alone.get(s.name))
         how = _other_settings(s, recorded[s.name][1], params[s.name]) if s.name in recorded else "untimed: a guess"
-        out[s.name] = (sum(c.seconds for c in cells), cells, how)
+        out[s.name] = (sum(c.seconds for c in cells), cells, "" if all(c.alone for c in cells) else how)
     return out
 
 
