@@ -454,3 +454,23 @@ def test_the_gpu_profile_times_every_distinct_tower_once():
         a, b = dataclasses.asdict(PRESETS[name]), dataclasses.asdict(PRESETS[twin])
         assert {k for k in a if a[k] != b[k]} <= {"name", "out_hidden", "merger_hidden", "checkpoint"}
     assert {"qwen2.5-vl-72b", "qwen3-vl-235b-a22b", "glm-4.5v"}.isdisjoint(gpu) and "qwen3-vl-2b" in gpu
+
+
+def test_sweep_floor_counts_the_fewest_timed_forwards_at_a_committed_per_image_time(capsys):
+    """tools/sweep_floor.py: a realistic cell's batch calls and an input_path image's forwards at the fewest
+    repetitions, times the committed H200 per-image time; a preset without one is listed, not guessed."""
+    from test_weights_once import load_tool
+    tool = load_tool("sweep_floor")
+    lat = dict(presets=["qwen3-vl-8b", "nope"], mixes=["documents"], mix_items=[4], warmup=2, min_reps=6, fresh=4)
+    ip = dict(presets=["qwen3-vl-8b"], mixes=["documents"], n_items=8, placements=["tower", "fold"],
+              paths=["eager", "cudagraph"], min_reps=6)
+    assert tool.latency_calls(lat) == 5 * (1 + 2 + 6 + 4) and tool.input_path_calls(ip) == 2 * 2 * 2 * (1 + 6)
+    ms = {("qwen3-vl-8b", "documents", 4): 100.0, ("qwen3-vl-8b", "documents", 1): 300.0}
+    table, missing = tool.floors(ms, lat, ip)
+    got = table.set_index("study").floor_s
+    assert got["encoder_latency"] == pytest.approx(0.1 * 4 * 65) and got["input_path"] == pytest.approx(0.3 * 8 * 56)
+    assert missing == ["encoder_latency nope documents x4"]
+    run = ROOT / "results/reference/20261205T024624Z-3200d44-h200-fa4-race-qwen3-vl-8b"
+    measured = tool.per_image_ms([run])
+    assert measured[("qwen3-vl-8b", "documents", 4)] == pytest.approx(130.8, abs=0.05)
+    assert tool.main(["--runs", str(run)]) == 0 and "at least" in capsys.readouterr().out
