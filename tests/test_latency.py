@@ -474,3 +474,9 @@ def test_sweep_floor_counts_the_fewest_timed_forwards_at_a_committed_per_image_t
     measured = tool.per_image_ms([run])
     assert measured[("qwen3-vl-8b", "documents", 4)] == pytest.approx(130.8, abs=0.05)
     assert tool.main(["--runs", str(run)]) == 0 and "at least" in capsys.readouterr().out
+    # another default asked for: fewer fresh batches ask for fewer calls; a bad value is refused by the declaration
+    assert tool.main(["--runs", str(run), "--set", "encoder_latency.fresh=0"]) == 0
+    assert "per realistic latency cell: 45 batch calls" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tool.main(["--set", "input_path.n_items=0"])
+    assert "n_items=0 is below the minimum 1" in capsys.readouterr().err

@@ -5,7 +5,10 @@ preset, mix and item count. No build, capture, race, check or host work is count
 takes longer; where this floor is over a time goal, no speed-up of the harness reaches the goal at
 these defaults.
 
-    python tools/sweep_floor.py [--runs GLOB]     # default: results/reference/*
+    python tools/sweep_floor.py [--runs GLOB] [--set STUDY.KEY=JSON ...]     # default: results/reference/*
+
+``--set`` asks what other defaults would ask (``--set input_path.n_items=4 --set 'encoder_latency.mixes=["documents"]'``),
+checked by the study's own declaration.
 
 Per-image times come from encoder_latency's realistic cells (path eager, ``image_p50_ms``) of the
 newest matching run per preset; input_path's "photos" (not a latency mix) from the newest
@@ -15,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from workbench.studies import discover, load_table, wide  # noqa: E402
+from workbench.studies import ParamError, discover, load_table, wide  # noqa: E402
 from workbench.studies.encoder_latency.summary import mix_cells  # noqa: E402
 
 LATENCY_STRATEGIES = 5      # transformers, eager, the engines' graphs, the planner's graphs, policy auto
@@ -78,10 +82,25 @@ def floors(ms: dict, lat: dict, ip: dict) -> tuple[pd.DataFrame, list[str]]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="results/reference/*", help="run folders with the per-image times")
+    ap.add_argument("--set", action="append", default=[], metavar="STUDY.KEY=JSON",
+                    help="another value of a study's GPU default (encoder_latency or input_path)")
     a = ap.parse_args(argv)
     runs = [Path(p) for p in glob.glob(a.runs) if Path(p).is_dir()]
     studies = discover()
-    lat, ip = studies["encoder_latency"].resolve("gpu"), studies["input_path"].resolve("gpu")
+    over: dict[str, dict] = {"encoder_latency": {}, "input_path": {}}
+    for item in a.set:
+        key, _, value = item.partition("=")
+        study, _, name = key.partition(".")
+        if study not in over or not name or not value:
+            ap.error(f"--set {item!r}: give encoder_latency.KEY=JSON or input_path.KEY=JSON")
+        try:
+            over[study][name] = json.loads(value)
+        except ValueError:
+            over[study][name] = value          # a bare string, as sweep --set takes it
+    try:
+        lat, ip = (studies[n].resolve("gpu", over[n]) for n in ("encoder_latency", "input_path"))
+    except ParamError as e:
+        ap.error(str(e))
     table, missing = floors(per_image_ms(runs), lat, ip)
     print(f"per realistic latency cell: {latency_calls(lat)} batch calls; per input_path image: "
           f"{input_path_calls(ip)} forwards, {ip['n_items']} images per mix")
