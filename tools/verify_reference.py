@@ -4,6 +4,7 @@ import json, os, sys, time
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from workbench.compare import attention_backends, param_columns
 from workbench.studies import discover, load_table
 
 TIMING_UNITS = {"ms", "us", "s", "GB/s", "TFLOP/s", "x"}
@@ -29,9 +30,8 @@ for spec in sys.argv[1:]:
     a, b = keep(ref), keep(new)
     if name == "padding_waste" and "budget_set" in a:          # planner_time budgets come from measured times
         a, b = a[a.budget_set != "planner_time"], b[b.budget_set != "planner_time"]
-    # attention is no key: a rerun with another backend is compared cell by cell, and says which it ran
-    keys = [c for c in a.columns if c not in ("value", "device", "attention", "unit", "note", "run", "reference")
-            and c in b.columns]
+    # compare's keys (no device, no attention: a rerun with another backend is compared cell by cell), and the metric
+    keys = [c for c in param_columns(a) if c in b.columns] + ["metric"]
     ka = a.assign(**{c: a[c].astype(str) for c in keys}).set_index(keys)["value"]
     kb = b.assign(**{c: b[c].astype(str) for c in keys}).set_index(keys)["value"]
     ka = ka[~ka.index.duplicated()]; kb = kb[~kb.index.duplicated()]
@@ -43,8 +43,7 @@ for spec in sys.argv[1:]:
     worst = []
     for i in list(diff)[:8]:
         worst.append((dict(zip(keys, i)), float(ka.loc[i]), float(kb.loc[i])))
-    backends = lambda t: sorted(set(t["attention"].dropna().astype(str))) if "attention" in t else None  # noqa: E731
-    report[name] = dict(seconds=round(secs, 1), attention_ref=backends(ref), attention_new=backends(new),
+    report[name] = dict(seconds=round(secs, 1), attention_ref=attention_backends(ref), attention_new=attention_backends(new),
                         compared=int(len(common)), equal=int(same.sum()),
                         only_ref=int(len(ka.index.difference(kb.index))), only_new=int(len(kb.index.difference(ka.index))),
                         differing_by_metric=bymetric, examples=worst)

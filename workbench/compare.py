@@ -161,13 +161,13 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     else:
         df = pd.DataFrame(columns=["study", *VALUE_COLUMNS])
     df.attrs.update(a=str(pa), b=str(pb), studies_a=sorted(ta), studies_b=sorted(tb),
-                    attention={s: tuple(_backends(t[s]) for t in (ta, tb)) for s in set(ta) & set(tb)})
+                    attention={s: tuple(",".join(attention_backends(t[s])) for t in (ta, tb)) for s in set(ta) & set(tb)})
     return df
 
 
-def _backends(table) -> str:
-    """The attention backends a table's rows name ("" where it records none: runs made before it was recorded)."""
-    return ",".join(sorted(set(table["attention"].dropna().astype(str)))) if "attention" in table else ""
+def attention_backends(table) -> list[str]:
+    """The attention backends a table's rows name ([] where it records none: runs made before it was recorded)."""
+    return sorted(set(table["attention"].dropna().astype(str))) if "attention" in table else []
 
 
 def _run_folder_above(target: Path, results: Path) -> str | None:

@@ -137,18 +137,22 @@ def _timings(folders: list[Path], profile: str, exclude: Path | None = None):
 
 def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = None) -> dict[str, tuple[float, dict]]:
     """{study: (seconds, params)} from the newest run of ``profile`` that timed it."""
+    return _newest(_timings(folders, profile, exclude))
+
+
+def _newest(timings) -> dict[str, tuple[float, dict]]:
     known: dict[str, tuple[float, dict]] = {}
-    for name, sec, params in _timings(folders, profile, exclude):
+    for name, sec, params in timings:
         known.setdefault(name, (sec, params))
     return known
 
 
-def timed_alone(folders: list[Path], profile: str, studies: list) -> dict[str, dict[Any, list[tuple[float, dict]]]]:
-    """{study: {value of its cell parameter: [(seconds, params), ...]}}, newest first, from the runs of ``profile``
-    that timed the study on that one value (one preset, say): measured cells, where FLOPs only scale another."""
+def timed_alone(timings: list[tuple[str, float, dict]], studies: list) -> dict[str, dict[Any, list[tuple[float, dict]]]]:
+    """{study: {value of its cell parameter: [(seconds, params), ...]}}, newest first, from the ``timings``
+    (`_timings`) of the study on that one value (one preset, say): measured cells, where FLOPs only scale another."""
     cells = {s.name: s.cells for s in studies if s.cells}
     known: dict[str, dict[Any, list[tuple[float, dict]]]] = {}
-    for name, sec, params in _timings(folders, profile):
+    for name, sec, params in timings:
         values = params.get(cells.get(name)) if name in cells else None
         if isinstance(values, list) and len(values) == 1 and isinstance(values[0], (str, int, float)):
             known.setdefault(name, {}).setdefault(values[0], []).append((sec, params))
@@ -179,8 +183,8 @@ def predict(studies: list, params: Mapping[str, dict], results: Path,
     """{study: (predicted seconds, its cells, how)}: the newest timed run of the profile here or under reference/,
     scaled to these cells by tower FLOPs (`study_cells`); untimed: the study's guess or UNTIMED_STUDY_S. ``how``
     is "" for a run of these settings, else what the number rests on (a guess; a run of other settings)."""
-    folders = [Path(results), Path(results) / "reference"]
-    recorded, alone = recorded_seconds(folders, profile), timed_alone(folders, profile, studies)
+    timings = list(_timings([Path(results), Path(results) / "reference"], profile))   # each meta.json read once
+    recorded, alone = _newest(timings), timed_alone(timings, studies)
     out = {}
     for s in studies:
         cells = study_cells(s, params[s.name], recorded.get(s.name) or guessed_seconds(s, profile), alone.get(s.name))
@@ -272,10 +276,9 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     if plan.shard is not None:
         index, count = plan.shard
         # balanced by committed runs only: every host of a job array sees the same ones
-        committed = [Path(plan.results) / "reference"]
-        mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count,
-                                         recorded_seconds(committed, plan.profile),
-                                         timed_alone(committed, plan.profile, list(plan.studies)))
+        timings = list(_timings([Path(plan.results) / "reference"], plan.profile))
+        mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, _newest(timings),
+                                         timed_alone(timings, list(plan.studies)))
         if not mine:
             return SweepResult(None, [], f"sweep: shard {index}/{count} has no cell ({n_studies(len(plan.studies))} "
                                          f"selected over {count} shards); nothing to run")

@@ -43,7 +43,11 @@ def judge_graph(got: torch.Tensor, ref: torch.Tensor, dt) -> tuple[float, bool, 
     """(relative error, bit-equal, ok) of a runner's output against eager's, at `GRAPH_TOL`
     (other dtypes: the bf16 one)."""
     err, equal = rel_err(got, ref), bool(torch.equal(got, ref))
-    return err, equal, equal or err <= GRAPH_TOL.get(dt, GRAPH_TOL[torch.bfloat16])
+    return err, equal, _graph_ok(equal, err, dt)
+
+
+def _graph_ok(equal: bool, err: float, dt) -> bool:
+    return equal or err <= GRAPH_TOL.get(dt, GRAPH_TOL[torch.bfloat16])
 
 
 # ours vs transformers, smallest row-wise cosine: fp32 agrees to ~1e-6 relative (cosine ~1 - 1e-12);
@@ -118,7 +122,7 @@ def _agrees_in_place(got: torch.Tensor, ref: torch.Tensor, dt, transformers: boo
     """`judge_graph`'s verdict (or, for transformers' output, `_agrees`'), computed on the outputs' device."""
     if transformers:
         return _agrees(errors_in_place(got, ref)[1], dt)
-    return bool(torch.equal(got, ref)) or errors_in_place(got, ref)[0] <= GRAPH_TOL.get(dt, GRAPH_TOL[torch.bfloat16])
+    return bool(torch.equal(got, ref)) or _graph_ok(False, errors_in_place(got, ref)[0], dt)
 
 
 def _pinned(batch: PatchBatch, dev: torch.device) -> PatchBatch:
