@@ -473,6 +473,7 @@ def test_sweep_floor_counts_the_fewest_timed_forwards_at_a_committed_per_image_t
     run = ROOT / "results/reference/20261205T024624Z-3200d44-h200-fa4-race-qwen3-vl-8b"
     measured = tool.per_image_ms([run])
     assert measured[("qwen3-vl-8b", "documents", 4)] == pytest.approx(130.8, abs=0.05)
+    assert tool.per_image_ms([run], device="cpu: another host") == {}        # no time pooled across devices
     assert tool.main(["--runs", str(run)]) == 0 and "at least" in capsys.readouterr().out
     # another default asked for: fewer fresh batches ask for fewer calls; a bad value is refused by the declaration
     assert tool.main(["--runs", str(run), "--set", "encoder_latency.fresh=0"]) == 0

@@ -43,19 +43,21 @@ def input_path_calls(p: dict) -> int:
     return len(p["placements"]) * len(p["paths"]) * 2 * (1 + p["min_reps"])
 
 
-def per_image_ms(runs: list[Path]) -> dict[tuple[str, str, int], float]:
-    """{(preset, mix, items): eager ms per image} from encoder_latency runs (newest first wins), and
-    {(preset, "photos", 1): ...} from input_path runs."""
+def per_image_ms(runs: list[Path], device: str = "NVIDIA H200") -> dict[tuple[str, str, int], float]:
+    """{(preset, mix, items): eager ms per image on ``device``} from encoder_latency runs (newest first wins),
+    and {(preset, "photos", 1): ...} from input_path runs; rows of other devices are left out."""
     out: dict[tuple[str, str, int], float] = {}
     for run in sorted(runs, key=lambda r: r.name, reverse=True):
         lat = run / "encoder_latency.parquet"
         if lat.exists():
-            w = wide(mix_cells(load_table(lat)))
-            for r in w[w.path == "eager"].itertuples():
+            t = load_table(lat)
+            w = wide(mix_cells(t[t.device == device]))
+            for r in w[w.path == "eager"].itertuples() if len(w) else ():
                 out.setdefault((r.preset, r.mix, int(r.images)), float(r.image_p50_ms))
         ip = run / "input_path.parquet"
         if ip.exists():
-            w = wide(load_table(ip))
+            t = load_table(ip)
+            w = wide(t[t.device == device])
             if "encoder_ms" in w:
                 for (preset, mix), ms in w[w.encoder_ms.notna()].groupby(["preset", "mix"]).encoder_ms.mean().items():
                     out.setdefault((preset, mix, 1), float(ms))
@@ -82,6 +84,7 @@ def floors(ms: dict, lat: dict, ip: dict) -> tuple[pd.DataFrame, list[str]]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="results/reference/*", help="run folders with the per-image times")
+    ap.add_argument("--device", default="NVIDIA H200", help="the device whose per-image times count (default: %(default)s)")
     ap.add_argument("--set", action="append", default=[], metavar="STUDY.KEY=JSON",
                     help="another value of a study's GPU default (encoder_latency or input_path)")
     a = ap.parse_args(argv)
@@ -101,12 +104,12 @@ def main(argv=None) -> int:
         lat, ip = (studies[n].resolve("gpu", over[n]) for n in ("encoder_latency", "input_path"))
     except ParamError as e:
         ap.error(str(e))
-    table, missing = floors(per_image_ms(runs), lat, ip)
+    table, missing = floors(per_image_ms(runs, a.device), lat, ip)
     print(f"per realistic latency cell: {latency_calls(lat)} batch calls; per input_path image: "
           f"{input_path_calls(ip)} forwards, {ip['n_items']} images per mix")
     print(table.round(1).to_string(index=False))
     for study, g in table.groupby("study"):
-        print(f"{study}: at least {g.floor_s.sum() / 60:.1f} min of timed forwards over {len(g)} presets")
+        print(f"{study}: at least {g.floor_s.sum() / 60:.1f} min of timed forwards over {len(g)} presets on {a.device}")
     if missing:
         print(f"no measured per-image time (not counted): {', '.join(missing)}")
     return 0

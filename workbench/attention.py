@@ -228,8 +228,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         for start, end in zip(offsets[:-1], offsets[1:]):
             if end > start:
                 sl = slice(start, end)
-                # [1, heads, rows, head_dim]: 4-D inputs let SDPA take its fused kernel (on a CPU, the math
-                # fallback with its masked-softmax guards runs 3-D inputs at a third of the speed)
+                # [1, heads, rows, head_dim]: SDPA takes its fused kernels for 4-D inputs only (3-D ones run the
+                # math fallback, with its masked-softmax guards)
                 out[sl] = F.scaled_dot_product_attention(
                     *(t[sl].transpose(0, 1)[None] for t in (q, k, v)))[0].transpose(0, 1)
         return out
