@@ -187,6 +187,10 @@ def test_numpy_integer_budgets_are_accepted():
     (dict(warmup=-1), r"warmup=-1 must be a non-negative integer", None),
     (dict(warmup=2.5), r"warmup=2\.5 must be a non-negative integer", None),
     (dict(warmup=10 ** 9), r"warmup=1000000000: 1,000,000,000 exceeds", "reps"),
+    (dict(max_graphs=0), r"max_graphs=0 must be a positive integer", None),
+    (dict(max_graphs=2.0), r"max_graphs=2\.0 must be a positive integer", None),
+    (dict(max_graphs="8"), r"max_graphs='8' must be a positive integer", None),
+    (dict(max_graphs=10 ** 6), r"max_graphs=1000000: 1,000,000 exceeds", "graphs"),
 ])
 def test_runner_counts_are_checked(kw, match, cap):
     with pytest.raises(ValueError, match=match) as e:
@@ -194,6 +198,14 @@ def test_runner_counts_are_checked(kw, match, cap):
     if cap:
         assert e.type is LimitError
         names_cap(e, cap)
+
+
+def test_max_graphs_must_cover_every_budget():
+    with pytest.raises(ValueError, match=r"max_graphs=2 is below the runner's 3 budgets \[16, 32, 64\]: each "
+                                         r"budget's general graph counts; valid: 3 to 4,096"):
+        _runner([16, 32, 64], max_items=1, max_graphs=2)
+    runner = _runner([16, 32, 64], max_items=1, max_graphs=np.int64(3))
+    assert runner.max_graphs == 3 and runner.n_graphs() == 3
 
 
 def test_runner_takes_an_encoder():

@@ -265,6 +265,26 @@ def test_cuda_exact_fit_graphs_match_eager_and_read_no_stale_memory(preset, exac
     assert {1, 4} <= set(runner.graphs[1024].exact)       # captured with the runner or on first use
 
 
+def test_cuda_max_graphs_stops_new_exact_fit_captures_and_the_general_graph_serves():
+    cfg = wb.VisionConfig.preset("qwen2-vl-7b").reduced(2)
+    enc = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=5,
+                           attn_backend="varlen")
+    runner = EncoderGraphRunner(enc, budgets=[256, 1024], buffer_dtype=torch.uint8, max_items=4, policy="always",
+                                exact_capture="first_use", max_graphs=3)
+    runner.poison_pool()
+    gen = torch.Generator().manual_seed(11)
+    for grids, want in (([[1, 64, 64]], [True]), ([[1, 32, 32]] * 4, [False]), ([[1, 64, 64]], [True])):
+        grid = torch.tensor(grids)
+        batch = wb.PatchBatch(torch.randint(0, 256, (int(grid.prod(1).sum()), cfg.patch_dim), dtype=torch.uint8,
+                                            generator=gen), grid)
+        runner.reset_stats()
+        got, ref = runner.encode(batch), enc.encode(batch)
+        print(grids[0], len(grids), runner.stats_frame().exact.tolist(), "rel_err", rel_err(got, ref))
+        assert runner.stats_frame().exact.tolist() == want
+        assert torch.isfinite(got).all() and rel_err(got, ref) < 2e-2
+    assert runner.n_graphs() == 3 and set(runner.graphs[1024].exact) == {1}
+
+
 def test_cuda_a_runner_given_anothers_costs_decides_from_them_and_measures_nothing():
     cfg = dataclasses.replace(wb.VisionConfig.preset("qwen2.5-vl-7b").reduced(2), max_pixels=448 * 448)
     tower = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=2)

@@ -41,6 +41,7 @@ class Limits:
     batch_rows: int = 1 << 20             # patch rows of one batch (1.2 GB of uint8 rows at patch 14)
     budget_tokens: int = 1 << 16          # merged tokens of one graph budget (4 patch rows each)
     budgets: int = 64                     # graph budgets of one runner or one sweep list
+    graphs: int = 4096                    # CUDA graphs one runner keeps captured (budgets + exact-fit variants)
     items: int = 4096                     # items of one batch, one mix draw, one sweep cell
     reps: int = 100_000                   # timed repetitions or warm-up calls of one measurement
     world_size: int = 64                  # ranks of the data-parallel path

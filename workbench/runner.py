@@ -102,6 +102,12 @@ class EncoderGraphRunner:
     pool (replays never overlap). Budgets chosen by the planner are item sizes, so single items
     often fit exactly.
 
+    max_graphs: the most CUDA graphs the runner keeps captured, each budget's general graph and
+    every exact-fit variant together (a positive integer, at least the number of budgets, within
+    the ``graphs`` limit). Once it is reached, a pack that would need a new exact-fit variant
+    replays its budget's general graph instead (correct, padded attention): a server seeing
+    ever new equal-sequence packs captures no more than this.
+
     costs: for policy 'auto', the `PackCosts` another runner measured over the same budgets of
     an encoder of the same tower (a study building one runner per placement measures them once:
     the placements differ by the input stage, microseconds against replays of milliseconds);
@@ -110,7 +116,8 @@ class EncoderGraphRunner:
 
     def __init__(self, encoder, budgets=(64, 128, 256, 512, 1024), buffer_dtype=torch.bfloat16,
                  max_items: int = 16, backend: str = "auto", warmup: int = 2, exact_fit: bool = True,
-                 policy: str = "auto", exact_capture: str = "construction", costs: PackCosts | None = None):
+                 policy: str = "auto", exact_capture: str = "construction", costs: PackCosts | None = None,
+                 max_graphs: int = 256):
         if not isinstance(encoder, VisionEncoder):
             raise TypeError(f"encoder must be a wb.VisionEncoder (from wb.build_encoder), got {type(encoder).__name__}")
         self.encoder = encoder
@@ -135,6 +142,11 @@ class EncoderGraphRunner:
         if not isinstance(exact_capture, str) or exact_capture not in EXACT_CAPTURES:
             raise ValueError(f"unknown exact_capture {exact_capture!r}; valid: {EXACT_CAPTURES} (when the one-sequence "
                              f"exact-fit graph of each budget is captured)")
+        self.max_graphs = limits.integer(max_graphs, "max_graphs", cap="graphs")
+        if self.max_graphs < len(self.budgets):
+            raise ValueError(f"max_graphs={max_graphs} is below the runner's {len(self.budgets)} budgets "
+                             f"{self.budgets}: each budget's general graph counts; valid: {len(self.budgets)} to "
+                             f"{limits.current().graphs:,}")
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; valid: {POLICIES} ('auto': replay a pack only where its "
                              f"graph is predicted faster than eager; 'always': replay every pack, as engines do)")
@@ -209,16 +221,22 @@ class EncoderGraphRunner:
     def _exact_graph(self, cap: _Captured, n_seqs: int) -> "_Captured | None":
         """The exact-fit variant of `cap` for ``n_seqs`` equal sequences, captured on first use;
         None where dense attention does not apply (exact_fit off, sequences too short, or an
-        attention backend without a dense kernel)."""
+        attention backend without a dense kernel, or `max_graphs` reached)."""
         if not self.exact_fit:
             return None
         if n_seqs not in cap.exact:
             rows = cap.pixels.shape[0]
             if rows % n_seqs or not use_dense(self.tower.kernels.backend, rows // n_seqs):
                 return None
+            if self.n_graphs() >= self.max_graphs:
+                return None
             with torch.inference_mode():
                 cap.exact[n_seqs] = self._capture(cap.budget, share=cap, dense_seqlen=rows // n_seqs)
         return cap.exact[n_seqs]
+
+    def n_graphs(self) -> int:
+        """The graphs captured so far: one per budget, plus every exact-fit variant."""
+        return len(self.graphs) + sum(len(c.exact) for c in self.graphs.values())
 
     def _capture(self, budget: int, share: "_Captured | None" = None, dense_seqlen: int | None = None) -> _Captured:
         rows = budget * self.encoder.cfg.merge_unit
