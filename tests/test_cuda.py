@@ -283,6 +283,10 @@ def test_cuda_max_graphs_stops_new_exact_fit_captures_and_the_general_graph_serv
         assert runner.stats_frame().exact.tolist() == want
         assert torch.isfinite(got).all() and rel_err(got, ref) < 2e-2
     assert runner.n_graphs() == 3 and set(runner.graphs[1024].exact) == {1}
+    # captured with the runner: the one-image variant of 1024 may not take the general graph of 256's place
+    full = EncoderGraphRunner(enc, budgets=[256, 1024], buffer_dtype=torch.uint8, max_items=4, policy="always",
+                              max_graphs=2)
+    assert set(full.graphs) == {256, 1024} and not any(c.exact for c in full.graphs.values()) and full.n_graphs() == 2
 
 
 def test_cuda_a_runner_given_anothers_costs_decides_from_them_and_measures_nothing():

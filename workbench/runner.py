@@ -235,8 +235,10 @@ class EncoderGraphRunner:
         return cap.exact[n_seqs]
 
     def n_graphs(self) -> int:
-        """The graphs captured so far: one per budget, plus every exact-fit variant."""
-        return len(self.graphs) + sum(len(c.exact) for c in self.graphs.values())
+        """The graphs the runner holds: one per budget (all captured at construction, so while it runs
+        the budgets not yet captured are counted ahead: a variant never takes their place), plus every
+        exact-fit variant."""
+        return len(self.budgets) + sum(len(c.exact) for c in self.graphs.values())
 
     def _capture(self, budget: int, share: "_Captured | None" = None, dense_seqlen: int | None = None) -> _Captured:
         rows = budget * self.encoder.cfg.merge_unit
