@@ -323,5 +323,6 @@ def test_cuda_auto_races_one_plan_a_call_and_carries_its_choice_to_a_batch_of_an
             break
     assert runner.settled(a) and runner.settled(b)           # b: another exact shape, the same signature
     race = next(iter(runner._races.values()))
-    assert race.chosen in race.names and all(len(v) >= Race.ROUNDS for v in race.seconds.values())
+    live = race.live()              # each candidate within Race.DROP of the fastest ran its rounds
+    assert race.chosen in live and (len(live) == 1 or all(len(race.seconds[n]) >= Race.ROUNDS for n in live))
     assert rel_err(runner.encode(b), enc.encode(b)) < 2e-2

@@ -28,7 +28,8 @@ runner measures costs at construction (`PackCosts`: a pack of 1232 tokens padded
 from them which packs run eagerly. On CUDA it also races the candidate plans (the prediction,
 every pack replayed, every pack eager) on real calls, one plan per call, keyed by a `signature`
 (per pack: budget, tokens to a quarter octave, sequences to an octave) that carries over to batches
-it has not seen, and keeps the fastest once each has run a few times (`runner_policy.race_call`;
+it has not seen, and keeps the fastest once each has run a few times, a plan far slower than the fastest after
+one call each dropped at once (`runner_policy.race_call`;
 ``calibrate = False`` decides from the prediction alone). No call runs more than one plan. Every
 pack's decision is in `stats`. On the emulated backend ``auto`` acts as ``always``: an emulated
 replay is eager work, its costs say nothing about a GPU graph.

@@ -120,15 +120,17 @@ def signature(batch: PatchBatch, packs, merge_unit: int) -> tuple:
 @dataclass
 class Race:
     """Policy 'auto''s record of one `signature` on CUDA: the candidate plans ("predicted", from the `PackCosts`
-    prediction of each call; "replay", every pack replayed; "eager", every pack run eagerly), each timed on
-    `ROUNDS` real calls, one plan a call, then the fastest (by its best call) kept. Exploring costs no extra work:
-    each call runs one plan, whose output is the call's; only the device is synchronized around it to time it."""
+    prediction of each call; "replay", every pack replayed; "eager", every pack run eagerly), timed on real calls,
+    one plan a call, then the fastest (by its best call) kept. Once each has run, a candidate whose best call is
+    more than `DROP` times the fastest's runs no more; the others run `ROUNDS` calls each. Exploring costs no extra
+    work: each call runs one plan, whose output is the call's; only the device is synchronized around it to time it."""
 
     names: tuple[str, ...]                  # the candidates, the prediction's first
     seconds: dict[str, list[float]]         # each candidate's timed calls
     chosen: str | None = None
 
     ROUNDS = 3
+    DROP = 1.25
 
     @classmethod
     def of(cls, predicted: frozenset, n_packs: int) -> "Race":
@@ -138,14 +140,22 @@ class Race:
         names = (first, *(n for n in plain if n != first))
         return cls(names, {n: [] for n in names})
 
+    def live(self) -> tuple[str, ...]:
+        """The candidates still raced: all until each has run once, then those within `DROP` of the fastest."""
+        if not all(self.seconds.values()):
+            return self.names
+        best = min(min(v) for v in self.seconds.values())
+        return tuple(n for n in self.names if min(self.seconds[n]) <= self.DROP * best)
+
     def next(self) -> str:
-        """The candidate to time on this call: the least timed, in order."""
-        return min(self.names, key=lambda n: len(self.seconds[n]))
+        """The candidate to time on this call: the least timed of those still raced, in order."""
+        return min(self.live(), key=lambda n: len(self.seconds[n]))
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name].append(seconds)
-        if all(len(v) >= self.ROUNDS for v in self.seconds.values()):
-            self.chosen = min(self.names, key=lambda n: min(self.seconds[n]))
+        live = self.live()
+        if len(live) == 1 or all(len(self.seconds[n]) >= self.ROUNDS for n in live):
+            self.chosen = min(live, key=lambda n: min(self.seconds[n]))
 
     @staticmethod
     def plain(n_packs: int) -> dict[str, frozenset]:
@@ -160,23 +170,39 @@ class Race:
 
 def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_value, phase) -> torch.Tensor:
     """One call of policy 'auto' on CUDA: the plan its `signature`'s race chose, or while it races, the next
-    candidate's, timed (the device synchronized around it, the pack's metadata and exact-fit graphs prepared first
-    so that one-time work is not counted against the plan)."""
+    candidate's, timed (the device synchronized around it; what the plan does once per shape done first, so that
+    it is not counted against the plan: `_prepare_plan`)."""
     unit = runner.encoder.cfg.merge_unit
     predicted = costs.eager_packs(batch, packs, unit)
     race = remember(runner._races, signature(batch, packs, unit), CHOICE_CACHE, lambda: Race.of(predicted, len(packs)))
     if race.chosen is not None:
         return runner._run(batch, packs, misses, Race.plan(race.chosen, predicted, len(packs)), costs, pad_value, phase)
     name = race.next()
-    runner.prepare(batch)
+    eager = Race.plan(name, predicted, len(packs))
+    _prepare_plan(runner, batch, packs, eager)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     t0 = time.perf_counter()
-    out = runner._run(batch, packs, misses, Race.plan(name, predicted, len(packs)), costs, pad_value, phase)
+    out = runner._run(batch, packs, misses, eager, costs, pad_value, phase)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     race.add(name, time.perf_counter() - t0)
     return out
+
+
+def _prepare_plan(runner, batch: PatchBatch, packs, eager: frozenset) -> None:
+    """What the plan running the packs in ``eager`` eagerly and replaying the others does once per shape: the
+    replayed packs' host metadata and exact-fit graphs, the eager items' tower metadata; only that (a pack run
+    eagerly needs no replay metadata: on a new shape, preparing it would cost the call its host time)."""
+    items = [i for k, (_, idx) in enumerate(packs) if k in eager for i in idx]
+    for k, (budget, idx) in enumerate(packs):
+        if k not in eager:
+            grid = batch.grid_thw[idx]
+            runner.host_metadata(grid, budget)
+            runner._pack_variant(runner.graphs[budget], sum(batch.item_rows[i] for i in idx),
+                                 runner.tower.sequences(grid))
+    if items:
+        runner.tower.prepare_cached(batch.grid_thw[sorted(items)])
 
 
 def _check_budgets(budgets, max_items) -> tuple[list[int], int]:
