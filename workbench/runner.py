@@ -22,23 +22,15 @@ Backends: ``cuda`` (torch.cuda.CUDAGraph capture and replay) and ``emulated`` (t
 buffers, padding and call path, replayed eagerly: the placement bugs reproduce on a CPU).
 
 Policies (`POLICIES`): ``always`` replays every pack that fits a budget, as the engines do;
-``auto`` (the default) runs each batch the fastest way it has measured for batches like it. The
-runner measures costs at construction (`PackCosts`: a pack of 1232 tokens padded into a
-2048-token graph does ~1.7x the work of the pack, and the replay can lose to eager) and predicts
-from them which packs run eagerly. On CUDA it also races the candidate plans (the prediction,
-every pack replayed, every pack eager) on real calls, one plan per call, keyed by a `signature`
-(per pack: budget, tokens to a quarter octave, sequences to an octave) that carries over to batches
-it has not seen, and keeps the fastest once each has run a few times, a plan far slower than the fastest after
-one call each dropped at once (`runner_policy.race_call`;
-``calibrate = False`` decides from the prediction alone). No call runs more than one plan. Every
-pack's decision is in `stats`. On the emulated backend ``auto`` acts as ``always``: an emulated
-replay is eager work, its costs say nothing about a GPU graph.
+``auto`` (the default) predicts from costs measured at construction (`PackCosts`) which packs run
+eagerly and, on CUDA, races the candidate plans on real calls, one plan a call, keyed by a
+`signature` that carries over to batches it has not seen (`runner_policy.race_call`; ``calibrate =
+False`` keeps the prediction). Every pack's decision is in `stats`. On the emulated backend ``auto``
+acts as ``always``: an emulated replay is eager work, its costs say nothing about a GPU graph.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import warnings
 from dataclasses import dataclass
 
@@ -50,8 +42,8 @@ from .dtypes import dtype_name, names
 from .encoder import BUFFER_DTYPES, VisionEncoder
 from .norms import replaying
 from .preprocess import PatchBatch
-from .runner_policy import (PackCosts, ReplayRecord, _PhaseClock, _check_budgets, _check_costs, default_budgets,
-                            race_call, signature)
+from .runner_policy import (PackCosts, ReplayRecord, _PhaseClock, _check_budgets, _check_costs, check_pad_value,
+                            default_budgets, race_call, signature)
 from .runner_policy import PHASES, engine_budgets, engine_max_items  # noqa: F401
 from .caches import remember
 from .towers.metadata import budget_padding
@@ -321,23 +313,9 @@ class EncoderGraphRunner:
             self._pack_variant(self.graphs[budget], sum(batch.item_rows[i] for i in idx), self.tower.sequences(grid))
 
     # ---- replay ------------------------------------------------------------------------------
-    def check_pad_value(self, pad_value) -> None:
-        """pad_value must be something the input buffer can hold: any real number for a float
-        buffer (NaN included: that is the hazard check), an integer 0..255 for a uint8 buffer.
-        Checked up front, because `fill_` would otherwise fail mid-encode with a raw conversion
-        error (NaN, 256) or silently wrap or truncate (-1 -> 255, 0.5 -> 0)."""
-        real = isinstance(pad_value, numbers.Real) and not isinstance(pad_value, bool)
-        if self.buffer_dtype == torch.uint8:
-            if not (real and math.isfinite(pad_value) and pad_value == int(pad_value) and 0 <= pad_value <= 255):
-                raise ValueError(f"a uint8 buffer can only be padded with an integer 0..255, got {pad_value!r}; "
-                                 f"for a NaN padding check use buffer_dtype torch.float32 or torch.bfloat16")
-        elif not real:
-            raise ValueError(f"pad_value must be a real number (0 as engines pad; NaN for the hazard check), "
-                             f"got {pad_value!r}")
-
     def stage(self, cap: _Captured, pixels: torch.Tensor, pad_value: float = 0.0) -> None:
         """Fill the static input: valid rows (copy + cast, or the runner's normalization), padding rows."""
-        self.check_pad_value(pad_value)
+        check_pad_value(self.buffer_dtype, pad_value)
         n = pixels.shape[0]
         dst = cap.pixels
         if self.encoder.runner_norm is not None:
@@ -390,7 +368,7 @@ class EncoderGraphRunner:
         if policy not in (None, *POLICIES):
             raise ValueError(f"unknown policy {policy!r}; valid: {POLICIES} or None (the runner's, {self.policy!r})")
         costs = None if policy == "always" else self.costs
-        self.check_pad_value(pad_value)  # before any replay, so a bad value leaves no partial stats
+        check_pad_value(self.buffer_dtype, pad_value)  # before any replay, so a bad value leaves no partial stats
         phase = _PhaseClock(phases, self.device)
         with phase("plan"):
             packs, misses = self.plan(batch)

@@ -4,6 +4,7 @@ decides from (`PackCosts`), and the clock of `encode`'s phases."""
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -203,6 +204,21 @@ def _prepare_plan(runner, batch: PatchBatch, packs, eager: frozenset) -> None:
                                  runner.tower.sequences(grid))
     if items:
         runner.tower.prepare_cached(batch.grid_thw[sorted(items)])
+
+
+def check_pad_value(buffer_dtype: torch.dtype, pad_value) -> None:
+    """pad_value must be something the runner's input buffer can hold: any real number for a float buffer (NaN
+    included: that is the hazard check), an integer 0..255 for a uint8 buffer. Checked up front, because `fill_`
+    would otherwise fail mid-encode with a raw conversion error (NaN, 256) or silently wrap or truncate (-1 -> 255,
+    0.5 -> 0)."""
+    real = isinstance(pad_value, numbers.Real) and not isinstance(pad_value, bool)
+    if buffer_dtype == torch.uint8:
+        if not (real and math.isfinite(pad_value) and pad_value == int(pad_value) and 0 <= pad_value <= 255):
+            raise ValueError(f"a uint8 buffer can only be padded with an integer 0..255, got {pad_value!r}; "
+                             f"for a NaN padding check use buffer_dtype torch.float32 or torch.bfloat16")
+    elif not real:
+        raise ValueError(f"pad_value must be a real number (0 as engines pad; NaN for the hazard check), "
+                         f"got {pad_value!r}")
 
 
 def _check_budgets(budgets, max_items) -> tuple[list[int], int]:
