@@ -43,7 +43,7 @@ from .encoder import BUFFER_DTYPES, VisionEncoder
 from .norms import replaying
 from .preprocess import PatchBatch
 from .runner_policy import (PackCosts, ReplayRecord, _PhaseClock, _check_budgets, _check_costs, check_pad_value,
-                            default_budgets, race_call, signature)
+                            default_budgets, prepare_plan, race_call, signature)
 from .runner_policy import PHASES, engine_budgets, engine_max_items  # noqa: F401
 from .caches import remember
 from .towers.metadata import budget_padding
@@ -307,10 +307,7 @@ class EncoderGraphRunner:
         for them unless they fit exactly)."""
         batch = self.encoder.graph_input(batch)
         packs, _ = self.plan(batch)
-        for budget, idx in packs:
-            grid = batch.grid_thw[idx]
-            self.host_metadata(grid, budget)
-            self._pack_variant(self.graphs[budget], sum(batch.item_rows[i] for i in idx), self.tower.sequences(grid))
+        prepare_plan(self, batch, packs, eager=frozenset())
 
     # ---- replay ------------------------------------------------------------------------------
     def stage(self, cap: _Captured, pixels: torch.Tensor, pad_value: float = 0.0) -> None:

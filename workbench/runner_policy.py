@@ -172,7 +172,7 @@ class Race:
 def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_value, phase) -> torch.Tensor:
     """One call of policy 'auto' on CUDA: the plan its `signature`'s race chose, or while it races, the next
     candidate's, timed (the device synchronized around it; what the plan does once per shape done first, so that
-    it is not counted against the plan: `_prepare_plan`)."""
+    it is not counted against the plan: `prepare_plan`)."""
     unit = runner.encoder.cfg.merge_unit
     predicted = costs.eager_packs(batch, packs, unit)
     race = remember(runner._races, signature(batch, packs, unit), CHOICE_CACHE, lambda: Race.of(predicted, len(packs)))
@@ -180,7 +180,7 @@ def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_va
         return runner._run(batch, packs, misses, Race.plan(race.chosen, predicted, len(packs)), costs, pad_value, phase)
     name = race.next()
     eager = Race.plan(name, predicted, len(packs))
-    _prepare_plan(runner, batch, packs, eager)
+    prepare_plan(runner, batch, packs, eager)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     t0 = time.perf_counter()
@@ -191,17 +191,19 @@ def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_va
     return out
 
 
-def _prepare_plan(runner, batch: PatchBatch, packs, eager: frozenset) -> None:
+def prepare_plan(runner, batch: PatchBatch, packs, eager: frozenset) -> None:
     """What the plan running the packs in ``eager`` eagerly and replaying the others does once per shape: the
     replayed packs' host metadata and exact-fit graphs, the eager items' tower metadata; only that (a pack run
-    eagerly needs no replay metadata: on a new shape, preparing it would cost the call its host time)."""
-    items = [i for k, (_, idx) in enumerate(packs) if k in eager for i in idx]
+    eagerly needs no replay metadata: on a new shape, preparing it would cost the call its host time).
+    `EncoderGraphRunner.prepare` is the plan that replays every pack."""
+    items = []
     for k, (budget, idx) in enumerate(packs):
-        if k not in eager:
-            grid = batch.grid_thw[idx]
-            runner.host_metadata(grid, budget)
-            runner._pack_variant(runner.graphs[budget], sum(batch.item_rows[i] for i in idx),
-                                 runner.tower.sequences(grid))
+        if k in eager:
+            items += idx
+            continue
+        grid = batch.grid_thw[idx]
+        runner.host_metadata(grid, budget)
+        runner._pack_variant(runner.graphs[budget], sum(batch.item_rows[i] for i in idx), runner.tower.sequences(grid))
     if items:
         runner.tower.prepare_cached(batch.grid_thw[sorted(items)])
 
