@@ -13,7 +13,7 @@
 # cuda_k:A,B:EST (the tests of tests/test_cuda.py that `-k "A or B"` selects), backends:-:EST
 # (tools/verify_preprocess_backends.py: the torchvision and cuda backends against transformers),
 # pytest:FILE@K:EST (another test file, -k K), reduced:STUDY@PRESET:EST (padding_waste or
-# input_path with fewer items and repetitions).
+# input_path with fewer items and repetitions), py:FILE@ARG@ARG:EST (python3 FILE ARG ARG).
 # Each step of QUEUE runs once (done markers in /tmp/fa4/done); a step that would not finish in
 # the time left waits for the next call, and the steps after it that fit run now.
 set -uo pipefail
@@ -110,6 +110,9 @@ for step in $QUEUE; do
         --set "presets=[\"$preset\"]" "${sets[@]}" --name "h200-reduced-$preset" > "$out/reduced-$study-$preset.log" 2>&1; keep_rc ;;
     backends) mkdir -p "$out/backends"
       timeout "$left" python3 tools/verify_preprocess_backends.py "$out/backends" > "$out/backends.log" 2>&1 ;;
+    py)  # FILE[@ARG@ARG...]: python3 FILE ARG ARG ... (a probe of tools/), its output in py-FILE.log
+      IFS=@ read -r -a words <<< "$arg"
+      timeout "$left" python3 "${words[@]}" > "$out/py-$(basename "${words[0]}" .py).log" 2>&1 ;;
     *) timeout "$left" bash -c "$arg" ;;
   esac
   rc=$?

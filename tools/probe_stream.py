@@ -1,0 +1,90 @@
+"""Why policy auto lost to eager on encoder_latency's stream of new shapes (H200, 47bc1f8: qwen2-vl-7b screenshots
+x4, auto 25.2 ms/image against eager 20.2 with eager its chosen plan): each strategy on fresh batches, in the study's
+order and reversed, with the runner's phases, so the extra time is located. Usage: python3 tools/probe_stream.py
+[PRESET [MIX]] (a GPU; prints one line per call)."""
+import sys, time
+
+import torch
+
+from workbench.config import VisionConfig
+from workbench.encoder import build_encoder
+from workbench.preprocess import preprocess
+from workbench.budgets import Budgets
+from workbench.planner import plan_budgets
+from workbench.runner import EncoderGraphRunner, engine_budgets, engine_max_items
+from workbench.samples import image_mix
+
+preset = sys.argv[1] if len(sys.argv) > 1 else "qwen2-vl-7b"
+mix = sys.argv[2] if len(sys.argv) > 2 else "screenshots"
+dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: a smoke test of this script
+cfg = VisionConfig.preset(preset, depth=None if dev.type == "cuda" else 1)
+enc = build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device=dev, seed=0)
+print("attention", enc.visual.kernels.backend, "fused", enc.visual.kernels.fused, flush=True)
+eb = engine_budgets(16384)
+runner = EncoderGraphRunner(enc, budgets=eb, buffer_dtype=torch.uint8, max_items=engine_max_items(eb))
+planned = plan_budgets(mix, max_graphs=len(eb), cfg=cfg)       # the study's planner runner, as `_mix_runners`
+planner = EncoderGraphRunner(enc, budgets=list(Budgets.of(planned).holding(engine_max_items(planned))),
+                             buffer_dtype=torch.uint8, max_items=engine_max_items(planned), policy="always")
+
+
+def batch(seed):
+    b = preprocess(image_mix(mix, 4, seed=seed, resized=True, cfg=cfg), cfg)
+    return type(b)(b.pixels.pin_memory(), b.grid_thw) if dev.type == "cuda" else b
+
+
+def allocs():
+    """The allocator's device allocations (cudaMalloc) and retries so far: a call that allocates anew pays them."""
+    if dev.type != "cuda":
+        return 0, 0
+    s = torch.cuda.memory_stats()
+    return s.get("num_device_alloc", 0), s.get("num_alloc_retries", 0)
+
+
+def timed(fn, phases=None):
+    enc.visual.forget_metadata()
+    runner.forget_metadata()
+    planner.forget_metadata()
+    torch.cuda.synchronize() if dev.type == "cuda" else None
+    a0 = allocs()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize() if dev.type == "cuda" else None
+    ms = (time.perf_counter() - t0) * 1e3
+    a1 = allocs()
+    return f"{ms:.1f}ms/{a1[0] - a0[0]}mallocs/{a1[1] - a0[1]}retries"
+
+
+steady = batch(0)
+with torch.inference_mode():
+    for _ in range(3):
+        enc.encode(steady)
+    print("settle calls", runner.settle(steady), flush=True)
+    # where a runner call's host time goes before any kernel runs, on a shape it has not seen
+    b = batch(30)
+    for name, fn in (("graph_input", lambda: runner.encoder.graph_input(b)), ("plan", lambda: runner.plan(b)),
+                     ("check_batch", lambda: enc.check_batch(b))):
+        t0 = time.perf_counter(); fn(); print(f"host {name} {(time.perf_counter() - t0) * 1e3:.2f} ms", flush=True)
+    for k in range(1, 9):
+        b = batch(k)
+        order = ["eager", "always", "planner", "auto"] if k % 2 else ["auto", "always", "planner", "eager"]
+        got = {}
+        for name in order:
+            if name == "eager":
+                got[name] = timed(lambda: enc.encode(b, path="eager"))
+            elif name == "planner":
+                got[name] = timed(lambda: planner.encode(b))
+            else:
+                got[name] = timed(lambda: runner.encode(b, policy="always" if name == "always" else None))
+        ph = {}
+        enc.visual.forget_metadata(); runner.forget_metadata()
+        t_ph = timed(lambda: runner.encode(b, phases=ph))
+        again = timed(lambda: enc.encode(b, path="eager"))
+        print(f"batch {k} order {order}: " + " ".join(f"{n} {v}" for n, v in got.items())
+              + f" | auto with phases {t_ph}: " + " ".join(f"{n} {v * 1e3:.1f}" for n, v in ph.items())
+              + f" | eager again {again}", flush=True)
+    # the same without forgetting metadata: what the tower's host-side preparation costs a call
+    b = batch(20)
+    for name in ("eager", "auto", "eager", "auto"):
+        (torch.cuda.synchronize() if dev.type == "cuda" else None); t0 = time.perf_counter()
+        enc.encode(b) if name == "eager" else runner.encode(b)
+        (torch.cuda.synchronize() if dev.type == "cuda" else None); print(f"kept metadata: {name} {(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
