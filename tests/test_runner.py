@@ -315,17 +315,67 @@ def test_a_signature_carries_over_to_batches_of_other_exact_shapes():
     assert lone.chosen == "replay" and lone.live() == ("replay",)
 
 
-def test_a_racing_call_prepares_only_what_its_plan_runs(items):
-    """A candidate that runs every pack eagerly prepares no replay metadata and captures no graph for the call;
-    one that replays prepares its packs' metadata before it is timed."""
+def test_replay_times_carry_over_to_a_new_signature_of_the_same_budgets():
+    """Replaying runs the budgets' graphs whatever the tokens, so a signature met for the first time takes the
+    "replay" calls of one with its budgets and times the other plans only: eager first, and where replay is more
+    than Race.DROP from it, eager is kept after that one call (a stream of new shapes explores no slow plan)."""
+    from workbench.runner_policy import Race
+    races = {((2048, 40, 1),): Race.of(frozenset(), 1), ((1024, 40, 1),): Race.of(frozenset(), 1)}
+    races[((2048, 40, 1),)].seconds.update(replay=[2.0, 2.1, 2.0], eager=[1.0, 1.1, 1.0])
+    races[((1024, 40, 1),)].seconds.update(replay=[0.5])
+    assert Race.sibling(races, ((2048, 43, 1),)) == [2.0, 2.1, 2.0]       # same budget, other tokens
+    assert Race.sibling(races, ((4096, 40, 1),)) == []                    # no race of those budgets yet
+    assert Race.sibling(races, ((2048, 40, 1), (64, 10, 1))) == []        # other packs: other graphs
+    race = Race.of(frozenset(), 1, Race.sibling(races, ((2048, 43, 1),)))
+    assert race.names == ("replay", "eager") and race.next() == "eager"   # replay's time is known: not rerun
+    race.add("eager", 1.2)
+    assert race.chosen == "eager" and race.seconds["replay"] == [2.0, 2.1, 2.0]
+    races[((2048, 40, 1),)].seconds["replay"].append(9.0)                # a copy: the sibling's list is its own
+    assert race.seconds["replay"] == [2.0, 2.1, 2.0]
+    close = Race.of(frozenset(), 1, [1.0, 1.0, 1.0])                     # within DROP: eager runs its rounds
+    for s in (1.1, 1.05, 1.2):
+        assert close.next() == "eager" and close.chosen is None
+        close.add("eager", s)
+    assert close.chosen == "replay"
+
+
+def test_a_new_signature_on_the_same_runner_times_only_the_plans_it_does_not_know(items):
+    """Through `race_call`: once one signature's race has timed plan "replay", a batch of another signature of
+    the same budgets runs eager on its first call, not replay again."""
+    from workbench.runner_policy import Race, signature
+    runner, enc, batch = racing_runner(items, eager_predicted=False)      # replay predicted: raced first
+    cfg = enc.cfg
+    packs, _ = runner.plan(enc.graph_input(batch))
+    sig = signature(enc.graph_input(batch), packs, cfg.merge_unit)
+    other = tuple((b, t + 1, q) for b, t, q in sig)           # the same budgets, tokens a quarter octave up
+    runner._races[other] = Race.of(frozenset(), len(packs))
+    runner._races[other].seconds["replay"] += [5.0, 5.0, 5.0]  # replay timed there, far slower than anything here
+    ran, plain = [], runner._run
+    runner._run = lambda b, p, m, eager, *a: ran.append(eager) or plain(b, p, m, eager, *a)
+    with torch.no_grad():
+        ref = enc.encode(batch, path="eager")
+        got = runner.encode(batch)
+    assert ran == [frozenset(range(len(packs)))] and runner._races[sig].chosen == "eager"
+    assert rel_err(got, ref) < 1e-5
+
+
+def racing_runner(items, eager_predicted: bool):
+    """A tiny tower's runner racing as on CUDA (calibrate on), its costs predicting every pack eager (the race's
+    first candidate "eager", then "replay") or replayed; with its encoder and a batch."""
     from workbench.runner import PackCosts
     cfg = small_cfg("tiny-qwen2.5-vl")
     enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=3)
-    batch = batch_for(enc, items)
     runner = EncoderGraphRunner(enc, budgets=BUDGETS, max_items=4)
-    # eager predicted for every pack: the race's first candidate is "eager", then "replay"
-    runner.costs = PackCosts(replay_ms={b: 1e9 for b in BUDGETS}, eager_tokens=(8,), eager_points_ms=(1.0,))
+    slow, fast = (1e9, 1.0) if eager_predicted else (1e-9, 1e9)
+    runner.costs = PackCosts(replay_ms={b: slow for b in BUDGETS}, eager_tokens=(8,), eager_points_ms=(fast,))
     runner.calibrate = True
+    return runner, enc, batch_for(enc, items)
+
+
+def test_a_racing_call_prepares_only_what_its_plan_runs(items):
+    """A candidate that runs every pack eagerly prepares no replay metadata and captures no graph for the call;
+    one that replays prepares its packs' metadata before it is timed."""
+    runner, enc, batch = racing_runner(items, eager_predicted=True)
     asked = []
     plain = runner.host_metadata
     runner.host_metadata = lambda grid, budget: asked.append(budget) or plain(grid, budget)
@@ -340,3 +390,18 @@ def test_a_racing_call_prepares_only_what_its_plan_runs(items):
         second = runner.encode(batch)
     assert sorted(asked) == sorted(b for b, _ in packs * 2)          # prepared, then read by the replay
     assert rel_err(first, ref) < 1e-5 and rel_err(second, ref) < 1e-5
+
+
+def test_a_racing_calls_timed_plan_runs_without_the_collector_and_gives_it_back(items):
+    """Policy auto's race times one plan a call: a collector pass inside it (tens of ms over a loaded model's
+    heap) would be charged to that plan and could drop the fastest candidate, so none runs there; after the
+    call the collector is on again."""
+    import gc
+    runner, enc, batch = racing_runner(items, eager_predicted=True)
+    seen, plain = [], runner._run
+    runner._run = lambda *a, **k: seen.append(gc.isenabled()) or plain(*a, **k)
+    with torch.no_grad():
+        ref = enc.encode(batch, path="eager")
+        got = [runner.encode(batch) for _ in range(2)]
+    assert seen == [False, False] and gc.isenabled()
+    assert all(rel_err(g, ref) < 1e-5 for g in got)

@@ -79,3 +79,34 @@ def test_a_default_min_reps_follows_a_smaller_cap_and_a_given_one_is_refused():
     assert s.PARAMS.resolve({}, "gpu")["min_reps"] == 6 and s.PARAMS.resolve({}, "gpu")["reps"] == 10
     with pytest.raises(ParamError, match="min_reps=7 is above reps=6"):
         s.PARAMS.resolve({"reps": 6, "min_reps": 7}, "gpu")
+
+
+def test_a_frozen_heap_leaves_the_collector_only_what_the_block_allocates_and_is_undone_after():
+    import gc
+    before = gc.get_freeze_count()
+    with timing.frozen_heap():
+        frozen = gc.get_freeze_count()
+        assert frozen > before                                  # everything alive at entry is frozen
+        young = [[i] for i in range(1000)]                      # allocated inside: not frozen
+        assert gc.get_freeze_count() == frozen and all(gc.is_tracked(x) for x in young)
+        with timing.frozen_heap():                              # nested: the outer block's objects stay frozen
+            assert gc.get_freeze_count() >= frozen
+        assert gc.get_freeze_count() >= frozen
+    assert gc.get_freeze_count() == before == 0                 # unfrozen: what dies later is collected
+
+
+def test_a_paused_collector_is_restored_as_it_was_even_on_an_error():
+    import gc
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with timing.collector_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with timing.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()                               # the caller had it off: left off
+    finally:
+        gc.enable()

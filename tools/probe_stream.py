@@ -1,8 +1,9 @@
 """Why policy auto lost to eager on encoder_latency's stream of new shapes (H200, 47bc1f8: qwen2-vl-7b screenshots
 x4, auto 25.2 ms/image against eager 20.2 with eager its chosen plan): each strategy on fresh batches, in the study's
 order and reversed, with the runner's phases, so the extra time is located. Usage: python3 tools/probe_stream.py
-[PRESET [MIX]] (a GPU; prints one line per call)."""
-import sys, time
+[PRESET [MIX]] [--frozen] (a GPU; prints one line per call, with the collector's full passes inside it;
+--frozen: the heap frozen first, as engines run)."""
+import gc, sys, time
 
 import torch
 
@@ -14,6 +15,9 @@ from workbench.planner import plan_budgets
 from workbench.runner import EncoderGraphRunner, engine_budgets, engine_max_items
 from workbench.samples import image_mix
 
+frozen = "--frozen" in sys.argv     # the heap frozen once the models are built, as engines run (timing.frozen_heap)
+if frozen:
+    sys.argv.remove("--frozen")
 preset = sys.argv[1] if len(sys.argv) > 1 else "qwen2-vl-7b"
 mix = sys.argv[2] if len(sys.argv) > 2 else "screenshots"
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: a smoke test of this script
@@ -32,6 +36,21 @@ def batch(seed):
     return type(b)(b.pixels.pin_memory(), b.grid_thw) if dev.type == "cuda" else b
 
 
+passes = []        # the collector's full (generation 2) passes: their ms, appended when each ends
+_t = {}
+
+
+def _on_gc(phase, info):
+    if info["generation"] == 2:
+        if phase == "start":
+            _t["s"] = time.perf_counter()
+        else:
+            passes.append((time.perf_counter() - _t["s"]) * 1e3)
+
+
+gc.callbacks.append(_on_gc)
+
+
 def allocs():
     """The allocator's device allocations (cudaMalloc) and retries so far: a call that allocates anew pays them."""
     if dev.type != "cuda":
@@ -45,16 +64,20 @@ def timed(fn, phases=None):
     runner.forget_metadata()
     planner.forget_metadata()
     torch.cuda.synchronize() if dev.type == "cuda" else None
-    a0 = allocs()
+    a0, g0 = allocs(), len(passes)
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize() if dev.type == "cuda" else None
     ms = (time.perf_counter() - t0) * 1e3
-    a1 = allocs()
-    return f"{ms:.1f}ms/{a1[0] - a0[0]}mallocs/{a1[1] - a0[1]}retries"
+    a1, gcs = allocs(), passes[g0:]
+    return (f"{ms:.1f}ms/{a1[0] - a0[0]}mallocs/{a1[1] - a0[1]}retries"
+            + (f"/gc2 {'+'.join(f'{p:.0f}' for p in gcs)}ms" if gcs else ""))
 
 
 steady = batch(0)
+if frozen:
+    gc.collect()
+    gc.freeze()
 with torch.inference_mode():
     for _ in range(3):
         enc.encode(steady)

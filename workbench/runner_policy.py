@@ -14,6 +14,7 @@ from . import limits
 from .budgets import Budgets
 from .caches import remember
 from .preprocess import PatchBatch
+from .timing import collector_paused
 from .towers.metadata import filling_grid
 from .vocabulary import PHASES  # noqa: F401  (the phases of one runner encode call)
 
@@ -124,7 +125,10 @@ class Race:
     prediction of each call; "replay", every pack replayed; "eager", every pack run eagerly), timed on real calls,
     one plan a call, then the fastest (by its best call) kept. Once each has run, a candidate whose best call is
     more than `DROP` times the fastest's runs no more; the others run `ROUNDS` calls each. Exploring costs no extra
-    work: each call runs one plan, whose output is the call's; only the device is synchronized around it to time it."""
+    work: each call runs one plan, whose output is the call's; only the device is synchronized around it to time it.
+    A new signature takes plan "replay"'s calls from one of the same budgets (`sibling`), so a stream of new
+    shapes does not replay each one again to learn what the budgets' graphs cost (an exact-fit graph, where the
+    packs fill their budgets with equal sequences, would run faster than those calls say)."""
 
     names: tuple[str, ...]                  # the candidates, the prediction's first
     seconds: dict[str, list[float]]         # each candidate's timed calls
@@ -134,12 +138,22 @@ class Race:
     DROP = 1.25
 
     @classmethod
-    def of(cls, predicted: frozenset, n_packs: int) -> "Race":
-        """The race for a signature whose first batch the costs predict ``predicted`` for (``n_packs`` packs)."""
+    def of(cls, predicted: frozenset, n_packs: int, replay: list[float] = ()) -> "Race":
+        """The race for a signature whose first batch the costs predict ``predicted`` for (``n_packs`` packs);
+        ``replay``: the calls of plan "replay" already timed on another signature of the same budgets (`sibling`),
+        which carry over: replaying runs the budgets' graphs whatever the tokens, so only the other plans are timed
+        (and one of them alone, where "replay" is then more than `DROP` from it)."""
         plain = cls.plain(n_packs)
         first = next((n for n, plan in plain.items() if plan == predicted), "predicted")
         names = (first, *(n for n in plain if n != first))
-        return cls(names, {n: [] for n in names})
+        return cls(names, {n: list(replay) if n == "replay" else [] for n in names})
+
+    @staticmethod
+    def sibling(races: dict, sig: tuple) -> list[float]:
+        """The most timed calls of plan "replay" among the races of signatures with ``sig``'s pack budgets."""
+        budgets = tuple(p[0] for p in sig)
+        return max((r.seconds["replay"] for s, r in races.items() if tuple(p[0] for p in s) == budgets),
+                   key=len, default=[])
 
     def live(self) -> tuple[str, ...]:
         """The candidates still raced: all until each has run once, then those within `DROP` of the fastest."""
@@ -175,19 +189,22 @@ def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_va
     it is not counted against the plan: `prepare_plan`)."""
     unit = runner.encoder.cfg.merge_unit
     predicted = costs.eager_packs(batch, packs, unit)
-    race = remember(runner._races, signature(batch, packs, unit), CHOICE_CACHE, lambda: Race.of(predicted, len(packs)))
+    sig = signature(batch, packs, unit)
+    race = remember(runner._races, sig, CHOICE_CACHE,
+                    lambda: Race.of(predicted, len(packs), Race.sibling(runner._races, sig)))
     if race.chosen is not None:
         return runner._run(batch, packs, misses, Race.plan(race.chosen, predicted, len(packs)), costs, pad_value, phase)
     name = race.next()
     eager = Race.plan(name, predicted, len(packs))
     prepare_plan(runner, batch, packs, eager)
-    if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
-    t0 = time.perf_counter()
-    out = runner._run(batch, packs, misses, eager, costs, pad_value, phase)
-    if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
-    race.add(name, time.perf_counter() - t0)
+    with collector_paused():    # a collector pass (tens of ms over a loaded model's heap) would be charged to the plan
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+        t0 = time.perf_counter()
+        out = runner._run(batch, packs, misses, eager, costs, pad_value, phase)
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+        race.add(name, time.perf_counter() - t0)
     return out
 
 

@@ -6,6 +6,10 @@
   cold L2; `cpu_time_us`: host wall time after synchronization; `time_us` picks by device.
 - `warm_on_side_stream`, `require_cuda`: the warm-up before a capture and the CUDA check that the
   other measuring modules share.
+- `frozen_heap`: host-timed calls with Python's collector kept off the startup heap, as serving
+  engines run (vLLM freezes its engine and worker heaps after start-up and warm-up): a full
+  collection walks every object of the loaded models, 40-60 ms, and lands inside whichever timed
+  call happens to allocate the object that triggers it.
 
 Why graph replays: an input norm runs inside a captured vision tower in the serving engines, so
 what matters is the kernel time with launch overhead removed, on cold L2 (the pixel rows arrive
@@ -18,12 +22,43 @@ Pure functions: nothing is written to disk. The CUDA timers raise RuntimeError w
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import time
 
 import torch
 
 FLUSH_BYTES = 256 << 20
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """No collection inside the block (`gc.disable`), re-enabled after if it was: for one timed call whose
+    time decides something (policy auto's race), so a pause that belongs to no plan is not charged to one.
+    Collection is only deferred to the end of the block."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Collect, then freeze every object alive now (`gc.freeze`) for the block, so the collector's
+    passes inside it walk only what the block allocates; unfrozen after, so what dies later is still
+    collected. Nests: an inner block leaves the outer one's objects frozen."""
+    outer = gc.get_freeze_count()
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if not outer:
+            gc.unfreeze()
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

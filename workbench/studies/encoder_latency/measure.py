@@ -23,7 +23,7 @@ from ...planner import plan_budgets
 from ...preprocess import preprocess
 from ...runner import PHASES, EncoderGraphRunner, engine_budgets, engine_max_items
 from ...samples import image_mix, mix_columns, with_folder
-from ...timing import cpu_time_us
+from ...timing import cpu_time_us, frozen_heap
 from ...towers.weights import init_checkpoint_like
 from .. import begin_run
 from ..correctness.measure import TOLERANCE as CORRECT_TOL
@@ -396,14 +396,16 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                 for n in p["mix_items"]:
                     t_cell = time.perf_counter()
                     batch = _pinned(preprocess(image_mix(mix, n, seed=p["seed"], resized=True, cfg=cfg), cfg), dev)
-                    res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"], p["min_reps"])
+                    with frozen_heap():  # the collector off the models' heap, as engines run (timing.frozen_heap)
+                        res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"], p["min_reps"])
                     t_fresh = time.perf_counter()
                     if p["fresh"]:       # the same mix and item count, drawn anew: shapes no call has seen
                         fresh = [_pinned(preprocess(image_mix(mix, n, seed=p["seed"] + 1 + k, resized=True, cfg=cfg),
                                                     cfg), dev) for k in range(p["fresh"])]
                         wrong = {path for path, m in res.items() if not m.get("ok", True)}
-                        for path, m in measure_fresh(enc, hf, cfg, fresh, runners, skip=wrong).items():
-                            res.setdefault(path, {}).update(m)
+                        with frozen_heap():
+                            for path, m in measure_fresh(enc, hf, cfg, fresh, runners, skip=wrong).items():
+                                res.setdefault(path, {}).update(m)
                     res["eager"].update(cell_s=time.perf_counter() - t_cell, fresh_s=time.perf_counter() - t_fresh)
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
                                   depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], attention=attention,
