@@ -382,7 +382,7 @@ def test_a_stream_of_new_shapes_makes_every_strategy_prepare_its_own_metadata(mo
 
 
 def test_the_realistic_batches_are_timed_with_the_models_heap_frozen(monkeypatch):
-    """A collector pass over the loaded models (40-60 ms) lands in whichever timed call triggers it: the mix
+    """A full collector pass over the loaded models lands in whichever timed call triggers it: the mix
     cells and the stream of new shapes run with the heap frozen (`timing.frozen_heap`), as engines run, and
     unfrozen after (the study leaves nothing frozen)."""
     import gc
