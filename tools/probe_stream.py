@@ -1,21 +1,24 @@
-"""Why policy auto lost to eager on encoder_latency's stream of new shapes (H200, 47bc1f8: qwen2-vl-7b screenshots
-x4, auto 25.2 ms/image against eager 20.2 with eager its chosen plan): each strategy on fresh batches, in the study's
-order and reversed, with the runner's phases, so the extra time is located. Usage: python3 tools/probe_stream.py
-[PRESET [MIX]] [--frozen] (a GPU; prints one line per call, with the collector's full passes inside it;
---frozen: the heap frozen first, as engines run)."""
-import gc, sys, time
+"""Where a strategy's time goes on encoder_latency's stream of new shapes (results/reference/README.md, the
+`h100/` rows, says what it found): each strategy on fresh batches, in the study's order and reversed, with the
+runner's phases, the allocator's device allocations and the collector's full passes inside each call. Usage:
+python3 tools/probe_stream.py [PRESET [MIX]] [--frozen] (a GPU; on a CPU a one-block smoke test; --frozen: the
+heap frozen once the models are built, as engines run, `timing.frozen_heap`)."""
+import contextlib
+import gc
+import sys
+import time
 
 import torch
 
 from workbench.config import VisionConfig
 from workbench.encoder import build_encoder
 from workbench.preprocess import preprocess
-from workbench.budgets import Budgets
-from workbench.planner import plan_budgets
 from workbench.runner import EncoderGraphRunner, engine_budgets, engine_max_items
 from workbench.samples import image_mix
+from workbench.studies.encoder_latency.measure import _mix_runners, _pinned
+from workbench.timing import frozen_heap
 
-frozen = "--frozen" in sys.argv     # the heap frozen once the models are built, as engines run (timing.frozen_heap)
+frozen = "--frozen" in sys.argv
 if frozen:
     sys.argv.remove("--frozen")
 preset = sys.argv[1] if len(sys.argv) > 1 else "qwen2-vl-7b"
@@ -26,14 +29,11 @@ enc = build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bflo
 print("attention", enc.visual.kernels.backend, "fused", enc.visual.kernels.fused, flush=True)
 eb = engine_budgets(16384)
 runner = EncoderGraphRunner(enc, budgets=eb, buffer_dtype=torch.uint8, max_items=engine_max_items(eb))
-planned = plan_budgets(mix, max_graphs=len(eb), cfg=cfg)       # the study's planner runner, as `_mix_runners`
-planner = EncoderGraphRunner(enc, budgets=list(Budgets.of(planned).holding(engine_max_items(planned))),
-                             buffer_dtype=torch.uint8, max_items=engine_max_items(planned), policy="always")
+planner = _mix_runners(enc, cfg, mix, runner)["graph_planner"][0]     # the study's planner runner
 
 
 def batch(seed):
-    b = preprocess(image_mix(mix, 4, seed=seed, resized=True, cfg=cfg), cfg)
-    return type(b)(b.pixels.pin_memory(), b.grid_thw) if dev.type == "cuda" else b
+    return _pinned(preprocess(image_mix(mix, 4, seed=seed, resized=True, cfg=cfg), cfg), dev)
 
 
 passes = []        # the collector's full (generation 2) passes: their ms, appended when each ends
@@ -75,10 +75,7 @@ def timed(fn, phases=None):
 
 
 steady = batch(0)
-if frozen:
-    gc.collect()
-    gc.freeze()
-with torch.inference_mode():
+with torch.inference_mode(), (frozen_heap() if frozen else contextlib.nullcontext()):
     for _ in range(3):
         enc.encode(steady)
     print("settle calls", runner.settle(steady), flush=True)

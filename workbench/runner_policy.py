@@ -197,7 +197,7 @@ def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_va
     name = race.next()
     eager = Race.plan(name, predicted, len(packs))
     prepare_plan(runner, batch, packs, eager)
-    with collector_paused():    # a collector pass (tens of ms over a loaded model's heap) would be charged to the plan
+    with collector_paused():    # a full collector pass over a loaded model's heap would be charged to the plan
         if runner.device.type == "cuda":
             torch.cuda.synchronize(runner.device)
         t0 = time.perf_counter()

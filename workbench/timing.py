@@ -8,8 +8,8 @@
   other measuring modules share.
 - `frozen_heap`: host-timed calls with Python's collector kept off the startup heap, as serving
   engines run (vLLM freezes its engine and worker heaps after start-up and warm-up): a full
-  collection walks every object of the loaded models (63-88 ms for a 7B tower's process on a
-  2-core CPU) inside whichever timed call happens to allocate the object that triggers it.
+  collection walks every object of the loaded models, inside whichever timed call happens to
+  allocate the object that triggers it.
 
 Why graph replays: an input norm runs inside a captured vision tower in the serving engines, so
 what matters is the kernel time with launch overhead removed, on cold L2 (the pixel rows arrive

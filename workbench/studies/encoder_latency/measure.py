@@ -398,12 +398,11 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     batch = _pinned(preprocess(image_mix(mix, n, seed=p["seed"], resized=True, cfg=cfg), cfg), dev)
                     with frozen_heap():  # the collector off the models' heap, as engines run (timing.frozen_heap)
                         res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"], p["min_reps"])
-                    t_fresh = time.perf_counter()
-                    if p["fresh"]:       # the same mix and item count, drawn anew: shapes no call has seen
-                        fresh = [_pinned(preprocess(image_mix(mix, n, seed=p["seed"] + 1 + k, resized=True, cfg=cfg),
-                                                    cfg), dev) for k in range(p["fresh"])]
-                        wrong = {path for path, m in res.items() if not m.get("ok", True)}
-                        with frozen_heap():
+                        t_fresh = time.perf_counter()
+                        if p["fresh"]:   # the same mix and item count, drawn anew: shapes no call has seen
+                            fresh = [_pinned(preprocess(image_mix(mix, n, seed=p["seed"] + 1 + k, resized=True,
+                                                                  cfg=cfg), cfg), dev) for k in range(p["fresh"])]
+                            wrong = {path for path, m in res.items() if not m.get("ok", True)}
                             for path, m in measure_fresh(enc, hf, cfg, fresh, runners, skip=wrong).items():
                                 res.setdefault(path, {}).update(m)
                     res["eager"].update(cell_s=time.perf_counter() - t_cell, fresh_s=time.perf_counter() - t_fresh)
