@@ -305,7 +305,8 @@ def test_a_stream_of_new_shapes_times_each_strategy_checked_and_leaves_a_wrong_o
     assert e.loc["mix", "cell_s"] > e.loc["mix", "fresh_s"] > 0 and e.loc["exact", "cell_s"] > 0
     assert e.loc["exact", "rates_s"] > 0 and e.loc["exact", "cell_s"] > e.loc["exact", "ceiling_s"] >= 0
     assert e.loc["exact", "cell_s"] + e.loc["mix", "cell_s"] < t0 - started
-    assert "fresh: auto / transformers" in s.summary.mix_table(t)
+    assert {"fresh: auto / transformers", "fresh stream: auto / transformers"} <= set(s.summary.mix_table(t))
+    assert (m.fresh_p50_image_ms > 0).all()
     # tools/latency_seconds.py reads them back from a run folder, beside the calls it timed
     from test_weights_once import load_tool
     run = tmp_path / "run"
@@ -358,6 +359,45 @@ def test_realistic_batch_figure_reads_times_that_span_orders_of_magnitude():
     fig = el.summary.plot_mixes(close)
     assert all(ax.get_xscale() == "linear" for ax in fig.axes if ax.get_title())
     plt.close(fig)
+
+
+def test_a_stream_of_new_shapes_takes_turns_and_its_median_batch_ignores_one_slow_call(monkeypatch):
+    """The strategies take turns meeting a batch first (none always meets it cold), and one slow call (a host
+    hiccup) moves the stream's sum, ``fresh_image_ms``, but not its median batch, ``fresh_p50_image_ms``. The
+    clock is the test's: each fake strategy advances it by a known amount."""
+    import types
+    from workbench.preprocess import preprocess
+    from workbench.samples import image_mix
+    from workbench.studies import encoder_latency as s
+    cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=0)
+    batches = [preprocess(image_mix("photos", 2, seed=k, resized=True, cfg=cfg), cfg) for k in (1, 2, 3)]
+    clock, order = [0.0], []
+    monkeypatch.setattr(s.measure, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    real = enc.encode
+    monkeypatch.setattr(enc, "encode", lambda b, **kw: order.append("eager") or real(b, **kw))
+
+    class Fake:
+        def __init__(self, name, seconds):
+            self.name, self.seconds, self.calls = name, seconds, 0
+
+        def encode(self, batch, policy=None):
+            order.append(self.name)
+            clock[0] += self.seconds[self.calls]
+            self.calls += 1
+            return real(batch, path="eager")
+
+        def forget_metadata(self):
+            pass
+
+    got = s.measure.measure_fresh(enc, None, cfg, batches, {"graph_engine": (Fake("graph_engine", [1.0, 10.0, 1.0]),
+                                                                             "always"),
+                                                            "graph_auto": (Fake("graph_auto", [2.0] * 3), None)})
+    assert [order[3 * k] for k in range(3)] == ["eager", "graph_engine", "graph_auto"]
+    assert got["graph_engine"]["fresh_image_ms"] == pytest.approx(12.0 * 1e3 / 6)      # the sum: the slow call
+    assert got["graph_engine"]["fresh_p50_image_ms"] == pytest.approx(1.0 * 1e3 / 2)    # the median batch: not
+    assert got["graph_auto"]["fresh_p50_image_ms"] == pytest.approx(2.0 * 1e3 / 2) == got["graph_auto"]["fresh_image_ms"]
+    assert got["eager"]["fresh_p50_image_ms"] == 0.0 and all(m["fresh_batches"] == 3 for m in got.values())
 
 
 def test_a_stream_of_new_shapes_makes_every_strategy_prepare_its_own_metadata(monkeypatch):

@@ -13,7 +13,8 @@ import pandas as pd
 from workbench.studies import load_table
 from workbench.studies.encoder_latency.summary import mix_table
 
-BEST, FRESH, HF = "auto / best of eager, engine graph", "fresh: auto / best of eager, engine graph", "auto / transformers"
+BEST, HF = "auto / best of eager, engine graph", "auto / transformers"
+FRESH, STREAM = f"fresh: {BEST}", f"fresh stream: {BEST}"     # the median batch's, the whole stream's
 
 
 def cells(run: Path) -> pd.DataFrame:
@@ -28,10 +29,10 @@ def cells(run: Path) -> pd.DataFrame:
 
 def verdicts(t: pd.DataFrame, within: float) -> pd.DataFrame:
     """Per run: cells, how many have auto within ``within`` of the better of eager and the engines' graphs
-    (steady, fresh), the worst of each ratio, and how many have auto slower than transformers."""
+    (steady; new shapes: the median batch, the whole stream), the worst of each ratio, and how many have auto slower than transformers."""
     def per_run(g):
         row = {"cells": len(g)}
-        for col, name in ((BEST, "within"), (FRESH, "fresh within")):
+        for col, name in ((BEST, "within"), (FRESH, "fresh within"), (STREAM, "stream within")):
             if col in g:
                 row[name] = int((g[col] <= 1 + within).sum())
                 row[f"worst {col}"] = g[col].max()

@@ -39,8 +39,10 @@ timed, ``explore_calls`` calls; its first call is ``first_ms``). Times are per i
 the call / n); beside them each runner's replays, padded rows, eager packs and misses, and every
 output checked against eager before it is timed. Then ``fresh`` batches of the same mix and item
 count, drawn with other seeds (shapes no call has seen, as a server meets them), each strategy
-once on each, the device synchronized around every call: ``fresh_image_ms``, the stream's time per
-image (policy auto keeps what it learned; no runner keeps host metadata from another strategy's
+once on each, the strategies taking turns first, the device synchronized around every call:
+``fresh_p50_image_ms``, the median batch's time per image (what the verdicts read: one host
+hiccup moves a sum, not a median), and ``fresh_image_ms``, the whole stream's time per image
+(policy auto keeps what it learned; no runner keeps host metadata from another strategy's
 call). ``image_folder`` (an absolute path) adds a mix of your own images: the
 folder's images, drawn by size and resized (`workbench.samples.get_mix`), its rows named
 ``folder:<its name>`` with the folder's ``fingerprint``.

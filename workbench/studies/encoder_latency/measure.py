@@ -273,11 +273,13 @@ def measure_mix(enc, hf, cfg: VisionConfig, batch: PatchBatch, runners: dict, re
 def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners: dict,
                   skip=()) -> dict[str, dict]:
     """Each strategy on a stream of batches of shapes it has not seen (what a server meets): every batch once, each
-    call timed with the device synchronized around it; per strategy the stream's time per image. Every output is
-    checked against the eager one of its batch, as `measure_mix` checks: a strategy wrong on any batch, or in
-    ``skip`` (wrong in the cell's own check), gets no time. Policy auto keeps what it learned before and along the
-    stream; the host metadata the tower and a runner cache is dropped before each call, so no strategy gains from
-    another's call on the same batch."""
+    call timed with the device synchronized around it. Per strategy: ``fresh_image_ms``, the whole stream's time
+    per image, and ``fresh_p50_image_ms``, the median over the batches of a batch's time per image (a host hiccup
+    in one call moves the sum, not the median). The strategies take turns first (batch k starts at the k-th), so
+    none always meets a batch cold. Every output is checked against the eager one of its batch, as `measure_mix`
+    checks: a strategy wrong on any batch, or in ``skip`` (wrong in the cell's own check), gets no time. Policy
+    auto keeps what it learned before and along the stream; the host metadata the tower and a runner cache is
+    dropped before each call, so no strategy gains from another's call on the same batch."""
     dev, dt = enc.device, enc.dtype
     calls = {"eager": lambda k: enc.encode(batches[k], path="eager")}
     if hf is not None:      # its input normalized on the host beforehand, as measure_mix times it
@@ -287,27 +289,28 @@ def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners
     for name, (runner, policy) in runners.items():
         calls[name] = (lambda k, r=runner, pol=policy: r.encode(batches[k], policy=pol))
     calls = {name: call for name, call in calls.items() if name == "eager" or name not in skip}
-    seconds, right = dict.fromkeys(calls, 0.0), dict.fromkeys(calls, True)
+    names = list(calls)
+    seconds, right = {name: [] for name in names}, dict.fromkeys(names, True)
     with torch.inference_mode():
         for k in range(len(batches)):
-            ref = None
-            for name, call in calls.items():        # eager first: the batch's reference
+            outs = {}
+            for name in names[k % len(names):] + names[:k % len(names)]:
                 enc.visual.forget_metadata()             # no strategy prepares a shape for the next one:
                 if name in runners:                      # each pays its host metadata, as on a new shape
                     runners[name][0].forget_metadata()
                 _sync(dev)
                 t0 = time.perf_counter()
-                out = call(k)
+                outs[name] = calls[name](k)
                 _sync(dev)
-                seconds[name] += time.perf_counter() - t0
-                if ref is None:
-                    ref = out
-                elif right[name]:         # checked where the outputs are: only the verdict is kept
-                    right[name] = _agrees_in_place(out, ref, dt, name == "transformers")
-                del out
+                seconds[name].append((time.perf_counter() - t0) / batches[k].n_items)
+            ref = outs.pop("eager")                      # checked where the outputs are: only the verdict is kept
+            for name, out in outs.items():
+                right[name] = right[name] and _agrees_in_place(out, ref, dt, name == "transformers")
+            del outs, ref
     images = sum(b.n_items for b in batches)
-    return {name: dict(fresh_image_ms=s * 1e3 / images, fresh_batches=len(batches)) for name, s in seconds.items()
-            if right[name]}
+    sums = {name: sum(s * b.n_items for s, b in zip(per, batches)) for name, per in seconds.items()}
+    return {name: dict(fresh_image_ms=sums[name] * 1e3 / images, fresh_p50_image_ms=statistics.median(per) * 1e3,
+                       fresh_batches=len(batches)) for name, per in seconds.items() if right[name]}
 
 
 def _mix_runners(enc, cfg: VisionConfig, mix: str, engine) -> dict:

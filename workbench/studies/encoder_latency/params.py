@@ -82,7 +82,7 @@ PARAMS = ParamSpec(
           help="absolute path of a folder of your own images: one more mix for those cells (None: none)"),
     Param("mix_items", "list[int]", cap="items", cpu=[2], gpu=[1, 4], minimum=1, rule=ascending_unique,
           help="items per realistic batch, drawn from each mix"),
-    Param("fresh", "int", cap="reps", cpu=1, gpu=4, minimum=0,
+    Param("fresh", "int", cap="reps", cpu=1, gpu=6, minimum=0,
           help="batches of shapes no call has seen, per mix and item count, each strategy timed once on each "
                "(what a server meets; 0 for none)"),
     Param("engine_max_budget", "int", cap="budget_tokens", cpu=512, gpu=16384, minimum=64,
@@ -108,7 +108,7 @@ METRICS = {
     # realistic-batch cells (case "mix"), per image
     "image_p50_ms": "ms", "image_p90_ms": "ms", "replays": "count", "padded_rows": "count", "misses": "count",
     "eager_packs": "count", "valid_rows": "count", "budgets_n": "count", "largest_budget": "tokens",
-    "runner_s": "s", "first_ms": "ms", "explore_calls": "count", "fresh_image_ms": "ms", "fresh_batches": "count", "reps_n": "count", "p50_ci_lo_ms": "ms", "p50_ci_hi_ms": "ms",
+    "runner_s": "s", "first_ms": "ms", "explore_calls": "count", "fresh_image_ms": "ms", "fresh_p50_image_ms": "ms", "fresh_batches": "count", "reps_n": "count", "p50_ci_lo_ms": "ms", "p50_ci_hi_ms": "ms",
 }
 
 
