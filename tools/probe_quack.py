@@ -10,8 +10,15 @@ reference before its time counts (median of REPS calls between CUDA events, cold
 autotunes on its first call per shape (timed apart: `tune_s`). Gated: quack pairs gate and up
 columns interleaved ([g0, u0, g1, u1, ...]); the probe builds that layout once, as a load would.
 
-`PYTHONPATH=$PWD:<quack and its CuTe libraries> python3 tools/probe_quack.py [seconds]`; writes
+`PYTHONPATH=$PWD:<quack and its CuTe libraries> python3 tools/probe_quack.py [seconds] [pinned]`; writes
 $OUT/probe_quack.json when OUT is set. Stops starting new shapes after ``seconds`` (default 200).
+
+``pinned``: quack's autotuner keys its choice by the operands' shapes, so a tower whose packs change
+their rows every call would tune again on each new row count (12.6-37.6 s a shape on the H200). This
+mode times what a tower could run instead: a few explicit configs (``PINNED``, no autotuning) at
+16384 rows, then the fastest of them at other row counts, odd ones included, each new count's first
+call timed apart (``first_s``: does a new row count compile again?), and that config captured in a
+CUDA graph and replayed (``graph_ok``: the replay's output equal to the eager call's).
 """
 import json
 import os
@@ -63,7 +70,22 @@ def _key_context_vars() -> None:
             mod.semantic_value_key = keyed
 
 
-def main(limit_s: float) -> dict:
+PINNED_ROWS = (4096, 5000, 23208, 65536)
+
+
+def _pinned_configs():
+    """Explicit configs from quack's SM90 search space (tile_m, tile_n, pingpong, cluster m x n, device
+    capacity 9, no dynamic persistence, as its SM90 list has them), valid for the gated epilogue too
+    (tile_n a multiple of 32): quack's SM90 default first."""
+    from quack.gemm_config import GemmConfig
+    return {f"{m}x{n}-{'pp' if pp else 'coop'}-c{cm}{cn}": GemmConfig(
+                tile_m=m, tile_n=n, pingpong=pp, cluster_m=cm, cluster_n=cn, device_capacity=9,
+                is_dynamic_persistent=False)
+            for m, n, pp, cm, cn in ((128, 192, True, 2, 1), (256, 192, False, 2, 1), (256, 128, False, 1, 2),
+                                     (128, 256, False, 2, 1), (128, 128, True, 1, 2))}
+
+
+def main(limit_s: float, mode: str = "tuned") -> dict:
     from quack.gemm_interface import gemm, gemm_act
 
     if os.environ.get("PROBE_DEVICE", "cuda") == "cuda":
@@ -106,10 +128,16 @@ def main(limit_s: float) -> dict:
 
         layout = {"B": B1, "bias": bias1, "name": "interleaved" if act == "swiglu" else "plain"}
 
-        def quack(x):
-            _, h = gemm_act(x, layout["B"], bias=layout["bias"], activation=act, store_preact=False)
-            return gemm(h, w2.t(), bias=b2)
+        def quack(x, config=None):
+            if config is None:
+                _, h = gemm_act(x, layout["B"], bias=layout["bias"], activation=act, store_preact=False)
+                return gemm(h, w2.t(), bias=b2)
+            _, h = gemm_act(x, layout["B"], bias=layout["bias"], activation=act, store_preact=False, config=config)
+            return gemm(h, w2.t(), bias=b2, config=config)
 
+        if mode == "pinned":
+            out["cells"] += _pinned(preset, act, cfg, w2, ours, ref, quack, dev, dt, t_start, limit_s)
+            continue
         for m in ROWS:
             if time.perf_counter() - t_start > limit_s:
                 out["stopped"] = f"time limit {limit_s} s before {preset} M={m}"
@@ -149,8 +177,65 @@ def main(limit_s: float) -> dict:
     return out
 
 
+def _pinned(preset, act, cfg, w2, ours, ref, quack, dev, dt, t_start, limit_s) -> list[dict]:
+    """``pinned`` mode for one MLP: every config of `_pinned_configs` at 16384 rows, then the fastest at
+    PINNED_ROWS (first call timed apart) and in a CUDA graph."""
+    cells, flops_per_row = [], 2 * cfg.width * int(w2.shape[1]) * (3 if act == "swiglu" else 2)
+
+    def timed(fn, x, cell, name):
+        ms = sorted(cuda_event_ms(lambda: fn(x), reps=REPS, warmup=WARMUP))
+        cell[f"{name}_ms"] = ms[len(ms) // 2]
+        cell[f"{name}_tflops"] = flops_per_row * x.shape[0] / cell[f"{name}_ms"] / 1e9
+
+    best = None
+    for rows, configs in [(16384, _pinned_configs())] + [(m, None) for m in PINNED_ROWS]:
+        if configs is None:          # the other row counts: the fastest config at 16384 rows only
+            if best is None:
+                break
+            configs = {best[0]: best[1]}
+            sweep = False
+        else:
+            sweep = True
+        for name, config in configs.items():
+            if time.perf_counter() - t_start > limit_s:
+                cells.append({"stopped": f"time limit before {preset} {name} M={rows}"})
+                return cells
+            x = torch.randn(rows, cfg.width, device=dev, dtype=dt)
+            cell = {"preset": preset, "activation": act, "rows": rows, "config": name}
+            with torch.no_grad():
+                r = ref(x)
+                try:
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    q = quack(x, config)
+                    torch.cuda.synchronize()
+                    cell["first_s"] = time.perf_counter() - t0
+                    cell["quack_rel_err"] = rel_err(q, r)
+                    cell["ours_rel_err"] = rel_err(ours(x), r)
+                except Exception as e:  # noqa: BLE001 - recorded, the probe goes on
+                    cell["quack_error"] = f"{type(e).__name__}: {e}"[:300]
+                if cell.get("quack_rel_err", 1.0) < 2e-2:
+                    timed(lambda v: quack(v, config), x, cell, "quack")
+                    timed(ours, x, cell, "ours")
+                    if sweep and (best is None or cell["quack_ms"] < best[2]):
+                        best = (name, config, cell["quack_ms"])
+                    if not sweep and rows == PINNED_ROWS[1]:      # an odd row count in a CUDA graph
+                        try:
+                            g = torch.cuda.CUDAGraph()
+                            with torch.cuda.graph(g):
+                                y = quack(x, config)
+                            g.replay()
+                            torch.cuda.synchronize()
+                            cell["graph_ok"] = bool(torch.equal(y, quack(x, config)))
+                        except Exception as e:  # noqa: BLE001
+                            cell["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+            print(json.dumps(cell), flush=True)
+            cells.append(cell)
+    return cells
+
+
 if __name__ == "__main__":
-    res = main(float(sys.argv[1]) if len(sys.argv) > 1 else 200.0)
+    res = main(float(sys.argv[1]) if len(sys.argv) > 1 else 200.0, sys.argv[2] if len(sys.argv) > 2 else "tuned")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "probe_quack.json"), "w") as f:
             json.dump(res, f, indent=1)
