@@ -223,6 +223,30 @@ def test_cuda_fa4_matches_float32_and_padding_never_leaks(head_dim):
     assert rel_err(padded, plain) < 1e-3
 
 
+@pytest.mark.parametrize("preset", ["qwen2.5-vl-7b", "glm-4.1v-9b"])
+def test_cuda_quack_mlps_match_cublas_eager_and_in_graphs(preset):
+    """quack's gated GEMM (where installed, on Hopper): a tower built with gemm='quack' (its SwiGLU MLPs paired,
+    one pinned config for every row count) matches the same weights on cuBLAS within bf16 rounding, eagerly on
+    two batches of other row counts and replayed from captured graphs after the pool was poisoned."""
+    from workbench.quack_gemm import quack_problem
+    problem = quack_problem("cuda", torch.bfloat16)
+    if problem is not None:
+        pytest.skip(f"quack {problem}")
+    cfg = dataclasses.replace(wb.VisionConfig.preset(preset).reduced(4), max_pixels=448 * 448)
+    plain = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=5)
+    quack = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=5,
+                             gemm="quack")
+    assert quack.visual.kernels.gemm == "quack" and plain.visual.kernels.gemm == "cublas"
+    runner = EncoderGraphRunner(quack, budgets=[1024, 4096], buffer_dtype=torch.uint8, max_items=4, policy="always")
+    runner.poison_pool()
+    for batch in (wb.preprocess(items()[:2], cfg), wb.preprocess(items()[2:4], cfg)):
+        ref = plain.encode(batch)
+        eager, replayed = quack.encode(batch), runner.encode(batch)
+        print(preset, batch.n_rows, "quack vs cublas", rel_err(eager, ref), "replay vs eager", rel_err(replayed, eager))
+        assert torch.isfinite(eager).all() and rel_err(eager, ref) < 2e-2 and cos_min(eager, ref) > 0.99
+        assert rel_err(replayed, eager) < 2e-2
+
+
 @pytest.mark.parametrize("exact_capture", ["construction", "first_use"])
 @pytest.mark.parametrize("preset", REAL)
 def test_cuda_exact_fit_graphs_match_eager_and_read_no_stale_memory(preset, exact_capture):

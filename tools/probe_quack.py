@@ -16,9 +16,11 @@ $OUT/probe_quack.json when OUT is set. Stops starting new shapes after ``seconds
 ``pinned``: quack's autotuner keys its choice by the operands' shapes, so a tower whose packs change
 their rows every call would tune again on each new row count (12.6-37.6 s a shape on the H200). This
 mode times what a tower could run instead: a few explicit configs (``PINNED``, no autotuning) at
-16384 rows, then the fastest of them at other row counts, odd ones included, each new count's first
-call timed apart (``first_s``: does a new row count compile again?), and that config captured in a
-CUDA graph and replayed (``graph_ok``: the replay's output equal to the eager call's).
+16384 rows for ``gemm_act`` (the activation in the epilogue; quack's ``gemm`` takes no config, so the
+down projection runs untuned, and, timed beside it, through cuBLAS), then the fastest config at other
+row counts, odd ones included, each new count's first call timed apart (``first_s``: does a new row
+count compile again?), and that config captured in a CUDA graph and replayed (``graph_ok``: the
+replay's output equal to the eager call's).
 """
 import json
 import os
@@ -128,12 +130,14 @@ def main(limit_s: float, mode: str = "tuned") -> dict:
 
         layout = {"B": B1, "bias": bias1, "name": "interleaved" if act == "swiglu" else "plain"}
 
-        def quack(x, config=None):
+        def quack(x, config=None, down="quack"):
+            """quack's MLP: autotuned, or ``config`` pinned for gemm_act (its ``gemm`` takes no config: the
+            down projection then runs untuned, ``tuned=False``, or through cuBLAS with ``down="cublas"``)."""
             if config is None:
                 _, h = gemm_act(x, layout["B"], bias=layout["bias"], activation=act, store_preact=False)
                 return gemm(h, w2.t(), bias=b2)
             _, h = gemm_act(x, layout["B"], bias=layout["bias"], activation=act, store_preact=False, config=config)
-            return gemm(h, w2.t(), bias=b2, config=config)
+            return gemm(h, w2.t(), bias=b2, tuned=False) if down == "quack" else F.linear(h, w2, b2)
 
         if mode == "pinned":
             out["cells"] += _pinned(preset, act, cfg, w2, ours, ref, quack, dev, dt, t_start, limit_s)
@@ -216,6 +220,7 @@ def _pinned(preset, act, cfg, w2, ours, ref, quack, dev, dt, t_start, limit_s) -
                     cell["quack_error"] = f"{type(e).__name__}: {e}"[:300]
                 if cell.get("quack_rel_err", 1.0) < 2e-2:
                     timed(lambda v: quack(v, config), x, cell, "quack")
+                    timed(lambda v: quack(v, config, down="cublas"), x, cell, "quack_act_cublas_down")
                     timed(ours, x, cell, "ours")
                     if sweep and (best is None or cell["quack_ms"] < best[2]):
                         best = (name, config, cell["quack_ms"])

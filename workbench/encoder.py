@@ -42,6 +42,7 @@ from .triton_support import interpreting
 from .preprocess import PatchBatch
 from .towers import build_tower
 from .towers.common import check_fused
+from .quack_gemm import check_gemm
 from .towers.weights import skipped_default_init
 from .towers.layers import GEMM_ALIGN
 from .vocabulary import PATHS, PLACEMENT_TABLE, PLACEMENTS, STUDY_PLACEMENTS, Placement  # noqa: F401
@@ -63,7 +64,7 @@ class VisionEncoder(nn.Module):
 
     def __init__(self, cfg: VisionConfig, placement: Placement, norm: InputNorm, dtype: torch.dtype,
                  device: torch.device, attn_backend: str = "auto", check_inputs: bool = True, fused="auto",
-                 gemm_align: int = GEMM_ALIGN):
+                 gemm_align: int = GEMM_ALIGN, gemm: str = "cublas"):
         """Trusts its arguments (`build_encoder` checks them): a `PLACEMENT_TABLE` row and a norm
         object (`workbench.norms.make_norm`), which normalizes where the placement says."""
         super().__init__()
@@ -72,7 +73,7 @@ class VisionEncoder(nn.Module):
         where = self.spec.norm_in
         self.visual = build_tower(cfg, input_norm=norm if where == "tower" else None, device_norm=where == "tower",
                                   fold_norm=where == "fold", attn_backend=attn_backend, fused=fused,
-                                  gemm_align=gemm_align)
+                                  gemm_align=gemm_align, gemm=gemm)
         # the GPU preprocessor's norm (placement `device`), the outer model's own (placement
         # `outer`) and the model runner's (placement `runner`)
         self.preprocessor_norm = norm if where == "device" else None
@@ -269,7 +270,7 @@ class VisionEncoder(nn.Module):
 def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower", norm: str = "triton_rows",
                   dtype=torch.bfloat16, device="auto", attn_backend: str = "auto", seed: int | None = 0,
                   check_inputs: bool = True, fused="auto", weights: str | os.PathLike | None = None,
-                  gemm_align: int = GEMM_ALIGN) -> VisionEncoder:
+                  gemm_align: int = GEMM_ALIGN, gemm: str = "cublas") -> VisionEncoder:
     """Outer model with `.visual` for `cfg`: a VisionConfig, a preset name, or a local transformers
     model folder (its config.json and preprocessor_config.json give the config, its safetensors
     the vision tower's weights: `workbench.checkpoints`).
@@ -283,7 +284,9 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     'auto' | 'cpu' | 'cuda'; fused: 'auto' (the fused Triton block kernels of `workbench.fused` on
     CUDA for bf16/fp16 towers), True or False; gemm_align: the SwiGLU MLPs' hidden width is padded
     to a multiple of it where it is not a multiple of 8, invisibly to state dicts and loading
-    (`towers.layers.GatedMLP`; default 64 on every device, 1: no padding; the tower checks it).
+    (`towers.layers.GatedMLP`; default 64 on every device, 1: no padding; the tower checks it); gemm: the
+    SwiGLU MLPs' gate/up kernel, 'cublas' (default) or 'quack' (`workbench.quack_gemm`: one quack-kernels
+    GEMM with the activation in its epilogue; CUDA compute capability 9.x, bf16/fp16, fused kernels on).
     Weights are random (seeded, checkpoint-like scales) unless seed is None (seed: an integer
     0..limits.seed); load real ones with `enc.visual.load_hf_state_dict(sd)`.
     check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values
@@ -299,6 +302,7 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     spec = check_placement(placement)
     norm_module = make_norm(norm, cfg, check_values=check_inputs)
     check_fused(fused)
+    check_gemm(gemm)
     if seed is not None:
         seed = limits.seed(seed, "seed")
     if not isinstance(check_inputs, bool):
@@ -311,7 +315,8 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     # every parameter is written below (drawn or loaded): torch's default initialization would be drawn for nothing
     with skipped_default_init() if weights is not None or seed is not None else contextlib.nullcontext():
         enc = VisionEncoder(cfg, spec, norm_module, dtype, dev,
-                            attn_backend=attn_backend, check_inputs=check_inputs, fused=fused, gemm_align=gemm_align)
+                            attn_backend=attn_backend, check_inputs=check_inputs, fused=fused, gemm_align=gemm_align,
+                            gemm=gemm)
     enc.visual.resolve_kernels()     # an attention backend or fused choice this device cannot run fails here
     if weights is not None:
         from .checkpoints import load_vision_weights

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .. import fused as fk
+from .. import quack_gemm
 from ..caches import remember
 from ..attention import check_backend, resolve_backend, warm_fa4
 from ..config import VisionConfig
@@ -36,11 +37,13 @@ FUSED_CHOICES = ("auto", True, False)
 @dataclass(frozen=True)
 class Kernels:
     """What a tower's forward runs, resolved once (`VisionTower.resolve_kernels`): the concrete
-    attention backend (one of attention.ATTN_BACKENDS but 'auto') and whether the fused Triton
-    block kernels run."""
+    attention backend (one of attention.ATTN_BACKENDS but 'auto'), whether the fused Triton
+    block kernels run, and the gated MLPs' gate/up kernel (one of quack_gemm.GEMM_CHOICES; 'quack'
+    only with the fused kernels)."""
 
     backend: str
     fused: bool
+    gemm: str = "cublas"
 
 
 def check_fused(fused):
@@ -63,6 +66,9 @@ class VisionTower(nn.Module):
     `gemm_align` (one of GEMM_ALIGN_CHOICES, default GEMM_ALIGN on every device): the SwiGLU MLPs'
     hidden width is padded to a multiple of it where it is not a multiple of 8 (`padded_width`;
     1: no padding), invisibly to `state_dict()` and to loading (`GatedMLP`).
+    `gemm` (one of quack_gemm.GEMM_CHOICES, default 'cublas'): 'quack' runs the SwiGLU MLPs' gate/up
+    projection and activation as one quack-kernels GEMM (`workbench.quack_gemm`; CUDA compute
+    capability 9.x, bf16/fp16, with the fused kernels), their weights kept paired (`GatedMLP.use_pairs`).
     """
 
     family: str = ""
@@ -71,7 +77,8 @@ class VisionTower(nn.Module):
     rotary_interleaved: bool = False  # rotary angles as (w, h) pairs (Kimi-K2.5), not an h half and a w half
 
     def __init__(self, cfg: VisionConfig, input_norm: nn.Module | None = None, device_norm: bool = False,
-                 attn_backend: str = "auto", fused="auto", gemm_align: int = GEMM_ALIGN, fold_norm: bool = False):
+                 attn_backend: str = "auto", fused="auto", gemm_align: int = GEMM_ALIGN, fold_norm: bool = False,
+                 gemm: str = "cublas"):
         super().__init__()
         if cfg.family != self.family:
             raise ValueError(f"{type(self).__name__} builds family {self.family!r}, config {cfg.name!r} "
@@ -91,6 +98,7 @@ class VisionTower(nn.Module):
         self.attn_backend = check_backend(attn_backend)
         self.fused = check_fused(fused)
         self.gemm_align = check_gemm_align(gemm_align)     # the families build their MLPs with it
+        self.gemm = quack_gemm.check_gemm(gemm)
         self.fold_norm = fold_norm
         self.patch_embed = (FoldedPatchEmbed if fold_norm else PatchEmbed)(cfg, bias=self.patch_bias,
                                                                            conv2d=self.patch_conv2d)
@@ -276,9 +284,30 @@ class VisionTower(nn.Module):
             fused = bool(self.fused)
         if backend == "fa4" and device.type == "cuda":
             warm_fa4(self.cfg.heads, self.cfg.head_dim, dtype, device)       # its JIT compile: now, not timed
-        kernels = Kernels(backend, fused)
+        gemm = self._resolve_gemm(device, dtype, fused)
+        kernels = Kernels(backend, fused, gemm)
         self.__dict__["_kernels"] = kernels
         return kernels
+
+    def _resolve_gemm(self, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
+        """The gated MLPs' gate/up kernel (`gemm`): 'quack' where the device and dtype run it (else a
+        ValueError saying why), the fused kernels are on and the tower has gated MLPs; their weights then
+        repacked paired, and the pinned kernel compiled now, not in a timed call."""
+        gemm = quack_gemm.resolve_gemm(self.gemm, device, dtype)
+        mlps = [m for m in self.modules() if isinstance(m, GatedMLP)]
+        if gemm == "quack" and not fused:
+            raise ValueError("MLP gemm 'quack' runs in the fused forward; it needs fused=True or 'auto' "
+                             "(the fused kernels on), got fused=False")
+        if gemm == "quack" and not mlps:
+            raise ValueError(f"MLP gemm 'quack' runs the SwiGLU MLPs; {type(self).__name__} has none "
+                             f"(its MLPs run on torch's matmuls): use 'cublas'")
+        for m in mlps:
+            if gemm == "quack":
+                m.use_pairs()
+                quack_gemm.warm(m.gate_up_weight.shape[1], m.padded_hidden, m.gate_up_bias is not None, dtype,
+                                device)
+            m.gemm = gemm
+        return gemm
 
     @property
     def kernels(self) -> "Kernels":

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import fused as fk
+from .. import quack_gemm
 from ..fused import apply_rotary
 from ..attention import varlen_attention
 from ..config import VisionConfig
@@ -66,16 +67,28 @@ class GatedMLP(nn.Module):
     The FLOP, byte and parameter models (`Family.row_macs` / `n_params`, `workbench.floors`) count
     the real hidden width: a floor is the work the checkpoint asks for, and the padding is work
     added only to reach a faster kernel. (The graph-pool model traces the forward itself, so it
-    sees the padded activations, which are what the pool really holds.)"""
+    sees the padded activations, which are what the pool really holds.)
+
+    Paired layout (`use_pairs`, for quack's gated GEMM, `workbench.quack_gemm`): the buffer holds the gate
+    and up rows alternating (gate 0, up 0, gate 1, up 1, ..., zero pairs past hidden), gate_proj and up_proj
+    its even and odd rows. ``gemm`` ('cublas' or 'quack', set by the tower's `resolve_kernels`) picks the
+    fused forward's kernels."""
 
     def __init__(self, width: int, hidden: int, bias: bool, gemm_align: int = GEMM_ALIGN):
         super().__init__()
         self.gemm_align = gemm_align          # checked by the tower (`check_gemm_align`)
+        self.pairs, self.gemm = False, "cublas"
         self.gate_proj = nn.Linear(width, hidden, bias=bias)
         self.up_proj = nn.Linear(width, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, width, bias=bias)
         self._pack()
         self.register_load_state_dict_post_hook(GatedMLP._repack_if_replaced)
+
+    def _gate_up(self, buf: torch.Tensor, hid: int, hp: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gate rows and the up rows of a packed buffer (the first ``hid`` of each)."""
+        if self.pairs:
+            return buf[0:2 * hid:2], buf[1:2 * hid:2]
+        return buf[:hid], buf[hp:hp + hid]
 
     def _pack(self) -> None:
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
@@ -85,17 +98,28 @@ class GatedMLP(nn.Module):
         with torch.no_grad():
             gu_w = torch.zeros(2 * hp, width, **kw)
             down_w = torch.zeros(d.weight.shape[0], hp, **kw)
-            gu_w[:hid], gu_w[hp:hp + hid] = g.weight, u.weight
+            gate, up = self._gate_up(gu_w, hid, hp)
+            gate.copy_(g.weight)
+            up.copy_(u.weight)
             down_w[:, :hid] = d.weight
             gu_b = None
             if g.bias is not None:
                 gu_b = torch.zeros(2 * hp, **kw)
-                gu_b[:hid], gu_b[hp:hp + hid] = g.bias, u.bias
-        g.weight.data, u.weight.data = gu_w[:hid], gu_w[hp:hp + hid]
+                gate, up = self._gate_up(gu_b, hid, hp)
+                gate.copy_(g.bias)
+                up.copy_(u.bias)
+        g.weight.data, u.weight.data = self._gate_up(gu_w, hid, hp)
         if gu_b is not None:
-            g.bias.data, u.bias.data = gu_b[:hid], gu_b[hp:hp + hid]
+            g.bias.data, u.bias.data = self._gate_up(gu_b, hid, hp)
         d.weight.data = down_w[:, :hid]
         self.gate_up_weight, self.gate_up_bias, self.down_weight = gu_w, gu_b, down_w
+
+    def use_pairs(self) -> None:
+        """Repack into the paired layout (quack's); the weights stay what they are. Before any capture: a
+        repack allocates new buffers, which a graph captured earlier would not see."""
+        if not self.pairs:
+            self.pairs = True
+            self._pack()
 
     def _views(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         pairs = [(self.gate_proj.weight, self.gate_up_weight), (self.up_proj.weight, self.gate_up_weight),
@@ -130,15 +154,22 @@ class GatedMLP(nn.Module):
         return self.down_weight.shape[1]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        # gate and up as two matmuls, as transformers computes them, over the padded halves
+        # gate and up as two matmuls, as transformers computes them, over the padded halves (or pairs)
         hp, w, b = self.padded_hidden, self.gate_up_weight, self.gate_up_bias
-        gate = F.linear(h, w[:hp], None if b is None else b[:hp])
-        up = F.linear(h, w[hp:], None if b is None else b[hp:])
+        (gw, uw), (gb, ub) = self._gate_up(w, hp, hp), self._gate_up(b, hp, hp) if b is not None else (None, None)
+        gate = F.linear(h, gw, gb)
+        up = F.linear(h, uw, ub)
         return F.linear(F.silu(gate) * up, self.down_weight, self.down_proj.bias)
 
     def forward_fused(self, h: torch.Tensor) -> torch.Tensor:
-        gu = F.linear(h, self.gate_up_weight, self.gate_up_bias)
-        return F.linear(fk.silu_mul(gu), self.down_weight, self.down_proj.bias)
+        if self.gemm == "quack":       # gate/up and the SwiGLU in one kernel (the paired layout)
+            act = quack_gemm.swiglu(h, self.gate_up_weight, self.gate_up_bias)
+        elif self.pairs:               # the paired layout on torch's kernels (a tower moved off quack's device)
+            gu = F.linear(h, self.gate_up_weight, self.gate_up_bias)
+            act = F.silu(gu[:, 0::2]) * gu[:, 1::2]
+        else:
+            act = fk.silu_mul(F.linear(h, self.gate_up_weight, self.gate_up_bias))
+        return F.linear(act, self.down_weight, self.down_proj.bias)
 
 
 class PatchEmbed(nn.Module):

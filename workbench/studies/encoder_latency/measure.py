@@ -71,11 +71,12 @@ def latency_batch(cfg: VisionConfig, tokens: int, images: int, gen: torch.Genera
 
 
 def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.device, seed: int, reference: bool,
-                 fused="auto"):
+                 fused="auto", gemm: str = "cublas"):
     """Our encoder (placement tower) and, with ``reference``, transformers' vision model holding the
     same weights; both created directly on ``dev`` (no host-side init of ~0.7e9 parameters)."""
     with torch.device(dev):
-        enc = build_encoder(cfg, placement="tower", norm=norm, dtype=dtype, device=dev, seed=None, fused=fused)
+        enc = build_encoder(cfg, placement="tower", norm=norm, dtype=dtype, device=dev, seed=None, fused=fused,
+                            gemm=gemm)
         hf = hf_vision_model(cfg, attn_implementation="sdpa", dtype=dtype) if reference else None
     if hf is not None:
         init_checkpoint_like(hf, seed, on_device=True)
@@ -345,8 +346,9 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         torch.manual_seed(p["seed"])
         t0 = time.perf_counter()
         enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"],
-                               fused=False if p["fused"] == "off" else "auto")
+                               fused=False if p["fused"] == "off" else "auto", gemm=p["gemm"])
         fused_on, attention = enc.visual.kernels.fused, enc.visual.kernels.backend
+        mlp_quack = enc.visual.kernels.gemm == "quack"
         _release(dev)
         build_s = time.perf_counter() - t0
         bar.update()
@@ -378,7 +380,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                 m.update(practical_floor_ms=practical_ms, x_practical_floor=p50 / practical_ms,
                          attn_tflops_full=rates[0], **({"attn_tflops_window": rates[1]} if rates[1] else {}))
                 if path != "transformers":
-                    m["fused"] = fused_on
+                    m.update(fused=fused_on, mlp_quack=mlp_quack)
                 m.update(floor_ms=floor_ms, x_floor=p50 / floor_ms, speedup=eager_p50 / p50,
                          speedup_vs_transformers=hf_p50 / p50, flops_matmul=flops["matmul"],
                          flops_attention_full=flops["attention_full"],

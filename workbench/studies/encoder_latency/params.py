@@ -9,7 +9,7 @@ import dataclasses
 from ...config import PRESET_NAMES, PRESETS, REAL_PRESET_PER_FAMILY
 from ...checkpoints import resolve_config
 from ...vocabulary import REAL_NORMS
-from ...vocabulary import PHASES
+from ...vocabulary import GEMM_CHOICES, PHASES
 from ...samples import MIX_NAMES, check_image_folder, with_folder
 from ..footprint import Footprint, itemsize, largest, tower_bytes
 from ..params import Param, ParamSpec, ascending_unique
@@ -69,6 +69,9 @@ PARAMS = ParamSpec(
           help="the tower's input norm (placement tower)"),
     Param("fused", "str", cpu="auto", choices=("auto", "off"),
           help="the towers' fused Triton block kernels: auto (on CUDA for bf16/fp16) or off (plain torch ops)"),
+    Param("gemm", "str", cpu="cublas", choices=GEMM_CHOICES,
+          help="the SwiGLU MLPs' gate/up kernel: cublas, or quack (quack-kernels' gated GEMM, Hopper, with fused "
+               "kernels; towers without SwiGLU MLPs refuse it)"),
     Param("breakdown", "bool", cpu=False, gpu=True, help="profile one tower forward per cell: device time by kernel category"),
     Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
     Param("reps", "int", cap="reps", cpu=5, gpu=10, minimum=1,
@@ -103,7 +106,7 @@ METRICS = {
     "ok": "bool", "flops_matmul": "FLOP", "flops_attention_full": "FLOP", "flops_attention_window": "FLOP",
     "matmul_tflops": "TFLOP/s", "build_s": "s", "capture_s": "s", "rates_s": "s", "ceiling_s": "s", "cell_s": "s", "fresh_s": "s",
     "practical_floor_ms": "ms", "x_practical_floor": "x", "attn_tflops_full": "TFLOP/s",
-    "attn_tflops_window": "TFLOP/s", "kernels_per_call": "count", "fused": "bool", "exact_fit": "bool",
+    "attn_tflops_window": "TFLOP/s", "kernels_per_call": "count", "fused": "bool", "mlp_quack": "bool", "exact_fit": "bool",
     "prepare_uncached_ms": "ms", **{f"kernel_{c}_ms": "ms" for c in KERNEL_CATS},
     # realistic-batch cells (case "mix"), per image
     "image_p50_ms": "ms", "image_p90_ms": "ms", "replays": "count", "padded_rows": "count", "misses": "count",
