@@ -306,6 +306,7 @@ def test_a_stream_of_new_shapes_times_each_strategy_checked_and_leaves_a_wrong_o
     assert e.loc["exact", "rates_s"] > 0 and e.loc["exact", "cell_s"] > e.loc["exact", "ceiling_s"] >= 0
     assert e.loc["exact", "cell_s"] + e.loc["mix", "cell_s"] < t0 - started
     assert {"fresh: auto / transformers", "fresh stream: auto / transformers"} <= set(s.summary.mix_table(t))
+    assert any("(the median batch)" in f and "(the whole stream: " in f for f in s.summary._mix_finding(t))
     assert (m.fresh_p50_image_ms > 0).all()
     # tools/latency_seconds.py reads them back from a run folder, beside the calls it timed
     from test_weights_once import load_tool
