@@ -339,6 +339,55 @@ def test_replay_times_carry_over_to_a_new_signature_of_the_same_budgets():
     assert close.chosen == "replay"
 
 
+def test_replay_times_do_not_carry_over_to_or_from_an_exact_fit_pack():
+    """An exact-fit graph (equal sequences filling the budget, dense attention) runs faster than the budget's
+    general graph: a race whose batch replays one neither lends its "replay" calls nor borrows a sibling's."""
+    from workbench.runner_policy import Race
+    races = {((2048, 40, 1),): Race.of(frozenset(), 1, exact=True)}
+    races[((2048, 40, 1),)].seconds["replay"] += [0.5, 0.5, 0.5]
+    assert Race.sibling(races, ((2048, 43, 1),)) == []                    # an exact fit's times stay its own
+    races[((2048, 41, 1),)] = Race.of(frozenset(), 1)
+    races[((2048, 41, 1),)].seconds["replay"] += [2.0]
+    assert Race.sibling(races, ((2048, 43, 1),)) == [2.0]
+    with pytest.raises(ValueError, match="exact-fit graph times plan 'replay' itself"):
+        Race.of(frozenset(), 1, [2.0], exact=True)
+
+
+def test_fits_exactly_says_which_packs_replay_an_exact_fit_graph_without_capturing(monkeypatch):
+    """Equal sequences filling the budget, where dense attention applies (monkeypatched here: on CUDA only the
+    varlen backend has it) and the runner takes exact fits; nothing is captured by the question."""
+    import workbench.runner as runner_module
+    cfg = small_cfg("tiny-qwen2-vl")
+    enc = wb.build_encoder(cfg, placement="tower", norm="eager", dtype=torch.float32, device="cpu", seed=3)
+    runner = EncoderGraphRunner(enc, budgets=[16, 32], max_items=4)
+    monkeypatch.setattr(runner_module, "use_dense", lambda backend, seqlen: True)
+    unit, graphs = cfg.merge_unit, runner.n_graphs()
+    assert runner.fits_exactly(32, 32 * unit, [16 * unit, 16 * unit])          # two equal images fill 32
+    assert not runner.fits_exactly(32, 32 * unit, [24 * unit, 8 * unit])       # unequal sequences
+    assert not runner.fits_exactly(32, 30 * unit, [15 * unit, 15 * unit])      # padded
+    runner.exact_fit = False
+    assert not runner.fits_exactly(32, 32 * unit, [16 * unit, 16 * unit])
+    assert runner.n_graphs() == graphs
+
+
+def test_a_batch_that_fits_its_budget_exactly_races_replay_itself(items, monkeypatch):
+    """Through `race_call`: where a pack of the batch fits its budget exactly (`fits_exactly`), the new signature's
+    race times plan "replay" itself, whatever a sibling timed."""
+    from workbench.runner_policy import Race, signature
+    runner, enc, batch = racing_runner(items, eager_predicted=False)
+    packs, _ = runner.plan(enc.graph_input(batch))
+    sig = signature(enc.graph_input(batch), packs, enc.cfg.merge_unit)
+    other = tuple((b, t + 1, q) for b, t, q in sig)
+    runner._races[other] = Race.of(frozenset(), len(packs))
+    runner._races[other].seconds["replay"] += [5.0, 5.0, 5.0]
+    asked = []
+    monkeypatch.setattr(runner, "fits_exactly", lambda *a: asked.append(a) or True)
+    with torch.no_grad():
+        runner.encode(batch)
+    race = runner._races[sig]
+    assert asked and race.exact and len(race.seconds["replay"]) == 1      # timed here, not the sibling's 3
+
+
 def test_a_new_signature_on_the_same_runner_times_only_the_plans_it_does_not_know(items):
     """Through `race_call`: once one signature's race has timed plan "replay", a batch of another signature of
     the same budgets runs eager on its first call, not replay again."""

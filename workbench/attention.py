@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 
 from .triton_support import jitted, tl
-from .devices import optional_kernel
 
 ATTN_BACKENDS = ("auto", "fa4", "varlen", "masked", "loop")
 # the smallest sequence (rows) run as dense cuDNN attention when dense_seqlen allows it
@@ -79,7 +78,11 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, head
 
 def _fa4_func():
     """FlashAttention-4's varlen forward, or None where the package is not installed."""
-    return optional_kernel("flash_attn.cute", "flash_attn_varlen_func")
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception:  # noqa: BLE001 - ImportError, or a broken install of its CuTe libraries
+        return None
+    return flash_attn_varlen_func
 
 
 def fa4_problem(device, head_dim: int | None) -> str | None:

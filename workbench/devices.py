@@ -1,8 +1,5 @@
-"""The one door for a device name ('auto' or None -> CUDA where there is one, else the CPU), and the optional
-kernel packages a device may have."""
+"""The one door for a device name: 'auto' (or None) -> CUDA where there is one, else the CPU."""
 from __future__ import annotations
-
-import importlib
 
 import torch
 
@@ -20,12 +17,3 @@ def resolve_device(device) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {device!r}; valid: 'auto', 'cpu', 'cuda', 'cuda:N'")
     return dev
-
-
-def optional_kernel(module: str, name: str):
-    """``module.name`` of an optional kernel package (FlashAttention-4, quack-kernels), or None where it is not
-    installed or its import fails (a broken install of its CuTe libraries)."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except Exception:  # noqa: BLE001 - ImportError, AttributeError, or whatever its native libraries raise
-        return None

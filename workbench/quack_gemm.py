@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from .devices import optional_kernel
 from .vocabulary import GEMM_CHOICES
 DTYPES = (torch.bfloat16, torch.float16)
 # quack 0.6.5's SM90 default (tile 128 x 192, ping-pong, cluster 2 x 1): one of its search space's configs,
@@ -39,7 +38,11 @@ def check_gemm(gemm) -> str:
 
 def _gemm_act():
     """quack's gemm_act, or None where quack-kernels is not installed."""
-    return optional_kernel("quack.gemm_interface", "gemm_act")
+    try:
+        from quack.gemm_interface import gemm_act
+    except Exception:  # noqa: BLE001 - ImportError, or a broken install of its CuTe libraries
+        return None
+    return gemm_act
 
 
 def quack_problem(device, dtype: torch.dtype) -> str | None:

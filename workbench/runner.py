@@ -211,18 +211,23 @@ class EncoderGraphRunner:
         """Drop the host metadata remembered per (grid, budget): the next call prepares its own, as a new shape's does."""
         self._host_meta.clear()
 
+    def fits_exactly(self, budget: int, n_rows: int, frames: list[int]) -> bool:
+        """Whether a pack of ``n_rows`` rows of sequences ``frames`` replays an exact-fit graph of ``budget``: equal
+        sequences filling it, dense attention for them (`use_dense`), exact_fit on, the variant captured or
+        `max_graphs` not reached. Asked without capturing one."""
+        cap, n = self.graphs[budget], len(frames)
+        if not self.exact_fit or n_rows != budget * self.encoder.cfg.merge_unit or len(set(frames)) != 1:
+            return False
+        return n in cap.exact or (n_rows % n == 0 and use_dense(self.tower.kernels.backend, n_rows // n)
+                                  and self.n_graphs() < self.max_graphs)
+
     def _exact_graph(self, cap: _Captured, n_seqs: int) -> "_Captured | None":
-        """The exact-fit variant of `cap` for ``n_seqs`` equal sequences, captured on first use;
-        None where dense attention does not apply (exact_fit off, sequences too short, or an
-        attention backend without a dense kernel, or `max_graphs` reached)."""
-        if not self.exact_fit:
+        """The exact-fit variant of `cap` for ``n_seqs`` equal sequences, captured on first use; None where
+        there is none (`fits_exactly`)."""
+        rows = cap.pixels.shape[0]
+        if not self.fits_exactly(cap.budget, rows, [rows // n_seqs] * n_seqs):
             return None
         if n_seqs not in cap.exact:
-            rows = cap.pixels.shape[0]
-            if rows % n_seqs or not use_dense(self.tower.kernels.backend, rows // n_seqs):
-                return None
-            if self.n_graphs() >= self.max_graphs:
-                return None
             with torch.inference_mode():
                 cap.exact[n_seqs] = self._capture(cap.budget, share=cap, dense_seqlen=rows // n_seqs)
         return cap.exact[n_seqs]
@@ -293,9 +298,7 @@ class EncoderGraphRunner:
         """The exact-fit graph a pack replays (equal sequences filling its budget exactly: same
         buffers, dense attention), captured on first use; None: the budget's general graph.
         ``n_rows``: the pack's rows; ``frames``: its sequence lengths (`VisionTower.sequences`)."""
-        if n_rows != cap.budget * self.encoder.cfg.merge_unit or len(set(frames)) != 1:
-            return None
-        return self._exact_graph(cap, len(frames))
+        return self._exact_graph(cap, len(frames)) if self.fits_exactly(cap.budget, n_rows, frames) else None
 
     @torch.inference_mode()
     def prepare(self, batch: PatchBatch) -> None:

@@ -127,33 +127,40 @@ class Race:
     more than `DROP` times the fastest's runs no more; the others run `ROUNDS` calls each. Exploring costs no extra
     work: each call runs one plan, whose output is the call's; only the device is synchronized around it to time it.
     A new signature takes plan "replay"'s calls from one of the same budgets (`sibling`), so a stream of new
-    shapes does not replay each one again to learn what the budgets' graphs cost (an exact-fit graph, where the
-    packs fill their budgets with equal sequences, would run faster than those calls say)."""
+    shapes does not replay each one again to learn what the budgets' graphs cost; not where a pack fits its
+    budget exactly (``exact``: equal sequences filling it, whose exact-fit graph runs faster than the budget's
+    general one), on either side."""
 
     names: tuple[str, ...]                  # the candidates, the prediction's first
     seconds: dict[str, list[float]]         # each candidate's timed calls
     chosen: str | None = None
+    exact: bool = False                     # a pack of its first batch replays an exact-fit graph
 
     ROUNDS = 3
     DROP = 1.25
 
     @classmethod
-    def of(cls, predicted: frozenset, n_packs: int, replay: list[float] = ()) -> "Race":
+    def of(cls, predicted: frozenset, n_packs: int, replay: list[float] = (), exact: bool = False) -> "Race":
         """The race for a signature whose first batch the costs predict ``predicted`` for (``n_packs`` packs);
         ``replay``: the calls of plan "replay" already timed on another signature of the same budgets (`sibling`),
         which carry over: replaying runs the budgets' graphs whatever the tokens, so only the other plans are timed
-        (and one of them alone, where "replay" is then more than `DROP` from it)."""
+        (and one of them alone, where "replay" is then more than `DROP` from it). ``exact``: a pack of the batch
+        fits its budget exactly (then ``replay`` must be empty: its graph is not the one those calls timed)."""
+        if exact and replay:
+            raise ValueError("a race whose batch replays an exact-fit graph times plan 'replay' itself: "
+                             "pass no sibling's calls")
         plain = cls.plain(n_packs)
         first = next((n for n, plan in plain.items() if plan == predicted), "predicted")
         names = (first, *(n for n in plain if n != first))
-        return cls(names, {n: list(replay) if n == "replay" else [] for n in names})
+        return cls(names, {n: list(replay) if n == "replay" else [] for n in names}, exact=exact)
 
     @staticmethod
     def sibling(races: dict, sig: tuple) -> list[float]:
-        """The most timed calls of plan "replay" among the races of signatures with ``sig``'s pack budgets."""
+        """The most timed calls of plan "replay" among the races of signatures with ``sig``'s pack budgets whose
+        batches replayed the budgets' general graphs (no exact fit)."""
         budgets = tuple(p[0] for p in sig)
-        return max((r.seconds["replay"] for s, r in races.items() if tuple(p[0] for p in s) == budgets),
-                   key=len, default=[])
+        return max((r.seconds["replay"] for s, r in races.items()
+                    if tuple(p[0] for p in s) == budgets and not r.exact), key=len, default=[])
 
     def live(self) -> tuple[str, ...]:
         """The candidates still raced: all until each has run once, then those within `DROP` of the fastest."""
@@ -190,8 +197,7 @@ def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_va
     unit = runner.encoder.cfg.merge_unit
     predicted = costs.eager_packs(batch, packs, unit)
     sig = signature(batch, packs, unit)
-    race = remember(runner._races, sig, CHOICE_CACHE,
-                    lambda: Race.of(predicted, len(packs), Race.sibling(runner._races, sig)))
+    race = remember(runner._races, sig, CHOICE_CACHE, lambda: _new_race(runner, batch, packs, predicted, sig))
     if race.chosen is not None:
         return runner._run(batch, packs, misses, Race.plan(race.chosen, predicted, len(packs)), costs, pad_value, phase)
     name = race.next()
@@ -206,6 +212,15 @@ def race_call(runner, batch: PatchBatch, packs, misses, costs: PackCosts, pad_va
             torch.cuda.synchronize(runner.device)
         race.add(name, time.perf_counter() - t0)
     return out
+
+
+def _new_race(runner, batch: PatchBatch, packs, predicted: frozenset, sig: tuple) -> Race:
+    """The race of a signature met for the first time: plan "replay"'s calls from a sibling of the same budgets,
+    unless a pack of ``batch`` fits its budget exactly (its exact-fit graph is not what the sibling timed)."""
+    rows = batch.item_rows
+    exact = any(runner.fits_exactly(budget, sum(rows[i] for i in idx), runner.tower.sequences(batch.grid_thw[idx]))
+                for budget, idx in packs)
+    return Race.of(predicted, len(packs), [] if exact else Race.sibling(runner._races, sig), exact=exact)
 
 
 def prepare_plan(runner, batch: PatchBatch, packs, eager: frozenset) -> None:
