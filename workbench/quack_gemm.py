@@ -16,6 +16,8 @@ capability 9.x) in bf16 and fp16.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .vocabulary import GEMM_CHOICES
@@ -71,8 +73,9 @@ def resolve_gemm(gemm: str, device, dtype: torch.dtype) -> str:
     return gemm
 
 
+@functools.cache
 def config():
-    """The pinned configuration (`CONFIG`) as quack's GemmConfig."""
+    """The pinned configuration (`CONFIG`) as quack's GemmConfig (built once: every call passes the same one)."""
     from quack.gemm_config import GemmConfig
     return GemmConfig(**CONFIG)
 
