@@ -87,7 +87,7 @@ PARAMS = ParamSpec(
           help="items per realistic batch, drawn from each mix"),
     Param("fresh", "int", cap="reps", cpu=1, gpu=6, minimum=0,
           help="batches of shapes no call has seen, per mix and item count, each strategy timed once on each "
-               "(what a server meets; 0 for none)"),
+               "(what a server meets; the verdict reads the median batch; 0 for none)"),
     Param("engine_max_budget", "int", cap="budget_tokens", cpu=512, gpu=16384, minimum=64,
           help="the largest budget of the engines' rule (realistic-batch cells)"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
