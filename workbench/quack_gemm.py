@@ -10,7 +10,10 @@ and a captured graph sees the new weights, as with the usual [gate; up] halves.
 quack's autotuner keys its choice by the operands' shapes, so a pack of a row count it has not seen
 would tune again (seconds to tens of seconds, `results/reference/probe_quack-h200-20261204.json`);
 the tower pins one configuration (`config`) instead, and `warm` compiles it at build time, outside any
-timed call or graph capture. quack comes with FlashAttention-4 (an optional extra, never a CI
+timed call or graph capture. quack still records a launch plan per operand shapes and keys a pinned config by
+its identity (so `config` builds it once): a new row count costs one host-side cold pass per MLP shape (the
+blocks share one), which a replayed graph never pays; `tools/probe_quack.py SECONDS pinned` times it
+(``first_s``). quack comes with FlashAttention-4 (an optional extra, never a CI
 dependency: FACTS.md says how it reaches a GPU host without a registry); it runs on Hopper (compute
 capability 9.x) in bf16 and fp16.
 """
