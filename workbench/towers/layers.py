@@ -164,7 +164,7 @@ class GatedMLP(nn.Module):
     def forward_fused(self, h: torch.Tensor) -> torch.Tensor:
         if self.gemm == "quack":       # gate/up and the SwiGLU in one kernel (the paired layout)
             act = quack_gemm.swiglu(h, self.gate_up_weight, self.gate_up_bias)
-        elif self.pairs:               # the paired layout on torch's kernels (a tower moved off quack's device)
+        elif self.pairs:               # paired but not on quack (a module used alone): torch's ops, exact
             gu = F.linear(h, self.gate_up_weight, self.gate_up_bias)
             act = F.silu(gu[:, 0::2]) * gu[:, 1::2]
         else:
