@@ -67,8 +67,8 @@ def quack_problem(device, dtype: torch.dtype) -> str | None:
 
 
 def resolve_gemm(gemm: str, device, dtype: torch.dtype) -> str:
-    """``gemm`` where the device and dtype can run it; 'quack' where they cannot is a ValueError saying why."""
-    check_gemm(gemm)
+    """``gemm`` (one of GEMM_CHOICES, checked where it entered: `check_gemm`) where the device and dtype can run
+    it; 'quack' where they cannot is a ValueError saying why."""
     if gemm == "quack":
         problem = quack_problem(device, dtype)
         if problem is not None:

@@ -158,8 +158,9 @@ class EncoderGraphRunner:
         with torch.inference_mode():
             for b in reversed(self.budgets):
                 self.graphs[b] = self._capture(b)
-                if exact_capture == "construction":
-                    self._exact_graph(self.graphs[b], 1)
+                if exact_capture == "construction":     # one sequence filling the budget
+                    rows = self.graphs[b].pixels.shape[0]
+                    self._pack_variant(self.graphs[b], rows, [rows])
         # the policy in force: 'auto' measures its costs on a real graph backend only (module docstring)
         self.policy = "always" if backend == "emulated" else policy
         if costs is not None:
@@ -221,13 +222,11 @@ class EncoderGraphRunner:
         return n in cap.exact or (n_rows % n == 0 and use_dense(self.tower.kernels.backend, n_rows // n)
                                   and self.n_graphs() < self.max_graphs)
 
-    def _exact_graph(self, cap: _Captured, n_seqs: int) -> "_Captured | None":
-        """The exact-fit variant of `cap` for ``n_seqs`` equal sequences, captured on first use; None where
-        there is none (`fits_exactly`)."""
-        rows = cap.pixels.shape[0]
-        if not self.fits_exactly(cap.budget, rows, [rows // n_seqs] * n_seqs):
-            return None
+    def _exact_graph(self, cap: _Captured, n_seqs: int) -> "_Captured":
+        """The exact-fit variant of `cap` for ``n_seqs`` equal sequences filling it, captured on first use (the
+        caller, `_pack_variant`, asked `fits_exactly`)."""
         if n_seqs not in cap.exact:
+            rows = cap.pixels.shape[0]
             with torch.inference_mode():
                 cap.exact[n_seqs] = self._capture(cap.budget, share=cap, dense_seqlen=rows // n_seqs)
         return cap.exact[n_seqs]

@@ -303,15 +303,15 @@ def measure_fresh(enc, hf, cfg: VisionConfig, batches: list[PatchBatch], runners
                 t0 = time.perf_counter()
                 outs[name] = calls[name](k)
                 _sync(dev)
-                seconds[name].append((time.perf_counter() - t0) / batches[k].n_items)
+                seconds[name].append(time.perf_counter() - t0)
             ref = outs.pop("eager")                      # checked where the outputs are: only the verdict is kept
             for name, out in outs.items():
                 right[name] = right[name] and _agrees_in_place(out, ref, dt, name == "transformers")
             del outs, ref
     images = sum(b.n_items for b in batches)
-    sums = {name: sum(s * b.n_items for s, b in zip(per, batches)) for name, per in seconds.items()}
-    return {name: dict(fresh_image_ms=sums[name] * 1e3 / images, fresh_p50_image_ms=statistics.median(per) * 1e3,
-                       fresh_batches=len(batches)) for name, per in seconds.items() if right[name]}
+    return {name: dict(fresh_image_ms=sum(took) * 1e3 / images,
+                       fresh_p50_image_ms=statistics.median(s / b.n_items for s, b in zip(took, batches)) * 1e3,
+                       fresh_batches=len(batches)) for name, took in seconds.items() if right[name]}
 
 
 def _mix_runners(enc, cfg: VisionConfig, mix: str, engine) -> dict:

@@ -299,10 +299,9 @@ def mix_table(table: pd.DataFrame) -> pd.DataFrame:
             out["auto first / steady call"] = out["auto first call (ms)"] / steady
     if "explore_calls" in w:
         out["auto race calls"] = a["explore_calls"].groupby(level=idx).first()
-    # batches of new shapes: the median batch's time per image, and the whole stream's (runs before the median
-    # kept only the stream's, which then stands for both)
-    median = "fresh_p50_image_ms" if "fresh_p50_image_ms" in w else "fresh_image_ms"
-    for tag, col in (("fresh", median), ("fresh stream", "fresh_image_ms")):
+    # batches of new shapes: the median batch's time per image, and the whole stream's where both were kept
+    median = _fresh_column(w)
+    for tag, col in {"fresh": median, "fresh stream": "fresh_image_ms"}.items():
         if col not in w or (tag == "fresh stream" and median == col):
             continue
         f = w.pivot_table(index=idx, columns="path", values=col, aggfunc="first")
@@ -329,6 +328,13 @@ def _per_cell(d: pd.DataFrame, cells: pd.DataFrame, path: str, column: str) -> l
 
 FRESH_TICK = "new shapes: median batch, per image"
 
+
+def _fresh_column(w: pd.DataFrame) -> str:
+    """The stream of new shapes' column the verdicts and the figure read: the median batch's, or in runs made
+    before it was kept, the whole stream's."""
+    return "fresh_p50_image_ms" if "fresh_p50_image_ms" in w else "fresh_image_ms"
+
+
 def plot_mixes(g: pd.DataFrame):
     """Per preset, per-image p50 (ms) of every strategy on each realistic batch (mix x items);
     None when the run has no realistic-batch cells."""
@@ -343,7 +349,7 @@ def plot_mixes(g: pd.DataFrame):
     h = 0.8 / max(1, len(paths))
     # items of a few hundred tokens beside 12 MP photos (over 100x apart on Qwen3-VL): a log axis
     # keeps the short bars readable; one scale for every panel, so they compare
-    col = "fresh_p50_image_ms" if "fresh_p50_image_ms" in w else "fresh_image_ms"   # the median batch's, where kept
+    col = _fresh_column(w)
     fresh = col in w and w[col].notna().any()
     times = pd.concat([w.image_p50_ms, w[col] if fresh else w.image_p50_ms.iloc[:0]]).dropna()
     times = times[times > 0]
