@@ -401,6 +401,25 @@ def test_a_stream_of_new_shapes_takes_turns_and_its_median_batch_ignores_one_slo
     assert got["eager"]["fresh_p50_image_ms"] == 0.0 and all(m["fresh_batches"] == 3 for m in got.values())
 
 
+def test_the_new_shapes_tick_names_the_column_it_shows():
+    """The figure's tick is the median batch where the run kept it, the whole stream in runs made before: its
+    legend says which (a committed H200 run, from before the median, and the same with a median added)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from workbench.studies import encoder_latency as el
+    ref = Path(__file__).resolve().parents[1] / "results" / "reference"
+    run = sorted(ref.glob("*-47bc1f8-h200-fa4-race-qwen2-vl-7b/encoder_latency.parquet"))[-1]
+    old = pd.read_parquet(run).assign(run=run.parent.name)
+    rows = old[old.metric == "fresh_image_ms"]
+    new = pd.concat([old, rows.assign(metric="fresh_p50_image_ms")], ignore_index=True)
+    for table, want in ((old, "new shapes, per image"), (new, "new shapes: median batch, per image")):
+        fig = el.summary.plot_mixes(table)
+        labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+        assert want in labels and not set(el.summary.FRESH_TICK.values()) - {want} & set(labels)
+        plt.close(fig)
+
+
 def test_a_stream_of_new_shapes_makes_every_strategy_prepare_its_own_metadata(monkeypatch):
     """The eager strategy's call must not prepare a shape for a runner that then runs it eagerly (a miss): each
     strategy's time on a new shape holds its own host metadata."""
