@@ -14,8 +14,9 @@ columns interleaved ([g0, u0, g1, u1, ...]); the probe builds that layout once, 
 $OUT/probe_quack.json when OUT is set. Stops starting new shapes after ``seconds`` (default 200).
 
 ``pinned``: quack's autotuner keys its choice by the operands' shapes, so a tower whose packs change
-their rows every call would tune again on each new row count (12.6-37.6 s a shape on the H200). This
-mode times what a tower could run instead: a few explicit configs (``PINNED``, no autotuning) at
+their rows every call would tune again on each new row count (how long: results/reference/README.md,
+`probe_quack-h200-20261204.json`). This mode times what a tower could run instead: a few explicit
+configs (`_pinned_configs`, no autotuning) at
 16384 rows for ``gemm_act`` (the activation in the epilogue; quack's ``gemm`` takes no config, so the
 down projection runs untuned, and, timed beside it, through cuBLAS), then the fastest config at other
 row counts, odd ones included, each new count's first call timed apart (``first_s``: does a new row
