@@ -133,3 +133,19 @@ def test_quack_names_why_it_cannot_run_here():
     assert "CUDA" in quack_gemm.quack_problem("cpu", torch.bfloat16)
     if torch.cuda.is_available():       # on a GPU host: a dtype it has no kernel for
         assert "bf16 or fp16" in quack_gemm.quack_problem("cuda", torch.float32)
+
+
+def test_auto_takes_quack_only_where_it_runs(monkeypatch):
+    """gemm='auto': cublas where quack cannot run (this CPU, or the stand-in refusing), quack where it can and the
+    tower has SwiGLU MLPs in the fused forward; a tower without them, or with the fused kernels off, stays on
+    cublas rather than failing as an explicit 'quack' does."""
+    glm = wb.VisionConfig.preset("tiny-glm4v")
+    assert build_tower(glm, fused=True, gemm="auto").resolve_kernels().gemm == "cublas"     # no quack here
+    monkeypatch.setattr(quack_gemm, "quack_problem", lambda device, dtype: None)
+    monkeypatch.setattr(quack_gemm, "warm", lambda *a: None)
+    tower = build_tower(glm, fused=True, gemm="auto")
+    assert tower.resolve_kernels().gemm == "quack" and all(m.pairs for m in gated_mlps(tower).values())
+    off = build_tower(glm, fused=False, gemm="auto")
+    assert off.resolve_kernels().gemm == "cublas" and not any(m.pairs for m in gated_mlps(off).values())
+    assert build_tower(wb.VisionConfig.preset("tiny-qwen3-vl"), fused=True, gemm="auto").resolve_kernels().gemm \
+        == "cublas"

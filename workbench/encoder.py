@@ -285,8 +285,9 @@ def build_encoder(cfg: VisionConfig | str | os.PathLike, placement: str = "tower
     CUDA for bf16/fp16 towers), True or False; gemm_align: the SwiGLU MLPs' hidden width is padded
     to a multiple of it where it is not a multiple of 8, invisibly to state dicts and loading
     (`towers.layers.GatedMLP`; default 64 on every device, 1: no padding; the tower checks it); gemm: the
-    SwiGLU MLPs' gate/up kernel, 'cublas' (default) or 'quack' (`workbench.quack_gemm`: one quack-kernels
-    GEMM with the activation in its epilogue; CUDA compute capability 9.x, bf16/fp16, fused kernels on).
+    SwiGLU MLPs' gate/up kernel, 'cublas' (default), 'quack' (`workbench.quack_gemm`: one quack-kernels
+    GEMM with the activation in its epilogue; CUDA compute capability 9.x, bf16/fp16, fused kernels on) or
+    'auto' (quack where it runs, else cublas).
     Weights are random (seeded, checkpoint-like scales) unless seed is None (seed: an integer
     0..limits.seed); load real ones with `enc.visual.load_hf_state_dict(sd)`.
     check_inputs: refuse a batch the placement cannot take (dtype; for CPU-normalized input, values

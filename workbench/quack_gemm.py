@@ -37,7 +37,8 @@ def check_gemm(gemm) -> str:
     if not isinstance(gemm, str) or gemm not in GEMM_CHOICES:
         raise ValueError(f"unknown MLP gemm {gemm!r}; valid: {GEMM_CHOICES} ('cublas': torch's matmuls and the "
                          "fused Triton activation; 'quack': quack-kernels' gemm_act with the SwiGLU in its "
-                         "epilogue, CUDA compute capability 9.x, bf16/fp16)")
+                         "epilogue, CUDA compute capability 9.x, bf16/fp16; 'auto': quack where it runs, else "
+                         "cublas)")
     return gemm
 
 
@@ -68,7 +69,9 @@ def quack_problem(device, dtype: torch.dtype) -> str | None:
 
 def resolve_gemm(gemm: str, device, dtype: torch.dtype) -> str:
     """``gemm`` (one of GEMM_CHOICES, checked where it entered: `check_gemm`) where the device and dtype can run
-    it; 'quack' where they cannot is a ValueError saying why."""
+    it; 'quack' where they cannot is a ValueError saying why; 'auto' is 'quack' where they can, else 'cublas'."""
+    if gemm == "auto":
+        return "cublas" if quack_problem(device, dtype) is not None else "quack"
     if gemm == "quack":
         problem = quack_problem(device, dtype)
         if problem is not None:

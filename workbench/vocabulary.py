@@ -20,8 +20,9 @@ BUFFER_DTYPES = ("bfloat16", "uint8", "float32")            # graph input buffer
 TOWER_DTYPES = ("float32", "bfloat16", "float16", "float64")
 FLOAT_BUFFERS = tuple(d for d in BUFFER_DTYPES if d != "uint8")
 
-# the SwiGLU MLPs' gate/up kernel (`workbench.quack_gemm`): torch's matmuls, or quack-kernels' gated GEMM
-GEMM_CHOICES = ("cublas", "quack")
+# the SwiGLU MLPs' gate/up kernel (`workbench.quack_gemm`): torch's matmuls, quack-kernels' gated GEMM, or
+# auto (quack where it runs: installed, Hopper, bf16/fp16, fused kernels on, a tower with SwiGLU MLPs)
+GEMM_CHOICES = ("auto", "cublas", "quack")
 
 # the phases of one runner encode call, as its stats name them
 PHASES = ("plan", "metadata", "staging", "replay", "copy_out")

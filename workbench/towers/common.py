@@ -68,7 +68,8 @@ class VisionTower(nn.Module):
     1: no padding), invisibly to `state_dict()` and to loading (`GatedMLP`).
     `gemm` (one of quack_gemm.GEMM_CHOICES, default 'cublas'): 'quack' runs the SwiGLU MLPs' gate/up
     projection and activation as one quack-kernels GEMM (`workbench.quack_gemm`; CUDA compute
-    capability 9.x, bf16/fp16, with the fused kernels), their weights kept paired (`GatedMLP.use_pairs`).
+    capability 9.x, bf16/fp16, with the fused kernels), their weights kept paired (`GatedMLP.use_pairs`);
+    'auto' is 'quack' where it runs and the tower has SwiGLU MLPs, else 'cublas'.
     """
 
     family: str = ""
@@ -291,10 +292,13 @@ class VisionTower(nn.Module):
 
     def _resolve_gemm(self, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
         """The gated MLPs' gate/up kernel (`gemm`): 'quack' where the device and dtype run it (else a
-        ValueError saying why), the fused kernels are on and the tower has gated MLPs; their weights then
-        repacked paired, and the pinned kernel compiled now, not in a timed call."""
+        ValueError saying why; 'auto' falls back to 'cublas' instead), the fused kernels are on and the tower
+        has gated MLPs; their weights then repacked paired, and the pinned kernel compiled now, not in a timed
+        call."""
         gemm = quack_gemm.resolve_gemm(self.gemm, device, dtype)
         mlps = [m for m in self.modules() if isinstance(m, GatedMLP)]
+        if self.gemm == "auto" and not (fused and mlps):
+            gemm = "cublas"            # auto: quack only where it runs (the fused forward, SwiGLU MLPs)
         if gemm == "quack" and not fused:
             raise ValueError("MLP gemm 'quack' runs in the fused forward; it needs fused=True or 'auto' "
                              "(the fused kernels on), got fused=False")
