@@ -258,6 +258,10 @@ def test_realistic_batches_time_every_strategy_checked_against_eager(tmp_path):
     assert set(wide(s.summary.exact_cells(t)).path) == set(s.params.LATENCY_PATHS)
     table = s.summary.mix_table(t)
     assert len(table) == 1 and table.fastest.iloc[0] in s.params.MIX_PATHS
+    # the MLP GEMM the tower resolved to is recorded beside its attention (no quack on a CPU)
+    cols = list(table.columns)
+    assert cols[cols.index("attention") + 1] == "gemm" and (table.gemm == "cublas").all()
+    assert (wide(t).gemm == "cublas").all()
     # the finding counts the realistic batches where auto is within 5% of the better strategy
     ratio = table["auto / best of eager, engine graph"].iloc[0]
     assert f"engines' graphs in {int(ratio <= 1.05)}/1." in s.summary.findings(t)

@@ -16,8 +16,8 @@ from .runstate import holds_run
 
 ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to a study table
 # not part of a cell's identity: a run on another device, or with another attention backend (FlashAttention-4
-# against torch's flash), is what a comparison is for
-NOT_KEYS = ("device", "attention", "note", "value", "unit")
+# against torch's flash) or MLP GEMM (quack against cuBLAS), is what a comparison is for
+NOT_KEYS = ("device", "attention", "gemm", "note", "value", "unit")
 TIME_UNITS = ("us", "ms", "s")
 VERDICT_UNIT = "bool"
 LATEST = "latest"

@@ -347,8 +347,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
         t0 = time.perf_counter()
         enc, hf = build_models(cfg, p["norm"], dt, dev, p["seed"], p["reference"],
                                fused=False if p["fused"] == "off" else "auto", gemm=p["gemm"])
-        fused_on, attention = enc.visual.kernels.fused, enc.visual.kernels.backend
-        mlp_quack = enc.visual.kernels.gemm == "quack"
+        fused_on, attention, gemm = enc.visual.kernels.fused, enc.visual.kernels.backend, enc.visual.kernels.gemm
+        mlp_quack = gemm == "quack"
         _release(dev)
         build_s = time.perf_counter() - t0
         bar.update()
@@ -370,7 +370,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             eager_p50 = res["eager"].get("p50_ms", float("nan"))
             hf_p50 = res.get("transformers", {}).get("p50_ms", float("nan"))
             common = dict(study="encoder_latency", case="exact", preset=preset, family=cfg.family, depth=cfg.depth,
-                          dtype=dtype_name(dt), norm=p["norm"], attention=attention, device=label, tokens=tokens, images=images,
+                          dtype=dtype_name(dt), norm=p["norm"], attention=attention, gemm=gemm, device=label, tokens=tokens,
+                          images=images,
                           tokens_per_image=per, grid="x".join(map(str, grid_for(per, cfg))))
             for path in LATENCY_PATHS:
                 if path not in res:
@@ -413,7 +414,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     res["eager"].update(cell_s=time.perf_counter() - t_cell, fresh_s=time.perf_counter() - t_fresh)
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
                                   depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], attention=attention,
-                                  device=label, **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
+                                  gemm=gemm, device=label, **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
                     for path, m in res.items():
                         if path in ("graph_engine", "graph_auto"):
                             m["runner_s"] = engine_s

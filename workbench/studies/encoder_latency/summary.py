@@ -195,14 +195,20 @@ def key_numbers(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
+def _kernel_columns(t: pd.DataFrame, w: pd.DataFrame, idx: list) -> None:
+    """The attention and MLP GEMM the tower resolved to, first in ``t`` (runs from before a column was
+    recorded: without it)."""
+    for pos, col in enumerate(c for c in ("attention", "gemm") if c in w):
+        t.insert(pos, col, w.groupby(idx)[col].first())
+
+
 def _exact_numbers(w: pd.DataFrame) -> pd.DataFrame:
     idx = ["preset", "tokens", "images"]
     p50 = w.pivot_table(index=idx, columns="path", values="p50_ms", aggfunc="first")
     t = pd.DataFrame(index=p50.index)
     for path, name in (("eager", "eager ms"), ("graph", "graph ms"), ("transformers", "transformers ms")):
         t[name] = p50[path] if path in p50 else np.nan
-    if "attention" in w:       # the attention the tower resolved to (runs before it was recorded: blank)
-        t.insert(0, "attention", w.groupby(idx).attention.first())
+    _kernel_columns(t, w, idx)
     t["floor ms"] = w.groupby(idx).floor_ms.first()
     if "practical_floor_ms" in w:
         t["practical floor ms"] = w.groupby(idx).practical_floor_ms.first()
@@ -284,8 +290,7 @@ def mix_table(table: pd.DataFrame) -> pd.DataFrame:
     t = t[[p for p in MIX_PATHS if p in t]]
     out = t.copy()
     out["fastest"] = t.idxmin(axis=1)
-    if "attention" in w:
-        out.insert(0, "attention", w.groupby(idx).attention.first())
+    _kernel_columns(out, w, idx)
     if {"graph_auto", "eager", "graph_engine"} <= set(t):
         out["auto / best of eager, engine graph"] = t["graph_auto"] / t[["eager", "graph_engine"]].min(axis=1)
         out["engine graph / eager"] = t["graph_engine"] / t["eager"]
