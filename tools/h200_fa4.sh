@@ -45,6 +45,9 @@ fi
 # packed after each step into $OUT/fa4-out.tgz: one file back, whatever the number of runs and logs
 # ($OUT brings back at most 8 files).
 out=/tmp/fa4/out; mkdir -p "$out"
+# run names say which card ran them (h200, h100, ...: the model in the device name, lower case), since a call for an
+# H200 may come back on an H100; 'gpu' where torch cannot name it
+gpu=$(python3 -c "import re, torch; m = re.search(r'\b([A-Z]{1,2}\d{2,3})', torch.cuda.get_device_name()); print(m[1].lower() if m else 'gpu')" 2>/dev/null || echo gpu)
 # drop the figures (the report redraws them) and keep the sweep's exit status, a timeout's 124 included
 keep_rc() { local rc=$?; rm -rf "$out"/runs/*/figures; return $rc; }
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/fa4-out.tgz" -C "$out" . ; }
@@ -61,7 +64,7 @@ for step in $QUEUE; do
     latency)  # PRESET: its encoder_latency, realistic cells included, reduced to fit a command
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
         --set "presets=[\"$arg\"]" --set 'tokens=[256,4096]' --set reps=3 --set warmup=1 --set breakdown=false \
-        --name "h200-${tag_fa4:-fa4}-$arg" > "$out/latency-$arg.log" 2>&1; keep_rc ;;
+        --name "$gpu-${tag_fa4:-fa4}-$arg" > "$out/latency-$arg.log" 2>&1; keep_rc ;;
     race|raceq)  # PRESET[@MIX,MIX[@ITEMS]]: its realistic cells at the study's repetitions (policy auto's race run
       # out before timing, the fresh-shape streams), one exact cell only; every mix and item count of the study's
       # defaults unless named (a whole default set takes about 15 minutes for qwen3-vl-8b: more than a command);
@@ -72,13 +75,13 @@ for step in $QUEUE; do
       [ "$kind" = raceq ] && { sets+=(--set 'gemm="quack"'); name=race-quack; }
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
         --set "presets=[\"$preset\"]" --set 'tokens=[256]' --set 'images=[1]' --set breakdown=false "${sets[@]}" \
-        --name "h200-${tag_fa4:-fa4}-$name-$preset" > "$out/$kind-$arg.log" 2>&1; keep_rc ;;
+        --name "$gpu-${tag_fa4:-fa4}-$name-$preset" > "$out/$kind-$arg.log" 2>&1; keep_rc ;;
     quack) timeout "$left" python3 tools/probe_quack.py "$((est - 30))" > "$out/probe_quack.log" 2>&1 ;;
     breakdown)  # one preset's exact cell at $arg merged tokens, eager and graph, kernel time by category
       IFS=@ read -r preset tokens <<< "$arg"
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies encoder_latency \
         --results "$out/runs" --set "presets=[\"$preset\"]" --set "tokens=[$tokens]" --set 'images=[1]' \
-        --set 'mixes=[]' --set reference=false --set reps=5 --set warmup=1 --name "h200-breakdown-$preset" \
+        --set 'mixes=[]' --set reference=false --set reps=5 --set warmup=1 --name "$gpu-breakdown-$preset" \
         > "$out/breakdown-$preset.log" 2>&1; keep_rc ;;
     verify|verify_plain)  # STUDY@RUN: rerun a committed reference at its parameters, compare its timing-free
       # metrics (verify_plain: without FlashAttention-4 on the path, as the references before it ran)
@@ -89,7 +92,7 @@ for step in $QUEUE; do
     defaults)  # STUDY@PRESET: one study at the GPU profile's full defaults for one preset
       IFS=@ read -r study preset <<< "$arg"; key=presets; [ "$study" = correctness ] && key=families
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
-        --set "$key=[\"$preset\"]" --name "h200-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1; keep_rc ;;
+        --set "$key=[\"$preset\"]" --name "$gpu-defaults-$preset" > "$out/defaults-$study-$preset.log" 2>&1; keep_rc ;;
     cuda_tests) timeout "$left" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider > "$out/cuda_tests.log" 2>&1 ;;
     cuda_part)  # I/N: the I-th of N slices of tests/test_cuda.py's collected tests (a whole run needs >400 s)
       IFS=/ read -r i n <<< "$arg"
@@ -109,7 +112,7 @@ for step in $QUEUE; do
         *) sets=(--set 'mixes=["photos","phone_photos"]' --set n_items=2 --set reps=2 --set sim_requests=50000) ;;
       esac
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies "$study" --results "$out/runs" \
-        --set "presets=[\"$preset\"]" "${sets[@]}" --name "h200-reduced-$preset" > "$out/reduced-$study-$preset.log" 2>&1; keep_rc ;;
+        --set "presets=[\"$preset\"]" "${sets[@]}" --name "$gpu-reduced-$preset" > "$out/reduced-$study-$preset.log" 2>&1; keep_rc ;;
     backends) mkdir -p "$out/backends"
       timeout "$left" python3 tools/verify_preprocess_backends.py "$out/backends" > "$out/backends.log" 2>&1 ;;
     py)  # FILE[@ARG@ARG...]: python3 FILE ARG ARG ... (a probe of tools/), its output in py-FILE.log
