@@ -227,7 +227,8 @@ def test_cuda_fa4_matches_float32_and_padding_never_leaks(head_dim):
 def test_cuda_quack_mlps_match_cublas_eager_and_in_graphs(preset):
     """quack's gated GEMM (where installed, on Hopper): a tower built with gemm='quack' (its SwiGLU MLPs paired,
     one pinned config for every row count) matches the same weights on cuBLAS within bf16 rounding, eagerly on
-    two batches of other row counts and replayed from captured graphs after the pool was poisoned."""
+    two batches of other row counts and replayed from captured graphs after the pool was poisoned. GLM-4.1V asks
+    for gemm='auto', which takes quack wherever it runs."""
     from workbench.quack_gemm import quack_problem
     problem = quack_problem("cuda", torch.bfloat16)
     if problem is not None:
@@ -235,7 +236,7 @@ def test_cuda_quack_mlps_match_cublas_eager_and_in_graphs(preset):
     cfg = dataclasses.replace(wb.VisionConfig.preset(preset).reduced(4), max_pixels=448 * 448)
     plain = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=5)
     quack = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=5,
-                             gemm="quack")
+                             gemm="auto" if preset.startswith("glm") else "quack")
     assert quack.visual.kernels.gemm == "quack" and plain.visual.kernels.gemm == "cublas"
     runner = EncoderGraphRunner(quack, budgets=[1024, 4096], buffer_dtype=torch.uint8, max_items=4, policy="always")
     runner.poison_pool()
