@@ -129,6 +129,24 @@ def test_runs_with_other_attention_backends_compare_cell_by_cell_and_say_so(tmp_
     assert old.exists()
 
 
+def test_runs_with_other_mlp_gemms_compare_cell_by_cell_and_say_so(tmp_path, capsys):
+    """quack's gated GEMM against cuBLAS: the gemm column is not part of a cell either, and the summary names
+    each run's MLP GEMM where they differ (not the attention, which both share)."""
+    rows = [(64, "graph", "p50_ms", 10.0, "ms"), (64, "graph", "p90_ms", 10.5, "ms")]
+    for name, gemm, scale in (("cublas", "cublas", 1.0), ("quack", "quack", 0.9)):
+        run = run_folder(tmp_path, name, f"2030-01-0{1 + (gemm == 'quack')}T00:00:00Z",
+                         [(t, p, m, v * scale, u) for t, p, m, v, u in rows])
+        t = pd.read_parquet(run / "lat.parquet").assign(attention="fa4", gemm=gemm)
+        (run / "lat.parquet").unlink()
+        write_study_table(t[["tokens", "path", "device", "attention", "gemm", "metric", "value", "unit"]],
+                          run / "lat.parquet")
+    df = compare_runs("cublas", "quack", results=tmp_path)
+    assert "gemm" not in df.columns and len(df) == 2
+    assert cli.main(["compare", "cublas", "quack", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "; MLP gemm a: cublas, b: quack" in out and "attention a:" not in out
+
+
 def test_two_committed_reference_runs():
     """The correctness table of 20261130T143728Z equals 20261130T133302Z's value for value
     (results/reference/README.md): every shared value has ratio 1 (or no ratio at 0) and no flag."""

@@ -161,13 +161,23 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     else:
         df = pd.DataFrame(columns=["study", *VALUE_COLUMNS])
     df.attrs.update(a=str(pa), b=str(pb), studies_a=sorted(ta), studies_b=sorted(tb),
-                    attention={s: tuple(",".join(attention_backends(t[s])) for t in (ta, tb)) for s in set(ta) & set(tb)})
+                    **{col: {s: tuple(",".join(recorded(t[s], col)) for t in (ta, tb)) for s in set(ta) & set(tb)}
+                       for col in KERNEL_COLUMNS})
     return df
 
 
+# the kernels a run resolved to, which a comparison names where the two runs differ (not cell keys: NOT_KEYS)
+KERNEL_COLUMNS = {"attention": "attention", "gemm": "MLP gemm"}
+
+
+def recorded(table, col: str) -> list[str]:
+    """The values of ``col`` a table's rows name ([] where it records none: runs made before it was recorded)."""
+    return sorted(set(table[col].dropna().astype(str))) if col in table else []
+
+
 def attention_backends(table) -> list[str]:
-    """The attention backends a table's rows name ([] where it records none: runs made before it was recorded)."""
-    return sorted(set(table["attention"].dropna().astype(str))) if "attention" in table else []
+    """The attention backends a table's rows name ([] where it records none)."""
+    return recorded(table, "attention")
 
 
 def _run_folder_above(target: Path, results: Path) -> str | None:
@@ -260,10 +270,11 @@ def compare_command(args) -> int:
         print(f"studies in one run only (not compared): {', '.join(only)}")
     for study in shared:
         g = df[df["study"] == study]
-        att = df.attrs["attention"].get(study, ("", ""))
+        kernels = "".join(f"; {name} a: {got[0] or 'not recorded'}, b: {got[1] or 'not recorded'}"
+                          for col, name in KERNEL_COLUMNS.items()
+                          for got in [df.attrs[col].get(study, ("", ""))] if got[0] != got[1])
         print(f"{study}: {summary_line(g)}"
-              + ("" if len(g) else " (no cell measured in both: other presets, sizes or parameters)")
-              + (f"; attention a: {att[0] or 'not recorded'}, b: {att[1] or 'not recorded'}" if att[0] != att[1] else ""))
+              + ("" if len(g) else " (no cell measured in both: other presets, sizes or parameters)") + kernels)
     if args.csv:
         print(f"compare: every value written to {args.csv}")
     show = df if args.all else df[df["flag"] != ""]
