@@ -270,9 +270,11 @@ def compare_command(args) -> int:
         print(f"studies in one run only (not compared): {', '.join(only)}")
     for study in shared:
         g = df[df["study"] == study]
-        kernels = "".join(f"; {name} a: {got[0] or 'not recorded'}, b: {got[1] or 'not recorded'}"
-                          for col, name in KERNEL_COLUMNS.items()
-                          for got in [df.attrs[col].get(study, ("", ""))] if got[0] != got[1])
+        kernels = ""
+        for col, name in KERNEL_COLUMNS.items():     # named where the two runs differ
+            ka, kb = df.attrs[col].get(study, ("", ""))
+            if ka != kb:
+                kernels += f"; {name} a: {ka or 'not recorded'}, b: {kb or 'not recorded'}"
         print(f"{study}: {summary_line(g)}"
               + ("" if len(g) else " (no cell measured in both: other presets, sizes or parameters)") + kernels)
     if args.csv:

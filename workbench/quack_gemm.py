@@ -68,10 +68,8 @@ def quack_problem(device, dtype: torch.dtype) -> str | None:
 
 
 def resolve_gemm(gemm: str, device, dtype: torch.dtype) -> str:
-    """``gemm`` (one of GEMM_CHOICES, checked where it entered: `check_gemm`) where the device and dtype can run
-    it; 'quack' where they cannot is a ValueError saying why; 'auto' is 'quack' where they can, else 'cublas'."""
-    if gemm == "auto":
-        return "cublas" if quack_problem(device, dtype) is not None else "quack"
+    """``gemm`` ('cublas' or 'quack'; the tower settles 'auto' first) where the device and dtype can run it;
+    'quack' where they cannot is a ValueError saying why."""
     if gemm == "quack":
         problem = quack_problem(device, dtype)
         if problem is not None:

@@ -295,10 +295,11 @@ class VisionTower(nn.Module):
         ValueError saying why; 'auto' falls back to 'cublas' instead), the fused kernels are on and the tower
         has gated MLPs; their weights then repacked paired, and the pinned kernel compiled now, not in a timed
         call."""
-        gemm = quack_gemm.resolve_gemm(self.gemm, device, dtype)
         mlps = [m for m in self.modules() if isinstance(m, GatedMLP)]
-        if self.gemm == "auto" and not (fused and mlps):
-            gemm = "cublas"            # auto: quack only where it runs (the fused forward, SwiGLU MLPs)
+        gemm = self.gemm
+        if gemm == "auto":         # quack only where it runs: the fused forward of SwiGLU MLPs, on a device it takes
+            gemm = "quack" if fused and mlps and quack_gemm.quack_problem(device, dtype) is None else "cublas"
+        gemm = quack_gemm.resolve_gemm(gemm, device, dtype)
         if gemm == "quack" and not fused:
             raise ValueError("MLP gemm 'quack' runs in the fused forward; it needs fused=True or 'auto' "
                              "(the fused kernels on), got fused=False")
