@@ -4,7 +4,7 @@ import json, os, sys, time
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from workbench.compare import attention_backends, param_columns
+from workbench.compare import param_columns, recorded
 from workbench.studies import discover, load_table
 
 TIMING_UNITS = {"ms", "us", "s", "GB/s", "TFLOP/s", "x"}
@@ -43,7 +43,7 @@ for spec in sys.argv[1:]:
     worst = []
     for i in list(diff)[:8]:
         worst.append((dict(zip(keys, i)), float(ka.loc[i]), float(kb.loc[i])))
-    report[name] = dict(seconds=round(secs, 1), attention_ref=attention_backends(ref), attention_new=attention_backends(new),
+    report[name] = dict(seconds=round(secs, 1), attention_ref=recorded(ref, "attention"), attention_new=recorded(new, "attention"),
                         compared=int(len(common)), equal=int(same.sum()),
                         only_ref=int(len(ka.index.difference(kb.index))), only_new=int(len(kb.index.difference(ka.index))),
                         differing_by_metric=bymetric, examples=worst)

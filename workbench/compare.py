@@ -18,6 +18,8 @@ ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to
 # not part of a cell's identity: a run on another device, or with another attention backend (FlashAttention-4
 # against torch's flash) or MLP GEMM (quack against cuBLAS), is what a comparison is for
 NOT_KEYS = ("device", "attention", "gemm", "note", "value", "unit")
+# the kernels a run resolved to, which a comparison names where the two runs differ (not cell keys: NOT_KEYS)
+KERNEL_COLUMNS = {"attention": "attention", "gemm": "MLP gemm"}
 TIME_UNITS = ("us", "ms", "s")
 VERDICT_UNIT = "bool"
 LATEST = "latest"
@@ -166,18 +168,9 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     return df
 
 
-# the kernels a run resolved to, which a comparison names where the two runs differ (not cell keys: NOT_KEYS)
-KERNEL_COLUMNS = {"attention": "attention", "gemm": "MLP gemm"}
-
-
 def recorded(table, col: str) -> list[str]:
     """The values of ``col`` a table's rows name ([] where it records none: runs made before it was recorded)."""
     return sorted(set(table[col].dropna().astype(str))) if col in table else []
-
-
-def attention_backends(table) -> list[str]:
-    """The attention backends a table's rows name ([] where it records none)."""
-    return recorded(table, "attention")
 
 
 def _run_folder_above(target: Path, results: Path) -> str | None:
