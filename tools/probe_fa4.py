@@ -17,11 +17,16 @@ tokens), each with attn_backend 'fa4' and 'varlen'; the outputs of the two agree
 rounding.
 
 Run on the device from the repo root with FlashAttention-4 importable:
-`PYTHONPATH=$PWD python3 tools/probe_fa4.py`; writes $OUT/probe_fa4.json when OUT is set.
+`PYTHONPATH=$PWD python3 tools/probe_fa4.py [PARTS [PRESETS [VARIANTS]]]`; writes $OUT/probe_fa4.json when
+OUT is set. PARTS: 'rates', 'towers' or both (comma-separated, default both); PRESETS: the towers of (b)
+to run (comma-separated, default all); VARIANTS: the towers' kernels, BACKEND or BACKEND+GEMM (default
+'fa4,varlen'; 'fa4,fa4+quack' puts quack's gated GEMM against cuBLAS, both on FlashAttention-4). The
+outputs of every variant are compared with the first.
 """
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -90,38 +95,51 @@ def rates(record):
             record["rates"].append(row)
 
 
-def towers(record):
+def towers(record, presets=None, variants=("fa4", "varlen")):
     for preset, what, grids in TOWERS:
+        if presets and preset not in presets:
+            continue
         cfg = wb.VisionConfig.preset(preset)
         grid = torch.tensor(grids)
         gen = torch.Generator().manual_seed(5)
         px = torch.randint(0, 256, (int(grid.prod(1).sum()), cfg.patch_dim), dtype=torch.uint8, generator=gen)
         outs, row = {}, {"preset": preset, "batch": what, "tokens": [int(g.prod()) // 4 for g in grid]}
-        for backend in ("fa4", "varlen"):
+        for variant in variants:
+            backend, _, gemm = variant.partition("+")
             enc = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda",
-                                   seed=3, attn_backend=backend)
+                                   seed=3, attn_backend=backend, gemm=gemm or "cublas")
             meta = enc.visual.prepare(grid)
             x = px.cuda()
             with torch.no_grad():
-                outs[backend] = enc.visual.forward_prepared(x, meta).float()
+                outs[variant] = enc.visual.forward_prepared(x, meta).float()
                 ms = timed_ms(lambda: enc.visual.forward_prepared(x, meta), reps=7)
-            row[backend] = {"ms": ms, "kernels": str(enc.visual.kernels)}
+            row[variant] = {"ms": ms, "kernels": str(enc.visual.kernels)}
             del enc
             torch.cuda.empty_cache()
-        row["fa4 vs varlen rel_err"] = rel_err(outs["fa4"], outs["varlen"])
+        for variant in variants[1:]:
+            row[f"{variant} vs {variants[0]} rel_err"] = rel_err(outs[variant], outs[variants[0]])
         print(json.dumps(row), flush=True)
         record["towers"].append(row)
 
 
-def main():
+def main(argv):
+    parts = argv[0].split(",") if argv else ["rates", "towers"]
+    presets = argv[1].split(",") if len(argv) > 1 else None
+    variants = tuple(argv[2].split(",")) if len(argv) > 2 else ("fa4", "varlen")
+    unknown = sorted(set(parts) - {"rates", "towers"}) + sorted(set(presets or ()) - {t[0] for t in TOWERS})
+    if unknown:
+        raise SystemExit(f"unknown part or preset {unknown}: parts are rates, towers; presets "
+                         f"{sorted({t[0] for t in TOWERS})}")
     problem = fa4_problem("cuda", 72)
     if problem is not None:
         raise SystemExit(f"FlashAttention-4 {problem}")
     import flash_attn
     record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "flash_attn": getattr(flash_attn, "__version__", "?"), "rates": [], "towers": []}
-    rates(record)
-    towers(record)
+    if "rates" in parts:
+        rates(record)
+    if "towers" in parts:
+        towers(record, presets, variants)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "probe_fa4.json"), "w") as f:
@@ -130,4 +148,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
