@@ -7,7 +7,8 @@
 #                                   # $SITE, then run the queue until its time is up
 #   bash tools/h200_fa4.sh q        # later calls (the machine still warm): go on with the queue
 #   bash tools/h200_fa4.sh p        # plain: the queue without FlashAttention-4 (nothing to carry)
-# Steps: latency:PRESET:EST, race:PRESET[@MIXES[@ITEMS]]:EST (raceq: with gemm="quack"), breakdown:PRESET@TOKENS:EST, defaults:STUDY@PRESET:EST,
+# Steps: latency:PRESET:EST, race:PRESET[@MIXES[@ITEMS]]:EST (the GPU profile's gemm="auto"; raceq: gemm="quack", racec:
+# gemm="cublas"), breakdown:PRESET@TOKENS:EST, defaults:STUDY@PRESET:EST,
 # verify:STUDY@RUN:EST (verify_plain: without FA4), quack:-:EST, cuda_tests:-:EST,
 # cuda_part:I/N:EST (the I-th of N interleaved slices of tests/test_cuda.py),
 # cuda_k:A,B:EST (the tests of tests/test_cuda.py that `-k "A or B"` selects), backends:-:EST
@@ -65,14 +66,15 @@ for step in $QUEUE; do
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
         --set "presets=[\"$arg\"]" --set 'tokens=[256,4096]' --set reps=3 --set warmup=1 --set breakdown=false \
         --name "$gpu-${tag_fa4:-fa4}-$arg" > "$out/latency-$arg.log" 2>&1; keep_rc ;;
-    race|raceq)  # PRESET[@MIX,MIX[@ITEMS]]: its realistic cells at the study's repetitions (policy auto's race run
-      # out before timing, the fresh-shape streams), one exact cell only; every mix and item count of the study's
+    race|raceq|racec)  # PRESET[@MIX,MIX[@ITEMS]]: its realistic cells at the study's repetitions (policy auto's race
+      # run out before timing, the fresh-shape streams), one exact cell only; every mix and item count of the study's
       # defaults unless named (a whole default set takes about 15 minutes for qwen3-vl-8b: more than a command);
-      # raceq: the same with the SwiGLU MLPs on quack's gated GEMM (gemm="quack")
+      # raceq / racec: the same with the SwiGLU MLPs on quack's gated GEMM (gemm="quack") / on cuBLAS (gemm="cublas")
       IFS=@ read -r preset mixes items <<< "$arg"; sets=(); name=race
       [ -n "$mixes" ] && sets+=(--set "mixes=[\"${mixes//,/\",\"}\"]")
       [ -n "$items" ] && sets+=(--set "mix_items=[$items]")
       [ "$kind" = raceq ] && { sets+=(--set 'gemm="quack"'); name=race-quack; }
+      [ "$kind" = racec ] && { sets+=(--set 'gemm="cublas"'); name=race-cublas; }
       timeout "$left" python3 -m workbench sweep --direct --profile gpu --studies encoder_latency --results "$out/runs" \
         --set "presets=[\"$preset\"]" --set 'tokens=[256]' --set 'images=[1]' --set breakdown=false "${sets[@]}" \
         --name "$gpu-${tag_fa4:-fa4}-$name-$preset" > "$out/$kind-$arg.log" 2>&1; keep_rc ;;
