@@ -126,10 +126,10 @@ def main(argv):
     parts = argv[0].split(",") if argv else ["rates", "towers"]
     presets = argv[1].split(",") if len(argv) > 1 else None
     variants = tuple(argv[2].split(",")) if len(argv) > 2 else ("fa4", "varlen")
-    unknown = sorted(set(parts) - {"rates", "towers"}) + sorted(set(presets or ()) - {t[0] for t in TOWERS})
+    names = sorted({t[0] for t in TOWERS})
+    unknown = sorted(set(parts) - {"rates", "towers"}) + sorted(set(presets or ()) - set(names))
     if unknown:
-        raise SystemExit(f"unknown part or preset {unknown}: parts are rates, towers; presets "
-                         f"{sorted({t[0] for t in TOWERS})}")
+        raise SystemExit(f"unknown part or preset {unknown}: parts are rates, towers; presets {names}")
     problem = fa4_problem("cuda", 72)
     if problem is not None:
         raise SystemExit(f"FlashAttention-4 {problem}")

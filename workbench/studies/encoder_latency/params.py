@@ -72,8 +72,7 @@ PARAMS = ParamSpec(
     Param("gemm", "str", cpu="cublas", gpu="auto", choices=GEMM_CHOICES,
           help="the SwiGLU MLPs' gate/up kernel: cublas, quack (quack-kernels' gated GEMM, Hopper, with fused "
                "kernels; towers without SwiGLU MLPs refuse it) or auto (quack where it runs, else cublas; the GPU "
-               "profile's default: quack ran the SwiGLU towers' mixed packs up to 7% faster per image on the H200, "
-               "never slower beyond the runs' spread)"),
+               "profile's default, on the measurements README.md's quack paragraph cites)"),
     Param("breakdown", "bool", cpu=False, gpu=True, help="profile one tower forward per cell: device time by kernel category"),
     Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
     Param("reps", "int", cap="reps", cpu=5, gpu=10, minimum=1,
