@@ -35,9 +35,10 @@ import torch.nn.functional as F
 import workbench as wb
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from workbench.attention import _fa4_func, dense_attention, fa4_problem, varlen_attention
+from workbench.attention import ATTN_BACKENDS, _fa4_func, dense_attention, fa4_problem, varlen_attention
 from workbench.reference import rel_err
 from workbench.timing import FLUSH_BYTES, cuda_event_ms
+from workbench.vocabulary import GEMM_CHOICES
 
 REPS, WARMUP = 20, 3
 PACKS = {"two documents": [14628, 8580], "five items": [576, 1200, 2304, 3520, 900], "one photo": [47376]}
@@ -130,6 +131,11 @@ def main(argv):
     unknown = sorted(set(parts) - {"rates", "towers"}) + sorted(set(presets or ()) - set(names))
     if unknown:
         raise SystemExit(f"unknown part or preset {unknown}: parts are rates, towers; presets {names}")
+    # a variant the towers would refuse is refused here, before part (a) spends device time
+    bad = [v for v in variants if v.partition("+")[0] not in ATTN_BACKENDS
+           or v.partition("+")[2] not in ("",) + GEMM_CHOICES]
+    if bad:
+        raise SystemExit(f"unknown variant {bad}: BACKEND or BACKEND+GEMM, backends {ATTN_BACKENDS}, gemms {GEMM_CHOICES}")
     problem = fa4_problem("cuda", 72)
     if problem is not None:
         raise SystemExit(f"FlashAttention-4 {problem}")
