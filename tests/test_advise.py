@@ -11,7 +11,7 @@ from PIL import Image
 
 from workbench.advise import advise
 from workbench.cli import main
-from workbench.planner import expected_padding
+from workbench import engines
 from workbench.provenance import REPO_ROOT
 
 COMMITTED = REPO_ROOT / "results" / "reference"
@@ -32,16 +32,55 @@ def test_advice_from_the_committed_h200_runs(results):
     assert (COMMITTED / a.placement.run / "correctness.parquet").is_file()
     assert a.choice is not None and a.choice[0] in ("runner", "tower", "fold", "device")
     assert "us per replay" in a.staging.text and (COMMITTED / a.staging.run / "cast_cost.parquet").is_file()
-    # the planner's budgets cover the mix and pad no more than the engines' powers of two
-    assert a.budgets == sorted(a.budgets) and a.padding["miss"] == 0
-    assert a.padding["planner"] <= a.padding["engines"]
-    assert a.padding["engines"] == pytest.approx(expected_padding("documents", a.engine_budgets, "qwen3-vl-8b")
-                                                 ["padded_frac"])
+    # vLLM 0.34 by default: its own grid beside the planner's, both judged on held-out draws
+    assert a.engine == "vllm-0.34" and a.engine_budgets == engines.get("vllm-0.34").budgets(16384)
+    assert a.budgets == sorted(a.budgets)
+    held = {r["set"]: r for r in a.judged if r["sample"] == "held-out draws"}
+    assert a.padding["engines"] == pytest.approx(held["engine default"]["padded_frac"])
+    fitted = {r["set"]: r for r in a.judged if r["sample"] == "fitted draw"}
+    # out of sample the planner pads more than on the draw it was fitted to
+    assert held["planner, equal graphs"]["padded_frac"] >= fitted["planner, equal graphs"]["padded_frac"]
     cc = a.compilation_config()
-    assert cc["cudagraph_mm_encoder"] is True and cc["encoder_cudagraph_token_budgets"] == a.budgets
-    assert cc["encoder_cudagraph_max_vision_items_per_batch"] == a.max_items >= 1
+    assert cc["cudagraph_mm_encoder"] is True
+    if a.planned:       # recommended only where it beats the grid out of sample
+        assert held[next(s for s in held if s != "engine default" and a.verdict.startswith(s))]["rows_ratio"] < \
+            held["engine default"]["rows_ratio"]
+        assert cc["encoder_cudagraph_token_budgets"] == a.budgets
+        assert cc["encoder_cudagraph_max_vision_items_per_batch"] == a.max_items >= 1
+    else:
+        assert cc == {"cudagraph_mm_encoder": True, "encoder_cudagraph_max_token_budget": 5120}
     assert "encoder_cudagraph_max_frames_per_batch" not in cc          # no video in the mix
     assert not a.missing
+
+
+def test_advice_speaks_each_release_and_recommends_what_it_can_apply(results):
+    old = advise("qwen3-vl-8b", "documents", results, engine="vllm-0.33")
+    assert old.engine_budgets == [64 << k for k in range(9)]
+    assert "encoder_cudagraph_max_token_budget" not in old.compilation_config()     # 0.33 has no such option
+    new = advise("qwen3-vl-8b", "documents", results)
+    # vLLM's runner has no norm hook: the recommended placement is one the release applies
+    assert new.choice[0] in engines.get("vllm-0.34").placements
+    assert new.best is None or "runner" in new.best.text or "fold" in new.best.text
+    sg = advise("qwen3-vl-8b", "documents", results, engine="sglang-0.5.23")
+    assert sg.options_line() == "SGLang 0.5.23: SGLANG_VIT_ENABLE_CUDA_GRAPH=1"
+
+
+def test_engine_source_checks_the_option_names(tmp_path):
+    from workbench.engine_source import EngineSourceError, check_options
+    tree = tmp_path / "vllm" / "config"
+    tree.mkdir(parents=True)
+    (tree / "compilation.py").write_text("class CompilationConfig:\n    cudagraph_mm_encoder: bool = False\n"
+                                         "    encoder_cudagraph_token_budgets: list = None\n"
+                                         "    encoder_cudagraph_max_vision_items_per_batch: int = 0\n")
+    assert "checked" in check_options("vllm-0.33", tmp_path)
+    with pytest.raises(EngineSourceError, match=r"declares none of \['encoder_cudagraph_max_token_budget'\]"):
+        check_options("vllm-0.34", tmp_path / "vllm")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EngineSourceError, match="no vllm/config/compilation.py under it"):
+        check_options("vllm-0.34", tmp_path / "empty")
+    (tmp_path / "x.txt").write_text("x")
+    with pytest.raises(EngineSourceError, match="not a folder or a wheel"):
+        check_options("vllm-0.34", tmp_path / "x.txt")
 
 
 def test_a_video_mix_sets_frames_per_batch(results):
@@ -67,7 +106,7 @@ def test_a_folder_of_images_no_run_has_seen(tmp_path, capsys, results):
                  "--results", str(results)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mix"] == "folder:mine" and len(out["budgets"]) >= 1
-    assert out["vllm_compilation_config"]["encoder_cudagraph_token_budgets"] == out["budgets"]
+    assert out["engine"] == "vllm-0.34" and out["engine_options"]["cudagraph_mm_encoder"] is True
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -76,6 +115,7 @@ def test_a_folder_of_images_no_run_has_seen(tmp_path, capsys, results):
     (["--preset", "qwen3-vl-8b", "--set", "image_folder=/no/such/folder"], "does not exist"),
     (["--preset", "qwen3-vl-8b", "--set", "depth=2"], "the one key advise takes is image_folder=PATH"),
     (["--preset", "qwen3-vl-8b", "--mix", "photos", "--set", "image_folder=/x"], "name two mixes"),
+    (["--preset", "qwen3-vl-8b", "--engine-source", "/no/such/tree"], "no such file or folder"),
 ])
 def test_bad_input_is_named(argv, says):
     with pytest.raises(SystemExit) as e:

@@ -10,6 +10,7 @@ import torch
 import workbench as wb
 from workbench.norms import normalize_reference
 from workbench.reference import cos_min, hf_embeddings, hf_vision_model, rel_err
+from workbench import engines
 from workbench.runner import EncoderGraphRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -351,3 +352,29 @@ def test_cuda_auto_races_one_plan_a_call_and_carries_its_choice_to_a_batch_of_an
     live = race.live()              # each candidate within Race.DROP of the fastest ran its rounds
     assert race.chosen in live and (len(live) == 1 or all(len(race.seconds[n]) >= Race.ROUNDS for n in live))
     assert rel_err(runner.encode(b), enc.encode(b)) < 2e-2
+
+
+@pytest.mark.parametrize("preset", REAL)
+@pytest.mark.parametrize("engine", ["vllm-0.33", "vllm-0.34", "sglang-0.5.23"])
+def test_cuda_engine_policies_replay_captured_graphs_equal_to_eager(preset, engine):
+    """Each engine policy's packing and buffers under real capture: the whole batch (0.34: one replay, largest
+    first, shared buffers; 0.33: several, a buffer per budget; SGLang: the exact length captured on first use)
+    equals eager, and a small item replayed after the shared buffer held other pixels and NaN is unchanged."""
+    cfg = dataclasses.replace(wb.VisionConfig.preset(preset).reduced(4), max_pixels=448 * 448)
+    enc = wb.build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=1)
+    batch = wb.preprocess(items()[:4], cfg)
+    largest = 2 * batch.n_rows // cfg.merge_unit
+    runner = EncoderGraphRunner(enc, engine=engine, buffer_dtype=torch.uint8, policy="always",
+                                budgets=engines.get(engine).budgets(largest))
+    out = runner.encode(batch)
+    eager = enc.encode(batch)
+    assert rel_err(out, eager) < 2e-2 and cos_min(out, eager) > 0.999
+    st = runner.stats_frame()
+    assert (~st.miss).sum() >= 1
+    if engine != "vllm-0.33":
+        assert len(st) == 1 and st["items"][0] == batch.n_items
+    one = batch.select([min(range(batch.n_items), key=lambda i: batch.item_rows[i])])
+    clean = runner.encode(one)
+    runner.input_buffer.fill_(255)
+    again = runner.encode(one)
+    assert torch.equal(clean, again)

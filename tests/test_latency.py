@@ -203,7 +203,7 @@ def test_a_disagreement_with_transformers_times_nothing_and_reference_can_be_ski
     (dict(tokens=[64, 16]), "strictly ascending"),
     (dict(tokens=[64, 100], images=[1, 3]), "not divisible: [(64, 3), (100, 3)]"),
     (dict(nope=1), "valid: presets, depth, tokens, images, dtype, norm, fused, gemm, breakdown, reference, reps, "
-                   "min_reps, warmup, mixes, image_folder, mix_items, fresh, engine_max_budget, seed"),
+                   "min_reps, warmup, mixes, image_folder, mix_items, fresh, engine_max_budget, engine, seed"),
     (dict(reps=3, min_reps=4), "min_reps=4 is above reps=3, the most repetitions: give min_reps <= reps"),
     (dict(mixes=["beaches"]), "mixes='beaches' is not a valid choice; valid: phone_photos"),
 ], ids=lambda v: str(v)[:30])
@@ -250,8 +250,10 @@ def test_realistic_batches_time_every_strategy_checked_against_eager(tmp_path):
     assert set(m.path) == set(s.params.MIX_PATHS) and (m.mix == "photos").all() and (m.images == 2).all()
     assert m.ok.astype(bool).all() and (m.image_p50_ms > 0).all()
     runners = m[m.path.str.startswith("graph_")].set_index("path")
-    # the engines' budgets up to 256 (64, 128, 256), the photos (176-378 tokens) partly missing them
-    assert runners.loc["graph_engine", "largest_budget"] == 256 and runners.loc["graph_engine", "budgets_n"] == 3
+    # vLLM 0.34's grid up to 256 (64 ... 224, 256: nine budgets), the photos (176-378 tokens) partly above it,
+    # named in every row of the mix cells
+    assert runners.loc["graph_engine", "largest_budget"] == 256 and runners.loc["graph_engine", "budgets_n"] == 9
+    assert (m.engine == "vllm-0.34").all()
     assert (runners.replays + runners.eager_packs + runners.misses >= 1).all()
     assert (runners.rel_err <= s.measure.GRAPH_TOL[torch.float32]).all()
     # the exact-fit presentation is untouched by the mix rows; the mix table and figure read them

@@ -52,7 +52,8 @@ def step_seconds(table: pd.DataFrame, preset: str, n_items: int, before: bool, s
     steps = [(capture + LADDER_REPLAYS) * fwd(b) for b in bs]
     for mix in MIX_NAMES:
         dist = dict(mix_distribution(mix, cfg))
-        sets = budget_sets(dist, BUDGET_SETS, latency=lat)
+        # the sets the run compared (a run from before a set was added prices without it)
+        sets = budget_sets(dist, [s for s in BUDGET_SETS if s in set(table.budget_set.dropna())], latency=lat)
         batch = preprocess(image_mix(mix, n_items, seed=0, resized=True, cfg=cfg), cfg)
         tokens = [int(np.prod(g)) // cfg.merge_unit for g in batch.grid_thw.tolist()]
         reference = sum(fwd(t) for t in tokens)              # the mix's eager reference, in its first step

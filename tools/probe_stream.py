@@ -13,7 +13,7 @@ import torch
 from workbench.config import VisionConfig
 from workbench.encoder import build_encoder
 from workbench.preprocess import preprocess
-from workbench.runner import EncoderGraphRunner, engine_budgets, engine_max_items
+from workbench.runner import EncoderGraphRunner
 from workbench.samples import image_mix
 from workbench.studies.encoder_latency.measure import _mix_runners, _pinned
 from workbench.timing import frozen_heap
@@ -27,8 +27,7 @@ dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: a sm
 cfg = VisionConfig.preset(preset, depth=None if dev.type == "cuda" else 1)
 enc = build_encoder(cfg, placement="tower", norm="triton_rows", dtype=torch.bfloat16, device=dev, seed=0)
 print("attention", enc.visual.kernels.backend, "fused", enc.visual.kernels.fused, flush=True)
-eb = engine_budgets(16384)
-runner = EncoderGraphRunner(enc, budgets=eb, buffer_dtype=torch.uint8, max_items=engine_max_items(eb))
+runner = EncoderGraphRunner(enc, engine="vllm-0.34", buffer_dtype=torch.uint8)
 planner = _mix_runners(enc, cfg, mix, runner)["graph_planner"][0]     # the study's planner runner
 
 

@@ -21,7 +21,7 @@ _EXPORTS = {
     "VisionEncoder": "encoder", "build_encoder": "encoder",
     "NORMS": "norms", "make_norm": "norms",
     "PatchBatch": "preprocess", "Video": "preprocess", "preprocess": "preprocess", "load_image": "preprocess",
-    "EncoderGraphRunner": "runner",
+    "EncoderGraphRunner": "runner", "ENGINES": "engines",
     "image_mix": "samples", "random_images": "samples", "sample_images": "samples", "sample_video": "samples",
     "mix_distribution": "samples", "mix_tokens": "samples", "mix_sizes": "samples",
     "plan_budgets": "planner", "expected_padding": "planner", "geometric_budgets": "planner",
@@ -48,7 +48,7 @@ def _wire_default_runner() -> None:
     path="cudagraph")` without runner=). The runner sits above the encoder, which therefore never
     imports it; the package sees both, so the wiring lives here."""
     from .encoder import VisionEncoder
-    from .runner import default_runner
+    from .runner_defaults import default_runner
 
     VisionEncoder.default_runner_factory = staticmethod(default_runner)
 

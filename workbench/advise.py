@@ -7,12 +7,14 @@ together what the runs measured and what the planner computes:
   every path it ran (eager, each graph buffer, dp), and among them the cheapest staging design of
   the newest cast_cost run of the preset at the budget nearest the mix's typical replay (design,
   norm kernel and graph buffer dtype, with its us per replay and the run);
-- **which graphs**: the planner's budgets for the mix (`planner.plan_budgets`, exact, as many
-  graphs as the engines' powers of two would capture), items per graph by the engines' rule, and
-  the padding share of replayed rows against the engines' powers of two (`expected_padding`),
-  computed here for any mix, seen or not;
-- **the engine's own options**: vLLM 0.33's ``--compilation-config`` JSON (the names of its
-  ``CompilationConfig``) and the processor options device normalization implies.
+- **which graphs**: the engine release's own default grid (`engines`, ``--engine``, default the
+  newest vLLM) against the planner's budgets fitted on one draw of a traffic around the mix and
+  judged on other draws and on the other mixes (`budget_judge`): a planned set is recommended only
+  where it beats the engine's grid out of sample, and the advice says by how much;
+- **the engine's own options**: that release's names (vLLM's ``--compilation-config`` JSON, SGLang's
+  environment), checked against its config source where ``--engine-source`` gives it, and the
+  processor options device normalization implies. The recommended placement is one the release can
+  apply (`EnginePolicy.placements`); the cheapest right design the runs found is shown beside it.
 
 Measured numbers come only from run folders (``results/`` and the committed ``results/reference/``),
 GPU runs first, a CPU run only where no GPU run has the family, marked so. What no run measured is
@@ -28,14 +30,13 @@ from pathlib import Path
 
 from .budgets import Budgets
 from .provenance import is_cpu, results_root
-from .runner_policy import engine_budgets, engine_max_items
+from . import engines
 
 # cast_cost's staging designs as what an engine configures: (placement, graph input buffer dtype)
 DESIGNS = {"runner": ("runner", "bfloat16"), "uint8_valid": ("tower", "uint8"), "uint8_buffer": ("tower", "uint8"),
            "bf16_buffer": ("tower", "bfloat16"), "fold": ("fold", "uint8"), "device": ("device", "bfloat16"),
            "fp32_buffer": ("processor", "float32")}
-ENGINE_MAX_BUDGET = 16384           # the engines' largest budget in the workbench's realistic cells
-VLLM = "vLLM 0.33"
+ENGINE_MAX_BUDGET = 16384           # the model's largest budget (vLLM: the scheduler's token budget), before the cap
 
 
 @dataclass
@@ -66,36 +67,74 @@ class Advice:
     missing: list[str] = field(default_factory=list)
     choice: tuple[str, str, str] | None = None          # (placement, norm, buffer dtype)
     latency: Evidence | None = None                     # time to embedding per image on this mix
+    engine: str = engines.NEWEST
+    planned: bool = False                # True: `budgets` are the planner's, beating the engine's grid out of sample
+    judged: list[dict] = field(default_factory=list)    # budget_judge.out_of_sample's rows
+    verdict: str = ""
+    best: Evidence | None = None         # the cheapest right design, where the engine cannot apply it
+    source_check: str = ""               # the option names checked against the release's source
+    tail: Evidence | None = None         # eager against a replay for one large image (the eager tail's cost)
 
     def compilation_config(self) -> dict:
-        out = {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": self.budgets,
-               "encoder_cudagraph_max_vision_items_per_batch": self.max_items}
-        if self.max_frames:
+        """The release's own options (vLLM: --compilation-config; SGLang: its environment variables)."""
+        o = engines.get(self.engine).options
+        out = {o.enable: True}
+        if self.planned and o.budgets:
+            out.update({o.budgets: self.budgets, o.max_items: self.max_items})
+        elif o.cap:
+            out[o.cap] = self.engine_budgets[-1]
+        if self.max_frames and o.passed_as == "compilation-config":
             out["encoder_cudagraph_max_frames_per_batch"] = self.max_frames
         return out
+
+    def options_line(self) -> str:
+        p = engines.get(self.engine)
+        cc = self.compilation_config()
+        if p.options.passed_as == "env":
+            return f"{p.engine} {p.version}: " + " ".join(f"{k}={int(v) if isinstance(v, bool) else v}"
+                                                          for k, v in cc.items())
+        return f"{p.engine} {p.version}: --compilation-config '{json.dumps(cc)}'"
 
     def text(self) -> str:
         pad = self.padding
         lines = [f"advise: {self.preset} ({self.family}), mix {self.mix}: {self.sizes}",
                  f"where to normalize: {self.placement.line()}",
                  f"staging: {self.staging.line()}"]
+        policy = engines.get(self.engine)
         if self.choice:
             placement, norm, buffer = self.choice
-            lines.append(f"recommended: placement {placement}, norm {norm}, graph buffer {buffer}, policy auto "
-                         f"(the workbench runner's; {VLLM} replays every pack that fits)")
-        lines += [f"budgets (planner, {len(self.budgets)} graphs): {self.budgets}; items per graph "
+            lines.append(f"recommended for {self.engine}: placement {placement}, norm {norm}, graph buffer {buffer}")
+        if self.best is not None:
+            lines.append(f"what a patch to {policy.engine} would gain: {self.best.line()}")
+        which = "planner, out of sample" if self.planned else f"{self.engine}'s default grid"
+        graphs = (f"a graph per exact length up to {self.budgets[-1]}" if not self.planned and policy.packing ==
+                  "per_length" else f"{len(self.budgets)} graphs: {_short(self.budgets)}")
+        lines += [f"budgets ({which}, {graphs}); items per graph "
                   f"{self.max_items}" + (f"; frames per batch {self.max_frames}" if self.max_frames else ""),
-                  f"padding of replayed rows on this mix: planner {pad['planner']:.1%}, the engines' powers of two "
-                  f"{self.engine_budgets[0]}..{self.engine_budgets[-1]}: {pad['engines']:.1%}"
-                  + (f"; items larger than every planned budget: {pad['miss']:.1%}" if pad["miss"] else ""),
-                  f"{VLLM}: --compilation-config '{json.dumps(self.compilation_config())}'"]
+                  f"out of sample: {self.verdict}",
+                  f"padding of replayed rows on held-out draws: {self.engine}'s grid {_pct(pad['engines'])} "
+                  f"({pad['engine_eager']:.1%} of requests eager above {self.engine_budgets[-1]}), planner "
+                  f"{_pct(pad['planner'])} ({pad['miss']:.1%} eager)",
+                  self.options_line()]
+        if self.tail is not None and pad["engine_eager"] > 0:
+            lines.append(self.tail.line())
+        if self.source_check:
+            lines.append(self.source_check)
         if self.latency is not None:
             lines.insert(3, f"time to embedding: {self.latency.line()}")
-        if self.choice and self.choice[0] not in ("processor",):
-            lines.append(f"{VLLM} processor: do_rescale=False, do_normalize=False (uint8 pixels to the GPU; "
-                         f"the model normalizes: MultiModalConfig.mm_device_do_normalize)")
+        if self.choice and self.choice[0] not in ("processor",) and policy.engine == "vLLM":
+            lines.append(f"{policy.engine} {policy.version} processor: do_rescale=False, do_normalize=False (uint8 "
+                         f"pixels to the GPU; the model normalizes: MultiModalConfig.mm_device_do_normalize)")
         lines += [f"not measured: {m}" for m in self.missing]
         return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}" if x == x else "none replayed"
+
+
+def _short(budgets: list[int]) -> str:
+    return str(budgets) if len(budgets) <= 12 else f"{budgets[:4]} ... {budgets[-4:]}".replace("] ... [", ", ..., ")
 
 
 def _runs(results: Path) -> list[Path]:
@@ -207,6 +246,28 @@ def _latency(results: Path, cfg, label: str, missing: list[str]) -> Evidence:
     return Evidence("; ".join(parts), run.name, _device(rows))
 
 
+TAIL_TOKENS = 4096      # single-image cells at least this large say what an eager tail above a cap costs
+
+
+def _tail(results: Path, cfg) -> Evidence | None:
+    """Eager against graph replay for one large image, from the newest encoder_latency run with a single-image
+    cell of at least TAIL_TOKENS merged tokens: what a request above the engine's largest budget, run eagerly,
+    costs beside a replay. None where no run has such a cell."""
+    def large(r):
+        exact = r["case"] == "exact" if "case" in r.columns else True
+        return exact & (r["tokens"] >= TAIL_TOKENS) & (r["images"] == 1) & (r["metric"] == "p50_ms")
+    rows, run = _newest(results, "encoder_latency", "preset", cfg.name, large)
+    if rows is None:
+        return None
+    t = rows.groupby(["tokens", "path"])["value"].first().unstack()
+    if not {"eager", "graph"} <= set(t.columns):
+        return None
+    tokens = int(t.dropna(subset=["eager", "graph"]).index.max())
+    e, g = t.loc[tokens, "eager"], t.loc[tokens, "graph"]
+    return Evidence(f"eager above the cap: one image of {tokens} tokens eager {e:.1f} ms vs replay {g:.1f} ms "
+                    f"({e / g:.2f}x)", run.name, _device(rows))
+
+
 # the placements an engine chooses between, in the answer table's order
 ANSWER_PLACEMENTS = ("processor", "outer", "tower", "runner", "fold", "device")
 NOT_MEASURED = "not measured"
@@ -296,35 +357,55 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
 
 
 def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs: int | None = None,
-           engine_max_budget: int = ENGINE_MAX_BUDGET) -> Advice:
-    """The advice for tower ``preset`` (a preset name or a model folder) on ``mix``."""
+           engine_max_budget: int = ENGINE_MAX_BUDGET, engine: str = engines.NEWEST,
+           engine_source: str | None = None) -> Advice:
+    """The advice for tower ``preset`` (a preset name or a model folder) on ``mix``, for engine release
+    ``engine`` (`engines.ENGINES`), its option names checked against ``engine_source`` where given."""
+    from .budget_judge import out_of_sample, verdict
     from .checkpoints import resolve_config
-    from .planner import expected_padding, plan_budgets
+    from .engine_source import check_options
+    from .planner import expected_padding
     from .samples import get_mix, mix_distribution, mix_entries, mix_label
 
+    policy = engines.get(engine)                        # unknown engines refused before any work
+    checked = check_options(policy, engine_source) if engine_source is not None else ""
     cfg = resolve_config(preset)
     get_mix(mix)                                        # unknown names and bad folders refused here
-    dist = mix_distribution(mix, cfg)
-    tokens = [t for t, _ in dist]
-    engines = engine_budgets(max(engine_max_budget, 64))
-    graphs = max_graphs or len([b for b in engines if b < max(tokens)]) + 1
-    planned = plan_budgets(mix, graphs, cfg=cfg)
-    items = engine_max_items(planned)
-    planned = list(Budgets.of(planned).holding(items))      # a pack of `items` needs a token each
+    tokens = [t for t, _ in mix_distribution(mix, cfg)]
+    judged = out_of_sample(mix, cfg, policy, max(engine_max_budget, 64))
+    grid = judged.attrs["sets"]["engine default"]
+    winner, said = verdict(judged)
+    chosen = judged.attrs["sets"][winner] if winner else grid
+    if max_graphs is not None and winner and len(chosen) > max_graphs:
+        from .budget_judge import SPREAD
+        from .planner import plan_budgets
+        from .samples import traffic_tokens
+        chosen = plan_budgets(traffic_tokens(mix, 512, 0, cfg, SPREAD), max_graphs, cfg=cfg)
+    items = policy.max_items(chosen, max(engine_max_budget, 64))
+    chosen = list(Budgets.of(chosen).holding(items))        # a pack of `items` needs a token each
     frames = [int(e.get("frames") or 1) for e in mix_entries(mix, cfg) if e.get("kind") == "video"]
-    mean_budget = expected_padding(mix, planned, cfg)["mean_budget"]
+    mean_budget = expected_padding(mix, chosen, cfg)["mean_budget"]
     typical = int(mean_budget) if mean_budget == mean_budget else max(tokens)
     results = Path(results) if results is not None else results_root()
     missing: list[str] = []
     right, placement = _right_placements(results, cfg, missing)
-    choice, staging = _staging(results, cfg, right, typical, missing) if right else (None, Evidence(
-        "no placement known to be right, so no staging design is recommended"))
+    applicable = [p for p in right if p in policy.placements]
+    choice, staging = _staging(results, cfg, applicable, typical, missing) if applicable else (None, Evidence(
+        f"no placement {policy.name} can apply ({', '.join(policy.placements)}) is known to be right"))
+    best = None
+    if right:       # the cheapest right design overall: what a patch to the engine would gain, where it differs
+        top, top_ev = _staging(results, cfg, right, typical, [])
+        best = top_ev if top is not None and top[0] not in policy.placements else None
     latency = _latency(results, cfg, mix_label(mix), missing)
-    ours, theirs = expected_padding(mix, planned, cfg), expected_padding(mix, engines, cfg)
+    held = judged[judged["sample"] == "held-out draws"].set_index("set")
+    mine = winner or "planner, equal graphs"
     return Advice(cfg.name, cfg.family, mix_label(mix), f"{len(tokens)} sizes, {min(tokens)}-{max(tokens)} merged tokens",
-                  planned, items, max(frames) * items if frames else None,
-                  {"planner": ours["padded_frac"], "engines": theirs["padded_frac"], "miss": ours["miss_frac"]},
-                  engines, placement, staging, missing, choice, latency)
+                  chosen, items, max(frames) * items if frames else None,
+                  {"planner": held.loc[mine, "padded_frac"], "engines": held.loc["engine default", "padded_frac"],
+                   "miss": held.loc[mine, "eager_frac"], "engine_eager": held.loc["engine default", "eager_frac"]},
+                  grid, placement, staging, missing, choice, latency, engine=policy.name, planned=winner is not None,
+                  judged=judged.to_dict("records"), verdict=said, best=best, source_check=checked,
+                  tail=_tail(results, cfg))
 
 
 def family_presets() -> list[str]:
@@ -362,10 +443,9 @@ def _advice_row(preset: str, mix: str, results: Path) -> dict:
             "staging (run, device)": _compact(a.staging.line()),
             "time to embedding, largest batch (run, device)": "" if lat is None else lat.text if not lat.run else
             f"{_compact(lat.text.split('; ')[-1])} [{lat.run}, {lat.device}]",
-            "planner budgets": ", ".join(map(str, a.budgets)),
-            # items per graph: the options' encoder_cudagraph_max_vision_items_per_batch
-            "padding, planner / powers of 2": f"{a.padding['planner']:.1%} / {a.padding['engines']:.1%}",
-            "vLLM --compilation-config": json.dumps(a.compilation_config(), separators=(",", ":"))}
+            "budgets": ("planner: " + _short(a.budgets)) if a.planned else f"{a.engine} default grid",
+            "held-out padding, engine grid / planner": f"{_pct(a.padding['engines'])} / {_pct(a.padding['planner'])}",
+            "engine options": a.options_line()}
 
 
 def advice_table(presets: list[str], mix: str, results: Path | str):
@@ -391,13 +471,15 @@ def advise_command(args) -> int:
         raise SystemExit(f"advise: --mix {args.mix!r} and --set image_folder={folder!r} name two mixes; give one")
     mix = f"{FOLDER_PREFIX}{folder}" if folder else (args.mix or "photos")
     try:
-        result = advise(args.preset, mix, args.results, max_graphs=args.max_graphs)
+        result = advise(args.preset, mix, args.results, max_graphs=args.max_graphs, engine=args.engine,
+                        engine_source=args.engine_source)
     except (ValueError, CheckpointError, OSError) as e:
         raise SystemExit(f"advise: {e}") from None
     if args.json:
         out = {k: v for k, v in result.__dict__.items() if k not in ("placement", "staging", "latency")}
         out.update(placement=result.placement.__dict__, staging=result.staging.__dict__,
                    latency=result.latency.__dict__ if result.latency else None,
+                   engine_options=result.compilation_config(),
                    vllm_compilation_config=result.compilation_config())
         print(json.dumps(out, indent=2, default=str))
     else:

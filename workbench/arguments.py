@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from .engines import ENGINES, NEWEST as ENGINE_DEFAULT
 from .provenance import results_root
 from .runstate import slug
 from .stages import FALLBACK_KERNEL, PROJECT_KERNEL
@@ -238,15 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("advise", "folder holding the run folders",
                 help="a configuration an engine can take, for one tower and one traffic mix",
-                description="Where to normalize (the newest correctness and cast_cost runs), the planner's graph "
-                            "budgets for the mix, and the same as vLLM 0.33's --compilation-config and processor "
-                            "options. Numbers come from run folders only; what none measured is named with the "
-                            "command that would measure it.")
+                description="Where to normalize (the newest correctness and cast_cost runs, among the placements "
+                            "the engine can apply), the engine release's default graph budgets against the planner's "
+                            "judged out of sample, and that release's own options. Numbers come from run folders "
+                            "only; what none measured is named with the command that would measure it.")
     p.add_argument("--preset", required=True, help="a preset name or a transformers model folder")
     p.add_argument("--mix", help="a named image mix (default photos)")
     p.add_argument("--set", action="append", metavar="image_folder=PATH", help="the mix of a folder of your images")
     p.add_argument("--max-graphs", type=_positive_int, help="budgets to plan (default: as many as the engines' "
                                                              "powers of two up to the mix's largest item)")
+    p.add_argument("--engine", default=ENGINE_DEFAULT, choices=tuple(ENGINES),
+                   help="the engine release whose budgets and options the advice speaks (default: %(default)s)")
+    p.add_argument("--engine-source", metavar="PATH", help="that release's source tree, package folder or wheel: "
+                                                             "every option name printed is checked against it")
     p.add_argument("--json", action="store_true", help="print the advice as JSON")
 
     p = command("audit", "folder whose audits/ keeps each audit (the report shows the newest)",
@@ -255,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "imported): per model class, device normalization, where the norm runs, encoder CUDA "
                             "graphs, and the correctness matrix's verdict. Exit 1 when a class needs attention.")
     p.add_argument("path", metavar="PATH", help="a vLLM source tree, its installed package folder, or a wheel")
+    p.add_argument("new", metavar="NEW", nargs="?",
+                   help="a second one (a newer release): print what changed from PATH to NEW, exit 1 when a class "
+                        "of NEW needs attention, keep only NEW's audit")
     p.add_argument("--json", action="store_true", help="print the audit as JSON")
     p.add_argument("--no-save", action="store_true", help="do not keep it under <results>/audits/")
 

@@ -1,19 +1,23 @@
-"""``python -m workbench audit PATH``: where a serving engine's model files normalize on the device,
-read statically (the `ast` module; nothing of the engine is imported or run).
+"""``python -m workbench audit PATH [NEW]``: where a serving engine's model files normalize on the
+device, read statically (the `ast` module; nothing of the engine is imported or run).
 
 The seed of this project: an engine normalized uint8 pixels in the outer model, while its encoder
 CUDA-graph path called the tower directly, so graph replays saw raw pixels (the correctness
-matrix's outer x cudagraph cell). Per model class this reads, from a vLLM source tree, an
-installed package or a released wheel (``pip download vllm==X --no-deps``):
+matrix's outer x cudagraph cell, vllm #55370). Per model class this reads, from a vLLM source tree,
+an installed package or a released wheel (``pip download vllm==X --no-deps``), in both places vLLM
+keeps models (``vllm/model_executor/models`` and, from 0.34, ``vllm/models/<name>/...``):
 
 - whether it normalizes on the device: it sets ``supports_mm_device_do_normalize = True`` (itself or
   a base class), vLLM's opt-in;
-- where the norm runs: every call of an input-norm module (an attribute built by
-  ``make_input_norm(...)`` or ``FusedInputNorm(...)``, or named ``input_norm``), found in the model
-  class itself ("outer": before it calls the tower) or in a class it builds, directly or through
-  the classes those build ("tower", or "patch embedding" where the class is a patch embedding);
+- where the norm runs, found by following the calls (`workbench.audit_calls`) from the encoder
+  graph forward and from the eager entries down to each input-norm call: in the model class itself
+  ("outer"), in a class it holds ("tower"), or in a patch embedding;
 - whether it captures its encoder in CUDA graphs: ``SupportsEncoderCudaGraph`` among its bases;
-- the verdict, from the workbench's correctness matrix.
+- the verdict, from the workbench's correctness matrix: an outer norm is right under graphs only
+  where the graph forward itself reaches it.
+
+With NEW, both are audited and what changed between the two releases is printed: a release that
+moves a norm or starts capturing an encoder is where the silent-wrong cell appears.
 
 Static reading finds what the code says, not what a config switches at run time: a verdict is as
 good as the names it looks for (`MARKERS`), and "check by hand" says where they did not suffice.
@@ -21,27 +25,25 @@ good as the names it looks for (`MARKERS`), and "check by hand" says where they 
 from __future__ import annotations
 
 import ast
-import io
+import gc
 import json
 import os
 import re
 import sys
 import zipfile
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .files import atomic_write_text, read_regular
+from .audit_calls import MARKERS, PATCH, ClassInfo, Index, Site, read_module
+from .files import atomic_write_text, open_regular, read_regular
 
-# the names vLLM's model files use (vllm #50411, #55370, the encoder CUDA-graph interface)
-MARKERS = {
-    "opt_in": "supports_mm_device_do_normalize",
-    "graphs": "SupportsEncoderCudaGraph",
-    "builders": ("make_input_norm", "build_mm_input_norm", "FusedInputNorm"),
-    "attribute": "input_norm",
-}
 MAX_FILE_BYTES = 4 << 20            # the largest model file of vLLM 0.33 is a few hundred kB
 MAX_FILES = 20_000
+MAX_TOTAL_BYTES = 512 << 20         # of sources, checked from their sizes before reading: an error, not a full memory
 MODELS_DIR = ("vllm", "model_executor", "models")
+MODELS_DIRS = (MODELS_DIR, ("vllm", "models"))
+SHOWN_FROM = "/".join(MODELS_DIR) + "/"     # files shown relative to this folder; those elsewhere in full
 AUDITS_DIR = "audits"
 
 VERDICTS = {
@@ -49,6 +51,8 @@ VERDICTS = {
     "patch embedding": "right on every path: the norm runs in the patch embedding, inside the tower",
     "outer+graphs": "WRONG under encoder CUDA graphs: the graph path calls the tower directly and skips "
                     "the outer model's norm (the outer x cudagraph cell)",
+    "outer (in graph path)": "right on every path: the outer model normalizes inside a helper that the encoder "
+                             "graph forward calls, so it is captured",
     "outer": "right today (no encoder CUDA graphs); wrong the day it captures its encoder",
     "double": "normalizes twice: in the outer model and again inside the tower",
     "unfound": "declares device normalization, but no norm call was found: check by hand",
@@ -71,28 +75,19 @@ class AuditError(ValueError):
 
 
 @dataclass
-class ClassInfo:
-    name: str
-    module: str
-    bases: list[str]
-    opt_in: bool | None = None                  # None: not set in this class's body
-    norm_attrs: set[str] = field(default_factory=set)      # self.<attr> = make_input_norm(...)
-    norm_calls: list[tuple[int, bool]] = field(default_factory=list)  # (line, in a patch embedding) of each
-    #                                                  norm call, or of a call handing the norm to a function
-    builds: set[str] = field(default_factory=set)          # names of the classes and functions it calls
-    function: bool = False                                 # a module-level function (a factory), not a class
-
-
-@dataclass
 class ModelAudit:
     model: str
     file: str
     device_norm: bool
     norm_in: list[str]              # "outer", "tower", "patch embedding", as found
-    where: list[str]                # Class.file:line of each norm call
+    where: list[str]                # Class file:line of each norm call
     encoder_graphs: bool
     verdict: str
     verdict_key: str
+    graph_entry: str | None = None  # Class.encoder_cudagraph_forward, where one is implemented
+    graph_path: list[str] = field(default_factory=list)     # the calls from it to a norm; [] where none reaches one
+    eager_path: list[str] = field(default_factory=list)     # the same from an eager entry
+    found_by: str = "calls"         # "calls" followed from the entries, or "scan" of all the class builds
 
 
 @dataclass
@@ -103,53 +98,103 @@ class Audit:
     files: int
     models: list[ModelAudit]
     unreadable: list[str]
+    omitted: int = 0                # model files not read: beyond MAX_FILES
+    omitted_files: list[str] = field(default_factory=list)     # the first of them
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
 
+    def head(self) -> str:
+        return f"{self.engine} {self.version} ({self.source}): {self.files} model files, {len(self.models)} classes"
+
+    def named(self, m: ModelAudit) -> str:
+        """The class's name, with its file where another audited class has the same name."""
+        return f"{m.model} ({m.file})" if sum(x.model == m.model for x in self.models) > 1 else m.model
+
+    def tail(self) -> list[str]:
+        wrong = [self.named(m) for m in self.models if m.verdict_key in ATTENTION]
+        out = [f"needs attention: {', '.join(wrong)}" if wrong else "no model class in the silent-wrong cell"]
+        out += [f"unreadable: {u}" for u in self.unreadable]
+        if self.omitted:
+            out.append(f"omitted: {self.omitted} model files beyond the first {self.files} were not read "
+                       f"(first: {', '.join(self.omitted_files[:5])})")
+        return out
+
     def table(self) -> str:
         """One line per model class that normalizes on the device or captures its encoder."""
-        rows = [tuple(AUDIT_COLUMNS)] + [audit_row(asdict(m)) for m in self.models]
+        rows = [tuple(AUDIT_COLUMNS)] + [(self.named(m),) + audit_row(asdict(m))[1:] for m in self.models]
         width = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], width)) + "  " + r[4] for r in rows]
-        head = f"{self.engine} {self.version} ({self.source}): {self.files} model files, {len(self.models)} classes"
-        wrong = [m.model for m in self.models if m.verdict_key in ATTENTION]
-        tail = [f"needs attention: {', '.join(wrong)}" if wrong else "no model class in the silent-wrong cell"]
-        tail += [f"unreadable: {u}" for u in self.unreadable]
-        return "\n".join([head, *lines, *tail])
+        return "\n".join([self.head(), *lines, *self.tail()])
 
 
-def _sources(path: Path) -> tuple[list[tuple[str, bytes]], str, str]:
-    """([(relative name, bytes)] of the model files under ``path``, engine, version)."""
+def _shown(name: str) -> str:
+    return name[len(SHOWN_FROM):] if name.startswith(SHOWN_FROM) else name
+
+
+def _over_budget(path: Path, total: int) -> AuditError:
+    return AuditError(f"audit {path}: the model files add up to more than MAX_TOTAL_BYTES "
+                      f"({MAX_TOTAL_BYTES >> 20} MiB, {total} bytes so far); not a vLLM release, or audit a "
+                      f"smaller part of it")
+
+
+def _from_zip(path: Path) -> tuple[list, str, list[str]]:
+    with open_regular(path, follow=False) as f, zipfile.ZipFile(f) as z:
+        infos = [i for i in z.infolist() if i.filename.endswith(".py") and not i.is_dir()]
+        prefixes = tuple("/".join(d) + "/" for d in MODELS_DIRS)
+        models = [i for i in infos if i.filename.startswith(prefixes)] or infos
+        kept, omitted = models[:MAX_FILES], [i.filename for i in models[MAX_FILES:]]
+        small = [i for i in kept if i.file_size <= MAX_FILE_BYTES]
+        total = sum(i.file_size for i in small)
+        if total > MAX_TOTAL_BYTES:
+            raise _over_budget(path, total)
+        files = [(i.filename, z.read(i) if i.file_size <= MAX_FILE_BYTES else None) for i in kept]
+        version = _wheel_version(path.name) or _version_of(
+            {i.filename: z.read(i) for i in infos if i.filename.endswith(("vllm/version.py", "vllm/_version.py"))
+             and i.file_size <= MAX_FILE_BYTES})
+    return files, version, omitted
+
+
+def _sources(path: Path) -> tuple[list[tuple[str, bytes | None]], str, str, list[str]]:
+    """([(name, bytes, or None where unreadable)] of the model files under ``path``, engine, version,
+    [names not read: beyond MAX_FILES]); names are relative to the folder holding ``vllm/``."""
     if path.is_file() and zipfile.is_zipfile(path):
-        with zipfile.ZipFile(io.BytesIO(read_regular(path))) as z:
-            names = [n for n in z.namelist() if n.endswith(".py")]
-            models = [n for n in names if n.startswith("/".join(MODELS_DIR) + "/")] or names
-            files = [(n, z.read(n)) for n in models[:MAX_FILES] if z.getinfo(n).file_size <= MAX_FILE_BYTES]
-            version = _wheel_version(path.name) or _version_of(
-                {n: z.read(n) for n in names if n.endswith(("vllm/version.py", "vllm/_version.py"))})
-        return files, "vllm", version
+        files, version, omitted = _from_zip(path)
+        return files, "vllm", version, omitted
     if not path.is_dir():
         raise AuditError(f"audit {path}: not a folder, a wheel or a zip of model files")
-    roots = ((path.joinpath(*MODELS_DIR), path / "vllm"), (path.joinpath(*MODELS_DIR[1:]), path))
-    root, pkg = next(((r, p) for r, p in roots if r.is_dir()), (path, path))
+    # a source tree (holds vllm/), the installed package (is vllm/), or any folder of Python files
+    pkg = next((p for p in (path / "vllm", path) if any(p.joinpath(*d[1:]).is_dir() for d in MODELS_DIRS)), None)
+    roots = [(pkg.joinpath(*d[1:]), "/".join(d)) for d in MODELS_DIRS] if pkg else [(path, "")]
     files: list[tuple[str, bytes | None]] = []
-    for folder, dirs, names in os.walk(root):        # links are not followed out of the tree
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-        for n in sorted(names):
-            if n.endswith(".py") and len(files) < MAX_FILES:
+    omitted: list[str] = []
+    total = 0
+    for root, prefix in roots:
+        for folder, dirs, names in os.walk(root):        # links are not followed out of the tree
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+            for n in sorted(names):
+                if not n.endswith(".py"):
+                    continue
                 p = Path(folder) / n
+                name = "/".join(filter(None, [prefix, p.relative_to(root).as_posix()]))
+                if len(files) >= MAX_FILES:
+                    omitted.append(name)
+                    continue
                 try:
-                    files.append((str(p.relative_to(root)), read_regular(p, MAX_FILE_BYTES)))
+                    size = p.lstat().st_size
+                    total += size if size <= MAX_FILE_BYTES else 0
+                    if total > MAX_TOTAL_BYTES:
+                        raise _over_budget(path, total)
+                    files.append((name, read_regular(p, MAX_FILE_BYTES)))
                 except OSError:
-                    files.append((str(p.relative_to(root)), None))     # named as unreadable later
+                    files.append((name, None))      # named as unreadable later
     found = {}
-    for candidate in (pkg / "version.py", pkg / "_version.py"):
+    for candidate in ((pkg / "version.py", pkg / "_version.py") if pkg else (path / "version.py",)):
         try:
             found[str(candidate)] = read_regular(candidate, MAX_FILE_BYTES)
         except OSError:
             pass
-    return files, "vllm" if root != path else "engine", _version_of(found)
+    return files, "vllm" if pkg else "engine", _version_of(found), omitted
 
 
 def _wheel_version(name: str) -> str | None:
@@ -165,121 +210,96 @@ def _version_of(files: dict[str, bytes]) -> str:
     return "unknown"
 
 
-def _name(node: ast.AST) -> str | None:
-    """``Foo`` of ``Foo`` and ``mod.Foo``; None otherwise."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    if isinstance(node, ast.Subscript):             # Generic[...] bases
-        return _name(node.value)
-    return None
+def _index(files: list[tuple[str, bytes | None]]) -> tuple[Index, list[str]]:
+    """Every file parsed and read, with the cyclic garbage collector paused: a release is over a
+    thousand files, and the collector's passes over the growing index (not the parsing) would take
+    most of the time. It runs again, whatever happens, before this returns."""
+    modules, bad = [], []
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for name, data in files:
+            if data is None:
+                bad.append(f"{_shown(name)} (not a regular file, unreadable or over {MAX_FILE_BYTES} bytes)")
+                continue
+            try:    # utf-8-sig: a byte-order mark is valid Python source, and plain utf-8 would refuse it
+                tree = ast.parse(data.decode("utf-8-sig"), filename=name)
+                modules.append(read_module(name, tree, _shown(name)))
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+                bad.append(f"{_shown(name)} ({type(e).__name__})")
+    finally:
+        if was_on:
+            gc.enable()
+    return Index(modules), bad
 
 
-def _read_class(node: ast.ClassDef | ast.FunctionDef, module: str) -> ClassInfo:
-    function = not isinstance(node, ast.ClassDef)
-    info = ClassInfo(node.name, module, [] if function else [b for b in map(_name, node.bases) if b], function=function)
-    builders = MARKERS["builders"]
-    for stmt in [] if function else node.body:      # the class body's own opt-in
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
-            stmt, ast.AnnAssign) and stmt.value is not None else []
-        if any(_name(t) == MARKERS["opt_in"] for t in targets) and isinstance(stmt.value, ast.Constant):
-            info.opt_in = bool(stmt.value.value)
-    for sub in ast.walk(node):                      # attributes that hold an input norm
-        if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Call) and _name(sub.value.func) in builders:
-            info.norm_attrs.update(t.attr for t in sub.targets if isinstance(t, ast.Attribute))
-    attrs = info.norm_attrs | {MARKERS["attribute"]}
-    for sub in ast.walk(node):
-        if not isinstance(sub, ast.Call):
-            continue
-        callee = _name(sub.func)
-        handed = [a for a in [*sub.args, *(k.value for k in sub.keywords)]
-                  if isinstance(a, ast.Attribute) and a.attr in attrs]
-        if isinstance(sub.func, ast.Attribute) and callee in attrs:
-            info.norm_calls.append((sub.lineno, False))
-        elif handed and callee and not callee[:1].isupper():    # the norm handed to a function that applies it
-            info.norm_calls.append((sub.lineno, bool(re.search(r"patch_?embed", callee, re.I))))
-        elif callee and callee not in builders and (callee[:1].isupper() or isinstance(sub.func, ast.Name)):
-            info.builds.add(callee)
-    return info
+def _first(sites: list[Site]) -> list[str]:
+    return min(sites, key=lambda s: len(s.path)).path if sites else []
 
 
-def _classes(files: list[tuple[str, bytes]]) -> tuple[dict[str, list[ClassInfo]], list[str]]:
-    classes: dict[str, list[ClassInfo]] = {}
-    bad = []
-    for name, data in files:
-        if data is None:
-            bad.append(f"{name} (not a regular file, unreadable or over {MAX_FILE_BYTES} bytes)")
-            continue
-        try:
-            tree = ast.parse(data.decode("utf-8"), filename=name)
-        except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-            bad.append(f"{name} ({type(e).__name__})")
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) or (isinstance(node, ast.FunctionDef) and node in tree.body):
-                classes.setdefault(node.name, []).append(_read_class(node, name))
-    return classes, bad
-
-
-def _lookup(classes: dict[str, list[ClassInfo]], name: str, module: str) -> ClassInfo | None:
-    """The class ``name`` as seen from ``module``: the one defined there, else the first found."""
-    found = classes.get(name) or []
-    return next((c for c in found if c.module == module), found[0] if found else None)
-
-
-def _lineage(classes, cls: ClassInfo) -> list[ClassInfo]:
-    """``cls`` and its bases found in the files, nearest first (each class once)."""
-    out, todo = [], [cls]
-    while todo:
-        c = todo.pop(0)
-        if c in out:
-            continue
-        out.append(c)
-        todo += [b for b in (_lookup(classes, n, c.module) for n in c.bases) if b is not None]
-    return out
-
-
-def _audit_model(classes, cls: ClassInfo) -> ModelAudit | None:
-    if cls.function:
-        return None
-    lineage = _lineage(classes, cls)
-    opt_in = next((c.opt_in for c in lineage if c.opt_in is not None), False)
-    graphs = any(MARKERS["graphs"] in c.bases or c.name == MARKERS["graphs"] for c in lineage[1:]) \
-        or MARKERS["graphs"] in cls.bases
-    if not opt_in and not graphs:
-        return None
+def _scan_built(index: Index, model) -> dict[str, list[str]]:
+    """{kind: [where]} of every norm call in the class and what it builds, 4 levels down: the reading
+    before calls were followed, kept for classes whose entry points reach no norm (a call it cannot
+    follow), so that those keep the verdict they had rather than fall to "check by hand"."""
     where: dict[str, list[str]] = {}
+    lineage = index.lineage(model)
     for c in lineage:
         for line, patch in c.norm_calls:
             where.setdefault("patch embedding" if patch else "outer", []).append(f"{c.name} {c.module}:{line}")
-    seen = {c.name for c in lineage}
-    todo = [(n, c.module, 1) for c in lineage for n in sorted(c.builds)]
-    while todo:                                     # the classes the model builds, 4 levels down
-        n, module, depth = todo.pop(0)
-        built = _lookup(classes, n, module)
-        if built is None or built.name in seen or depth > 4:
+    seen = {id(c) for c in lineage}
+    todo = deque((n, c.mod, 1) for c in lineage for n in sorted(c.builds))
+    while todo:
+        n, mod, depth = todo.popleft()
+        built = index.resolve(n, mod)
+        if built is None or id(built) in seen or depth > 4:
             continue
-        seen.add(built.name)
-        for b in _lineage(classes, built):
+        seen.add(id(built))
+        for b in index.lineage(built) if isinstance(built, ClassInfo) else [built]:
             for line, patch in b.norm_calls:
-                kind = "patch embedding" if patch or re.search(r"patch_?embed", b.name, re.I) else "tower"
+                kind = "patch embedding" if patch or PATCH.search(b.name) else "tower"
                 where.setdefault(kind, []).append(f"{b.name} {b.module}:{line}")
-            todo += [(x, b.module, depth + 1) for x in sorted(b.builds)]
-    where = {k: v for k, v in where.items() if v}
-    norm_in = [k for k in ("outer", "tower", "patch embedding") if k in where]
+            todo += [(x, b.mod, depth + 1) for x in sorted(b.builds)]
+    return where
+
+
+def _audit_model(index: Index, cls) -> ModelAudit | None:
+    """The audit of one class that opts in or captures graphs. An outer norm is judged by the graph
+    forward's own calls: graph capture records what that method runs, so a norm it reaches (even in
+    a helper the eager path shares) is captured, and one only the eager entries reach is skipped on
+    replay. Without a graph forward to follow, an outer norm under graphs stays WRONG, as before."""
+    lineage = index.lineage(cls)
+    opt_in = next((c.opt_in for c in lineage if c.opt_in is not None), False)
+    marker = MARKERS["graphs"]
+    graphs = any(b.rpartition(".")[2] == marker for c in lineage for b in c.bases) or any(
+        c.name == marker for c in lineage[1:])
+    if not opt_in and not graphs:
+        return None
+    entry, eager = index.entries(cls)
     if not opt_in:
-        key = "processor"
-    elif not norm_in:
+        return ModelAudit(cls.name, cls.module, False, [], [], graphs, VERDICTS["processor"], "processor",
+                          entry.label if entry else None)
+    in_graph = index.walk(cls, [entry]) if entry else []
+    in_eager = index.walk(cls, eager)
+    where: dict[str, list[str]] = {}
+    for s in in_graph + in_eager:
+        if s.where not in where.get(s.kind, []):
+            where.setdefault(s.kind, []).append(s.where)
+    found_by = "calls" if where else "scan"
+    where = where or _scan_built(index, cls)    # no entry reaches a norm: every norm the class builds
+    norm_in = [k for k in ("outer", "tower", "patch embedding") if where.get(k)]
+    if not norm_in:
         key = "unfound"
     elif "outer" in norm_in and len(norm_in) > 1:
         key = "double"
-    elif norm_in == ["outer"]:
-        key = "outer+graphs" if graphs else "outer"
+    elif norm_in == ["outer"] and not graphs:
+        key = "outer"
+    elif norm_in == ["outer"]:                  # captured only where the graph forward itself reaches it
+        key = "outer (in graph path)" if any(s.kind == "outer" for s in in_graph) else "outer+graphs"
     else:
         key = norm_in[-1]
-    return ModelAudit(cls.name, cls.module, opt_in, norm_in if opt_in else [],
-                      [w for k in norm_in for w in where[k]] if opt_in else [], graphs, VERDICTS[key], key)
+    return ModelAudit(cls.name, cls.module, True, norm_in, [w for k in norm_in for w in where[k]], graphs,
+                      VERDICTS[key], key, entry.label if entry else None, _first(in_graph), _first(in_eager),
+                      found_by)
 
 
 def audit(path: str | os.PathLike) -> Audit:
@@ -290,20 +310,67 @@ def audit(path: str | os.PathLike) -> Audit:
                          f"package (python -c 'import vllm, os; print(os.path.dirname(vllm.__file__))') or a "
                          f"wheel from 'pip download vllm==0.33.0 --no-deps'")
     try:
-        files, engine, version = _sources(path)
+        files, engine, version, omitted = _sources(path)
     except (OSError, zipfile.BadZipFile) as e:
         raise AuditError(f"audit {path}: cannot be read ({e})") from None
     if not files:
-        raise AuditError(f"audit {path}: no Python model files there (looked for {'/'.join(MODELS_DIR)}/*.py, "
-                         f"else any *.py)")
-    classes, bad = _classes(files)
-    models = [m for found in classes.values() for c in found if (m := _audit_model(classes, c)) is not None]
+        raise AuditError(f"audit {path}: no Python model files there (looked for "
+                         f"{' and '.join('/'.join(d) for d in MODELS_DIRS)}/*.py, else any *.py)")
+    index, bad = _index(files)
+    found = [(c, m) for c in index.classes() if (m := _audit_model(index, c)) is not None]
     # a base that only declares what its subclasses inherit is not a model of its own: keep those
     # no other audited class derives from, and those where a norm call was found
-    derived = {b for m in models for c in classes[m.model] for b in c.bases}
-    models = [m for m in models if m.model not in derived or m.where]
-    models.sort(key=lambda m: (m.verdict_key not in ATTENTION, m.model))
-    return Audit(str(path), engine, version, len(files), models, bad)
+    derived = {id(b) for c, _ in found for b in index.lineage(c)[1:]}
+    models = [m for c, m in found if id(c) not in derived or m.where]
+    models.sort(key=lambda m: (m.verdict_key not in ATTENTION, m.model, m.file))
+    return Audit(str(path), engine, version, len(files), models, bad, len(omitted), omitted[:50])
+
+
+def compare(old: Audit, new: Audit) -> list[dict]:
+    """What changed from ``old`` to ``new``, one row per change of one class: {model, file, change,
+    old, new}. A class is matched by name and file, else by name where it moved to a new file."""
+    olds, news, pairs = list(old.models), list(new.models), []
+    for match in (lambda o, n: (o.model, o.file) == (n.model, n.file),
+                  lambda o, n: o.model == n.model and sum(x.model == n.model for x in news) == 1
+                  and sum(x.model == n.model for x in olds) == 1):
+        for n in list(news):
+            o = next((o for o in olds if match(o, n)), None)
+            if o is not None:
+                pairs.append((o, n))
+                olds.remove(o)
+                news.remove(n)
+    rows = []
+
+    def row(m: ModelAudit, change: str, was, now) -> None:
+        rows.append({"model": m.model, "file": m.file, "change": change, "old": was, "new": now})
+    for o, n in pairs:
+        if o.device_norm != n.device_norm:
+            row(n, "gained device normalization" if n.device_norm else "lost device normalization", "no", "yes")
+        if o.encoder_graphs != n.encoder_graphs:
+            row(n, "gained encoder graphs" if n.encoder_graphs else "lost encoder graphs", "no", "yes")
+        if o.device_norm and n.device_norm and o.norm_in != n.norm_in:
+            row(n, "norm moved", ", ".join(o.norm_in) or "-", ", ".join(n.norm_in) or "-")
+        if o.verdict_key != n.verdict_key:
+            row(n, "verdict changed", o.verdict_key, n.verdict_key)
+        if o.file != n.file:
+            row(n, "file moved", o.file, n.file)
+    for n in news:
+        row(n, "added", "-", n.verdict_key)
+    for o in olds:
+        row(o, "removed", o.verdict_key, "-")
+    rows.sort(key=lambda r: (r["new"] not in ATTENTION, r["model"], r["file"]))
+    return rows
+
+
+def compare_table(old: Audit, new: Audit, rows: list[dict]) -> str:
+    """The changes as a table under both audits' first lines, with the new audit's tail."""
+    head = [f"old: {old.head()}", f"new: {new.head()}",
+            f"{len(rows)} changes" if rows else "no change among the audited classes"]
+    cols = ("model", "file", "change", "old", "new")
+    table = [cols] + [tuple(str(r[c]) for c in cols) for r in rows]
+    width = [max(len(t[i]) for t in table) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(t, width)).rstrip() for t in table] if rows else []
+    return "\n".join(head + lines + new.tail())
 
 
 def save(result: Audit, results: Path | str) -> Path:
@@ -330,13 +397,21 @@ def load_newest(results: Path | str) -> dict | None:
 
 
 def audit_command(args) -> int:
-    """``python -m workbench audit PATH``: print the audit (a table, or ``--json``), keep it under
-    ``<results>/audits/`` unless ``--no-save``; 1 when a model class needs attention."""
+    """``python -m workbench audit PATH [NEW]``: print the audit (a table, or ``--json``), or with NEW
+    what changed from PATH to NEW; keep the (NEW) audit under ``<results>/audits/`` unless
+    ``--no-save``; 1 when a model class (of NEW) needs attention."""
+    new_path = getattr(args, "new", None)
     try:
-        result = audit(args.path)
+        old = audit(args.path) if new_path else None
+        result = audit(new_path or args.path)
     except AuditError as e:
         raise SystemExit(str(e)) from None
-    print(result.to_json() if args.json else result.table(), end="\n" if not args.json else "")
+    if old is None:
+        print(result.to_json() if args.json else result.table(), end="\n" if not args.json else "")
+    else:
+        rows = compare(old, result)
+        print(json.dumps({"old": asdict(old), "new": asdict(result), "changes": rows}, indent=2) if args.json
+              else compare_table(old, result, rows))
     if not args.no_save:
         print(f"audit: saved to {save(result, args.results)}", file=sys.stderr)
     return 1 if any(m.verdict_key in ATTENTION for m in result.models) else 0

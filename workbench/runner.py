@@ -1,12 +1,15 @@
-"""Encoder CUDA-graph runner: fixed token budgets, greedy packing, captured tower replays.
+"""Encoder CUDA-graph runner: fixed token budgets, an engine's packing, captured tower replays.
 
-Budgets are in merged output tokens; the pixel buffer of a budget B holds 4*B rows. Items are
-sorted smallest first and packed greedily; each pack replays the smallest budget that fits it;
-a single item larger than every budget runs eagerly (a miss). Before each replay the runner
+Budgets are in merged output tokens; the pixel buffer of a budget B holds 4*B rows. Packing follows
+an engine policy (`engines`: ``engine="vllm-0.34"`` replays the whole batch once, largest item first,
+and runs a batch no budget holds eagerly in one forward; without one, items are sorted smallest first
+and packed greedily, each pack replaying the smallest budget that fits it, and a single item larger
+than every budget runs eagerly: a miss). Before each replay the runner
 copies the pack's pixels into the static buffer (a device-to-device copy, plus a cast when the
 buffer dtype differs), zeroes the padding rows, and copies host-prepared metadata (rotary cos/sin,
 cu_seqlens with repeated tails, window index) into the static metadata buffers. All budgets are
-captured into one shared memory pool, largest first; outputs are cloned out of the static
+captured into one shared memory pool, largest first, over one input buffer (per budget where the
+policy says so: vLLM 0.33); outputs are cloned out of the static
 output buffer. `encode(batch, phases={})` also times each phase (plan, metadata, staging, replay,
 copy_out: `PHASES`), synchronizing the device around each; without ``phases`` nothing is timed.
 
@@ -31,12 +34,11 @@ acts as ``always``: an emulated replay is eager work, its costs say nothing abou
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-from . import limits
+from . import engines, limits
 from .attention import use_dense
 from .dtypes import dtype_name, names
 from .encoder import BUFFER_DTYPES, VisionEncoder
@@ -44,13 +46,14 @@ from .norms import replaying
 from .preprocess import PatchBatch
 from .runner_policy import (PackCosts, ReplayRecord, _PhaseClock, _check_budgets, _check_costs, check_pad_value,
                             default_budgets, prepare_plan, race_call, signature)
-from .runner_policy import PHASES, engine_budgets, engine_max_items  # noqa: F401
+from .runner_policy import PHASES  # noqa: F401
 from .caches import remember
 from .towers.metadata import budget_padding
 
 BACKENDS = ("auto", "cuda", "emulated")
 POLICIES = ("auto", "always")
 EXACT_CAPTURES = ("construction", "first_use")
+DEFAULT_BUDGETS, DEFAULT_MAX_ITEMS = (64, 128, 256, 512, 1024), 16
 
 
 @dataclass
@@ -101,20 +104,37 @@ class EncoderGraphRunner:
     replays its budget's general graph instead (correct, padded attention): a server seeing
     ever new equal-sequence packs captures no more than this.
 
+    engine: an engine policy's name (`engines.ENGINES`, e.g. 'vllm-0.34') whose packing and buffer
+    sharing the runner reproduces; without ``budgets``/``max_items``, its budget rule over 64 ..
+    `DEFAULT_MAX_BUDGET` and its items per replay. fill_padding=False leaves the rows past a pack as
+    an earlier replay wrote them (a padding logic that skips the rest of a shared buffer).
+
     costs: for policy 'auto', the `PackCosts` another runner measured over the same budgets of
     an encoder of the same tower (a study building one runner per placement measures them once:
     the placements differ by the input stage, microseconds against replays of milliseconds);
     None measures them at construction.
     """
 
-    def __init__(self, encoder, budgets=(64, 128, 256, 512, 1024), buffer_dtype=torch.bfloat16,
-                 max_items: int = 16, backend: str = "auto", warmup: int = 2, exact_fit: bool = True,
+    def __init__(self, encoder, budgets=None, buffer_dtype=torch.bfloat16,
+                 max_items: int | None = None, backend: str = "auto", warmup: int = 2, exact_fit: bool = True,
                  policy: str = "auto", exact_capture: str = "construction", costs: PackCosts | None = None,
-                 max_graphs: int = 256):
+                 max_graphs: int = 256, engine=None, fill_padding: bool = True):
         if not isinstance(encoder, VisionEncoder):
             raise TypeError(f"encoder must be a wb.VisionEncoder (from wb.build_encoder), got {type(encoder).__name__}")
         self.encoder = encoder
+        # the engine policy whose packing and buffers this runner reproduces (None: the workbench's own)
+        self.engine = None if engine is None else engines.get(engine)
+        if budgets is None:     # the engine's rule over the default range (per_length: lengths up to it), else 64..1024
+            budgets = DEFAULT_BUDGETS if self.engine is None else self.engine.budgets(self.DEFAULT_MAX_BUDGET)
+        if max_items is None:
+            max_items = self.engine.max_items(budgets, self.DEFAULT_MAX_BUDGET) if self.engine else DEFAULT_MAX_ITEMS
         self.budgets, max_items = _check_budgets(budgets, max_items)
+        # 'per_length' (SGLang): graphs of exact batch lengths captured on first use, up to the budgets' largest
+        self.per_length = self.engine is not None and self.engine.packing == "per_length"
+        self.capacity = self.budgets[-1]
+        if not isinstance(fill_padding, bool):
+            raise ValueError(f"fill_padding must be True or False, got {fill_padding!r}")
+        self.fill_padding = fill_padding
         warmup = limits.integer(warmup, "warmup", minimum=0, cap="reps")
         if buffer_dtype not in BUFFER_DTYPES:
             raise ValueError(f"buffer_dtype {buffer_dtype} is not supported; valid: {names(BUFFER_DTYPES)}")
@@ -151,10 +171,14 @@ class EncoderGraphRunner:
         cfg = encoder.cfg
         self.tower = encoder.visual
         self.device = encoder.device
-        # one input buffer shared by every budget (each budget's graph sees a leading view of it)
-        self.input_buffer = torch.zeros(cfg.merge_unit * self.budgets[-1], cfg.patch_dim, dtype=buffer_dtype,
+        # one input buffer shared by every budget (each budget's graph sees a leading view of it), unless
+        # the engine policy gives each budget its own (vLLM 0.33)
+        self.shared = self.engine is None or self.engine.shared_buffers
+        self.input_buffer = torch.zeros(cfg.merge_unit * self.capacity, cfg.patch_dim, dtype=buffer_dtype,
                                         device=self.device)
         self.graphs: dict[int, _Captured] = {}
+        if self.per_length:
+            self.budgets, policy = [], "always"
         with torch.inference_mode():
             for b in reversed(self.budgets):
                 self.graphs[b] = self._capture(b)
@@ -173,19 +197,8 @@ class EncoderGraphRunner:
             self.costs = PackCosts.measure(self) if costs is None else costs
 
     # ---- construction ------------------------------------------------------------------------
-    # the largest budget a default runner captures; larger items run eagerly (misses)
+    # the largest budget a default runner (and an engine's rule without budgets) captures; larger items run eagerly
     DEFAULT_MAX_BUDGET = 16384
-
-    @classmethod
-    def default_max_tokens(cls, encoder, batch: PatchBatch) -> int:
-        """Merged tokens the default budgets must cover for `batch`: its largest item, capped."""
-        biggest = max(r // encoder.cfg.merge_unit for r in batch.item_rows)
-        return min(biggest, cls.DEFAULT_MAX_BUDGET)
-
-    @classmethod
-    def default_for(cls, encoder, batch: PatchBatch, **kw) -> "EncoderGraphRunner":
-        """Budgets covering the batch's largest item (powers of two from 64), as engines choose them."""
-        return cls(encoder, budgets=default_budgets(cls.default_max_tokens(encoder, batch)), **kw)
 
     def budget_metadata(self, grid_thw: torch.Tensor, budget: int, device):
         """The pack's metadata for `budget`'s static buffers (padded to this runner's max_items
@@ -240,7 +253,8 @@ class EncoderGraphRunner:
     def _capture(self, budget: int, share: "_Captured | None" = None, dense_seqlen: int | None = None) -> _Captured:
         rows = budget * self.encoder.cfg.merge_unit
         if share is None:
-            cap = _Captured(budget, self.input_buffer[:rows], self.tower.prepare_capture(budget, self.max_items))
+            pixels = self.input_buffer[:rows] if self.shared else torch.zeros_like(self.input_buffer[:rows])
+            cap = _Captured(budget, pixels, self.tower.prepare_capture(budget, self.max_items))
         else:  # an exact-fit variant reads the same static buffers
             cap = _Captured(budget, share.pixels, dataclasses.replace(share.meta, dense_seqlen=dense_seqlen))
 
@@ -269,29 +283,31 @@ class EncoderGraphRunner:
 
     # ---- packing -----------------------------------------------------------------------------
     def plan(self, batch: PatchBatch) -> tuple[list[tuple[int, list[int]]], list[int]]:
-        """Packs as (budget, item indices) and the indices of items that miss every budget."""
-        unit = self.encoder.cfg.merge_unit
-        tokens = [r // unit for r in batch.item_rows]
-        frames = batch.grid_thw[:, 0].tolist()
-        largest = self.budgets[-1]
-        packs, misses, cur, cur_tok, cur_seq = [], [], [], 0, 0
-        for i in sorted(range(len(tokens)), key=lambda i: (tokens[i], i)):
-            if tokens[i] > largest or frames[i] > self.max_items:
-                misses.append(i)
-                continue
-            if cur and (cur_tok + tokens[i] > largest or cur_seq + frames[i] > self.max_items):
-                packs.append(cur)
-                cur, cur_tok, cur_seq = [], 0, 0
-            cur.append(i)
-            cur_tok += tokens[i]
-            cur_seq += frames[i]
-        if cur:
-            packs.append(cur)
-        out = []
-        for p in packs:
-            need = sum(tokens[i] for i in p)
-            out.append((next(b for b in self.budgets if b >= need), sorted(p)))   # batch order: rows gathered as runs
-        return out, misses
+        """Packs as (budget, item indices) and the indices of items that miss every budget, by the
+        engine policy's packing (`engines.pack`; the workbench's greedy one without an engine); the
+        items of a batch the policy runs eagerly in one forward count among the misses."""
+        tokens = [r // self.encoder.cfg.merge_unit for r in batch.item_rows]
+        packs, misses, spill = self.plan_batch(batch)
+        return packs, misses + spill
+
+    def plan_batch(self, batch: PatchBatch) -> tuple[list, list[int], list[int]]:
+        """(packs, misses, spill): `engines.pack` under this runner's engine policy."""
+        tokens = [r // self.encoder.cfg.merge_unit for r in batch.item_rows]
+        capacity = [self.capacity] if self.per_length else self.budgets
+        packs, misses, spill = engines.pack(self.engine, tokens, batch.grid_thw[:, 0].tolist(), capacity,
+                                            self.max_items)
+        if self.per_length and packs and packs[0][0] not in self.graphs and self.n_graphs() >= self.max_graphs:
+            return [], [], list(range(batch.n_items))   # a new length, no room for its graph: eager
+        return packs, misses, spill
+
+    def graph(self, budget: int) -> _Captured:
+        """The captured graph of ``budget``; under a 'per_length' policy a length met for the first time
+        is captured now (into the same pool)."""
+        if budget not in self.graphs:
+            with torch.inference_mode():
+                self.graphs[budget] = self._capture(budget)
+            self.budgets = sorted(self.graphs)
+        return self.graphs[budget]
 
     def _pack_variant(self, cap: _Captured, n_rows: int, frames: list[int]) -> "_Captured | None":
         """The exact-fit graph a pack replays (equal sequences filling its budget exactly: same
@@ -321,7 +337,8 @@ class EncoderGraphRunner:
             self.encoder.runner_normalize(pixels, out_dtype=dst.dtype, out=dst[:n])
         else:
             dst[:n].copy_(pixels, non_blocking=True)
-        dst[n:].fill_(pad_value)
+        if self.fill_padding:   # False: rows past the pack keep what an earlier replay left (the shared-buffer hazard)
+            dst[n:].fill_(pad_value)
 
     def replay(self, cap: _Captured) -> torch.Tensor:
         # a replay runs no forward in Python: weights derived from the parameters (placement
@@ -370,7 +387,9 @@ class EncoderGraphRunner:
         check_pad_value(self.buffer_dtype, pad_value)  # before any replay, so a bad value leaves no partial stats
         phase = _PhaseClock(phases, self.device)
         with phase("plan"):
-            packs, misses = self.plan(batch)
+            packs, misses, spill = self.plan_batch(batch)
+        if spill:
+            return self._spill(batch, phase)
         if costs is None or not packs:
             return self._run(batch, packs, misses, frozenset(), costs, pad_value, phase)
         if not self.calibrate:
@@ -421,7 +440,7 @@ class EncoderGraphRunner:
                 eager_packs.append(ReplayRecord(budget, len(idx), n_rows, 0, eager=True, **predicted))
                 eager_items += idx
                 continue
-            cap = self.graphs[budget]
+            cap = self.graph(budget)
             with phase("metadata"):
                 cap.meta.copy_(self.host_metadata(grid, budget))
             with phase("staging"):
@@ -455,6 +474,14 @@ class EncoderGraphRunner:
             self.stats.append(ReplayRecord(0, 1, rows[i], 0, miss=True))
         return out
 
+    def _spill(self, batch: PatchBatch, phase: _PhaseClock) -> torch.Tensor:
+        """The whole batch in one eager forward, as an engine policy runs a batch no replay holds."""
+        with phase("eager"):
+            out = self.encoder.encode_eager(PatchBatch(batch.pixels.to(self.device, non_blocking=True),
+                                                       batch.grid_thw))
+        self.stats.append(ReplayRecord(0, batch.n_items, batch.n_rows, 0, miss=True, eager=True))
+        return out
+
     # ---- summaries ---------------------------------------------------------------------------
     def stats_frame(self):
         """The per-replay records as a pandas DataFrame."""
@@ -469,30 +496,3 @@ class EncoderGraphRunner:
         return (f"EncoderGraphRunner(placement={self.encoder.placement!r}, budgets={self.budgets}, "
                 f"buffer_dtype={self.buffer_dtype}, max_items={self.max_items}, backend={self.backend!r}, "
                 f"policy={self.policy!r})")
-
-
-def default_runner(encoder, batch: PatchBatch) -> "EncoderGraphRunner":
-    """The runner `encode(path='cudagraph')` uses without `runner=`: built for the first batch
-    (`EncoderGraphRunner.default_for`), kept, and rebuilt when a later batch has an item
-    larger than its largest budget. Keeping the first batch's budgets would run every larger
-    item eagerly (a miss) for the encoder's whole life, which only `runner.stats` shows.
-    """
-    current = getattr(encoder, "_default_runner", None)
-    if current is None:
-        encoder._default_runner = EncoderGraphRunner.default_for(encoder, batch)
-        return encoder._default_runner
-    wanted = default_budgets(EncoderGraphRunner.default_max_tokens(encoder, batch))
-    if wanted[-1] <= current.budgets[-1]:
-        return current
-    # grow, never shrink: the budgets cover both the old batches and this one (default_budgets
-    # are powers of two from 64, so `wanted` extends `current.budgets` when both are defaults)
-    old = current.budgets
-    biggest = max(r // encoder.cfg.merge_unit for r in batch.item_rows)
-    # drop the old runner (its buffers and, on CUDA, its graph pool) before capturing again
-    encoder._default_runner = current = None
-    encoder._default_runner = EncoderGraphRunner.default_for(encoder, batch)
-    warnings.warn(f"the default cudagraph runner was rebuilt: an item of {biggest} merged tokens exceeds its "
-                  f"largest budget {old[-1]}; budgets {old} -> {encoder._default_runner.budgets} (every budget "
-                  f"was captured again). To capture once, pass runner=wb.EncoderGraphRunner(enc, "
-                  f"budgets=[...]) with budgets covering your largest item.", stacklevel=4)
-    return encoder._default_runner

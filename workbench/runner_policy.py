@@ -235,7 +235,7 @@ def prepare_plan(runner, batch: PatchBatch, packs, eager: frozenset) -> None:
             continue
         grid = batch.grid_thw[idx]
         runner.host_metadata(grid, budget)
-        runner._pack_variant(runner.graphs[budget], sum(batch.item_rows[i] for i in idx), runner.tower.sequences(grid))
+        runner._pack_variant(runner.graph(budget), sum(batch.item_rows[i] for i in idx), runner.tower.sequences(grid))
     if items:
         runner.tower.prepare_cached(batch.grid_thw[sorted(items)])
 
@@ -269,33 +269,12 @@ def _check_budgets(budgets, max_items) -> tuple[list[int], int]:
 
 def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
     """Powers of two from `smallest` up to the first one >= max_tokens (the default runner's budgets;
-    `engine_budgets` is the engines' rule for a configured largest budget)."""
+    `engines.EnginePolicy.budgets` gives each engine release's rule)."""
     max_tokens = limits.integer(max_tokens, "max_tokens", cap="budget_tokens")
     out = [limits.integer(smallest, "smallest", cap="budget_tokens")]
     while out[-1] < max_tokens:
         out.append(out[-1] * 2)
     return out
-
-
-def engine_budgets(largest: int, smallest: int = 64) -> list[int]:
-    """The serving engines' budget rule (vLLM's encoder CUDA graphs): budgets double from the
-    model's smallest (64 merged tokens for the Qwen towers) up to the configured largest, which is
-    always appended; `engine_max_items` gives their default items per replay."""
-    largest = limits.integer(largest, "largest", cap="budget_tokens")
-    out = [limits.integer(smallest, "smallest", cap="budget_tokens")]
-    while out[-1] * 2 < largest:
-        out.append(out[-1] * 2)
-    if out[-1] != largest:
-        out.append(largest)
-    return sorted(set(out))
-
-
-def engine_max_items(budgets) -> int:
-    """The engines' default items per replay for ``budgets``: min(largest / smallest, smallest)."""
-    b = Budgets.of(budgets)
-    return max(1, min(b[-1] // b[0], b[0]))
-
-
 
 
 class _PhaseClock:

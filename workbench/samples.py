@@ -103,6 +103,25 @@ def mix_tokens(name: str, n: int, seed: int = 0, cfg=None) -> list[int]:
     return [_entry_tokens(mix.entries[it.entry], geo) for it in mix_sizes(name, n, seed)]
 
 
+def traffic_tokens(name: str, n: int, seed: int = 0, cfg=None, spread: float = 0.25) -> list[int]:
+    """Merged tokens of n requests of a traffic that scatters around mix ``name``: each drawn item
+    (`mix_sizes`) has its height and width scaled by exp(u), u uniform in [-spread, spread] drawn
+    apart per side (another seed, another traffic of the same kinds), before the processor's resize.
+    A planner judged on such draws meets sizes it was not fitted to, as a server does."""
+    import dataclasses
+    import math
+
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not 0 <= spread <= 2:
+        raise ValueError(f"spread must be a number in [0, 2] (log-scale jitter of each side), got {spread!r}")
+    geo = _geometry(cfg)
+    mix = get_mix(name)
+    draws = mix_sizes(name, n, seed)
+    u = np.random.default_rng([limits.seed(seed), 1]).uniform(-spread, spread, size=(len(draws), 2))
+    return [_entry_tokens(dataclasses.replace(mix.entries[it.entry], height=max(1, round(it.height * math.exp(a))),
+                                              width=max(1, round(it.width * math.exp(b)))), geo)
+            for it, (a, b) in zip(draws, u.tolist())]
+
+
 def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = False, cfg=None) -> list:
     """The items `mix_sizes(name, n, seed)` draws, as real inputs for wb.preprocess:
 

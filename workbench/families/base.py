@@ -47,9 +47,11 @@ class Family:
     # tower's (a folder uses the first layout any of its keys match); transformers 5 writes the
     # first, older checkpoints the second
     checkpoint_layouts: tuple[dict[str, str], ...] = ({"model.visual.": ""}, {"visual.": ""})
-    # the engine's own cell: where vLLM 0.33 normalizes this family (a study placement: "tower" for its
-    # first op or its patch embedding, "device" for a GPU preprocessor, "outer") and whether it
-    # captures the encoder in CUDA graphs (read from its released model files: FACTS.md)
+    # the engine's own cell: where the newest vLLM (`engines.NEWEST`) normalizes this family (a study
+    # placement: "tower" for its first op or its patch embedding, "device" for a GPU preprocessor,
+    # "outer") and whether it captures the encoder in CUDA graphs (read from its released model files
+    # with `python -m workbench audit`, which follows inheritance: a class deriving from a graph-capturing
+    # model captures too)
     vllm_placement: str = "tower"
     vllm_encoder_graphs: bool = False
 

@@ -44,7 +44,7 @@ class Exaone45Family(Qwen25VLFamily):
     hf_class = ("transformers.models.exaone4_5.modeling_exaone4_5", "Exaone4_5_VisionModel")
     model_types = ("exaone4_5",)
     study_presets = ("tiny-exaone4.5", "exaone4.5-33b")
-    vllm_encoder_graphs = False     # not in vLLM 0.33's list of encoder-graph models (FACTS.md)
+    vllm_encoder_graphs = True      # inherited from Qwen2.5-VL's model class (the audit of vLLM 0.33 and 0.34)
     grouped_kv = True
     presets = (
         dict(name="exaone4.5-33b", depth=28, width=2048, heads=32, kv_heads=8, mlp_hidden=5120, out_hidden=5120,

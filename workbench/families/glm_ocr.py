@@ -49,7 +49,7 @@ class GlmOcrFamily(Glm4vFamily):
     hf_class_aliases = ()
     model_types = ("glm_ocr",)
     study_presets = ("tiny-glm-ocr", "glm-ocr-0.9b")
-    vllm_encoder_graphs = False     # not in vLLM 0.33's list of encoder-graph models (FACTS.md)
+    vllm_encoder_graphs = True      # inherited from GLM-4.1V's model class (the audit of vLLM 0.33 and 0.34)
     presets = (
         dict(name="glm-ocr-0.9b", depth=24, width=1024, heads=16, mlp_hidden=4096, out_hidden=1536,
              merger_hidden=1536 * 3, **GLM_PROCESSOR),

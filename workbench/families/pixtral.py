@@ -97,10 +97,10 @@ class PixtralFamily(Family):
     model_types = ("mistral3",)
     study_presets = ("tiny-pixtral", "mistral-small-3.1-24b")
     bounds_longest_edge = True
-    # vLLM 0.33 ships the resized uint8 image and patchifies and normalizes it on the GPU; no
-    # encoder CUDA graphs for Mistral3 (FACTS.md)
+    # vLLM ships the resized uint8 image and patchifies and normalizes it on the GPU; Mistral3 gained
+    # encoder CUDA graphs in 0.34 (the patchify outside the graph, the norm inside it)
     vllm_placement = "device"
-    vllm_encoder_graphs = False
+    vllm_encoder_graphs = True
     # transformers 5 writes model.vision_tower.* / model.multi_modal_projector.*, the published
     # checkpoints (transformers 4) vision_tower.* / multi_modal_projector.*
     checkpoint_layouts = tuple({f"{top}{part}.": f"{part}." for part in ("vision_tower", "multi_modal_projector")}

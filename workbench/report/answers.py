@@ -9,8 +9,9 @@ from .html import _e, _fold, _href
 
 ADVICE_MIX = "phone_photos"
 ADVICE_INTRO = (f'Per family, "{ADVICE_MIX}" mix: the cheapest staging design right on every path, the time to '
-                "embedding per image, the planner's budgets and padding against the engines' powers of two, and "
-                "vLLM 0.33's --compilation-config, each from the newest run that measured it. Other mixes: "
+                "embedding per image, the graph budgets (the newest vLLM's default grid, or the planner's where it "
+                "beats that grid on held-out draws) and that release's options, each from the newest run that "
+                "measured it. Other mixes and releases: "
                 "<code>python -m workbench advise --preset P --mix M</code>.")
 AUDIT_INTRO = ("Read statically by <code>python -m workbench audit</code>: per model class, where it normalizes, "
                "whether it captures its encoder in CUDA graphs, and the correctness matrix's verdict.")

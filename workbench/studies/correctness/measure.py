@@ -24,6 +24,7 @@ from .. import begin_run
 from ..plotting import progress as show_progress
 from ..tables import tidy
 from ...vocabulary import NORM_FREE_PLACEMENTS as NORM_FREE  # a norm implementation does not matter there
+from .summary import FORGETFUL_NORMS
 from .params import BUFFER_NAMES, METRICS, PARAMS
 
 # Relative-error tolerance per tower dtype. A right cell differs from the float64 reference only
@@ -160,7 +161,7 @@ def _measure(s, progress: bool) -> pd.DataFrame:
         if "dp" in paths:    # run after the loop, every family in one group of ranks
             dp_cells.append(dict(cfg=cfg, items=items, common=common, ref=ref))
         if hazard:
-            rows += _hazard_rows(cfg, raw, placements, norms, dt, dev, seed, budgets, max_items, common)
+            rows += _hazard_rows(cfg, raw, nrm, placements, norms, dt, dev, seed, budgets, max_items, common)
         rows += _kernel_choice_rows(cfg, raw, norms, dt, dev, seed, common, ref)
     if dp_cells:
         rows += _dp_rows(dp_cells, placements, norms, dt, dev, seed, dp_world_size, tol)
@@ -210,11 +211,20 @@ def _dp_rows(families: list[dict], placements, norms, dt, dev, seed, world, tol)
 HAZARD_PLACEMENTS = ("tower", "fold", "device")
 
 
-def _hazard_rows(cfg, raw, placements, norms, dt, dev, seed, budgets, max_items, common):
+def _hazard_rows(cfg, raw, nrm, placements, norms, dt, dev, seed, budgets, max_items, common):
     """Under the graph runner: poison the pool and the padding rows with NaN, then check that no
     real row changes (bitwise) or stops being finite."""
     out = []
     chosen = [p for p in HAZARD_PLACEMENTS if p == "tower" or p in placements]
+    # every placement meets the shared buffers (the rows the graph reads are the runner's, whoever normalized),
+    # with one norm: on the NaN check's encoder where there is one, else on one built for it
+    stale_norm = next((n for n in norms if n not in FORGETFUL_NORMS), norms[0])
+    stale = {p: "(unused)" if p in NORM_FREE else stale_norm for p in placements}
+
+    def stale_rows(enc, placement, norm):
+        return _stale_rows(enc, nrm if enc.input_kind == "normalized" else raw, budgets, max_items, common,
+                           placement, norm)
+
     for placement, norm in ((p, n) for p in chosen for n in (["(unused)"] if p in NORM_FREE else norms)):
         enc = _build(cfg, placement, norm, dt, dev, seed)
         runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=torch.bfloat16, max_items=max_items,
@@ -228,6 +238,46 @@ def _hazard_rows(cfg, raw, placements, norms, dt, dev, seed, budgets, max_items,
         out.append(dict(common, case="nan_padding", placement=placement, norm=norm, path="cudagraph",
                         buffer_dtype="bfloat16", rel_err=diff, cos_min=cos_min(poisoned, clean) if finite else
                         float("nan"), ok=finite and changed == 0, rows_changed=changed, backend=runner.backend))
+        if stale.get(placement) == norm:
+            out += stale_rows(enc, placement, stale.pop(placement))
+    for placement, norm in stale.items():
+        out += stale_rows(_build(cfg, placement, norm, dt, dev, seed), placement, norm)
+    return out
+
+
+# the engine whose shared buffers the stale-rows check replays (one input buffer for every budget)
+SHARED_BUFFER_ENGINE = "vllm-0.34"
+
+
+def _stale_rows(enc, raw, budgets, max_items, common, placement, norm):
+    """Under an engine policy with buffers shared across budgets: a small item replayed right after the buffer
+    held a larger pack (another image's pixels, then NaN, in the rows past the item), with the padding written
+    whole (what vLLM 0.34 requires of padding logic) and with only the valid rows written (a padding logic that
+    skips the rest). A cell is right where no real row changes (bitwise) or stops being finite."""
+    rows = raw.item_rows
+    small, other = min(range(raw.n_items), key=lambda i: rows[i]), max(range(raw.n_items), key=lambda i: rows[i])
+    one = raw.select([small])
+    out = []
+    for fill, padding in ((True, "whole buffer"), (False, "valid rows only")):
+        runner = EncoderGraphRunner(enc, budgets=list(budgets), buffer_dtype=torch.bfloat16, max_items=max_items,
+                                    policy="always", engine=SHARED_BUFFER_ENGINE, fill_padding=fill)
+        clean = runner.encode(one).float().cpu()
+        buf, pix = runner.input_buffer, raw.pixels[raw.item_slices[other]].to(runner.device)
+        n = min(buf.shape[0], pix.shape[0])       # another image's rows, then NaN: what a larger pack left behind
+        with torch.inference_mode():
+            buf[:n].copy_(pix[:n])
+            buf[n:].fill_(float("nan"))
+            buf[rows[small] + (buf.shape[0] - rows[small]) // 2:].fill_(float("nan"))
+        runner.reset_stats()
+        stale = runner.encode(one).float().cpu()
+        finite = bool(torch.isfinite(stale).all())
+        changed = int((~(stale == clean).all(dim=1)).sum())
+        replays = int((~runner.stats_frame().miss).sum())     # 0: the item ran eagerly, the check says nothing
+        out.append(dict(common, case="stale_rows", replays=replays, placement=placement, norm=norm, path="cudagraph",
+                        buffer_dtype="bfloat16", engine=SHARED_BUFFER_ENGINE, padding=padding,
+                        rel_err=rel_err(stale, clean) if finite else float("nan"),
+                        cos_min=cos_min(stale, clean) if finite else float("nan"), ok=finite and changed == 0,
+                        rows_changed=changed, backend=runner.backend))
     return out
 
 

@@ -11,6 +11,7 @@ from ...encoder import STUDY_PLACEMENTS
 from ..tables import wide
 from ..plotting import is_cpu, legend_right
 from .params import PATH_COLUMNS
+from ...engines import NEWEST as NEWEST_VLLM
 
 # ---- presentation ---------------------------------------------------------------------------
 def path_column(df: pd.DataFrame) -> pd.Series:
@@ -53,7 +54,7 @@ def matrix(df: pd.DataFrame, norms=None) -> pd.DataFrame:
 
 
 def engine_cell(family: str) -> tuple[str, bool] | None:
-    """vLLM 0.33's own cell of ``family``: (the placement it normalizes in, whether it captures encoder
+    """The newest vLLM's own cell of ``family``: (the placement it normalizes in, whether it captures encoder
     graphs), from the family's spec; None for a family the workbench does not know."""
     from ...families import FAMILIES
 
@@ -67,7 +68,7 @@ def _engine_columns(columns, graphs: bool) -> list[str]:
 
 
 def engine_verdicts(g: pd.DataFrame) -> list[str]:
-    """Per family of ``g`` (wide cells with a ``column``): vLLM 0.33's own cells, right or where wrong."""
+    """Per family of ``g`` (wide cells with a ``column``): the newest vLLM's own cells, right or where wrong."""
     out = []
     for fam, f in g.groupby("family"):
         cell = engine_cell(fam)
@@ -123,7 +124,7 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
                 mark = {2: "ok", 0: "WRONG", 1: "mixed"}[int(code[i, j])]
                 ax.text(j, i, f"{mark}\n{v:.1e}", ha="center", va="center", fontsize=8)
         cell = engine_cell(fam)
-        if cell is not None and cell[0] in rows:       # vLLM 0.33's own cells, framed
+        if cell is not None and cell[0] in rows:       # the newest vLLM's own cells, framed
             from matplotlib.patches import Rectangle
             for j in (cols.index(c) for c in _engine_columns(cols, cell[1])):
                 ax.add_patch(Rectangle((j - 0.5, rows.index(cell[0]) - 0.5), 1, 1, fill=False, lw=2.5, ec="black"))
@@ -131,12 +132,12 @@ def plot_matrix(df: pd.DataFrame, title: str | None = None, norms=None):
         ax.set_xticks(range(len(cols)), [path_label(c, is_cpu(g)).replace("[", "\n[") for c in cols])
         ax.set_yticks(range(len(rows)), rows)
         devs = ", ".join(sorted(g.device.unique()))
-        vllm = "" if cell is None else f"; vLLM 0.33: {cell[0]}{', encoder graphs' if cell[1] else ', eager'}"
+        vllm = "" if cell is None else f"; {NEWEST_VLLM}: {cell[0]}{', encoder graphs' if cell[1] else ', eager'}"
         ax.set_title(f"{fam} ({g.dtype.iloc[0]}, {devs}{vllm})", fontsize=10)
     shown = ", ".join(sorted(set(d.norm) - {"(unused)"}))
     fig.suptitle(title or "Correctness: placement x path")
     fig.text(0.5, -0.04, f"cell text: worst rel_err vs float64 eager over the norm implementations {shown}; "
-             "n/a: a uint8 buffer cannot hold normalized input; framed: vLLM 0.33's own cells (where it "
+             "n/a: a uint8 buffer cannot hold normalized input; framed: the newest vLLM's own cells (where it "
              "normalizes, on the paths it runs)", ha="center", fontsize=8)
     fig.tight_layout()
     return fig
@@ -193,7 +194,7 @@ def findings(df: pd.DataFrame) -> str:
                  f"Every cell below {g.rel_err.max():.1e} relative error."]
         engine = engine_verdicts(g)
         if engine:
-            lines.append(f"vLLM 0.33's own cells (framed in the matrix): {'; '.join(engine)}.")
+            lines.append(f"{NEWEST_VLLM}'s own cells (framed in the matrix): {'; '.join(engine)}.")
         buf = g[(g.path == "cudagraph") & g.ok & g.placement.isin(["processor", "runner", "device"])]
         buf = buf.groupby("buffer_dtype").rel_err.max()
         if dtype != "bfloat16" and {"bfloat16", "float32"} <= set(buf.index):
@@ -214,8 +215,21 @@ def findings(df: pd.DataFrame) -> str:
             lines.append(f"NaN hazard: no real row changed in {len(hz)} poisoned runs." if leaks.empty else
                          f"NaN hazard: real rows changed in {len(leaks)}/{len(hz)} runs "
                          f"({', '.join(leaks.placement + ' / ' + leaks.norm)}).")
+        lines += _stale_finding(own)
         parts.append(" ".join(lines))
     return "\n\n".join(parts)
+
+
+def _stale_finding(own: pd.DataFrame) -> list[str]:
+    """The shared-buffer check: per padding logic, the cells where a stale row reached a real one."""
+    st = own[own.case == "stale_rows"] if "padding" in own else own.iloc[:0]
+    out = []
+    for padding, g in st.groupby("padding"):
+        bad = g[~g.ok.astype(bool)]
+        out.append(f"Stale rows in {g.engine.iloc[0]}'s shared buffers, padding written as {padding}: "
+                   + (f"no real row changed in {len(g)} runs." if bad.empty else
+                      f"real rows changed in {len(bad)}/{len(g)} runs ({', '.join(bad.placement + ' / ' + bad.norm)})."))
+    return out
 
 
 def _wrong(g: pd.DataFrame) -> list[str]:

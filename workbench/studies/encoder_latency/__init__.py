@@ -29,11 +29,12 @@ the floor, the tower's FLOPs (matmul + full-attention + window-attention blocks,
 Realistic batches (``mixes`` x ``mix_items``): ``n`` items drawn from a named image mix
 (`workbench.samples.image_mix(mix, n, seed, resized=True, cfg=cfg)`, drawn at the sizes the preset's
 own processor gives), encoded
-by transformers, eager, and three runners over the same batch: ``graph_engine``, the engines'
-budgets (`runner.engine_budgets`: doubling from 64 up to ``engine_max_budget``, which is
-appended; their default items per replay) replaying every pack (policy ``always``);
+by transformers, eager, and three runners over the same batch: ``graph_engine``, the runner
+reproducing the engine policy ``engine`` (`workbench.engines`; default the newest vLLM: its budget
+rule over 64 .. ``engine_max_budget`` with the release's own cap, its packing, its buffers and
+its default items per replay; the ``engine`` column names it) replaying every pack (policy ``always``);
 ``graph_planner``, `plan_budgets` for the mix's distribution with as many graphs, replaying every
-pack; ``graph_auto``, the engines' budgets with policy ``auto`` (a pack replays only where that has
+pack; ``graph_auto``, the engine's budgets with policy ``auto`` (a pack replays only where that has
 measured faster than eager: the runner's race of candidate plans, run out on the batch before it is
 timed, ``explore_calls`` calls; its first call is ``first_ms``). Times are per image (p50 and p90 of
 the call / n); beside them each runner's replays, padded rows, eager packs and misses, and every

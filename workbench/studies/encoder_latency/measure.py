@@ -21,7 +21,8 @@ from ...reference import cos_min, errors_in_place, hf_embeddings, hf_vision_mode
 from ...budgets import Budgets
 from ...planner import plan_budgets
 from ...preprocess import preprocess
-from ...runner import PHASES, EncoderGraphRunner, engine_budgets, engine_max_items
+from ... import engines
+from ...runner import PHASES, EncoderGraphRunner
 from ...samples import image_mix, mix_columns, with_folder
 from ...timing import cpu_time_us, frozen_heap
 from ...towers.weights import init_checkpoint_like
@@ -319,7 +320,7 @@ def _mix_runners(enc, cfg: VisionConfig, mix: str, engine) -> dict:
     with policy auto once per preset: its 'always' calls are the engines' behaviour)."""
     eb = engine.budgets
     planned = plan_budgets(mix, max_graphs=len(eb), cfg=cfg)
-    items = engine_max_items(planned)
+    items = engines.get(engines.NEWEST).max_items(planned)
     planner = EncoderGraphRunner(enc, budgets=list(Budgets.of(planned).holding(items)), buffer_dtype=torch.uint8,
                                  max_items=items, policy="always")
     return {"graph_engine": (engine, "always"), "graph_planner": (planner, "always"), "graph_auto": (engine, None)}
@@ -392,8 +393,10 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             bar.update()
         if p["mixes"]:
             t0 = time.perf_counter()
-            eb = engine_budgets(p["engine_max_budget"])
-            engine = EncoderGraphRunner(enc, budgets=eb, buffer_dtype=torch.uint8, max_items=engine_max_items(eb))
+            policy = engines.get(p["engine"])
+            eb = policy.budgets(p["engine_max_budget"])
+            engine = EncoderGraphRunner(enc, budgets=eb, buffer_dtype=torch.uint8, engine=policy,
+                                        max_items=policy.max_items(eb, p["engine_max_budget"]))
             engine_s = time.perf_counter() - t0
             for mix in p["mixes"]:
                 t0 = time.perf_counter()
@@ -414,7 +417,8 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                     res["eager"].update(cell_s=time.perf_counter() - t_cell, fresh_s=time.perf_counter() - t_fresh)
                     common = dict(study="encoder_latency", case="mix", preset=preset, family=cfg.family,
                                   depth=cfg.depth, dtype=dtype_name(dt), norm=p["norm"], attention=attention,
-                                  gemm=gemm, device=label, **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit)
+                                  gemm=gemm, device=label, **mix_columns(mix), images=n, tokens=batch.n_rows // cfg.merge_unit,
+                                  engine=policy.name)
                     for path, m in res.items():
                         if path in ("graph_engine", "graph_auto"):
                             m["runner_s"] = engine_s

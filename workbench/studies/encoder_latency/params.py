@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...engines import ENGINES, NEWEST
 from ...config import PRESET_NAMES, PRESETS, REAL_PRESET_PER_FAMILY
 from ...checkpoints import resolve_config
 from ...vocabulary import REAL_NORMS
@@ -90,7 +91,10 @@ PARAMS = ParamSpec(
           help="batches of shapes no call has seen, per mix and item count, each strategy timed once on each "
                "(what a server meets; the verdict reads the median batch; 0 for none)"),
     Param("engine_max_budget", "int", cap="budget_tokens", cpu=512, gpu=16384, minimum=64,
-          help="the largest budget of the engines' rule (realistic-batch cells)"),
+          help="the model's largest budget under the engine's rule, before the release's own cap "
+               "(vLLM: the scheduler's token budget; realistic-batch cells)"),
+    Param("engine", "str", cpu=NEWEST, choices=tuple(ENGINES),
+          help="the engine policy the graph_engine and graph_auto cells reproduce (workbench.engines)"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
     check=_divisible,
 )

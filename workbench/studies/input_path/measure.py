@@ -15,7 +15,8 @@ from ...norms import make_norm
 from ...planner import plan_budgets
 from ...preprocess import preprocess
 from ...budgets import Budgets
-from ...runner import EncoderGraphRunner, engine_max_items
+from ... import engines
+from ...runner import EncoderGraphRunner
 from ...samples import image_mix, mix_columns, with_folder
 from ...serving_model import StageCosts, latency_curve, max_images_per_s
 from ...timing import cpu_time_us
@@ -194,7 +195,7 @@ def _runner(enc, cfg, mix: str, n: int, costs=None):
     that needs one (in the timed calls' warm-up), policy auto's ``costs`` shared between the
     placements' runners (one tower, the same budgets) where given."""
     planned = plan_budgets(mix, max_graphs=4, cfg=cfg)
-    items = max(n, engine_max_items(planned))
+    items = max(n, engines.get(engines.NEWEST).max_items(planned))
     buf = torch.uint8 if "uint8" in enc.spec.buffer_dtypes else torch.bfloat16
     return EncoderGraphRunner(enc, budgets=list(Budgets.of(planned).holding(items)), buffer_dtype=buf,
                               max_items=items, policy="auto", exact_capture="first_use", costs=costs)

@@ -47,7 +47,9 @@ carries the folder's ``fingerprint`` (image count and a hash of names and sizes)
 ``sizes`` rows (every mix's sizes, tokens and shares; for the folder its path and image counts)
 draw the size distribution.
 
-Budget sets: ``pow2`` (the engines' powers of two from 64 up to the largest item), ``geometric``
+Budget sets: ``pow2`` (vLLM 0.33's powers of two from 64 up to the largest item), ``vllm-0.34``
+(that release's dense grid up to its 5120-token cap, replayed with its packing: the whole batch in one
+replay, largest item first, or eagerly in one forward above the cap: `workbench.engines`), ``geometric``
 (a denser ladder, ratio sqrt 2), ``planner`` (`wb.plan_budgets`: the fewest expected padded tokens
 with as many graphs as pow2) and ``planner_time`` (the same, minimizing expected replay time from
 the replay table measured in this run).

@@ -14,6 +14,7 @@ from ...norms import make_norm
 from ...budgets import Budgets
 from ...planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets, running_max
 from ...preprocess import PatchBatch, preprocess
+from ... import engines
 from ...runner import EncoderGraphRunner, default_budgets
 from ...samples import (get_mix, image_mix, mix_columns, mix_distribution, mix_entries,
                        with_folder)
@@ -26,6 +27,8 @@ from .params import BUDGET_SETS, METRICS, NORM_FILLS, PARAMS
 
 # ---- budget sets -------------------------------------------------------------------------------
 
+ENGINE_RANGE = 16384     # an engine set's model budget range (vLLM: the scheduler's token budget), before its cap
+
 def budget_sets(dist: dict[int, float], names, latency: dict[int, float] | None = None) -> dict[str, list[int]]:
     """{set name: ascending budgets} for a mix's token distribution (tokens -> probability)."""
     largest = max(dist)
@@ -34,6 +37,8 @@ def budget_sets(dist: dict[int, float], names, latency: dict[int, float] | None 
     for name in names:
         if name == "pow2":
             out[name] = pow2
+        elif name in engines.ENGINES:     # over the model's whole range, as the engine captures it (then its cap)
+            out[name] = engines.get(name).budgets(max(largest, ENGINE_RANGE))
         elif name == "geometric":
             out[name] = geometric_budgets(largest)
         elif name == "planner":
@@ -147,7 +152,7 @@ def size_rows(common: dict, mix: str, cfg) -> list[dict]:
 
 
 def _runner_cell(enc, cfg, backend: str, batch: PatchBatch, ref, rb: list[int], m: int, p: dict, dt,
-                 norm_times) -> dict:
+                 norm_times, engine: str | None = None) -> dict:
     """One runner over budgets ``rb`` holding ``m`` items on the mix's drawn ``batch``: its row's measurements
     (padding through the real runner, the norm's time and the tower's FLOPs on it, time, pool, error against
     ``ref``, the eager output)."""
@@ -156,7 +161,7 @@ def _runner_cell(enc, cfg, backend: str, batch: PatchBatch, ref, rb: list[int], 
     with torch.inference_mode():
         # the table's runner has compiled every kernel and warmed the capture stream
         runner = EncoderGraphRunner(enc, rb, buffer_dtype=torch.uint8, max_items=m, policy="always",
-                                    warmup=1, exact_capture="first_use")
+                                    warmup=1, exact_capture="first_use", engine=engine)
         pool = _pool_bytes(runner)
         runner.prepare(batch)            # host metadata and exact-fit graphs: the next call is warm
         pool_used = _pool_bytes(runner)
@@ -273,13 +278,15 @@ def _measure(s, progress: bool) -> pd.DataFrame:
                              expected_replay_ms=e["expected_time"], graphs=len(budgets), largest_budget=budgets[-1],
                              pool_model_bytes=graph_pool_bytes(cfg, budgets, dtype=dt, max_items=1, norm=p["norm"],
                                                                buffer_dtype=torch.uint8)))
-            for m in p["max_items"]:
-                cells.setdefault((tuple(Budgets.of(budgets).holding(m)), m), []).append((len(rows), key))
+            engine = set_name if set_name in engines.ENGINES else None      # its packing, not only its grid
+            # an engine's set replays with its own items per replay (more items than that: one eager forward)
+            for m in [engines.get(engine).max_items(budgets, ENGINE_RANGE)] if engine else p["max_items"]:
+                cells.setdefault((tuple(Budgets.of(budgets).holding(m)), m, engine), []).append((len(rows), key))
                 rows.append({})          # the runner's row, in this place once it has run
-        # one runner per distinct (budgets, max_items) of the mix, built and measured once for every set that
-        # gives it (the planner's two sets often agree); one alive at a time
-        for (rb, m), slots in cells.items():
-            measured = _runner_cell(enc, cfg, backend, batch, ref, list(rb), m, p, dt, norm_times)
+        # one runner per distinct (budgets, max_items, packing) of the mix, built and measured once for every set
+        # that gives it (the planner's two sets often agree); one alive at a time
+        for (rb, m, engine), slots in cells.items():
+            measured = _runner_cell(enc, cfg, backend, batch, ref, list(rb), m, p, dt, norm_times, engine)
             for slot, key in slots:
                 rows[slot] = dict(key, **measured)
                 bar.update()

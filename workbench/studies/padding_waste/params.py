@@ -12,7 +12,8 @@ from ...samples import (MIX_NAMES, check_image_folder, mix_distribution, with_fo
 from ..footprint import Footprint, itemsize, largest, tower_bytes
 from ..params import Param, ParamSpec
 
-BUDGET_SETS = ("pow2", "geometric", "planner", "planner_time")
+# "vllm-0.34": that release's default grid (capped), replayed with its packing: the whole batch once or eagerly
+BUDGET_SETS = ("pow2", "vllm-0.34", "geometric", "planner", "planner_time")
 
 
 NORM_FILLS = (0.0, 0.5, 1.0)       # valid fractions at which the norm is timed per budget

@@ -14,7 +14,8 @@ from .params import BUDGET_SETS
 
 # ---- presentation ---------------------------------------------------------------------------
 
-SET_COLORS = {"pow2": "#9e9e9e", "geometric": "#90caf9", "planner": "#1565c0", "planner_time": "#2e7d32"}
+SET_COLORS = {"pow2": "#9e9e9e", "vllm-0.34": "#ef6c00", "geometric": "#90caf9", "planner": "#1565c0",
+              "planner_time": "#2e7d32"}
 
 
 def padding_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -176,6 +177,10 @@ def _run_finding(dev: str, g: pd.DataFrame) -> str:
     if {"pow2", "planner"} <= set(exp):
         lines.append(f"single items pad {_span(exp.pow2)} of replayed rows with powers of two, {_span(exp.planner)} "
                      f"with the planner's budgets ({len(exp)} mixes).")
+    if "vllm-0.34" in exp:
+        miss = g[g.case == "expected"].pivot_table(index="mix", columns="budget_set", values="miss_frac_expected")
+        lines.append(f"vLLM 0.34's grid pads {_span(exp['vllm-0.34'])} of replayed rows and runs "
+                     f"{_span(miss['vllm-0.34'])} of single items eagerly above its cap.")
     runs = g[g.case == "runner"]
     if runs.padded_frac.notna().any():
         r = runs.loc[runs.padded_frac.idxmax()]
