@@ -35,8 +35,14 @@ def _per_row_matmul_flops(cfg) -> int:
 def test_the_table_holds_to_the_schema_and_has_every_case(table):
     check_table(table)
     w = wide(table)
-    assert set(w.case) == {"replay", "edge", "expected", "runner", "curve", "sizes"}
+    assert set(w.case) == {"replay", "edge", "expected", "runner", "curve", "sizes", "out_of_sample"}
     assert set(w[w.case == "runner"].budget_set) == set(pw.params.BUDGET_SETS)
+    # out of sample: each set on the draw the planner was fitted to, on held-out draws and on the other mixes;
+    # on its own draw the planner (optimal there, as many graphs) pads no more than the engine's grid
+    o = w[w.case == "out_of_sample"].set_index(["judged_set", "sample"])
+    assert set(o.index.get_level_values("sample")) == {"fitted draw", "held-out draws", "other mixes"}
+    assert o.loc[("planner, equal graphs", "fitted draw"), "padded_frac_judged"] <= \
+        o.loc[("engine default", "fitted draw"), "padded_frac_judged"]
     assert (table.device.str.startswith("cpu")).all()
 
 

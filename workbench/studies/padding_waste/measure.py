@@ -15,6 +15,7 @@ from ...budgets import Budgets
 from ...planner import expected_padding, geometric_budgets, graph_pool_bytes, plan_budgets, running_max
 from ...preprocess import PatchBatch, preprocess
 from ... import engines
+from ...budget_judge import out_of_sample
 from ...runner import EncoderGraphRunner, default_budgets
 from ...samples import (get_mix, image_mix, mix_columns, mix_distribution, mix_entries,
                        with_folder)
@@ -28,6 +29,7 @@ from .params import BUDGET_SETS, METRICS, NORM_FILLS, PARAMS
 # ---- budget sets -------------------------------------------------------------------------------
 
 ENGINE_RANGE = 16384     # an engine set's model budget range (vLLM: the scheduler's token budget), before its cap
+ENGINE_SETS = tuple(s for s in BUDGET_SETS if s in engines.ENGINES)
 
 def budget_sets(dist: dict[int, float], names, latency: dict[int, float] | None = None) -> dict[str, list[int]]:
     """{set name: ascending budgets} for a mix's token distribution (tokens -> probability)."""
@@ -259,6 +261,13 @@ def _measure(s, progress: bool) -> pd.DataFrame:
         named = mix_columns(mix)
         rows += size_rows(dict(common, **named), mix, cfg)
         sets = budget_sets(dist, p["budget_sets"], latency=lat)
+        # out of sample: the planner fitted on one draw of a traffic around the mix, judged on others, beside the
+        # newest engine's grid (`budget_judge`): the exact expectation above is the planner's own sizes
+        for r in out_of_sample(mix, cfg, ENGINE_SETS[0], ENGINE_RANGE).to_dict("records"):
+            rows.append(dict(common, **named, case="out_of_sample", judged_set=r["set"], sample=r["sample"],
+                             engine=ENGINE_SETS[0], graphs=r["budgets_n"], largest_budget=r["largest_budget"],
+                             padded_frac_judged=r["padded_frac"], eager_frac_judged=r["eager_frac"],
+                             rows_ratio=r["rows_ratio"]))
         for k in range(1, len(default_budgets(max(dist))) + 1):    # the planner's padding per graph count
             e = expected_padding(dist, plan_budgets(dist, max_graphs=k))
             rows.append(dict(common, **named, case="curve", budget_set="planner", max_graphs=k,

@@ -49,6 +49,8 @@ METRICS = {
     # exact, from the mix's distribution (single items)
     "padded_frac_expected": "fraction", "padded_tokens_expected": "tokens", "miss_frac_expected": "fraction",
     "expected_replay_ms": "ms", "graphs": "count", "largest_budget": "tokens", "pool_model_bytes": "bytes",
+    # out of sample (`budget_judge`): fitted on one traffic draw, judged on others and on the other mixes
+    "padded_frac_judged": "fraction", "eager_frac_judged": "fraction", "rows_ratio": "x",
     # through the real runner on drawn items
     "padded_frac": "fraction", "padded_frac_replay_mean": "fraction", "padded_frac_replay_max": "fraction",
     "replays_per_image": "count", "misses": "count", "items": "count", "encode_ms_per_image": "ms",

@@ -181,6 +181,7 @@ def _run_finding(dev: str, g: pd.DataFrame) -> str:
         miss = g[g.case == "expected"].pivot_table(index="mix", columns="budget_set", values="miss_frac_expected")
         lines.append(f"vLLM 0.34's grid pads {_span(exp['vllm-0.34'])} of replayed rows and runs "
                      f"{_span(miss['vllm-0.34'])} of single items eagerly above its cap.")
+    lines += _out_of_sample_finding(g)
     runs = g[g.case == "runner"]
     if runs.padded_frac.notna().any():
         r = runs.loc[runs.padded_frac.idxmax()]
@@ -199,6 +200,19 @@ def _run_finding(dev: str, g: pd.DataFrame) -> str:
     if is_cpu(g):
         lines.append("CPU run: replays emulated, host times of a tiny tower; padding fractions and FLOPs are exact.")
     return " ".join(lines)
+
+
+def _out_of_sample_finding(g: pd.DataFrame) -> list[str]:
+    """The planner fitted on one draw against the engine's grid on held-out draws, per mix range."""
+    o = g[g.case == "out_of_sample"] if "judged_set" in g else g.iloc[:0]
+    if o.empty:
+        return []
+    t = o.pivot_table(index=["mix", "judged_set"], columns="sample", values="padded_frac_judged")
+    planner, grid = (t.xs(s, level="judged_set") for s in ("planner, equal graphs", "engine default"))
+    return [f"Out of sample the planner's budgets (as many graphs as {o.engine.iloc[0]}'s grid) pad "
+            f"{_span(planner['fitted draw'])} on the draw they were fitted to, {_span(planner['held-out draws'])} on "
+            f"held-out draws and {_span(planner['other mixes'])} on the other mixes; the grid "
+            f"{_span(grid['held-out draws'].dropna())} on held-out draws."]
 
 
 def _span(fracs: pd.Series) -> str:
