@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .. import engines
 from .html import _e, _fold, _href
 
 ADVICE_MIX = "phone_photos"
@@ -123,7 +124,9 @@ def answers_html(results_dir: Path, csvs, studies: bool) -> str:
         pending = "; ".join(f"{_e(r['preset'])} ({_e(r['placement, norm, buffer'])})"
                             for _, r in shown[~measured].iterrows())       # one line, not a row of blanks
         out = ('<h2 id="advice">Where to normalize, and the engine options to take</h2>'
-               f'<p class="muted">{ADVICE_INTRO}</p>{_table(shown[measured])}<p class="muted">'
+               f'<p class="muted">{ADVICE_INTRO}</p>'
+               f'<p class="muted">The engine modelled: {_e(engines.get(engines.NEWEST).describe())}.</p>'
+               f'{_table(shown[measured])}<p class="muted">'
                + (f"No run measured yet: {pending}. " if pending else "")
                + "The commands that measure what is missing: <code>python -m workbench advise --preset P</code> · "
                + f'<a href="{_href(csv)}">CSV</a></p>{placements}')
