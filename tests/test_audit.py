@@ -271,6 +271,22 @@ def test_the_report_shows_the_newest_audit_with_its_csv(tmp_path):
     assert (results / "report" / "audit.csv").is_file()
 
 
+def test_the_report_names_the_file_of_a_class_defined_twice(tmp_path):
+    import json
+
+    from workbench import report as rep
+    results = tmp_path / "results"
+    (results / "audits").mkdir(parents=True)
+    row = dict(device_norm=True, norm_in=["tower"], encoder_graphs=True, verdict=VERDICTS["tower"], verdict_key="tower")
+    models = [dict(row, model="TwinVL", file=f"vllm/models/twin/{v}/model.py") for v in ("amd", "nvidia")]
+    (results / "audits" / "vllm-9.9.9.json").write_text(json.dumps(dict(
+        source="x", engine="vllm", version="9.9.9", files=2, models=models + [dict(row, model="OneVL", file="one.py")],
+        unreadable=[])))
+    page = rep.build_report(results, studies={}).index.read_text(encoding="utf-8")
+    assert "TwinVL (vllm/models/twin/amd/model.py)" in page and "TwinVL (vllm/models/twin/nvidia/model.py)" in page
+    assert "OneVL (" not in page
+
+
 # --- the calls followed from the engine's entry points (vllm #55370, 0.34's Gemma 3 and Gemma 4) ---
 
 MODELS_PREFIX = "vllm/model_executor/models/"

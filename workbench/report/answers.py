@@ -90,7 +90,12 @@ def _audit_html(results_dir: Path, csvs) -> str:
     data = load_newest(results_dir)
     if data is None:
         return ""
-    audit = pd.DataFrame([audit_row(m) for m in data["models"] if isinstance(m, dict)], columns=AUDIT_COLUMNS)
+    models = [m for m in data["models"] if isinstance(m, dict)]
+    audit = pd.DataFrame([audit_row(m) for m in models], columns=AUDIT_COLUMNS)
+    # a class name defined in several files (a release's per-vendor copies) names its file
+    twice = audit["model"].duplicated(keep=False)
+    audit.loc[twice, "model"] = [f"{r} ({m.get('file')})" for r, m in zip(audit["model"][twice],
+                                                                       (models[i] for i in audit.index[twice]))]
     csv = csvs.write(audit, "audit")
     device = audit[audit["device norm"] == "yes"]
     cpu = [str(m) for m in audit["model"][~audit.index.isin(device.index)]]
