@@ -174,8 +174,8 @@ class EncoderGraphRunner:
         # one input buffer shared by every budget (each budget's graph sees a leading view of it), unless
         # the engine policy gives each budget its own (vLLM 0.33)
         self.shared = self.engine is None or self.engine.shared_buffers
-        self.input_buffer = torch.zeros(cfg.merge_unit * self.capacity, cfg.patch_dim, dtype=buffer_dtype,
-                                        device=self.device)
+        self.input_buffer = torch.zeros(cfg.merge_unit * self.capacity if self.shared else 0, cfg.patch_dim,
+                                        dtype=buffer_dtype, device=self.device)
         self.graphs: dict[int, _Captured] = {}
         if self.per_length:
             self.budgets, policy = [], "always"
@@ -253,7 +253,7 @@ class EncoderGraphRunner:
     def _capture(self, budget: int, share: "_Captured | None" = None, dense_seqlen: int | None = None) -> _Captured:
         rows = budget * self.encoder.cfg.merge_unit
         if share is None:
-            pixels = self.input_buffer[:rows] if self.shared else torch.zeros_like(self.input_buffer[:rows])
+            pixels = self.input_buffer[:rows] if self.shared else self.input_buffer.new_zeros(rows, self.input_buffer.shape[1])
             cap = _Captured(budget, pixels, self.tower.prepare_capture(budget, self.max_items))
         else:  # an exact-fit variant reads the same static buffers
             cap = _Captured(budget, share.pixels, dataclasses.replace(share.meta, dense_seqlen=dense_seqlen))
@@ -365,7 +365,8 @@ class EncoderGraphRunner:
             self.replay(cap)
             for variant in cap.exact.values():
                 self.replay(variant)
-        self.input_buffer.zero_()
+        for cap in self.graphs.values():
+            cap.pixels.zero_()
 
     @torch.inference_mode()
     def encode(self, batch: PatchBatch, pad_value: float = 0.0, phases: dict | None = None,
