@@ -159,7 +159,7 @@ def test_padding_waste_runs_on_the_folder_and_draws_its_sizes(folder):
     check_table(t)
     w = wide(t)
     mine = w[w.mix == "folder:my photos"]
-    assert set(mine.case) == {"sizes", "curve", "expected", "runner"}
+    assert set(mine.case) == {"sizes", "curve", "expected", "runner", "out_of_sample"}
     assert (mine.fingerprint == get_mix(folder_mix_name(folder)).fingerprint).all()
     assert w[w.mix == "photos"].fingerprint.isna().all()
     sizes = mine[mine.case == "sizes"]
