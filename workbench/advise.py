@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .budgets import Budgets
 from .provenance import is_cpu, results_root
-from . import engines
+from . import engines, limits
 
 # cast_cost's staging designs as what an engine configures: (placement, graph input buffer dtype)
 DESIGNS = {"runner": ("runner", "bfloat16"), "uint8_valid": ("tower", "uint8"), "uint8_buffer": ("tower", "uint8"),
@@ -113,7 +113,7 @@ class Advice:
                   f"{self.max_items}" + (f"; frames per batch {self.max_frames}" if self.max_frames else ""),
                   f"out of sample: {self.verdict}",
                   f"padding of replayed rows on held-out draws: {self.engine}'s grid {_pct(pad['engines'])} "
-                  f"({pad['engine_eager']:.1%} of requests eager above {self.engine_budgets[-1]}), planner "
+                  f"({pad['engine_eager']:.1%} of batches eager above {self.engine_budgets[-1]}), planner "
                   f"{_pct(pad['planner'])} ({pad['miss']:.1%} eager)",
                   self.options_line()]
         if self.tail is not None and pad["engine_eager"] > 0:
@@ -212,6 +212,12 @@ def _staging(results: Path, cfg, right: list[str], typical: int, missing: list[s
     t = table_at(rows)
     if t.empty or "staging_us" not in t.columns:
         return None, Evidence("the cast_cost run has no staging times", run.name, _device(rows))
+    st, b = (t[c].astype(float) for c in ("staging_us", "budget"))     # NaN, inf or < 0: no design's cost
+    bad = ~(st.between(0, math.inf, inclusive="left") & b.between(1, math.inf, inclusive="left"))
+    if bad.all():
+        return None, Evidence(f"all {len(t)} staging rows of the cast_cost run hold impossible numbers (negative or "
+                              f"non-finite time, budget below 1 token): none used", run.name, _device(rows))
+    t = t[~bad]
     budgets = sorted(t["budget"].astype(int).unique())
     budget = min(budgets, key=lambda b: (abs(math.log(b / typical)), b))
     at = t[(t["budget"].astype(int) == budget) & t["design"].map(lambda d: DESIGNS.get(d, ("?",))[0] in right)]
@@ -225,7 +231,8 @@ def _staging(results: Path, cfg, right: list[str], typical: int, missing: list[s
         share = f", {best['staging_us'] / best['tower_us']:.2%} of the tower's replay"
     return (placement, str(best["norm"]), buffer), Evidence(
         f"cheapest right design at {budget} tokens: {best['design']} / {best['norm']}, "
-        f"{best['staging_us']:.1f} us per replay{share}", run.name, _device(rows))
+        f"{best['staging_us']:.1f} us per replay{share}" + (f"; {bad.sum()} impossible row(s) skipped" if bad.any()
+                                                           else ""), run.name, _device(rows))
 
 
 def _latency(results: Path, cfg, label: str, missing: list[str]) -> Evidence:
@@ -367,6 +374,9 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
     from .planner import expected_padding
     from .samples import get_mix, mix_distribution, mix_entries, mix_label
 
+    limits.integer(engine_max_budget, "engine_max_budget", cap="budget_tokens")     # 0, -1, NaN: refused, named
+    if max_graphs is not None:
+        limits.integer(max_graphs, "max_graphs", cap="budgets")
     policy = engines.get(engine)                        # unknown engines refused before any work
     checked = check_options(policy, engine_source) if engine_source is not None else ""
     cfg = resolve_config(preset)
@@ -458,8 +468,10 @@ def advise_command(args) -> int:
     """``python -m workbench advise``: the advice as text (or ``--json``); SystemExit naming a bad
     preset, mix, folder or --set."""
     from .checkpoints import CheckpointError
-    from .samples import FOLDER_PREFIX
+    from .samples import FOLDER_PREFIX, MIX_NAMES
 
+    if args.mix is not None and not args.mix.strip():     # not the default mix, silently
+        raise SystemExit(f"advise --mix {args.mix!r}: empty; valid: {', '.join(MIX_NAMES)}, or --set image_folder=PATH")
     folder = None
     for item in args.set or []:
         key, sep, value = item.partition("=")
