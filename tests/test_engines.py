@@ -128,3 +128,18 @@ def test_the_stale_rows_check_finds_a_stage_that_leaves_real_rows_unwritten(phot
     whole, valid = _stale_rows(enc, raw, [8, 16, 24, 48], 4, {}, "tower", "eager")
     assert whole["ok"]                       # the padding written whole rewrites the skipped block too
     assert not valid["ok"] and valid["rows_changed"] >= 1
+
+
+def test_a_cap_is_refused_where_the_release_has_none_or_below_the_smallest_budget():
+    assert engines.with_cap("vllm-0.34", 8192).budgets(16384)[-1] == 8192
+    assert engines.with_cap("vllm-0.34", None) is engines.get("vllm-0.34")
+    with pytest.raises(ValueError, match="vllm-0.33 has no budget cap option.*releases with one: vllm-0.34"):
+        engines.with_cap("vllm-0.33", 4096)
+    with pytest.raises(ValueError, match="cap of 32 merged tokens is below the smallest budget 64"):
+        engines.with_cap("vllm-0.34", 32)
+    from workbench.studies import encoder_latency
+    from workbench.studies.params import ParamError
+    for bad, says in (({"engine_cap": 32}, "below the minimum 64"), ({"engine": "vllm-0.35"}, "not a valid choice"),
+                      ({"engine": "vllm-0.33", "engine_cap": 4096}, "has no budget cap option")):
+        with pytest.raises(ParamError, match=says):
+            encoder_latency.run(device="cpu", progress=False, **bad)

@@ -203,7 +203,7 @@ def test_a_disagreement_with_transformers_times_nothing_and_reference_can_be_ski
     (dict(tokens=[64, 16]), "strictly ascending"),
     (dict(tokens=[64, 100], images=[1, 3]), "not divisible: [(64, 3), (100, 3)]"),
     (dict(nope=1), "valid: presets, depth, tokens, images, dtype, norm, fused, gemm, breakdown, reference, reps, "
-                   "min_reps, warmup, mixes, image_folder, mix_items, fresh, engine_max_budget, engine, seed"),
+                   "min_reps, warmup, mixes, image_folder, mix_items, fresh, engine_max_budget, engine, engine_cap, seed"),
     (dict(reps=3, min_reps=4), "min_reps=4 is above reps=3, the most repetitions: give min_reps <= reps"),
     (dict(mixes=["beaches"]), "mixes='beaches' is not a valid choice; valid: phone_photos"),
 ], ids=lambda v: str(v)[:30])

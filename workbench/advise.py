@@ -365,7 +365,7 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
 
 def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs: int | None = None,
            engine_max_budget: int = ENGINE_MAX_BUDGET, engine: str = engines.NEWEST,
-           engine_source: str | None = None) -> Advice:
+           engine_source: str | None = None, engine_cap: int | None = None) -> Advice:
     """The advice for tower ``preset`` (a preset name or a model folder) on ``mix``, for engine release
     ``engine`` (`engines.ENGINES`), its option names checked against ``engine_source`` where given."""
     from .budget_judge import out_of_sample, verdict
@@ -377,7 +377,7 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
     limits.integer(engine_max_budget, "engine_max_budget", cap="budget_tokens")     # 0, -1, NaN: refused, named
     if max_graphs is not None:
         limits.integer(max_graphs, "max_graphs", cap="budgets")
-    policy = engines.get(engine)                        # unknown engines refused before any work
+    policy = engines.with_cap(engine, engine_cap)      # unknown engines and impossible caps refused before any work
     checked = check_options(policy, engine_source) if engine_source is not None else ""
     cfg = resolve_config(preset)
     get_mix(mix)                                        # unknown names and bad folders refused here
@@ -484,7 +484,7 @@ def advise_command(args) -> int:
     mix = f"{FOLDER_PREFIX}{folder}" if folder else (args.mix or "photos")
     try:
         result = advise(args.preset, mix, args.results, max_graphs=args.max_graphs, engine=args.engine,
-                        engine_source=args.engine_source)
+                        engine_source=args.engine_source, engine_cap=args.engine_cap)
     except (ValueError, CheckpointError, OSError) as e:
         raise SystemExit(f"advise: {e}") from None
     if args.json:

@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "powers of two up to the mix's largest item)")
     p.add_argument("--engine", default=ENGINE_DEFAULT, choices=tuple(ENGINES),
                    help="the engine release whose budgets and options the advice speaks (default: %(default)s)")
+    p.add_argument("--engine-cap", type=int, metavar="TOKENS",
+                   help="the release's largest auto-generated budget (vLLM 0.34: encoder_cudagraph_max_token_budget, "
+                        "default 5120)")
     p.add_argument("--engine-source", metavar="PATH", help="that release's source tree, package folder or wheel: "
                                                              "every option name printed is checked against it")
     p.add_argument("--json", action="store_true", help="print the advice as JSON")

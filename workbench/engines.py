@@ -15,6 +15,7 @@ Merged output tokens throughout, as the engines count budgets.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -192,6 +193,20 @@ def get(name) -> EnginePolicy:
         raise ValueError(f"unknown engine {name!r}; valid: {', '.join(ENGINES)} (engine-version, as in "
                          f"{NEWEST!r}, the newest vLLM)")
     return ENGINES[name]
+
+
+def with_cap(engine, cap: int | None) -> EnginePolicy:
+    """``engine``'s policy with its budget cap option set to ``cap`` (None: the release's own); ValueError
+    where the release has no such option, naming those that do, or where the cap is below the smallest budget."""
+    policy = get(engine)
+    if cap is None:
+        return policy
+    if policy.options.cap is None:
+        having = [n for n, p in ENGINES.items() if p.options.cap]
+        raise ValueError(f"{policy.name} has no budget cap option (it captures up to the model's largest budget); "
+                         f"releases with one: {', '.join(having)}")
+    policy.budgets(max(cap, 64), cap=cap)      # a cap below the smallest budget is refused here, named
+    return dataclasses.replace(policy, default_cap=cap)
 
 
 def pack(policy: EnginePolicy | None, tokens: list[int], frames: list[int], budgets, max_items: int):

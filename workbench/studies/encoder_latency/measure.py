@@ -21,7 +21,7 @@ from ...reference import cos_min, errors_in_place, hf_embeddings, hf_vision_mode
 from ...budgets import Budgets
 from ...planner import plan_budgets
 from ...preprocess import preprocess
-from ... import engines
+from ... import engines, limits
 from ...runner import PHASES, EncoderGraphRunner
 from ...samples import image_mix, mix_columns, with_folder
 from ...timing import cpu_time_us, frozen_heap
@@ -69,6 +69,12 @@ def latency_batch(cfg: VisionConfig, tokens: int, images: int, gen: torch.Genera
     rows = int(grid.prod(dim=1).sum())
     pixels = torch.randint(0, 256, (rows, cfg.patch_dim), dtype=torch.uint8, generator=gen)
     return PatchBatch(pixels, grid)
+
+
+def _fresh_seed(seed: int, k: int) -> int:
+    """The seed of fresh batch ``k``: the ones after the run's, wrapped within the seed cap (a run at the
+    cap itself would otherwise draw its fresh batches with a seed no generator takes)."""
+    return (seed + 1 + k) % (limits.current().seed + 1)
 
 
 def build_models(cfg: VisionConfig, norm: str, dtype: torch.dtype, dev: torch.device, seed: int, reference: bool,
@@ -393,7 +399,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
             bar.update()
         if p["mixes"]:
             t0 = time.perf_counter()
-            policy = engines.get(p["engine"])
+            policy = engines.with_cap(p["engine"], p["engine_cap"])
             eb = policy.budgets(p["engine_max_budget"])
             engine = EncoderGraphRunner(enc, budgets=eb, buffer_dtype=torch.uint8, engine=policy,
                                         max_items=policy.max_items(eb, p["engine_max_budget"]))
@@ -409,8 +415,9 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
                         res = measure_mix(enc, hf, cfg, batch, runners, p["reps"], p["warmup"], p["min_reps"])
                         t_fresh = time.perf_counter()
                         if p["fresh"]:   # the same mix and item count, drawn anew: shapes no call has seen
-                            fresh = [_pinned(preprocess(image_mix(mix, n, seed=p["seed"] + 1 + k, resized=True,
-                                                                  cfg=cfg), cfg), dev) for k in range(p["fresh"])]
+                            fresh = [_pinned(preprocess(image_mix(mix, n, seed=_fresh_seed(p["seed"], k),
+                                                                  resized=True, cfg=cfg), cfg), dev)
+                                     for k in range(p["fresh"])]
                             wrong = {path for path, m in res.items() if not m.get("ok", True)}
                             for path, m in measure_fresh(enc, hf, cfg, fresh, runners, skip=wrong).items():
                                 res.setdefault(path, {}).update(m)

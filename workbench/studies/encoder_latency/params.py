@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...engines import ENGINES, NEWEST
+from ...engines import ENGINES, NEWEST, with_cap
 from ...config import PRESET_NAMES, PRESETS, REAL_PRESET_PER_FAMILY
 from ...checkpoints import resolve_config
 from ...vocabulary import REAL_NORMS
@@ -49,6 +49,7 @@ def _divisible(p: dict) -> None:
     if bad:
         raise ValueError(f"every tokens value must split evenly over every images value (each image holds "
                          f"tokens / images merged tokens); not divisible: {bad}")
+    with_cap(p["engine"], p["engine_cap"])     # a cap the release has no option for, or below its smallest budget
 
 
 # The GPU profile times every distinct real tower (10 of the 17 real presets: the others differ from one
@@ -95,6 +96,9 @@ PARAMS = ParamSpec(
                "(vLLM: the scheduler's token budget; realistic-batch cells)"),
     Param("engine", "str", cpu=NEWEST, choices=tuple(ENGINES),
           help="the engine policy the graph_engine and graph_auto cells reproduce (workbench.engines)"),
+    Param("engine_cap", "int", cap="budget_tokens", cpu=None, optional=True, minimum=64,
+          help="the largest auto-generated budget (vLLM 0.34: encoder_cudagraph_max_token_budget; None: the "
+               "release's own, 5120 for 0.34; refused for releases without such an option)"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
     check=_divisible,
 )
