@@ -160,7 +160,7 @@ def _linked(root):
 
 
 def test_the_placement_table_joins_each_study_with_its_run(results, tmp_path):
-    from workbench.advise import ANSWER_PLACEMENTS, NOT_MEASURED, placement_table
+    from workbench.advise_tables import ANSWER_PLACEMENTS, NOT_MEASURED, placement_table
     t = placement_table("qwen3-vl-8b", "phone_photos", results).set_index("placement")
     assert t.index.tolist() == list(ANSWER_PLACEMENTS)
     src = t.attrs["sources"]

@@ -108,13 +108,13 @@ class Advice:
             lines.append(f"what a patch to {policy.engine} would gain: {self.best.line()}")
         which = "planner, out of sample" if self.planned else f"{self.engine}'s default grid"
         graphs = (f"a graph per exact length up to {self.budgets[-1]}" if not self.planned and policy.packing ==
-                  "per_length" else f"{len(self.budgets)} graphs: {_short(self.budgets)}")
+                  "per_length" else f"{len(self.budgets)} graphs: {short_list(self.budgets)}")
         lines += [f"budgets ({which}, {graphs}); items per graph "
                   f"{self.max_items}" + (f"; frames per batch {self.max_frames}" if self.max_frames else ""),
                   f"out of sample: {self.verdict}",
-                  f"padding of replayed rows on held-out draws: {self.engine}'s grid {_pct(pad['engines'])} "
+                  f"padding of replayed rows on held-out draws: {self.engine}'s grid {pct(pad['engines'])} "
                   f"({pad['engine_eager']:.1%} of batches eager above {self.engine_budgets[-1]}), planner "
-                  f"{_pct(pad['planner'])} ({pad['miss']:.1%} eager)",
+                  f"{pct(pad['planner'])} ({pad['miss']:.1%} eager)",
                   self.options_line()]
         if self.tail is not None and pad["engine_eager"] > 0:
             lines.append(self.tail.line())
@@ -129,11 +129,11 @@ class Advice:
         return "\n".join(lines)
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     return f"{x:.1%}" if x == x else "none replayed"
 
 
-def _short(budgets: list[int]) -> str:
+def short_list(budgets: list[int]) -> str:
     return str(budgets) if len(budgets) <= 12 else f"{budgets[:4]} ... {budgets[-4:]}".replace("] ... [", ", ..., ")
 
 
@@ -154,7 +154,7 @@ def _load(path: str, stamp: tuple):
     return load_table(Path(path))
 
 
-def _newest(results: Path, study: str, column: str, value: str, where=None):
+def newest_rows(results: Path, study: str, column: str, value: str, where=None):
     """(table rows of ``column == value`` (and ``where(rows)``, a mask), run folder) of the newest run of
     ``study`` that has them, a GPU run before any CPU run; (None, None) where none has."""
     from .studies.tables import TableError
@@ -182,14 +182,14 @@ def _newest(results: Path, study: str, column: str, value: str, where=None):
     return cpu or (None, None)
 
 
-def _device(rows) -> str:
+def device_names(rows) -> str:
     names = sorted(set(rows["device"].astype(str)))
     return ", ".join(names) + (" (CPU: host numbers, no graph pool)" if all(map(is_cpu, names)) else "")
 
 
 def _right_placements(results: Path, cfg, missing: list[str]) -> tuple[list[str], Evidence]:
     from .studies.correctness.summary import matrix
-    rows, run = _newest(results, "correctness", "family", cfg.family)
+    rows, run = newest_rows(results, "correctness", "family", cfg.family)
     if rows is None:
         missing.append(f"correctness of {cfg.family}: python -m workbench sweep --studies correctness "
                        f"--set families={cfg.name}")
@@ -199,31 +199,31 @@ def _right_placements(results: Path, cfg, missing: list[str]) -> tuple[list[str]
              if m.xs(p, level=-1).stack().dropna().astype(str).str.startswith("ok").all()]
     paths = ", ".join(str(c) for c in m.columns)
     return right, Evidence(f"right on every path measured ({paths}): {', '.join(right) or 'none'}", run.name,
-                           _device(rows))
+                           device_names(rows))
 
 
 def _staging(results: Path, cfg, right: list[str], typical: int, missing: list[str]):
     from .studies.cast_cost.summary import table_at
-    rows, run = _newest(results, "cast_cost", "preset", cfg.name)
+    rows, run = newest_rows(results, "cast_cost", "preset", cfg.name)
     if rows is None:
         missing.append(f"staging cost of {cfg.name}: python -m workbench sweep --studies cast_cost "
                        f"--set presets={cfg.name}")
         return None, Evidence("no cast_cost run of this preset")
     t = table_at(rows)
     if t.empty or "staging_us" not in t.columns:
-        return None, Evidence("the cast_cost run has no staging times", run.name, _device(rows))
+        return None, Evidence("the cast_cost run has no staging times", run.name, device_names(rows))
     st, b = (t[c].astype(float) for c in ("staging_us", "budget"))     # NaN, inf or < 0: no design's cost
     bad = ~(st.between(0, math.inf, inclusive="left") & b.between(1, math.inf, inclusive="left"))
     if bad.all():
         return None, Evidence(f"all {len(t)} staging rows of the cast_cost run hold impossible numbers (negative or "
-                              f"non-finite time, budget below 1 token): none used", run.name, _device(rows))
+                              f"non-finite time, budget below 1 token): none used", run.name, device_names(rows))
     t = t[~bad]
     budgets = sorted(t["budget"].astype(int).unique())
     budget = min(budgets, key=lambda b: (abs(math.log(b / typical)), b))
     at = t[(t["budget"].astype(int) == budget) & t["design"].map(lambda d: DESIGNS.get(d, ("?",))[0] in right)]
     if at.empty:
         return None, Evidence(f"no staging design of a right placement measured at {budget} tokens", run.name,
-                              _device(rows))
+                              device_names(rows))
     best = at.sort_values("staging_us").iloc[0]
     placement, buffer = DESIGNS[best["design"]]
     share = ""
@@ -232,13 +232,13 @@ def _staging(results: Path, cfg, right: list[str], typical: int, missing: list[s
     return (placement, str(best["norm"]), buffer), Evidence(
         f"cheapest right design at {budget} tokens: {best['design']} / {best['norm']}, "
         f"{best['staging_us']:.1f} us per replay{share}" + (f"; {bad.sum()} impossible row(s) skipped" if bad.any()
-                                                           else ""), run.name, _device(rows))
+                                                           else ""), run.name, device_names(rows))
 
 
 def _latency(results: Path, cfg, label: str, missing: list[str]) -> Evidence:
     """Per-image time to embedding on the mix, from the newest encoder_latency run that timed it."""
     from .studies.encoder_latency.summary import mix_table
-    rows, run = _newest(results, "encoder_latency", "preset", cfg.name,
+    rows, run = newest_rows(results, "encoder_latency", "preset", cfg.name,
                         lambda r: r["mix"].astype(str) == label if "mix" in r.columns else r["preset"] != r["preset"])
     if rows is None:
         missing.append(f"time to embedding of {cfg.name} on {label}: python -m workbench sweep --studies "
@@ -250,7 +250,7 @@ def _latency(results: Path, cfg, label: str, missing: list[str]) -> Evidence:
     parts = [f"{int(r['images'])} item{'s' * (int(r['images']) > 1)}: "
              + ", ".join(f"{names[c]} {r[c]:.1f}" for c in names if c in t.columns and r[c] == r[c])
              + " ms per image" for _, r in t.iterrows()]
-    return Evidence("; ".join(parts), run.name, _device(rows))
+    return Evidence("; ".join(parts), run.name, device_names(rows))
 
 
 TAIL_TOKENS = 4096      # single-image cells at least this large say what an eager tail above a cap costs
@@ -263,7 +263,7 @@ def _tail(results: Path, cfg) -> Evidence | None:
     def large(r):
         exact = r["case"] == "exact" if "case" in r.columns else True
         return exact & (r["tokens"] >= TAIL_TOKENS) & (r["images"] == 1) & (r["metric"] == "p50_ms")
-    rows, run = _newest(results, "encoder_latency", "preset", cfg.name, large)
+    rows, run = newest_rows(results, "encoder_latency", "preset", cfg.name, large)
     if rows is None:
         return None
     t = rows.groupby(["tokens", "path"])["value"].first().unstack()
@@ -272,95 +272,7 @@ def _tail(results: Path, cfg) -> Evidence | None:
     tokens = int(t.dropna(subset=["eager", "graph"]).index.max())
     e, g = t.loc[tokens, "eager"], t.loc[tokens, "graph"]
     return Evidence(f"eager above the cap: one image of {tokens} tokens eager {e:.1f} ms vs replay {g:.1f} ms "
-                    f"({e / g:.2f}x)", run.name, _device(rows))
-
-
-# the placements an engine chooses between, in the answer table's order
-ANSWER_PLACEMENTS = ("processor", "outer", "tower", "runner", "fold", "device")
-NOT_MEASURED = "not measured"
-
-
-def _verdict(row, prefix: str) -> str:
-    """'right', 'WRONG (float32, ...)' or NOT_MEASURED over the matrix columns starting with ``prefix``."""
-    cells = {c: str(v) for c, v in row.items() if str(c).startswith(prefix) and v == v}
-    if not cells:
-        return NOT_MEASURED
-    wrong = [c[len(prefix):].strip("[]") or c for c, v in cells.items() if not v.startswith("ok")]
-    return "right" if not wrong else "WRONG" + (f" ({', '.join(wrong)})" if prefix == "cudagraph" else "")
-
-
-def placement_table(preset: str, mix: str, results: Path | str | None = None):
-    """One row per placement for ``preset``'s family on ``mix``, each column from the newest run that
-    measured it (GPU first; NOT_MEASURED where none did): right on eager / cudagraph / dp (correctness),
-    host preprocessing per image and what it saves against the CPU processor, bytes shipped per image and
-    time to embedding per image eager and on graphs (input_path), the cheapest staging design per replay
-    and its share of the replay (cast_cost, at the largest budget it timed) and the norm's fp32 temporaries
-    in the graph pool, eager against the cheapest fused kernel (fp32_memory, largest budget). ``attrs``:
-    {column: (run, device)} of the run each column came from."""
-    import pandas as pd
-
-    from .checkpoints import resolve_config
-    from .samples import mix_label
-    from .studies.cast_cost.summary import table_at
-    from .studies.correctness.summary import matrix
-    from .studies.input_path.params import PLACEMENT_PAYLOAD
-    from .studies.input_path.summary import breakdown
-
-    cfg = resolve_config(preset)
-    results = Path(results) if results is not None else results_root()
-    out = pd.DataFrame({"placement": list(ANSWER_PLACEMENTS)}).set_index("placement")
-    sources: dict[str, tuple[str, str]] = {}
-
-    rows, run = _newest(results, "correctness", "family", cfg.family)
-    if rows is not None:
-        m = matrix(rows).droplevel(0)
-        for path in ("eager", "cudagraph", "dp"):
-            out[path] = [_verdict(m.loc[p], path) if p in m.index else NOT_MEASURED for p in out.index]
-        sources["correctness"] = (run.name, _device(rows))
-    rows, run = _newest(results, "input_path", "preset", cfg.name,
-                        lambda r: r["mix"].astype(str) == mix_label(mix))
-    if rows is not None:
-        b = breakdown(rows)
-        b = b[b["mix"].astype(str) == mix_label(mix)]
-        g, e = (b[b.path == p].set_index("placement") for p in ("cudagraph", "eager"))
-        bytes_ = rows[rows.metric == "h2d_bytes"].groupby("payload").value.first()
-        out["host ms/image (saves)"] = [f"{g.host_ms[p]:.1f} ({g.saves_ms[p]:+.1f} total)" if p in g.index else
-                                        NOT_MEASURED for p in out.index]
-        out["MB/image shipped"] = [f"{bytes_[PLACEMENT_PAYLOAD[p]] / 1e6:.2f}" if p in g.index and
-                                   PLACEMENT_PAYLOAD.get(p) in bytes_ else NOT_MEASURED for p in out.index]
-        out["request to embedding ms/image: eager / graph"] = [
-            f"{e.total_ms[p]:.1f} / {g.total_ms[p]:.1f}" if p in g.index and p in e.index else NOT_MEASURED
-            for p in out.index]
-        sources["input_path"] = (run.name, _device(rows))
-    rows, run = _newest(results, "cast_cost", "preset", cfg.name)
-    if rows is not None:
-        t = table_at(rows)
-        t = t[t["budget"] == t["budget"].max()]
-        t = t.assign(placement=t["design"].map(lambda d: DESIGNS.get(d, ("?",))[0]))
-        best = t.sort_values("staging_us").groupby("placement").first()
-        out[f"staging us/replay (share), {int(t['budget'].max())} tokens"] = [
-            f"{best.staging_us[p]:.1f} ({best.share_of_replay[p]:.3%}) {best.design[p]}/{best.norm[p]}"
-            if p in best.index else NOT_MEASURED for p in out.index]
-        sources["cast_cost"] = (run.name, _device(rows))
-    rows, run = _newest(results, "fp32_memory", "preset", cfg.name)
-    if rows is not None:
-        t = rows[(rows.metric == "temp_bytes") & (rows.budget == rows.budget.max())]
-        by = t.groupby(["placement", "norm"]).value.max()
-
-        def pool(p):
-            if p not in by.index.get_level_values(0):
-                return NOT_MEASURED
-            norms = by[p]
-            if "eager" not in norms:
-                return f"{norms.max() / 2**20:.0f} (no norm)"
-            fused = norms.drop(labels=["eager", "identity"], errors="ignore")
-            return (f"{norms.get('eager', float('nan')) / 2**20:.0f} / "
-                    f"{fused.min() / 2**20 if len(fused) else float('nan'):.0f}")
-        out["norm fp32 MiB: eager / fused"] = [pool(p) for p in out.index]
-        sources["fp32_memory"] = (run.name, _device(rows))
-    out = out.reset_index()
-    out.attrs["sources"] = sources
-    return out
+                    f"({e / g:.2f}x)", run.name, device_names(rows))
 
 
 def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs: int | None = None,
@@ -416,52 +328,6 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
                   grid, placement, staging, missing, choice, latency, engine=policy.name, planned=winner is not None,
                   judged=judged.to_dict("records"), verdict=said, best=best, source_check=checked,
                   tail=_tail(results, cfg))
-
-
-def family_presets() -> list[str]:
-    """One real preset per family: the family's study preset, else its first real one."""
-    from .config import PRESETS, families
-
-    out = []
-    for family, spec in families().items():
-        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
-                                                and not n.startswith("tiny-")), None)
-        if preset is not None:
-            out.append(preset)
-    return out
-
-
-def _compact(text: str) -> str:
-    """advise's sentence in a table's words (the column header says the rest): a row stays a few lines high."""
-    for long, short in (("cheapest right design at ", "at "), ("engines' budgets", "engines'"),
-                        (" ms per image", " ms/image"), (" us per replay", " us/replay")):
-        text = text.replace(long, short)
-    return text
-
-
-def _advice_row(preset: str, mix: str, results: Path) -> dict:
-    """Where to normalize ``preset``, its staging, budgets, padding and vLLM's options (a problem in words);
-    "measured": whether any run answered a part of it (placement, staging or time to embedding)."""
-    try:
-        a = advise(preset, mix, results)
-    except (ValueError, OSError) as e:
-        return {"preset": preset, "placement, norm, buffer": f"no advice: {e}", "measured": True}
-    lat = a.latency       # its largest batch only (advise prints them all)
-    return {"preset": preset, "measured": any(e is not None and e.run for e in (a.placement, a.staging, lat)),
-            "placement, norm, buffer": ", ".join(a.choice) if a.choice else "not measured: " + "; ".join(
-                m.replace(f" of {preset}", "") for m in a.missing),
-            "staging (run, device)": _compact(a.staging.line()),
-            "time to embedding, largest batch (run, device)": "" if lat is None else lat.text if not lat.run else
-            f"{_compact(lat.text.split('; ')[-1])} [{lat.run}, {lat.device}]",
-            "budgets": ("planner: " + _short(a.budgets)) if a.planned else f"{a.engine} default grid",
-            "held-out padding, engine grid / planner": f"{_pct(a.padding['engines'])} / {_pct(a.padding['planner'])}",
-            "engine options": a.options_line()}
-
-
-def advice_table(presets: list[str], mix: str, results: Path | str):
-    """`advise` of each preset on ``mix`` as a table row (a problem in words), with a boolean "measured"."""
-    import pandas as pd
-    return pd.DataFrame([_advice_row(preset, mix, Path(results)) for preset in presets])
 
 
 def advise_command(args) -> int:

@@ -66,28 +66,42 @@ def _distribution(mix, cfg=None) -> tuple[np.ndarray, np.ndarray]:
         acc[int(t)] = acc.get(int(t), 0.0) + float(w)
     sizes = np.array(sorted(acc), dtype=np.int64)
     probs = np.array([acc[s] for s in sizes.tolist()], dtype=np.float64)
-    return sizes, probs / probs.sum()
+    with np.errstate(over="ignore"):
+        total = float(probs.sum())
+    if not math.isfinite(total) or not np.all(np.isfinite(probs)):
+        # an infinite total makes every probability 0 (or NaN): a plan over nothing, silently
+        raise ValueError(f"mix weights sum to {total} (largest {float(probs.max())!r}), beyond float64: weights "
+                         f"are relative, give finite ones whose sum is finite too (counts or probabilities)")
+    return sizes, probs / total
+
+
+def _time(value, where: str, minimum: float = 0.0) -> float:
+    """``value`` as a replay time: a finite number >= ``minimum`` (a bool, a string, NaN, inf or a negative
+    time is no time a replay can take: refused, naming ``where`` it came from and the value)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or value < minimum:
+        raise ValueError(f"{where} = {value!r}: a replay time must be a finite number >= 0")
+    return float(value)
 
 
 def running_max(table: Mapping[int, float]) -> dict[int, float]:
     """The running maximum of a measured (budget -> time) table, in budget order: what `latency`
     must be (non-decreasing in the budget) when timing noise put a larger budget a hair below a
-    smaller one (on a loaded CPU by far more)."""
+    smaller one (on a loaded CPU by far more). A NaN, infinite or negative time is refused, not
+    passed over (``max`` would drop a NaN silently)."""
     out, top = {}, -math.inf
     for b in sorted(table):
-        top = max(top, table[b])
+        top = max(top, _time(table[b], f"latency table time at budget {b!r}"))
         out[b] = top
     return out
 
 
 def _latency_fn(latency) -> Callable[[np.ndarray], np.ndarray]:
     """A vectorized tokens -> replay time from a table {budget: time} or a callable."""
-    if callable(latency):
+    if callable(latency):       # negative values are refused by `_times`, once a decreasing curve has been named
         def f(x):
-            vals = np.array([float(latency(int(v))) for v in np.asarray(x).tolist()], dtype=np.float64)
-            if not np.all(np.isfinite(vals)):
-                raise ValueError("latency(tokens) returned a non-finite time")
-            return vals
+            return np.array([_time(latency(int(v)), f"latency({int(v)})", -math.inf) for v in np.asarray(x).tolist()],
+                            dtype=np.float64)
         return f
     if not isinstance(latency, Mapping) or not latency:
         raise TypeError(f"latency must be a non-empty mapping budget -> replay time or a callable "
@@ -97,9 +111,7 @@ def _latency_fn(latency) -> Callable[[np.ndarray], np.ndarray]:
     if bad:
         raise ValueError(f"latency table keys must be positive integer budgets (merged tokens); bad: {bad}")
     xs = np.array(sorted(int(k) for k in keys), dtype=np.float64)
-    ys = np.array([latency[k] for k in sorted(keys)], dtype=np.float64)
-    if not np.all(np.isfinite(ys)):
-        raise ValueError("latency table times must be finite numbers")
+    ys = np.array([_time(latency[k], f"latency table time at budget {k!r}") for k in sorted(keys)], dtype=np.float64)
     down = np.nonzero(np.diff(ys) < 0)[0]
     if down.size:
         i = int(down[0])
@@ -111,10 +123,40 @@ def _latency_fn(latency) -> Callable[[np.ndarray], np.ndarray]:
         x = np.asarray(x, dtype=np.float64)
         y = np.interp(x, xs, ys)                  # linear inside, flat below the first point
         if xs.size > 1:                           # above the last point: the last segment's slope
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            y = np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), y)
+            with np.errstate(over="ignore", invalid="ignore"):
+                slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+                y = np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), y)
+            if not np.all(np.isfinite(y)):
+                at = int(x[~np.isfinite(y)][0])
+                raise ValueError(f"latency table extrapolated to {at} tokens overflows float64 (last points "
+                                 f"{int(xs[-2])} -> {float(ys[-2])!r}, {int(xs[-1])} -> {float(ys[-1])!r}): give "
+                                 f"times in a larger unit or a table point at or above {at}")
         return y
     return f
+
+
+def _times(latency, tokens: np.ndarray, increasing: bool) -> np.ndarray:
+    """``latency`` (as plan_budgets takes it) at ascending ``tokens``, each a finite time >= 0, and with
+    ``increasing`` never decreasing; a ValueError naming the first that is not."""
+    t = _latency_fn(latency)(tokens)
+    down = np.nonzero(np.diff(t) < 0)[0] if increasing else []
+    if len(down):
+        i = int(down[0])
+        raise ValueError(f"latency must be non-decreasing in tokens: {int(tokens[i])} -> {t[i]} but "
+                         f"{int(tokens[i + 1])} -> {t[i + 1]}")
+    neg = np.nonzero(t < 0)[0]
+    if neg.size:                                  # raises, naming the first
+        _time(float(t[neg[0]]), f"latency({int(tokens[neg[0]])})")
+    return t
+
+
+def _check_summable(times: np.ndarray) -> None:
+    """The programme adds and subtracts a few expected times (each at most the largest): times near the
+    float64 maximum would overflow to inf or NaN there and pick an arbitrary plan."""
+    top = float(times.max())
+    if not math.isfinite(top * 4):
+        raise ValueError(f"latency times up to {top!r} are too large to add up in float64: give them in a "
+                         f"larger unit (ms instead of ns)")
 
 
 def _check_max_graphs(max_graphs) -> int:
@@ -336,7 +378,8 @@ def plan_budgets(mix, max_graphs: int, max_pool_bytes: int | None = None, cfg=No
     replay time instead: a mapping budget -> replay time (times between table points are linearly
     interpolated; below the smallest point the smallest point's time is used, above the largest
     the last segment is extrapolated linearly) or a callable tokens -> time. Times must not
-    decrease with the budget (a table that does is a ValueError naming the pair).
+    decrease with the budget (a table that does is a ValueError naming the pair), nor be negative,
+    NaN or infinite, nor so large that their sums overflow (each a ValueError naming the value).
     max_pool_bytes: a limit on `graph_pool_bytes(cfg, budgets, **pool_kw)` (needs cfg; pool_kw:
     dtype, norm, buffer_dtype, max_items); the optimum under it is still exact (Pareto fronts of
     cost and pool bytes). If even the cheapest covering set (the largest item's budget alone)
@@ -365,11 +408,8 @@ def plan_budgets(mix, max_graphs: int, max_pool_bytes: int | None = None, cfg=No
         c = sizes.astype(np.float64)
         S = np.concatenate(([0.0], np.cumsum(probs * sizes)))
     else:
-        c = _latency_fn(latency)(sizes)
-        if np.any(np.diff(c) < 0):
-            i = int(np.nonzero(np.diff(c) < 0)[0][0])
-            raise ValueError(f"latency must be non-decreasing in tokens: {int(sizes[i])} -> {c[i]} but "
-                             f"{int(sizes[i + 1])} -> {c[i + 1]}")
+        c = _times(latency, sizes, increasing=True)
+        _check_summable(c)
         S = np.zeros(n + 1)
     if max_pool_bytes is None:
         layers, args = _dp(c, P, S, G)
@@ -424,7 +464,7 @@ def expected_padding(mix, budgets, cfg=None, latency=None) -> dict:
                miss_frac=1.0 - p_hit if p_hit < 1.0 else 0.0,
                mean_budget=budget_tokens / p_hit if p_hit else math.nan)
     if latency is not None:
-        t = _latency_fn(latency)(used[hit])
+        t = _times(latency, used[hit], increasing=False)
         out["expected_time"] = float((probs[hit] * t).sum() / p_hit) if p_hit else math.nan
     return out
 

@@ -53,9 +53,9 @@ def _table(df, sources=None) -> str:
 
 
 def _placements_html(presets: list[str], results_dir: Path, csvs) -> str:
-    """Each family's `advise.placement_table` on the advice mix, folded under the advice: headers link to the
+    """Each family's `advise_tables.placement_table` on the advice mix, folded under the advice: headers link to the
     study they come from, with the run in their title; the runs named below; each with its CSV."""
-    from ..advise import placement_table
+    from ..advise_tables import placement_table
 
     out, shown = [], 0
     for preset in presets:
@@ -118,7 +118,7 @@ def answers_html(results_dir: Path, csvs, studies: bool) -> str:
     audit; each table's CSV written through ``csvs``."""
     out = ""
     if studies:
-        from ..advise import advice_table, family_presets
+        from ..advise_tables import advice_table, family_presets
 
         presets = family_presets()
         placements = _placements_html(presets, results_dir, csvs)

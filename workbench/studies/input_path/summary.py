@@ -29,7 +29,8 @@ def breakdown(table: pd.DataFrame, backend: str = "torchvision", threads: int = 
     keys = [c for c in ("run", "reference", "device", "family", "preset", "mix") if c in w]
     tot = w[w.total_ms.notna()]
     backends = set(tot.backend)
-    use = backend if backend in backends else sorted(backends - {"cuda"})[0]
+    # the host backend asked for, else any host one; a run of the GPU preprocessor alone has only "cuda"
+    use = backend if backend in backends else min(backends - {"cuda"} or backends)
     tot = tot[((tot.backend == use) | (tot.placement == "device")) & (tot.threads == threads)]
     tot = tot[tot.pinned == ("pinned" if "pinned" in set(tot.pinned) else "pageable")]
     enc = w[w.encoder_ms.notna()][keys + ["placement", "path", "encoder_ms"]] if "encoder_ms" in w else None
