@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from workbench import cli
-from workbench.compare import CompareError, compare_runs, resolve_run, spread_names, summary_line
+from workbench.compare import (CompareError, column_lines, compare_runs, compare_tables, resolve_run, spread_names,
+                               summary_line)
 from workbench.studies.tables import write_study_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,3 +163,163 @@ def test_two_committed_reference_runs():
     flagged = lat[lat["flag"] != ""]
     assert set(flagged["flag"]) <= {"slower beyond spread", "faster beyond spread"}
     assert set(flagged["unit"]) == {"ms"}
+
+
+# --------------------------------------------------------------------------- unlike things (issue 64, item 6)
+
+def custom_run(root: Path, name: str, table: pd.DataFrame, study: str = "lat") -> Path:
+    """A run folder holding ``table`` (checked) as its ``study`` table."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "meta.json").write_text(json.dumps({"started_at": name}))
+    write_study_table(table, d / f"{study}.parquet")
+    return d
+
+
+def frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
+    t = pd.DataFrame(rows, columns=columns + ["metric", "value", "unit"])
+    t.insert(len(columns), "device", "GPU")
+    return t
+
+
+def test_a_metric_whose_unit_differs_is_not_comparable_and_never_ratioed(tmp_path, capsys):
+    custom_run(tmp_path, "a", frame([(64, "p50_ms", 10.0, "ms"), (64, "p90_ms", 11.0, "ms"),
+                                     (64, "bytes", 5.0, "MB"), (64, "ok", 1.0, "bool")], ["tokens"]))
+    custom_run(tmp_path, "b", frame([(64, "p50_ms", 10.0, "s"), (64, "p90_ms", 11.0, "ms"),
+                                     (64, "bytes", 5000.0, "kB"), (64, "ok", 0.0, "count")], ["tokens"]))
+    df = compare_runs("a", "b", results=tmp_path)
+    unlike = df[df["metric"].isin(["p50_ms", "bytes", "ok"])].set_index("metric")
+    assert unlike["ratio"].isna().all()                                   # never a ratio across units
+    assert unlike.loc["bytes", "flag"] == "not comparable: unit MB in a, kB in b"
+    assert unlike.loc["p50_ms", "flag"] == "not comparable: unit ms in a, s in b"   # no spread judged either
+    assert unlike.loc["ok", "flag"] == "not comparable: unit bool in a, count in b"  # nor a verdict change
+    assert unlike.loc["bytes", "unit"] == "MB (a), kB (b)"
+    same = df[df["metric"] == "p90_ms"].iloc[0]
+    assert (same["ratio"], same["flag"], same["unit"]) == (1.0, "", "ms")
+    line = summary_line(df)
+    assert "3 not comparable, never ratioed (units differ: " in line
+    assert "bytes: MB (a), kB (b)" in line and "p50_ms: ms (a), s (b)" in line and "0 verdict changes" in line
+    out_csv = tmp_path / "all.csv"
+    assert cli.main(["compare", "a", "b", "--results", str(tmp_path), "--csv", str(out_csv)]) == 0
+    text = capsys.readouterr().out
+    assert "not comparable: unit MB in a, kB in b" in text and "3 not comparable" in text   # shown unasked
+    back = pd.read_csv(out_csv).set_index("metric")
+    assert back.loc["bytes", "flag"] == "not comparable: unit MB in a, kB in b" and pd.isna(back.loc["bytes", "ratio"])
+
+
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_a_parameter_column_one_run_lacks_never_collapses_rows(tmp_path, capsys, side):
+    """b (or a) records ``mix`` (two values per cell), the other does not: every row of the run that has it is
+    kept, matched with the other run's cell on the common columns, its value in a column naming that run, and
+    the difference is said: which column, which run lacks it, the values the other has."""
+    plain = frame([(64, "graph", "p50_ms", 10.0, "ms"), (256, "graph", "p50_ms", 20.0, "ms")], ["tokens", "path"])
+    mixed = frame([(64, "graph", "docs", "p50_ms", 11.0, "ms"), (64, "graph", "photos", "p50_ms", 30.0, "ms"),
+                   (256, "graph", "docs", "p50_ms", 21.0, "ms")], ["tokens", "path", "mix"])
+    other = "a" if side == "b" else "b"
+    custom_run(tmp_path, side, mixed)
+    custom_run(tmp_path, other, plain)
+    df = compare_runs("a", "b", results=tmp_path)
+    label = f"mix ({side} only)"
+    assert len(df) == 3 and label in df.columns and "mix" not in df.columns      # nothing collapsed
+    assert sorted(zip(df["tokens"], df[label])) == [("256", "docs"), ("64", "docs"), ("64", "photos")]
+    mixed_vals = dict(zip(df[label] + df["tokens"], df[side]))
+    assert mixed_vals == {"docs64": 11.0, "photos64": 30.0, "docs256": 21.0}
+    assert set(df[df["tokens"] == "64"][other]) == {10.0}                         # the plain cell, each time
+    (d,) = df.attrs["columns_differ"]["lat"]
+    assert (d["column"], d["has"], d["lacks"], d["values"]) == ("mix", side, other, "'docs', 'photos'")
+    assert cli.main(["compare", "a", "b", "--results", str(tmp_path), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert (f"lat: parameter column 'mix' is in {side} only ({side}'s values: 'docs', 'photos'); {other} lacks it, "
+            "so rows are matched on the common columns only (tokens, path)") in out
+    assert "3 metric values in both" in out and "photos" in out
+
+
+def test_parameter_columns_on_both_sides_and_a_column_without_values(tmp_path):
+    """a records ``x``, b records ``y``: each a row meets each b row of its cell (both columns kept); a column
+    a table holds with no value in any row (the report's concatenated tables) is one it lacks."""
+    a = frame([(1, "u", "m", 1.0, "ms"), (1, "v", "m", 2.0, "ms")], ["tokens", "x"]).assign(y=None)
+    b = frame([(1, "p", "m", 4.0, "ms"), (1, "q", "m", 8.0, "ms")], ["tokens", "y"])
+    df = compare_tables(a[["tokens", "x", "y", "device", "metric", "value", "unit"]], b, study="s")
+    assert len(df) == 4 and {"x (a only)", "y (b only)"} <= set(df.columns)
+    assert sorted(df["ratio"]) == [2.0, 4.0, 4.0, 8.0]                 # b over a, every pair
+    assert [d["column"] for d in df.attrs["columns_differ"]] == ["x", "y"]
+    assert column_lines(df.attrs["columns_differ"])[1].startswith(
+        "parameter column 'y' is in b only (b's values: 'p', 'q'); a lacks it")
+    same = compare_tables(b, b, study="s")                       # the same columns: nothing to say
+    assert same.attrs["columns_differ"] == [] and len(same) == 2
+
+
+def test_a_match_too_loose_to_pair_is_refused(tmp_path, monkeypatch):
+    from workbench import compare
+
+    monkeypatch.setattr(compare, "MAX_PAIRS", 3)
+    custom_run(tmp_path, "a", frame([(1, i, "m", 1.0, "ms") for i in range(2)], ["tokens", "x"]))
+    custom_run(tmp_path, "b", frame([(1, i, "m", 1.0, "ms") for i in range(2)], ["tokens", "y"]))
+    with pytest.raises(SystemExit, match=r"compare: lat: the parameter columns differ \(x in a only; y in b "
+                                         r"only\) and matching on the common ones \(tokens\) would pair 4 rows"):
+        cli.main(["compare", "a", "b", "--results", str(tmp_path)])
+
+
+def test_a_spread_in_another_unit_is_no_spread(tmp_path):
+    custom_run(tmp_path, "a", frame([(1, "p50_ms", 10.0, "ms"), (1, "p90_ms", 11.0, "ms")], ["tokens"]))
+    custom_run(tmp_path, "b", frame([(1, "p50_ms", 15.0, "ms"), (1, "p90_ms", 0.016, "s")], ["tokens"]))
+    df = compare_runs("a", "b", results=tmp_path).set_index("metric")
+    assert df.loc["p50_ms", "flag"] == "slower beyond spread"        # judged by a's p90 alone (b's is in s)
+    assert df.loc["p90_ms", "flag"].startswith("not comparable")
+
+
+def _parquet(df: pd.DataFrame) -> bytes:
+    import io
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+GOOD = {"tokens": [1], "device": ["GPU"], "metric": ["m"], "value": [1.0], "unit": ["ms"]}
+BAD_TABLES = {
+    "not parquet": (b"PAR1 this is not a parquet file", "unreadable parquet"),
+    "empty file": (b"", "unreadable parquet"),
+    "truncated": (_parquet(pd.DataFrame(GOOD))[:-9], "unreadable parquet"),
+    "no metric": (_parquet(pd.DataFrame(GOOD).drop(columns="metric")), "missing column(s) ['metric']"),
+    "no value": (_parquet(pd.DataFrame(GOOD).drop(columns="value")), "missing column(s) ['value']"),
+    "no unit": (_parquet(pd.DataFrame(GOOD).drop(columns="unit")), "missing column(s) ['unit']"),
+    "text value": (_parquet(pd.DataFrame(GOOD | {"value": ["fast"]})), "non-numeric value(s) in the value column"),
+    "numeric metric": (_parquet(pd.DataFrame(GOOD | {"metric": [7]})),
+                       "column 'metric' holds int64 values (first: '7'), not text"),
+    "numeric unit": (_parquet(pd.DataFrame(GOOD | {"unit": [1.5]})), "column 'unit' holds float64 values"),
+    "date value": (_parquet(pd.DataFrame(GOOD | {"value": pd.to_datetime(["2030-01-01"])})),
+                   "column 'value' holds datetime64"),
+    "list parameter": (_parquet(pd.DataFrame(GOOD | {"tokens": [[1, 2]]})), "parameter column 'tokens' holds"),
+    "dict parameter": (_parquet(pd.DataFrame(GOOD | {"tokens": [{"k": 1}]})), "parameter column 'tokens' holds"),
+    "no rows": (_parquet(pd.DataFrame(GOOD).iloc[:0]), "no rows"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TABLES))
+def test_a_table_that_cannot_be_read_is_an_error_naming_the_file_and_what_is_wrong(tmp_path, case):
+    data, why = BAD_TABLES[case]
+    custom_run(tmp_path, "a", frame([(1, "m", 1.0, "ms")], ["tokens"]))
+    custom_run(tmp_path, "a", frame([(1, "m", 1.0, "ms")], ["tokens"]), study="other")
+    b = custom_run(tmp_path, "b", frame([(1, "m", 1.0, "ms")], ["tokens"]), study="other")
+    (b / "lat.parquet").write_bytes(data)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compare", "a", "b", "--results", str(tmp_path)])
+    msg = str(e.value.code)
+    assert msg.startswith(f"compare: cannot compare the table {b / 'lat.parquet'}: "), msg
+    assert why in msg and msg.endswith("; compare the other studies with --studies other"), msg
+    assert cli.main(["compare", "a", "b", "--results", str(tmp_path), "--studies", "other"]) == 0
+
+
+def test_a_corrupt_table_gives_no_traceback_from_the_command(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    custom_run(tmp_path, "a", frame([(1, "m", 1.0, "ms")], ["tokens"]))
+    b = custom_run(tmp_path, "b", frame([(1, "m", 1.0, "ms")], ["tokens"]))
+    (b / "lat.parquet").write_bytes(_parquet(pd.DataFrame(GOOD | {"value": ["x"]})))
+    p = subprocess.run([sys.executable, "-m", "workbench", "compare", "a", "b", "--results", str(tmp_path)],
+                       capture_output=True, text=True, cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)},
+                       timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"compare: cannot compare the table {b / 'lat.parquet'}: non-numeric value(s)" in p.stderr

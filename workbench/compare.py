@@ -1,5 +1,8 @@
 """Compare two runs (`compare_runs`): every metric both measured, cell by cell, with the ratio and what changed
-(`_flag`); ``python -m workbench compare`` prints it (`compare_command`). Imports no torch."""
+(`_flag`); ``python -m workbench compare`` prints it (`compare_command`). It never compares unlike things
+silently: a metric whose unit differs is flagged not comparable and never ratioed, a parameter column one run
+lacks is named with the other's values (rows then matched on the common columns), and a table that cannot be
+read is an error naming the file. Its CSV is safe to open (workbench.csvsafe). Imports no torch."""
 from __future__ import annotations
 
 import math
@@ -9,6 +12,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from .csvsafe import safe_csv
 from .files import atomic_write_text, file_kind, open_regular
 from .provenance import REFERENCE_DIRNAME, results_root
 from .runmeta import META_NAME, MetaError, parse
@@ -25,6 +29,9 @@ VERDICT_UNIT = "bool"
 LATEST = "latest"
 CSV_SIGNATURE = ",metric,unit,a,b,ratio,flag"          # how the header of a CSV compare wrote ends
 VALUE_COLUMNS = ("metric", "unit", "a", "b", "ratio", "flag")
+# rows a match on fewer columns than a table has (a parameter column one run lacks) may pair: beyond it, refused
+MAX_PAIRS = 2_000_000
+NOT_COMPARABLE = "not comparable"
 
 
 class CompareError(ValueError):
@@ -92,40 +99,107 @@ def spread_names(metric: str) -> tuple[str, str] | None:
     return f"{base}_p10_{unit}", f"{base}_p90_{unit}"
 
 
-def compare_tables(a, b, study: str = ""):
-    """Two tables of one study joined on their shared parameter columns: ``study``, those, then VALUE_COLUMNS."""
+def _present(table) -> list[str]:
+    """The parameter columns of ``table`` that hold a value in some row: a column with none (the report's
+    concatenated tables give a run the columns only other runs recorded) is one this side lacks."""
+    return [c for c in param_columns(table) if table[c].notna().any()]
+
+
+def _some_values(values: Iterable[str], shown: int = 8) -> str:
+    vals = sorted(set(values))
+    more = f", ... ({len(vals)} in all)" if len(vals) > shown else ""
+    return ", ".join(map(repr, vals[:shown])) + more
+
+
+def one_side_label(col: str, side: str) -> str:
+    """The output column of a parameter only run ``side`` records: its name says which run has it."""
+    return f"{col} ({side} only)"
+
+
+def column_lines(diffs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One sentence per parameter column one run lacks: which column, which run lacks it, the other's values,
+    and how rows were matched (`compare_tables`)."""
+    return [f"parameter column {d['column']!r} is in {d['has']} only ({d['has']}'s values: {d['values']}); "
+            f"{d['lacks']} lacks it, so rows are matched on the common columns only "
+            f"({', '.join(d['common']) or 'none but the metric'}) and each {d['has']} row keeps its value in "
+            f"column {d['label']!r}" for d in diffs]
+
+
+def compare_tables(a, b, study: str = "", names: tuple[str, str] = ("a", "b")):
+    """Two tables of one study joined on their shared parameter columns: ``study``, the parameters, then
+    VALUE_COLUMNS. A parameter column one table lacks is never a reason to drop or collapse rows: the other's
+    rows keep it (as ``"<col> (a only)"``/``(b only)``) and are matched on the common columns, each such column
+    described in ``attrs["columns_differ"]`` (`column_lines`); ``names``: the two runs' names in these words
+    (the report names them by their folders). A metric whose unit differs between the two is
+    never ratioed: its rows are flagged "not comparable", naming both units. CompareError where matching on
+    the common columns alone would pair more than MAX_PAIRS rows."""
     import pandas as pd
-    keys = [c for c in param_columns(a) if c in set(param_columns(b))]
-    ka, kb = (t.assign(**{c: t[c].map(_key) for c in keys})[keys + ["metric", "value", "unit"]]
-              .drop_duplicates(subset=keys + ["metric"], keep="first") for t in (a, b))
-    both = ka.merge(kb, on=keys + ["metric"], suffixes=("_a", "_b"), how="inner")
-    lookup = {side: {tuple(r[:-1]): r[-1] for r in t[keys + ["metric", "value"]].itertuples(index=False)}
-              for side, t in (("a", ka), ("b", kb))}
-    flags = [_flag(dict(zip(both.columns, r)), keys, lookup) for r in both.itertuples(index=False, name=None)]
-    out = pd.DataFrame({"study": study, **{c: both[c] for c in keys}, "metric": both["metric"],
-                        "unit": both["unit_b"], "a": both["value_a"].astype(float),
-                        "b": both["value_b"].astype(float)})
-    out["ratio"] = out["b"] / out["a"].where(out["a"] != 0)
+    pa, pb = _present(a), _present(b)
+    common = [c for c in pa if c in pb]
+    only = {"a": [c for c in pa if c not in pb], "b": [c for c in pb if c not in pa]}
+    name = dict(zip("ab", names))
+    label = {c: one_side_label(c, name[side]) for side, cols in only.items() for c in cols}
+    own = {"a": common + only["a"], "b": common + only["b"]}
+    ka, kb = ((t.assign(**{c: t[c].map(_key) for c in own[s]})[own[s] + ["metric", "value", "unit"]]
+               .drop_duplicates(subset=own[s] + ["metric"], keep="first").rename(columns=label))
+              for s, t in (("a", a), ("b", b)))
+    on = common + ["metric"]
+    if only["a"] or only["b"]:       # a loose match pairs every row of a cell with every other: counted first
+        sizes = ka.groupby(on).size().to_frame("a").join(kb.groupby(on).size().to_frame("b"), how="inner")
+        pairs = int((sizes["a"] * sizes["b"]).sum())
+        if pairs > MAX_PAIRS:
+            raise CompareError(f"{study or 'the tables'}: the parameter columns differ ({', '.join(only['a'])} "
+                               f"in {names[0]} only; {', '.join(only['b'])} in {names[1]} only) and matching on "
+                               f"the common ones ({', '.join(common) or 'none'}) would pair {pairs} rows (at most "
+                               f"{MAX_PAIRS})")
+    both = ka.merge(kb, on=on, suffixes=("_a", "_b"), how="inner")
+    keys = {s: [label.get(c, c) for c in own[s]] for s in ("a", "b")}
+    lookup = {s: {tuple(r[:-2]): (r[-2], r[-1]) for r in t[keys[s] + ["metric", "value", "unit"]]
+                  .itertuples(index=False, name=None)} for s, t in (("a", ka), ("b", kb))}
+    flags = [_flag(dict(zip(both.columns, r)), keys, lookup, names) for r in both.itertuples(index=False, name=None)]
+    same_unit = both["unit_a"].astype(str) == both["unit_b"].astype(str)
+    params = common + [label[c] for c in only["a"] + only["b"]]
+    out = pd.DataFrame({"study": study, **{c: both[c] for c in params}, "metric": both["metric"],
+                        "unit": both["unit_b"].where(same_unit, both["unit_a"].astype(str) + f" ({names[0]}), "
+                                                     + both["unit_b"].astype(str) + f" ({names[1]})"),
+                        "a": both["value_a"].astype(float), "b": both["value_b"].astype(float)})
+    out["ratio"] = (out["b"] / out["a"].where(out["a"] != 0)).where(same_unit)
     out["flag"] = flags
-    return out.reset_index(drop=True)
+    out = out.reset_index(drop=True)
+    out.attrs["columns_differ"] = [
+        {"column": c, "has": name[side], "lacks": name["b" if side == "a" else "a"], "label": label[c],
+         "common": common, "values": _some_values(t[c].map(_key))}
+        for side, t in (("a", a), ("b", b)) for c in only[side]]
+    return out
 
 
-def _flag(row: Mapping[str, Any], keys: list[str], lookup: Mapping[str, Mapping[tuple, float]]) -> str:
-    """A verdict (unit ``bool``) that changed, or a timing that moved past both runs' own [p10, p90] spread
-    ([median, p90] without a p10; no flag without a p90); "" otherwise."""
-    metric, unit = str(row["metric"]), str(row.get("unit_b") or row.get("unit_a"))
+def _flag(row: Mapping[str, Any], keys: Mapping[str, list[str]],
+          lookup: Mapping[str, Mapping[tuple, tuple[float, str]]], names: tuple[str, str] = ("a", "b")) -> str:
+    """A metric whose unit differs ("not comparable"), a verdict (unit ``bool``) that changed, or a timing that
+    moved past both runs' own [p10, p90] spread ([median, p90] without a p10; no flag without a p90; a spread
+    in another unit is no spread); "" otherwise."""
+    metric, ua, ub = str(row["metric"]), str(row["unit_a"]), str(row["unit_b"])
+    if ua != ub:
+        return f"{NOT_COMPARABLE}: unit {ua} in {names[0]}, {ub} in {names[1]}"
     va, vb = float(row["value_a"]), float(row["value_b"])
-    if unit == VERDICT_UNIT:
+    if ub == VERDICT_UNIT:
         words = ("WRONG", "ok") if metric == "ok" else ("false", "true")
         return f"verdict changed: {words[va != 0]} -> {words[vb != 0]}" if (va != 0) != (vb != 0) else ""
-    names = spread_names(metric) if unit in TIME_UNITS else None
-    if names is None:
+    spread = spread_names(metric) if ub in TIME_UNITS else None
+    if spread is None:
         return ""
-    cell, (p10, p90) = tuple(row[k] for k in keys), names
-    ha, hb = lookup["a"].get(cell + (p90,)), lookup["b"].get(cell + (p90,))
+    cells = {s: tuple(row[k] for k in keys[s]) for s in ("a", "b")}
+
+    def get(side: str, name: str) -> float | None:
+        value, unit = lookup[side].get(cells[side] + (name,), (None, None))
+        return float(value) if value is not None and str(unit) == ub else None
+
+    p10, p90 = spread
+    ha, hb = get("a", p90), get("b", p90)
     if ha is None and hb is None:
         return ""
-    la, lb = lookup["a"].get(cell + (p10,), va), lookup["b"].get(cell + (p10,), vb)
+    la, lb = get("a", p10), get("b", p10)
+    la, lb = va if la is None else la, vb if lb is None else lb
     if lb > (va if ha is None else ha):
         return "slower beyond spread"
     if (vb if hb is None else hb) < la:
@@ -139,8 +213,6 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     the union of parameter columns ("" where a study has none) and VALUE_COLUMNS; ``attrs``: the two runs."""
     import pandas as pd
 
-    from .studies.tables import load_table
-
     wanted = None if studies is None else set(studies)
     pa, pb = resolve_run(a, results), resolve_run(b, results)
     files = [{p.stem: p for p in sorted(run.glob("*.parquet"))} for run in (pa, pb)]     # {study: its table}
@@ -153,8 +225,9 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     if unknown:                    # a name neither run holds is a mistake, not "nothing to compare"
         raise BadArgument(f"no study named {', '.join(map(repr, unknown))} in either run; the studies they "
                           f"hold: {', '.join(sorted(held)) or 'none'}")
-    ta, tb = ({s: load_table(p) for s, p in f.items() if wanted is None or s in wanted} for f in files)
-    frames = [f for f in (compare_tables(ta[s], tb[s], study=s) for s in sorted(set(ta) & set(tb))) if len(f)]
+    ta, tb = ({s: _read_table(p, held) for s, p in f.items() if wanted is None or s in wanted} for f in files)
+    compared = {s: compare_tables(ta[s], tb[s], study=s) for s in sorted(set(ta) & set(tb))}
+    frames = [f for f in compared.values() if len(f)]
     if frames:
         df = pd.concat(frames, ignore_index=True, sort=False)
         params = [c for c in df.columns if c not in ("study", *VALUE_COLUMNS)]
@@ -163,9 +236,59 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     else:
         df = pd.DataFrame(columns=["study", *VALUE_COLUMNS])
     df.attrs.update(a=str(pa), b=str(pb), studies_a=sorted(ta), studies_b=sorted(tb),
+                    columns_differ={s: f.attrs["columns_differ"] for s, f in compared.items()
+                                    if f.attrs.get("columns_differ")},
                     **{col: {s: tuple(",".join(recorded(t[s], col)) for t in (ta, tb)) for s in set(ta) & set(tb)}
                        for col in KERNEL_COLUMNS})
     return df
+
+
+def _check_kinds(raw) -> None:
+    """TableError where ``metric``, ``unit`` or ``device`` holds other than text, or ``value`` dates: the
+    table checker would call a number in ``metric`` a missing metric, and read a date as a number."""
+    import pandas as pd
+
+    from .studies.tables import TableError
+    for col in ("metric", "unit", "device"):
+        if col in raw.columns:
+            odd = raw[col].map(lambda v: not isinstance(v, str) and not (pd.api.types.is_scalar(v) and pd.isna(v)))
+            if odd.any():
+                first = raw.loc[odd, col].iloc[0]
+                raise TableError(f"column {col!r} holds {type(first).__name__} values (first: {str(first)[:80]!r}), "
+                                 "not text")
+    if "value" in raw.columns and raw["value"].dtype.kind in "mM":
+        raise TableError(f"column 'value' holds {raw['value'].dtype} values, not numbers")
+
+
+def _read_table(path: Path, held: Iterable[str]):
+    """One run's study table, read and checked (its kinds by `_check_kinds`, then the study table format by
+    workbench.studies.tables.check_table: the metric, value and unit columns...), with one scalar per parameter
+    cell; CompareError naming the file and what is wrong otherwise, since a traceback names neither."""
+    import numpy as np
+    import pandas as pd
+
+    from .studies.tables import TableError, check_table
+    others = sorted(set(held) - {path.stem})
+    hint = (f"; compare the other studies with --studies {','.join(others)}" if others else "")
+    try:
+        try:
+            raw = pd.read_parquet(path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise TableError(f"unreadable parquet ({type(e).__name__}: {str(e)[:300]})") from None
+        _check_kinds(raw)
+        table = check_table(raw, name=str(path))
+        for col in param_columns(table):
+            bad = table[col].map(lambda v: isinstance(v, (list, tuple, dict, set, np.ndarray)))
+            if bad.any():
+                first = table.loc[bad, col].iloc[0]
+                raise TableError(f"{path}: parameter column {col!r} holds {type(first).__name__} values "
+                                 f"(first: {str(first)[:80]!r}), not one value per row")
+    except TableError as e:
+        raise CompareError(f"cannot compare the table {path}: {str(e).removeprefix(f'{path}: ')}{hint}") from None
+    except (MemoryError, RecursionError, OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise CompareError(f"cannot compare the table {path}: it cannot be read as a study table "
+                           f"({type(e).__name__}: {str(e)[:300]}){hint}") from None
+    return table
 
 
 def recorded(table, col: str) -> list[str]:
@@ -219,11 +342,17 @@ def csv_target(path: str | Path, results: str | Path | None = None, force: bool 
 
 
 def summary_line(df) -> str:
-    """'N metrics in both; k timing changes beyond spread; v verdict changes' of a comparison."""
+    """'N metrics in both; k timing changes beyond spread; v verdict changes' of a comparison, and where some
+    are, 'u not comparable (units differ: the metrics)'."""
     flags = list(df["flag"]) if len(df) else []
     n, timing, verdict = len(df), sum("beyond spread" in f for f in flags), sum(f.startswith("verdict") for f in flags)
-    return (f"{n} metric value{'s' * (n != 1)} in both; {timing} timing change{'s' * (timing != 1)} beyond the "
+    line = (f"{n} metric value{'s' * (n != 1)} in both; {timing} timing change{'s' * (timing != 1)} beyond the "
             f"runs' p10-p90 spread; {verdict} verdict change{'s' * (verdict != 1)}")
+    unlike = df[df["flag"].str.startswith(NOT_COMPARABLE)] if len(df) else df
+    if len(unlike):
+        metrics = "; ".join(f"{m}: {u}" for m, u in dict(zip(unlike["metric"], unlike["unit"])).items())
+        line += f"; {len(unlike)} not comparable, never ratioed (units differ: {metrics})"
+    return line
 
 
 def verdict_changes(df) -> list[str]:
@@ -246,7 +375,7 @@ def compare_command(args) -> int:
         df = compare_runs(*runs, args.results, studies=studies)
         shared = sorted(set(df.attrs["studies_a"]) & set(df.attrs["studies_b"]))
         if args.csv and shared:     # where csv_target allows (checked again), atomically: never half a file
-            atomic_write_text(csv_target(args.csv, args.results, args.force), df.to_csv(index=False))
+            atomic_write_text(csv_target(args.csv, args.results, args.force), safe_csv(df))
     except BadArgument as e:
         print(f"compare: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -270,6 +399,8 @@ def compare_command(args) -> int:
                 kernels += f"; {name} a: {ka or 'not recorded'}, b: {kb or 'not recorded'}"
         print(f"{study}: {summary_line(g)}"
               + ("" if len(g) else " (no cell measured in both: other presets, sizes or parameters)") + kernels)
+        for line in column_lines(df.attrs["columns_differ"].get(study, [])):
+            print(f"  {study}: {line}")
     if args.csv:
         print(f"compare: every value written to {args.csv}")
     show = df if args.all else df[df["flag"] != ""]

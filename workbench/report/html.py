@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from ..provenance import is_cpu, iso_utc
 from ..runstate import RunFolder, run_in_use
+from .output import strip_loading_styles
 from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
 from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, key_findings
 
@@ -277,7 +278,9 @@ def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
 def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, results_dir: Path,
                 benchmarks: list[BenchmarkSection], table_problems: Mapping[str, list[str]],
                 links: Mapping[tuple[str, str], str], runs_csv: str, notes: list[str], answers: str = "") -> str:
-    """The page. ``notes``: what the whole page lacks and why (a broken errata file), shown first."""
+    """The page. ``notes``: what the whole page lacks and why (a broken errata file), shown first. Its style
+    elements pass the notebook copies' check (output.strip_loading_styles): the page claims nothing loads from
+    elsewhere, and page.css is a file anyone may edit."""
     body = [
         "<h1>Vision-encoder input-normalization workbench: report</h1>",
         f'<p class="muted">Built {_e(iso_utc(timespec="seconds"))} from <code>{_e(results_dir)}</code>: '
@@ -301,6 +304,7 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, r
     body.append(_key_findings_html(key_findings(sections, benchmarks)))
     body += [_section_html(s) for s in sections] + [_benchmark_html(b) for b in benchmarks]
     body += ['<h2 id="runs">Runs</h2>', _runs_table(runs, table_problems, links, runs_csv)]
-    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    page = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{REPORT_TITLE}</title><style>\n{CSS.read_text(encoding='utf-8')}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+    return strip_loading_styles(page)     # every style element, the page's own CSS too, loads nothing

@@ -40,7 +40,14 @@ _ATTRIBUTES = {"*": {"class", "id", "title"}, "a": {"href"}, "img": {"src", "alt
 _DROPPED_WITH_CONTENT = {"script", "svg", "math", "iframe", "object", "noscript", "template"}
 _IMAGE_DATA = tuple(f"data:image/{t}{sep}" for t in ("png", "jpeg", "gif", "svg+xml") for sep in ";,")
 _CSS_ESCAPE = re.compile(r"\\([0-9a-fA-F]{1,6})\s?|\\(.)", re.S)
-_CSS_LOADS = re.compile(r"@import|(?:image-set|image|cross-fade|element|src)\(|url\(\s*(?!['\"]?\s*data:)", re.I)
+_CSS_COMMENT = re.compile(r"/\*.*?(?:\*/|$)", re.S)
+_CSS_LOADS = re.compile(r"@import|(?:image-set|image|cross-fade|element|src|expression)\(|"
+                        r"url\(\s*(?!['\"]?\s*data:)|-moz-binding|(?<![\w-])behavior\s*:", re.I)
+# a <style> start tag as an HTML tokenizer reads it: any case, any attributes, a quoted value may hold '>'
+_STYLE_NAME = re.compile(r"<style(?=[\s/>])", re.I)
+_STYLE_TAG = re.compile(r"<style(?:\s++|/|[^\s/>][^\s/>=]*+(?:\s*+=\s*+(?:\"[^\"]*+\"|'[^']*+'|[^\s>]*+))?+)*+>",
+                        re.I)
+_STYLE_END = re.compile(r"</style(?=[\s/>])[^>]*+>?", re.I)
 
 
 class UnsafeOutDir(ReportError, ValueError):
@@ -181,7 +188,10 @@ def write_failure(out_dir: Path, e: OSError) -> str:
 
 
 def _attribute(tag: str, name: str, value: str) -> str | None:
-    """An image only embedded or in the folder, a link only to http(s) or the folder (not ``//host``)."""
+    """An image only embedded or in the folder, a link only to http(s) or the folder (not ``//host``); no
+    attribute on ``<style>`` (`strip_loading_styles` reads every style element, but one form is simpler to check)."""
+    if tag == "style":
+        return None
     url = "".join(value.split()).lower()
     if name not in ("href", "src") or url.startswith(_IMAGE_DATA if name == "src" else ("http://", "https://")):
         return value
@@ -192,17 +202,43 @@ def _attribute(tag: str, name: str, value: str) -> str | None:
     return None if parts.scheme or parts.netloc or url.startswith(("/", "\\")) else value
 
 
-def localize_html(text: str) -> str:
-    """A notebook's HTML export cleaned by an allow-list (nh3), ``<style>`` kept where it loads nothing."""
-    import nh3
+def css_loads(css: str) -> bool:
+    """Whether CSS text may load something (``@import``, ``url(`` other than ``data:``, ``image-set(``...), read
+    with its escapes undone (``\\75 rl(`` is ``url(``), with and without its comments."""
+    plain = _CSS_ESCAPE.sub(lambda e: chr(min(int(e[1], 16), 0x10FFFF)) if e[1] else e[2], css)
+    return any(_CSS_LOADS.search(t) for t in (css, plain, _CSS_COMMENT.sub("", plain)))
 
-    def style(m: re.Match) -> str:      # read with its escapes undone (``\\75 rl(`` is ``url(``)
-        plain = _CSS_ESCAPE.sub(lambda e: chr(min(int(e[1], 16), 0x10FFFF)) if e[1] else e[2], m[1])
-        return "" if _CSS_LOADS.search(plain) else m[0]
+
+def strip_loading_styles(text: str) -> str:
+    """``text`` (HTML) with every ``<style>`` element, whatever its case and attributes, kept as a bare
+    ``<style>`` where its start tag and content load nothing (`css_loads`) and removed where they may. The
+    element ends where a browser ends it (``</style`` or the end of the text); a start tag never closed is
+    dropped with the rest of the text, as a browser drops it. Why: the copy claims nothing loads from
+    elsewhere, and a regular expression for ``<style>`` alone missed ``<style media=...>`` and its kin."""
+    out: list[str] = []
+    pos = 0
+    while (m := _STYLE_NAME.search(text, pos)) is not None:
+        out.append(text[pos:m.start()])
+        tag = _STYLE_TAG.match(text, m.start())
+        if tag is None:
+            return "".join(out)
+        end = _STYLE_END.search(text, tag.end())
+        stop, body_end = (end.end(), end.start()) if end else (len(text), len(text))
+        if not css_loads(text[m.start():stop]):
+            out.append(f"<style>{text[tag.end():body_end]}</style>")
+        pos = stop
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def localize_html(text: str) -> str:
+    """A notebook's HTML export cleaned by an allow-list (nh3), each ``<style>`` kept where it loads nothing
+    (`strip_loading_styles`)."""
+    import nh3
 
     clean = nh3.clean(text, tags=_TAGS, clean_content_tags=_DROPPED_WITH_CONTENT, attributes=_ATTRIBUTES,
                       attribute_filter=_attribute, url_schemes={"http", "https", "data"})
-    clean = re.sub(r"<style>(.*?)</style>", style, clean, flags=re.S)
+    clean = strip_loading_styles(clean)
     return '<!doctype html>\n<meta charset="utf-8">\n' + _CSP + LOCALIZED_NOTE + clean
 
 

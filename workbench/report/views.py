@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..csvsafe import safe_csv
 from ..files import read_regular
 from ..provenance import is_cpu
 from ..runstate import slug
@@ -117,7 +118,7 @@ def _runs_newest_first(g, starts: Mapping[str, str]) -> list[str]:
 
 def _verdict_diffs(study: str, older, newest, starts: Mapping[str, str]) -> list[str]:
     """One line per older run: its verdicts against the newest run's, "unchanged" or the cells that changed."""
-    from ..compare import compare_tables, verdict_changes
+    from ..compare import CompareError, compare_tables, verdict_changes
 
     if not (older["unit"] == "bool").any():
         return []
@@ -125,7 +126,11 @@ def _verdict_diffs(study: str, older, newest, starts: Mapping[str, str]) -> list
     lines = []
     for run in _runs_newest_first(older, starts):
         rows = older[older["run"].astype(str) == run]
-        cmp = compare_tables(rows[rows["unit"] == "bool"], newest[newest["unit"] == "bool"], study=study)
+        try:
+            cmp = compare_tables(rows[rows["unit"] == "bool"], newest[newest["unit"] == "bool"], study=study)
+        except CompareError as e:
+            lines.append(f"{run}: not compared with {ref} ({e})")
+            continue
         changed = verdict_changes(cmp) if len(cmp) else []
         if not len(cmp):
             lines.append(f"{run}: no verdict in common with {ref}")
@@ -141,7 +146,8 @@ def _verdict_diffs(study: str, older, newest, starts: Mapping[str, str]) -> list
 
 @dataclass
 class Csvs:
-    """CSV files written beside the page, one per table shown, each name used once."""
+    """CSV files written beside the page, one per table shown, each name used once; every text cell neutralized
+    against a spreadsheet running it as a formula (workbench.csvsafe), since the cells come from run folders."""
     root: Path
     used: set[str] = field(default_factory=set)
 
@@ -151,7 +157,7 @@ class Csvs:
         while name in self.used:
             name, i = f"{base}-{i}.csv", i + 1
         self.used.add(name)
-        df.to_csv(self.root / name, index=False)
+        safe_csv(df, self.root / name)
         return name
 
 
@@ -183,19 +189,27 @@ def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
 
 
 def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: Csvs) -> Comparison | None:
-    """The newest run on ``device`` against the newest earlier run sharing a value with it, or None."""
-    from ..compare import compare_tables, summary_line
+    """The newest run on ``device`` against the newest earlier run sharing a value with it, or None. A parameter
+    column one of the two lacks is named in the line, the column saying which run has it (compare.column_lines);
+    two runs too unlike to match are skipped, as one sharing nothing is."""
+    from ..compare import CompareError, column_lines, compare_tables, summary_line
 
     newer, *order = _runs_newest_first(g, starts)
     for older in order:
-        cmp = compare_tables(g[g["run"].astype(str) == older], g[g["run"].astype(str) == newer], study=study)
+        try:
+            cmp = compare_tables(g[g["run"].astype(str) == older], g[g["run"].astype(str) == newer], study=study,
+                                 names=(older, newer))
+        except CompareError:
+            continue
         if len(cmp):
             break
     else:
         return None
+    differ = column_lines(cmp.attrs.get("columns_differ") or [])
     cmp = cmp.rename(columns={"a": older, "b": newer})
     flagged = cmp[cmp["flag"] != ""]
-    c = Comparison(device=device, newer=newer, older=older, line=f"{newer} against {older}: {summary_line(cmp)}.",
+    c = Comparison(device=device, newer=newer, older=older, line=f"{newer} against {older}: {summary_line(cmp)}."
+                   + "".join(f" {line[:1].upper() + line[1:]}." for line in differ),
                    flagged=len(flagged), csv=csvs.write(cmp, "compare", study, device))
     if len(flagged):
         show = flagged.drop(columns=["study"]).head(COMPARE_ROWS)
