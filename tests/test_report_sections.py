@@ -413,7 +413,7 @@ def test_a_csv_beside_every_table(tmp_path, base_meta):
     for csv in csvs:
         assert (out / csv).is_file() and (out / csv).parent == result.index.parent   # beside the page
     advice = pd.read_csv(out / csvs[0])
-    assert "engine options" in advice and len(advice) == len(families())      # a row per family
+    assert "engine options (advise prints them whole)" in advice and len(advice) == len(families())      # a row per family
     assert page.count("per placement: no run measured it yet") == len(families())   # no table without a run
     key = pd.read_csv(out / csvs[1])
     assert key.columns.tolist() == ["size", "value_us"] and key["value_us"].tolist() == [0.0, 1.5, 3.0]

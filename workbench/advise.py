@@ -87,9 +87,12 @@ class Advice:
             out["encoder_cudagraph_max_frames_per_batch"] = self.max_frames
         return out
 
-    def options_line(self) -> str:
+    def options_line(self, compact: bool = False) -> str:
+        """The release's options as one line; ``compact``: a long budget list shortened (a table's cell)."""
         p = engines.get(self.engine)
         cc = self.compilation_config()
+        if compact and p.options.budgets in cc and len(cc[p.options.budgets]) > 8:
+            cc[p.options.budgets] = f"{len(self.budgets)} budgets {short_list(self.budgets)}"
         if p.options.passed_as == "env":
             return f"{p.engine} {p.version}: " + " ".join(f"{k}={int(v) if isinstance(v, bool) else v}"
                                                           for k, v in cc.items())

@@ -136,7 +136,7 @@ def _advice_row(preset: str, mix: str, results: Path) -> dict:
             f"{_compact(lat.text.split('; ')[-1])} [{lat.run}, {lat.device}]",
             "budgets": ("planner: " + short_list(a.budgets)) if a.planned else f"{a.engine} default grid",
             "held-out padding, engine grid / planner": f"{pct(a.padding['engines'])} / {pct(a.padding['planner'])}",
-            "engine options": a.options_line()}
+            "engine options (advise prints them whole)": a.options_line(compact=True)}
 
 
 def advice_table(presets: list[str], mix: str, results: Path | str):

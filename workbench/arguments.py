@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import limits
 from .engines import ENGINES, NEWEST as ENGINE_DEFAULT
 from .provenance import results_root
 from .runstate import slug
@@ -70,16 +71,21 @@ def _shard_from_env(env) -> tuple[int, int]:
                     if rest:
                         raise ValueError
             except ValueError:
-                raise SystemExit(f"--shard auto: {index_var}={env[index_var]!r} with {count_var}="
-                                 f"{env[count_var]!r} is not a task index and count") from None
+                extra = "".join(f" and {v}={env[v]!r}" for v in ("SLURM_ARRAY_TASK_STEP", "SLURM_ARRAY_TASK_MIN")
+                                if name == "Slurm" and v in env)
+                raise SystemExit(f"--shard auto: {index_var}={env[index_var]!r} with {count_var}={env[count_var]!r}"
+                                 f"{extra} is not a task index and count (whole numbers, the index a task of the "
+                                 f"array)") from None
             return i, n
     wanted = "; ".join(f"{name}: {i} and {n}" for name, i, n in SHARD_SOURCES)
     raise SystemExit(f"--shard auto: no job array variables are set ({wanted}); give --shard I/N")
 
 
 def parse_shard(text: str, env=None) -> tuple[int, int]:
-    """``--shard 1/4`` -> (1, 4); ``auto``: from a job array's variables; SystemExit otherwise."""
-    if str(text).strip().lower() == "auto":
+    """``--shard 1/4`` -> (1, 4); ``auto``: from a job array's variables; SystemExit otherwise, a count over the
+    cap ``shards`` included (before the sweep deals its cells into that many shards)."""
+    auto = str(text).strip().lower() == "auto"
+    if auto:
         (i, n), sep = _shard_from_env(os.environ if env is None else env), "/"
     else:
         i, sep, n = str(text).partition("/")
@@ -87,10 +93,21 @@ def parse_shard(text: str, env=None) -> tuple[int, int]:
             i, n = int(i), int(n)
         except ValueError:
             sep = ""
+    said = f"; the job array says {i}/{n}" if auto else ""
     if not sep or n < 1 or not 0 <= i < n:
         raise SystemExit(f"--shard {text!r}: give I/N with 0 <= I < N (shard I of N), e.g. --shard 0/2, or auto "
-                         f"(a Slurm array task or a torchrun rank)" + (f"; the job array says {i}/{n}" if sep else ""))
+                         f"(a Slurm array task or a torchrun rank)" + said)
+    try:
+        check_shard_count(n, f"--shard {text!r}" + (f" (the job array says {i}/{n})" if auto else ""))
+    except ValueError as e:       # over the cap, or a malformed $WORKBENCH_LIMITS
+        raise SystemExit(str(e)) from None
     return i, n
+
+
+def check_shard_count(n: int, what: str) -> int:
+    """``n`` when it is within the cap ``shards``; LimitError naming ``what``, the value and the valid range."""
+    cap = limits.current().shards
+    return limits.check("shards", n, f"{what}: a count of shards (valid: 1..{cap:,})")
 
 
 NAME_MAX = 80      # characters of a run name: the folder adds a 25-character time and commit prefix

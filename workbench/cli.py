@@ -189,7 +189,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:        # the parser's defaults read $WORKBENCH_RESULTS: a value it cannot use is named, no traceback
+        parser = build_parser()
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     args, extra = parser.parse_known_args(argv)
     if extra:   # an unknown flag after a subcommand: show that subcommand's usage, not the top one
         parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")

@@ -306,7 +306,8 @@ class VisionConfig:
 
 def _presets() -> dict[str, VisionConfig]:
     """Every family's presets: the real checkpoints first (registry order), then the tiny ones."""
-    made = [VisionConfig(**{**p, "family": name}) for name, fam in families().items() for p in fam.presets]
+    with limits.shipped():      # checked against the default caps: a malformed variable never stops an import
+        made = [VisionConfig(**{**p, "family": name}) for name, fam in families().items() for p in fam.presets]
     made.sort(key=lambda c: c.name.startswith("tiny-"))          # stable: family order kept
     return {c.name: c for c in made}
 

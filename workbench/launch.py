@@ -2,7 +2,6 @@
 It is `torch.multiprocessing.start_processes` plus a deadline, the results, the failing rank's story, no orphans."""
 from __future__ import annotations
 
-import ctypes
 import datetime
 import faulthandler
 import math
@@ -21,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from . import cpu_share, limits
+from . import cpu_share, limits, procs
 
 _TAIL_LINES = 40         # of a dead rank's stderr, and of a hung rank's stack, in the error message
 
@@ -46,11 +45,9 @@ def _free_port() -> int:
 
 
 def _rank_main(rank, world_size, backend, port, fn, folder, parent_pid, timeout_s):
-    # die with the launcher, kill -9 included (start_processes' SIGINT is lost on a rank blocked in C++)
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the launcher died while this rank imported torch: no signal will come
-        os._exit(1)
+    # die with the launcher, kill -9 included (start_processes' SIGINT is lost on a rank blocked in C++); a rank
+    # whose launcher died while it imported torch leaves at once
+    procs.die_with_parent(parent_pid)
     # the stderr file also says to the launcher that this rank has started (spawned, imported)
     log = open(_file(folder, rank, "log"), "ab", buffering=0)
     sys.stderr.flush()

@@ -14,14 +14,22 @@ or, in Python, for a block of code::
         batch = wb.preprocess(videos, cfg)
 
 `check(name, value, what)` raises `LimitError` (a ValueError) whose message names the value, the
-cap and both ways to raise it. `integer(value, what, minimum, cap)` checks a count or a size where
-it enters the public API (an integer, numpy's included, never a bool, at least `minimum`, within
-the cap) and `seed(value)` a random seed, so every entry point words these errors alike.
+cap and both ways to raise it.
+
+A malformed variable never stops an import: what the package ships (its presets, checked against
+the caps as they load) is checked against the defaults (`shipped`), so ``import workbench`` works and
+the command line can say what is wrong instead of a traceback; the first size checked after that
+ends in `LimitsEnvError` (a ValueError) naming the variable, its value and the form it takes.
+
+`integer(value, what, minimum, cap)` checks a count or a size where it enters the public API (an
+integer, numpy's included, never a bool, at least `minimum`, within the cap) and `seed(value)` a
+random seed, so every entry point words these errors alike.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import numbers
 import os
 from dataclasses import dataclass
@@ -54,8 +62,9 @@ class Limits:
     list_items: int = 64                  # values of one list parameter of a study (a sweep axis)
     folder_images: int = 1 << 16          # image files one folder mix reads (each decoded once; samples.get_mix)
     threads: int = 1024                   # host threads of one preprocessing call (also: the cores there)
-    workers: int = 1024                   # host processor workers of the serving model
+    workers: int = 1024                   # worker processes: the serving model's host processors, a sweep's --workers
     sim_requests: int = 1_000_000         # requests the serving model simulates per arrival rate
+    shards: int = 4096                    # shards of one sharded sweep (--shard I/N: N, a job array's task count)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -63,25 +72,53 @@ class Limits:
 
     @classmethod
     def from_env(cls, text: str | None = None) -> "Limits":
-        """The defaults with ``$WORKBENCH_LIMITS`` (``name=value,...``) applied."""
-        text = os.environ.get(LIMITS_ENV, "") if text is None else text
-        changes: dict[str, int] = {}
-        for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
-            name, sep, value = part.partition("=")
-            name = name.strip()
-            if not sep or name not in cls.names():
-                raise ValueError(f"{LIMITS_ENV}={text!r}: {part!r} is not NAME=VALUE with NAME one of "
-                                 f"{', '.join(cls.names())}")
-            try:
-                number = int(value.strip().replace("_", ""))
-            except ValueError:
-                number = 0
-            if number < 1:
-                raise ValueError(f"{LIMITS_ENV}={text!r}: {name} must be a positive integer, got {value.strip()!r}")
-            changes[name] = number
-        return dataclasses.replace(cls(), **changes)
+        """The defaults with ``$WORKBENCH_LIMITS`` (``name=value,...``) applied; LimitsEnvError where it is
+        malformed."""
+        return _parse(os.environ.get(LIMITS_ENV, "") if text is None else text)
+
+
+def expected_form() -> str:
+    """What ``$WORKBENCH_LIMITS`` holds, for the error messages."""
+    return (f"comma-separated NAME=VALUE pairs, each NAME one of {', '.join(Limits.names())} and each VALUE a "
+            f"whole number >= 1, e.g. {LIMITS_ENV}=frames=2000,budget_tokens=131072")
+
+
+class LimitsEnvError(ValueError):
+    """A malformed ``$WORKBENCH_LIMITS``: the message names the variable, its value and the form it takes."""
+
+
+@functools.lru_cache(maxsize=16)
+def _parse(text: str) -> Limits:
+    """The caps ``text`` sets over the defaults (cached: every size checked looks the caps up)."""
+    changes: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or name not in Limits.names():
+            raise LimitsEnvError(f"{LIMITS_ENV}={text!r}: {part!r} is not NAME=VALUE with a known NAME; "
+                                 f"expected {expected_form()}")
+        digits = value.replace("_", "")
+        number = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 30 else 0
+        if number < 1:
+            raise LimitsEnvError(f"{LIMITS_ENV}={text!r}: {name} must be a positive integer (at most 30 digits), "
+                                 f"got {value!r}; expected {expected_form()}")
+        changes[name] = number
+    return dataclasses.replace(Limits(), **changes)
+
+
+@contextlib.contextmanager
+def shipped() -> Iterator[Limits]:
+    """The default caps, whatever the variable says, for the code inside the ``with`` block: what the
+    package ships (its presets) is checked against them as it loads, so a malformed variable never stops an
+    import; the first size a user's call checks names the variable instead."""
+    global _current
+    before, _current = _current, Limits()
+    try:
+        yield _current
+    finally:
+        _current = before
 
 
 class LimitError(ValueError):

@@ -26,7 +26,13 @@ def results_root() -> Path:
     """Where run folders and the report live: ``$WORKBENCH_RESULTS``, else the project's ``results/``
     whatever the working directory (a notebook runs in notebooks/)."""
     env = os.environ.get(RESULTS_ENV)
-    return Path(env).expanduser() if env else REPO_ROOT / "results"
+    if not env:
+        return REPO_ROOT / "results"
+    try:
+        return Path(env).expanduser()
+    except RuntimeError:        # "~user/..." of a user this machine does not know
+        raise ValueError(f"{RESULTS_ENV}={env!r}: its '~' names no home folder here; give an absolute path "
+                         f"or ~/...") from None
 
 
 def utc_now() -> _dt.datetime:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import provenance      # git_info looked up when called: tests stand in for it
+from . import limits, provenance      # git_info looked up when called: tests stand in for it
 from .runmeta import MetaError, RunMeta
 from .runstate import RunFolder, run_in_use
 from .stages import default_kernel, finish_study
@@ -112,7 +112,26 @@ def _same_settings(study, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def shard_cells(cells: list[Cell], count: int) -> list[list[Cell]]:
-    """``cells`` dealt longest first to the least-loaded of ``count`` shards, the same in every task."""
+    """``cells`` dealt longest first to the least-loaded of ``count`` shards, the same in every task; ``count`` is
+    checked against the cap ``shards`` before a list of that length exists."""
+    return _deal(cells, check_shard((0, count))[1])
+
+
+def check_shard(shard) -> tuple[int, int]:
+    """A plan's ``shard`` as (index, count): whole numbers, 0 <= index < count <= the cap ``shards``; ValueError
+    (LimitError above the cap) naming the value and the valid range otherwise."""
+    cap = limits.current().shards
+    form = f"(index, count): whole numbers with 0 <= index < count, count at most {cap:,} (limit 'shards')"
+    if not isinstance(shard, (tuple, list)) or len(shard) != 2:
+        raise ValueError(f"shard={shard!r} must be {form}, e.g. (0, 2) for the first of two shards")
+    index, count = shard
+    if not (limits.is_integer(index) and limits.is_integer(count)) or not 0 <= index < count:
+        raise ValueError(f"shard={tuple(shard)!r} must be {form}")
+    limits.check("shards", int(count), f"shard={tuple(shard)!r}: a count of shards (valid: 1..{cap:,})")
+    return int(index), int(count)
+
+
+def _deal(cells: list[Cell], count: int) -> list[list[Cell]]:
     loads, parts = [0.0] * count, [[] for _ in range(count)]
     for c in sorted(cells, key=lambda c: (-c.seconds, c.study, repr(c.values))):
         k = min(range(count), key=lambda i: (loads[i], i))
@@ -233,8 +252,8 @@ def _scale_reps(study, p: dict, factor: float) -> tuple[dict, float]:
 
 def wall_seconds(seconds: Mapping[str, float], workers: int = 1) -> float:
     """The wall time of studies taking ``seconds`` in ``workers`` processes, each taking the longest one left."""
-    return max(sum(c.seconds for c in part) for part in shard_cells([Cell(n, None, t) for n, t in seconds.items()],
-                                                                     workers))
+    return max(sum(c.seconds for c in part) for part in _deal([Cell(n, None, t) for n, t in seconds.items()],
+                                                               max(1, min(workers, len(seconds)))))
 
 
 def plan_time(plan: SweepPlan) -> dict:
@@ -274,7 +293,7 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     """Run the plan's studies (its shard of them) into a new run folder."""
     extra: dict[str, Any] = {}
     if plan.shard is not None:
-        index, count = plan.shard
+        index, count = check_shard(plan.shard)
         # balanced by committed runs only: every host of a job array sees the same ones
         timings = list(_timings([Path(plan.results) / "reference"], plan.profile))
         mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, _newest(timings),

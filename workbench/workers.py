@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cpu_share
+from . import cpu_share, limits, procs
 from .provenance import REPO_ROOT
 
 # N pretend GPUs, for tests of the worker plumbing on a host without them (meta.json says so)
@@ -29,13 +29,22 @@ def check_gpus(gpus: list[int] | tuple[int, ...] | None, profile: str) -> None:
     if not gpus:
         return
     emulated = os.environ.get(EMULATE_GPUS_ENV)
-    if emulated and not emulated.isdigit():
+    if emulated and not (emulated.isascii() and emulated.isdigit()):
         raise SystemExit(f"{EMULATE_GPUS_ENV}={emulated!r}: give a number of GPUs to pretend, e.g. 2")
     if not emulated and profile != "gpu":
         raise SystemExit(f"--gpus {','.join(map(str, gpus))}: the {profile} profile runs on the CPU; --gpus "
                          f"needs the gpu profile on a CUDA host (--profile gpu)")
     if emulated:
-        n = int(emulated)
+        try:        # the GPUs of one host: as many as the ranks of one data-parallel launch at most
+            cap = limits.current().world_size
+        except ValueError as e:         # a malformed $WORKBENCH_LIMITS
+            raise SystemExit(str(e)) from None
+        digits = emulated.lstrip("0") or "0"
+        if len(digits) > len(str(cap)) or int(digits) > cap:
+            raise SystemExit(f"{EMULATE_GPUS_ENV}={emulated!r}: more GPUs to pretend than the cap of {cap} (limit "
+                             f"'world_size'); valid: 0..{cap}, raise it on purpose with "
+                             f"{limits.LIMITS_ENV}=world_size=N")
+        n = int(digits)
     else:
         import torch
         n = torch.cuda.device_count()
@@ -44,7 +53,8 @@ def check_gpus(gpus: list[int] | tuple[int, ...] | None, profile: str) -> None:
 
 
 def parse_workers(text: str | int | None) -> int | str | None:
-    """``--workers 2`` -> 2, ``auto`` -> "auto", None -> None (the command's default); SystemExit otherwise."""
+    """``--workers 2`` -> 2, ``auto`` -> "auto", None -> None (the command's default); SystemExit otherwise, a
+    count over the cap ``workers`` included."""
     if text is None or str(text).strip().lower() == "auto":
         return None if text is None else "auto"
     try:
@@ -54,7 +64,11 @@ def parse_workers(text: str | int | None) -> int | str | None:
     if n < 1:
         raise SystemExit(f"--workers {text!r}: give a number of worker processes >= 1, or auto (one per core on "
                          f"the cpu profile, at most one per study); 1 runs the studies one after the other here")
-    return n
+    try:
+        return limits.check("workers", n, f"--workers {text!r}: a count of worker processes (valid: 1.."
+                                          f"{limits.current().workers:,}, or auto)")
+    except ValueError as e:       # over the cap, or a malformed $WORKBENCH_LIMITS
+        raise SystemExit(str(e)) from None
 
 
 def worker_count(wanted: int | str | None, profile: str, n_studies: int, gpus=None, default: int | str = 1) -> int:
@@ -100,12 +114,19 @@ def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
     from .runstate import RunFolder
     from .stages import finish_study
     from .studies import discover
+    cpu, gpu = os.environ.get(CPU_WORKER_ENV), os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if cpu is not None and not (cpu.isascii() and cpu.isdigit()):
+        raise SystemExit(f"{CPU_WORKER_ENV}={cpu!r}: expected the worker's index, a whole number >= 0 (the sweep "
+                         f"sets it for each worker it starts)")
+    for module in filter(None, (m.strip() for m in os.environ.get(STUDY_MODULES_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except (ImportError, TypeError, ValueError) as e:      # not found, or not a module name (".x", "a..b")
+            raise SystemExit(f"{STUDY_MODULES_ENV}={os.environ[STUDY_MODULES_ENV]!r}: cannot import {module!r} "
+                             f"({e}); expected comma-separated importable modules that register studies") from None
     meta = RunFolder(run_dir).meta()
     device = (meta.params or {}).get("device") or "cpu"
-    for module in filter(None, os.environ.get(STUDY_MODULES_ENV, "").split(",")):
-        importlib.import_module(module)
     studies = discover()
-    cpu, gpu = os.environ.get(CPU_WORKER_ENV), os.environ.get("CUDA_VISIBLE_DEVICES", "")
     place = {"worker": int(cpu)} if cpu is not None else {"gpu": gpu}
     for name in names:
         try:        # exactly one process can create a study's claim file
@@ -138,16 +159,24 @@ def execute_in_workers(selected: list, run_dir: Path, direct: bool, kernel: str,
            *(["--direct"] if direct else [])]
     places = ([{"CUDA_VISIBLE_DEVICES": str(g)} for g in gpus] if gpus
               else [{CPU_WORKER_ENV: str(k)} for k in range(workers)])
-    procs = []
-    for k, place in enumerate(places):
-        env = {**os.environ, **place}
-        # a share of the cores each (torch's default oversubscribes: results/reference/README.md); the user's wins
-        env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(places))))
-        if modules:
-            env[STUDY_MODULES_ENV] = ",".join(modules)
-            env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [os.environ.get("PYTHONPATH")])])
-        procs.append((gpus[k] if gpus else k, subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT))))
-    codes = {w: p.wait() for w, p in procs}
+    started, watch = [], procs.ParentWatch()
+    try:
+        for k, place in enumerate(places):
+            env = {**os.environ, **place, **watch.child_env()}      # each worker dies with this process
+            # a share of the cores each (torch's default oversubscribes: results/reference/README.md); the user's wins
+            env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(places))))
+            if modules:
+                env[STUDY_MODULES_ENV] = ",".join(modules)
+                env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [os.environ.get("PYTHONPATH")])])
+            started.append((gpus[k] if gpus else k, subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT),
+                                                                     pass_fds=watch.pass_fds)))
+        codes = {w: p.wait() for w, p in started}
+    finally:        # a failed start, or interrupted here (Ctrl-C in a notebook): no worker goes on unwatched
+        for _, p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        watch.close()
     failures, placed, seconds = [], {}, {}
     for s in selected:
         record, claim = claims / f"{s.name}.json", claims / f"{s.name}.claim"
@@ -168,4 +197,5 @@ def execute_in_workers(selected: list, run_dir: Path, direct: bool, kernel: str,
 
 
 if __name__ == "__main__":      # a worker process of `execute_in_workers`: RUN_DIR STUDY,STUDY,... KERNEL [--direct]
+    procs.from_env()            # first: a sweep killed while this process imports leaves nothing behind
     work(Path(sys.argv[1]), sys.argv[2].split(","), "--direct" in sys.argv[4:], sys.argv[3])

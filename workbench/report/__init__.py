@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from ..files import atomic_write_text
 from ..limits import cpu_count
+from ..procs import ParentWatch, die_with_parent
 from ..provenance import results_root
 # the names below that this module does not use are the package's public ones (and _view_body, for tests)
 from .answers import answers_html
@@ -91,13 +92,23 @@ def _summarize_one(i: int) -> tuple[StudySection, set[str]]:
     return _JOBS[1](_JOBS[0][i])
 
 
+def _summarize_in_child(i: int, send, watch_args: tuple) -> None:
+    """A forked process's whole life: die with the report, summarize study ``i``, hand the result back."""
+    import os
+    die_with_parent(*watch_args)
+    try:
+        send.send(_summarize_one(i))
+    finally:
+        send.close()
+        os._exit(0)             # no atexit handler of the parent's runs twice
+
+
 def _summaries(ordered: list, summarize_one, csvs: Csvs, log) -> list[StudySection]:
     """Each study's section, the studies summarized side by side in forked processes (drawing every run's figures
     is most of a report's time) where there are several cores, else one after the other here. A study's CSV
     names start with its own name, so the processes' names never meet: each one's are merged into ``csvs``."""
     global _JOBS
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     workers = min(len(ordered), cpu_count(), SUMMARY_PROCESSES)
     sections: list[StudySection | None] = [None] * len(ordered)
@@ -105,14 +116,12 @@ def _summaries(ordered: list, summarize_one, csvs: Csvs, log) -> list[StudySecti
     try:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
             # forked, not spawned: a spawned process imports the caller's script again (a script without a main
-            # guard would run twice); a process that dies leaves its study to the loop below
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                futures = [pool.submit(_summarize_one, i) for i in range(len(ordered))]
-                for i, future in enumerate(futures):
-                    try:
-                        sections[i], used = future.result()
-                    except Exception:  # noqa: BLE001 - the process died (a signal, memory): done here instead
-                        continue
+            # guard would run twice). One process per study, so a process that dies (a signal, memory) costs only
+            # its own study, done in the loop below; each dies with this process (die_with_parent), so a report
+            # killed outright leaves none behind.
+            with ParentWatch() as watch:
+                for i, result in _forked(workers, len(ordered), watch.args()):
+                    sections[i], used = result
                     csvs.used.update(used)
                     log(f"report: {ordered[i].name} ({i + 1}/{len(ordered)})")
         for i in (i for i, sec in enumerate(sections) if sec is None):
@@ -122,6 +131,40 @@ def _summaries(ordered: list, summarize_one, csvs: Csvs, log) -> list[StudySecti
     finally:
         _JOBS = ()
     return sections
+
+
+def _forked(workers: int, n: int, watch_args: tuple):
+    """(i, result) of each study summarized in a forked process of its own, at most ``workers`` at a time; a study
+    whose process died yields nothing."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    fork = multiprocessing.get_context("fork")
+    pending, running = list(range(n)), {}
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                i = pending.pop(0)
+                recv, send = fork.Pipe(duplex=False)
+                proc = fork.Process(target=_summarize_in_child, args=(i, send, watch_args), daemon=True)
+                proc.start()
+                send.close()
+                running[recv] = (i, proc)
+            for recv in wait(list(running)):
+                i, proc = running.pop(recv)
+                try:
+                    result = recv.recv()
+                except (EOFError, OSError):      # the process died before it handed anything back
+                    result = None
+                recv.close()
+                proc.join()
+                if result is not None:
+                    yield i, result
+    finally:
+        for recv, (_, proc) in running.items():  # an error here: none of them outlives it
+            proc.kill()
+            proc.join()
+            recv.close()
 
 
 def build_report(results_dir: Path | str | None = None, out_dir: Path | str | None = None,
