@@ -375,7 +375,8 @@ def test_cuda_engine_policies_replay_captured_graphs_equal_to_eager(preset, engi
         assert len(st) == 1 and st["items"][0] == batch.n_items
     one = batch.select([min(range(batch.n_items), key=lambda i: batch.item_rows[i])])
     clean = runner.encode(one)
-    for cap in runner.graphs.values():      # every buffer a replay reads: the shared one, or each budget's own
-        cap.pixels.fill_(255)
+    with torch.inference_mode():            # every buffer a replay reads: the shared one, or each budget's own
+        for cap in runner.graphs.values():
+            cap.pixels.fill_(255)
     again = runner.encode(one)
     assert torch.equal(clean, again)
