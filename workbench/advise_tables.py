@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .advise import DESIGNS, advise, device_names, newest_rows, pct, short_list
+from .advise import DESIGNS, advise, device_names, newest_rows, pct
 from .provenance import results_root
 
 
@@ -134,8 +134,8 @@ def _advice_row(preset: str, mix: str, results: Path) -> dict:
             "staging (run, device)": _compact(a.staging.line()),
             "time to embedding, largest batch (run, device)": "" if lat is None else lat.text if not lat.run else
             f"{_compact(lat.text.split('; ')[-1])} [{lat.run}, {lat.device}]",
-            "budgets": ("planner: " + short_list(a.budgets)) if a.planned else f"{a.engine} default grid",
-            "held-out padding, engine grid / planner": f"{pct(a.padding['engines'])} / {pct(a.padding['planner'])}",
+            "budgets": f"planner, {len(a.budgets)} graphs" if a.planned else f"{a.engine} grid",
+            "padding (held out): grid / planner": f"{pct(a.padding['engines'])} / {pct(a.padding['planner'])}",
             "engine options (advise prints them whole)": a.options_line(compact=True)}
 
 

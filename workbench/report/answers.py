@@ -129,8 +129,8 @@ def answers_html(results_dir: Path, csvs, studies: bool) -> str:
         pending = "; ".join(f"{_e(r['preset'])} ({_e(r['placement, norm, buffer'])})"
                             for _, r in shown[~measured].iterrows())       # one line, not a row of blanks
         out = ('<h2 id="advice">Where to normalize, and the engine options to take</h2>'
-               f'<p class="muted">{ADVICE_INTRO}</p>'
-               f'<p class="muted">The engine modelled: {_e(engines.get(engines.NEWEST).describe())}.</p>'
+               f'<p class="muted">{ADVICE_INTRO} The engine modelled: '
+               f'{_e(engines.get(engines.NEWEST).describe())}.</p>'
                f'{_table(shown[measured])}<p class="muted">'
                + (f"No run measured yet: {pending}. " if pending else "")
                + "The commands that measure what is missing: <code>python -m workbench advise --preset P</code> · "
