@@ -599,3 +599,18 @@ def test_nothing_dropped_silently(tmp_path, monkeypatch):
 def test_verdict_keys_kept():
     assert set(VERDICTS) >= {"tower", "patch embedding", "outer+graphs", "outer", "double", "unfound", "processor"}
     assert "outer (in graph path)" in VERDICTS and "outer (in graph path)" not in ATTENTION
+
+
+def test_the_newest_release_of_the_committed_audits_shows_whatever_the_file_times(tmp_path):
+    import json
+    import os
+    ref = tmp_path / "reference" / "audits"
+    ref.mkdir(parents=True)
+    for version, when in (("0.34.0", 1000), ("0.33.0", 2000), ("0.9.1", 3000)):     # a clone's times say nothing
+        (ref / f"vllm-{version}.json").write_text(json.dumps(dict(version=version, models=[])))
+        os.utime(ref / f"vllm-{version}.json", (when, when))
+    assert load_newest(tmp_path)["version"] == "0.34.0"
+    mine = tmp_path / "audits"
+    mine.mkdir()
+    (mine / "vllm-0.30.0.json").write_text(json.dumps(dict(version="0.30.0", models=[])))   # the user's own first
+    assert load_newest(tmp_path)["version"] == "0.30.0"

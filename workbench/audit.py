@@ -380,12 +380,20 @@ def save(result: Audit, results: Path | str) -> Path:
     return atomic_write_text(Path(results) / AUDITS_DIR / f"{stem}.json", result.to_json())
 
 
+def _release(p: Path) -> tuple:
+    """``vllm-0.34.0.json`` -> (0, 34, 0): committed audits are ordered by the release they read (a clone gives
+    every file the same time)."""
+    return tuple(int(x) for x in re.findall(r"\d+", p.stem.rpartition("-")[2])) or (-1,)
+
+
 def load_newest(results: Path | str) -> dict | None:
-    """The newest saved audit under ``results`` or its committed ``reference/`` (by file time), as JSON
-    data; None where none is."""
-    folders = [f for f in (Path(results) / AUDITS_DIR, Path(results) / "reference" / AUDITS_DIR) if f.is_dir()]
-    found = sorted((p for f in folders for p in f.glob("*.json") if not p.is_symlink()),
-                   key=lambda p: p.stat().st_mtime)
+    """The newest saved audit, as JSON data: the user's own under ``results/audits`` by file time, else the
+    committed ones under ``reference/`` by release; None where none is."""
+    mine, ref = (Path(results) / AUDITS_DIR, Path(results) / "reference" / AUDITS_DIR)
+    def saved(folder: Path) -> list[Path]:
+        return [p for p in folder.glob("*.json") if not p.is_symlink()] if folder.is_dir() else []
+
+    found = sorted(saved(ref), key=_release) + sorted(saved(mine), key=lambda p: p.stat().st_mtime)
     for p in reversed(found):
         try:
             data = json.loads(read_regular(p, MAX_FILE_BYTES))
