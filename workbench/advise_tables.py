@@ -114,8 +114,9 @@ def family_presets() -> list[str]:
 
 def _compact(text: str) -> str:
     """advise's sentence in a table's words (the column header says the rest): a row stays a few lines high."""
-    for long, short in (("cheapest right design at ", "at "), ("engines' budgets", "engines'"),
-                        (" ms per image", " ms/image"), (" us per replay", " us/replay")):
+    for long, short in (("cheapest right design at ", "at "), ("engines' budgets", "engine"), ("planner's", "plan"),
+                        ("transformers", "HF"), (" ms per image", " ms/img"), (" us per replay", " us/replay"),
+                        (" items: ", ": "), (" item: ", ": ")):
         text = text.replace(long, short)
     return text
 
