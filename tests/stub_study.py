@@ -68,7 +68,7 @@ def make(name: str = NAMES[0], notebook: str | Path = "notebooks/no_such_stub.ip
 
 def notebook(path: Path, name: str = NAMES[0]) -> Path:
     """A minimal notebook for the stub ``name`` at ``path`` (what papermill mode executes): its
-    parameters cell, then what a study notebook does (notebook_params, run_and_save), and a cell
+    parameters cell, then what a study notebook does (notebook_params, run_study), and a cell
     that prints the table."""
     def code(source, tags=()):
         return {"cell_type": "code", "execution_count": None, "metadata": {"tags": list(tags)}, "outputs": [],
@@ -78,9 +78,8 @@ def notebook(path: Path, name: str = NAMES[0]) -> Path:
         code(SPEC.parameters_cell(), tags=["parameters"]),
         code(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport stub_study\n"
              f"stub_study.register_in_this_process({name!r}, {str(path)!r})"),
-        code(f"from workbench.studies import notebook_params, run_and_save\n"
-             f"params = notebook_params({name!r}, globals())\n"
-             f"table, path = run_and_save({name!r}, params, device, run_dir)"),
+        code(f"from workbench.studies import notebook_params, run_study\n"
+             f"table, path = run_study({name!r}, notebook_params({name!r}, globals()), device, run_dir)"),
         code("print(table.to_string())"),
     ]
     for i, cell in enumerate(cells):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import workbench as wb
-from workbench.patches import _patchify
+from workbench.patches import patchify_array
 from workbench.photos import random_images, sample_images
 from workbench.preprocess import Video, preprocess
 from workbench.limits import cpu_count
@@ -101,7 +101,7 @@ def test_cuda_backend_is_torchvisions_float_path_in_the_qwen_layout():
             t = F.interpolate(t, size=size, mode="bicubic", align_corners=False, antialias=True).clamp(0, 255).round()
         frame = t.to(torch.uint8)[0].permute(1, 2, 0).numpy()[None]
         want = np.empty(tuple(batch.pixels.shape), np.uint8)
-        _patchify(frame, cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size, want)
+        patchify_array(frame, cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size, want)
         assert torch.equal(batch.pixels, torch.from_numpy(want))
 
 

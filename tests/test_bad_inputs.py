@@ -19,8 +19,9 @@ from PIL import Image
 import workbench as wb
 from workbench import limits, planner
 from workbench.config import PRESETS
+from workbench.images import composite_on_white
 from workbench.limits import LimitError
-from workbench.preprocess import Video, _composite_on_white, preprocess
+from workbench.preprocess import Video, preprocess
 from workbench.runner import EncoderGraphRunner, default_budgets
 from workbench.samples import image_mix, mix_sizes, mix_tokens, random_images, sample_images, sample_video
 
@@ -67,7 +68,7 @@ def no_conversion(monkeypatch):
     """Fail the test if preprocess converts or resizes a single pixel."""
     def refuse(*a, **k):
         raise AssertionError("a pixel was converted before the caps were checked")
-    monkeypatch.setattr(sys.modules["workbench.preprocess"], "_rgb_resized", refuse)
+    monkeypatch.setattr(sys.modules["workbench.preprocess"], "rgb_resized", refuse)
 
 
 @pytest.mark.parametrize("make, name, value", [
@@ -128,7 +129,7 @@ def test_rgba_compositing_in_bands_equals_the_whole_frame_formula():
     arr = rng.integers(0, 256, ((1 << 20) + 7, 2, 4), dtype=np.uint8)   # three bands of rows
     a = arr[..., 3:4] / 255.0
     want = np.round(a * arr[..., :3] + (1.0 - a) * 255.0).astype(np.uint8)
-    assert np.array_equal(_composite_on_white(arr), want)
+    assert np.array_equal(composite_on_white(arr), want)
 
 
 def test_merge_unit_must_be_positive():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import cli, stages
+from workbench import cli, notebook_path
 from workbench.studies import discover
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,7 +88,7 @@ def test_the_declarations_import_neither_torch_nor_pandas_and_nothing_is_cached(
 def _kernel(tmp_path: Path, monkeypatch, python: str) -> None:
     import json
 
-    d = tmp_path / "share" / "jupyter" / "kernels" / stages.PROJECT_KERNEL
+    d = tmp_path / "share" / "jupyter" / "kernels" / notebook_path.PROJECT_KERNEL
     d.mkdir(parents=True)
     (d / "kernel.json").write_text(json.dumps({
         "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
@@ -98,7 +98,7 @@ def _kernel(tmp_path: Path, monkeypatch, python: str) -> None:
 
 def test_sweeps_run_in_the_project_kernel_where_it_runs_this_interpreter(tmp_path, monkeypatch):
     _kernel(tmp_path, monkeypatch, sys.executable)
-    assert stages.default_kernel() == "workbench"
+    assert notebook_path.default_kernel() == "workbench"
     args = cli.build_parser().parse_args(["sweep", "--direct"])
     assert args.kernel is None                       # resolved when the plan is made
 
@@ -107,12 +107,12 @@ def test_sweeps_fall_back_to_python3_without_the_project_kernel(tmp_path, monkey
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "nothing"))
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "nothing-either"))
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "no-prefix"))
-    assert stages.default_kernel() == "python3"
+    assert notebook_path.default_kernel() == "python3"
 
 
 def test_a_project_kernel_of_another_interpreter_is_not_used(tmp_path, monkeypatch):
     _kernel(tmp_path, monkeypatch, str(tmp_path / "other-env" / "bin" / "python"))
-    assert stages.default_kernel() == "python3"
+    assert notebook_path.default_kernel() == "python3"
 
 
 def test_the_notebooks_declare_the_project_kernel():
@@ -120,10 +120,10 @@ def test_the_notebooks_declare_the_project_kernel():
 
     for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
         spec = json.loads(nb.read_text(encoding="utf-8"))["metadata"]["kernelspec"]
-        assert spec["name"] == stages.PROJECT_KERNEL and spec["display_name"] == "Python (workbench)", nb.name
+        assert spec["name"] == notebook_path.PROJECT_KERNEL and spec["display_name"] == "Python (workbench)", nb.name
 
 
 def test_a_study_registered_in_this_process_is_not_refused(stubs):
     args = cli.build_parser().parse_args(["sweep", "--studies", ",".join(stubs)])
     cli.precheck(args)                      # the registry of this process decides
-    assert set(stubs) <= set(s.name for s in cli._select(discover(), args.studies))
+    assert set(stubs) <= set(s.name for s in cli.select_studies(discover(), args.studies))

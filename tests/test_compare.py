@@ -12,7 +12,7 @@ import pytest
 from workbench import cli
 from workbench.compare import (CompareError, column_lines, compare_runs, compare_tables, resolve_run, spread_names,
                                summary_line)
-from workbench.studies.tables import write_study_table
+from workbench.results.tables import write_study_table
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "results"

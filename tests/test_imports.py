@@ -142,4 +142,26 @@ def test_the_command_line_and_sweep_layer_sits_above_studies_and_report():
         assert not higher, (m, sorted(higher))
     assert graph["workbench.__main__"] == {"workbench.cli"}
     # the layer is where studies and report meet the command line
-    assert "workbench.report" in graph["workbench.cli"] and "workbench.studies.tables" in graph["workbench.stages"]
+    assert "workbench.report" in graph["workbench.cli"] and "workbench.results" in graph["workbench.stages"]
+    assert "workbench.report" not in graph["workbench.stages"]      # figures are drawn from the store's runs
+
+
+def test_the_results_store_sits_below_everything_that_reads_runs():
+    """workbench.results owns the run folders: it imports none of the studies, the report, the commands or the
+    sweep, and those reach run folders through it (no other module names meta.json's reader or writer)."""
+    graph = import_graph()
+    store = {m for m in graph if m == "workbench.results" or m.startswith("workbench.results.")}
+    assert {"workbench.results.store", "workbench.results.folder", "workbench.results.meta"} <= store
+    above = {m for m in graph if m.startswith(("workbench.studies", "workbench.report", "workbench.benchmarks"))}
+    above |= set(COMMAND_LAYER) | {"workbench.advise", "workbench.advise_tables", "workbench.audit",
+                                   "workbench.compare"}
+    for m in store:
+        assert not (graph[m] & above), (m, sorted(graph[m] & above))
+    for user in ("workbench.report", "workbench.advise", "workbench.compare", "workbench.audit",
+                 "workbench.sweep", "workbench.stages", "workbench.studies"):
+        assert "workbench.results" in reachable(graph, user), user
+    # the folder readers of old are gone: no module outside the store reads a meta.json or lists run folders
+    outside = [p for p in PKG.rglob("*.py") if "results" not in p.relative_to(PKG).parts]
+    for p in outside:
+        text = p.read_text()
+        assert 'glob("*/meta.json")' not in text and "RunMeta.from_json(" not in text, p

@@ -11,7 +11,7 @@ from workbench.studies import input_path as study
 from workbench.studies.input_path import summary
 from workbench.studies.input_path.params import PLACEMENT_PAYLOAD, check_payload
 from workbench.studies.params import ParamError
-from workbench.studies.tables import check_table, wide
+from workbench.results.tables import check_table, wide
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ import pandas as pd
 import pytest
 
 from workbench import procs
-from workbench.runmeta import RunMeta
-from workbench.runstate import RunFolder
-from workbench.studies.tables import write_study_table
+from workbench.results.meta import RunMeta
+from workbench.results.folder import RunFolder
+from workbench.results.tables import write_study_table
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the processes through /proc")
 
@@ -144,7 +144,7 @@ class Command:
     """A script run with the token, its output read as it comes (a full pipe would stall it)."""
 
     def __init__(self, script: str, args: list[str], tmp: Path):
-        self.token, self.marks, self.out = uuid.uuid4().hex, tmp / "marks", b""
+        self.token, self.marks, self.out, self.seen = uuid.uuid4().hex, tmp / "marks", b"", {}
         self.marks.mkdir(exist_ok=True)
         env = {**os.environ, TOKEN_ENV: self.token, "WB_SLEEPY_MARKS": str(self.marks)}
         self.proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], cwd=REPO, env=env,
@@ -161,6 +161,7 @@ class Command:
     def forked(self) -> int:
         """How many processes run this command's own command line (forked from it, not yet anything else)."""
         held = _holders(self.token)
+        self.seen.update(held)        # a fork that ends before the kill was still started by the command
         mine = held.pop(self.proc.pid, None)
         return sum(c == mine for c in held.values()) if mine is not None else 0
 
@@ -176,7 +177,7 @@ class Command:
 
     def kill_and_find_no_survivor(self) -> None:
         """SIGKILL the command alone; then every process holding the token must go and the output must end."""
-        started = _holders(self.token)
+        started = {**self.seen, **_holders(self.token)}
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=60)
         deadline, ended = time.monotonic() + GONE_S, False

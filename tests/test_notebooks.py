@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.runmeta import RunMeta
+from workbench.results.meta import RunMeta
 from workbench.studies import discover, load_table, wide
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_a_notebook_run_from_the_notebooks_folder_lands_in_the_results_folder(tm
     folder with its own meta.json, not in notebooks/results/."""
     papermill = pytest.importorskip("papermill")
     from workbench import provenance as prov
-    from workbench.runmeta import RunMeta
+    from workbench.results.meta import RunMeta
     results = tmp_path / "results"
     monkeypatch.setenv(prov.RESULTS_ENV, str(results))      # the project's results/ unless moved
     papermill.execute_notebook(str(ROOT / "notebooks" / "fp32_memory.ipynb"), str(tmp_path / "out.ipynb"),

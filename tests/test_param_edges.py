@@ -16,7 +16,7 @@ import pytest
 from workbench import limits
 from workbench.stages import save_run_figures
 from workbench.studies import discover, save_table
-from workbench.studies.tables import load_table, wide
+from workbench.results.tables import load_table, wide
 
 PRESET = "tiny-qwen2-vl"
 SEED_MAX = limits.current().seed

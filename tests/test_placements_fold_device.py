@@ -269,7 +269,7 @@ def test_the_runner_of_device_takes_its_uint8_batch_or_the_normalized_one(seed):
 def test_fp32_memory_models_fold_without_temporaries_and_device_outside_the_pool():
     from workbench.studies import fp32_memory
     from workbench.studies.fp32_memory import summary
-    from workbench.studies.tables import wide
+    from workbench.results.tables import wide
     cfg = wb.VisionConfig.preset("tiny-qwen2-vl")
     t = fp32_memory.run(device="cpu", progress=False, presets=["tiny-qwen2-vl"], budgets=[64])
     w = wide(t)
@@ -291,7 +291,7 @@ def test_fp32_memory_models_fold_without_temporaries_and_device_outside_the_pool
 
 def test_correctness_study_finds_fold_and_device_right_on_every_path():
     from workbench.studies import correctness
-    from workbench.studies.tables import wide
+    from workbench.results.tables import wide
     t = correctness.run(device="cpu", progress=False, families=["tiny-qwen3-vl"], depth=1, norms=["eager"],
                         placements=["fold", "device"], buffer_dtypes=["uint8", "bfloat16"], budgets=[16, 64],
                         max_items=4, hazard=True)

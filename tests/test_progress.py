@@ -41,7 +41,7 @@ def test_without_the_sweep_a_bar_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_the_report_build_names_each_study_as_it_starts(tmp_path):
-    from workbench.runmeta import RunMeta
+    from workbench.results.meta import RunMeta
     meta = RunMeta.collect({"profile": "cpu", "device": "cpu", "mode": "direct", "studies": {"demo": {}}}).finish()
     meta = meta.to_dict()
     results = tmp_path / "results"

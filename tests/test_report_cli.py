@@ -23,8 +23,8 @@ import pytest
 from workbench import provenance as prov
 from workbench import report as rep
 from workbench import studies
-from workbench.runmeta import RunMeta
-from workbench.runstate import RunFolder, RunLock, run_in_use
+from workbench.results.meta import RunMeta
+from workbench.results.folder import RunFolder, RunLock, run_in_use
 import workbench.studies.correctness.summary  # noqa: F401  (binds correctness.summary)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -213,7 +213,7 @@ def test_run_lock_is_exclusive_and_released_when_its_holder_dies(tmp_path):
     run.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import sys, time
-from workbench.runstate import RunLock
+from workbench.results.folder import RunLock
 lock = RunLock({str(run)!r}); assert lock.acquire(); print('held', flush=True); time.sleep(60)"""],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -450,7 +450,7 @@ def test_report_contains_the_written_finding(built):
     assert "Wrong: outer on cudagraph[" in ref_text and "NaN hazard: no real row changed" in ref_text
     # The CPU's marketing name may hold parentheses ("Intel(R) Xeon(R)"): match it literally.
     assert f"On {local_device} (float32 towers)" in section.views[1].text
-    from workbench.studies.tables import wide
+    from workbench.results.tables import wide
     hazard = wide(table[(table["device"] == local_device) & (table["case"] == "nan_padding")])
     assert len(hazard) and f"no real row changed in {len(hazard)} poisoned runs" in section.views[1].text
 

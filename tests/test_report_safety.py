@@ -32,10 +32,10 @@ import pytest
 
 from workbench import provenance as prov
 from workbench import report as rep
-from workbench.runmeta import META_NAME, MetaError, RunMeta
-from workbench.runstate import RunLock, run_in_use
+from workbench.results.meta import META_NAME, MetaError, RunMeta
+from workbench.results.folder import RunLock, run_in_use
 from workbench.studies import Summary
-from workbench.studies.tables import write_study_table
+from workbench.results.tables import write_study_table
 
 PLANT = "<img src=x onerror=alert(1)>"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64          # the report never decodes a figure

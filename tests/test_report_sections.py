@@ -21,12 +21,12 @@ import pytest
 from workbench import report as rep
 from workbench.benchmarks.norm_bandwidth import BENCHMARK as NBW
 from workbench.config import families
-from workbench.runmeta import RunMeta
-from workbench.runstate import RunFolder
+from workbench.results.meta import RunMeta
+from workbench.results.folder import RunFolder
 from workbench.studies import Study, Summary
 from workbench.studies.params import ParamSpec
 from workbench.studies.plotting import save_figure
-from workbench.studies.tables import write_study_table
+from workbench.results.tables import write_study_table
 
 REPO = Path(__file__).resolve().parent.parent
 NORM_BW_JSON = REPO / "results" / "reference" / "norm_bw-h200-20261130.json"
@@ -542,14 +542,14 @@ def test_figures_of_other_runs_or_towers_are_folded_under_their_group():
                          "s/x-two_b.png": "fam2, two: run b"},
                  tables=[("first", pd.DataFrame({"n": [1]}), "t1.csv"),
                          ("second", pd.DataFrame({"n": [2]}), "t2.csv")])
-    page = rep._view_body("s", v)
+    page = rep.view_body("s", v)
     shown = page.split("igures of")[0]
     assert "x-one_a.png" in shown and "y-one_a.png" in shown and "x-two_b.png" not in shown
     assert re.search(r'<details class="fold"><summary>Figures of 1 other group: fam2, two: run b</summary>'
                      r'<h4>fam2, two: run b \(1\)</h4>.*x-two_b\.png', page)
     assert page.index("t1.csv") > page.index("Key numbers: 2 tables")       # inside the fold
     one = rep.View(kind="newest", device="d", runs=["a"], figures=["s/x_a.png"], groups={"s/x_a.png": "run a"})
-    assert "<details" not in rep._view_body("s", one)                        # one group: nothing folded
+    assert "<details" not in rep.view_body("s", one)                        # one group: nothing folded
 
 
 def test_a_per_preset_study_gives_a_key_finding_per_tower():

@@ -15,8 +15,8 @@ import pytest
 
 from workbench import cli
 from workbench import provenance as prov
-from workbench.runmeta import RunMeta
-from workbench.runstate import STAGES, RunFolder, notebook_done
+from workbench.results.meta import RunMeta
+from workbench.results.folder import STAGES, RunFolder, notebook_done
 from workbench.studies.plotting import PROGRESS_ENV
 from workbench.sweep import interrupted_run
 

@@ -18,8 +18,8 @@ import pytest
 
 from workbench import cli
 from workbench import provenance as prov
-from workbench.runmeta import RunMeta
-from workbench.runstate import RunFolder, RunLock, run_in_use
+from workbench.results.meta import RunMeta
+from workbench.results.folder import RunFolder, RunLock, run_in_use
 from workbench.studies import load_table
 
 REPO = Path(__file__).resolve().parent.parent

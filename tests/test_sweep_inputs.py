@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _plan(*sets: str, studies: str | None = None, profile: str = "cpu"):
     registry = discover()
-    selected = cli._select(registry, studies)
-    return cli._resolve_plan(cli._parse_sets(list(sets)), registry, selected, profile)
+    selected = cli.select_studies(registry, studies)
+    return cli._resolve_plan(cli.parse_sets(list(sets)), registry, selected, profile)
 
 
 def test_every_integer_size_knob_of_every_study_has_a_cap():

@@ -249,7 +249,7 @@ def test_gpus_warns_about_a_study_that_wants_more_gpus_than_a_worker_has():
 
 def test_the_report_lists_the_warnings_a_run_recorded(tmp_path):
     from workbench.report import build_report
-    from workbench.runmeta import RunMeta
+    from workbench.results.meta import RunMeta
     run = tmp_path / "20261130T000000Z-abc1234-gpus"
     run.mkdir()
     meta = RunMeta.collect({"profile": "gpu", "device": "cuda", "studies": {}}).finish()

@@ -22,7 +22,6 @@ said, with the command that would measure it: never an invented number.
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -140,49 +139,12 @@ def short_list(budgets: list[int]) -> str:
     return str(budgets) if len(budgets) <= 12 else f"{budgets[:4]} ... {budgets[-4:]}".replace("] ... [", ", ..., ")
 
 
-def _runs(results: Path) -> list[Path]:
-    """Run folders under ``results`` and ``results/reference``, newest first by their UTC-stamped name."""
-    found = []
-    for root in (results, results / "reference"):
-        if root.is_dir():
-            found += [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and (p / "meta.json").is_file()]
-    return sorted(found, key=lambda p: p.name, reverse=True)
-
-
-@functools.lru_cache(maxsize=64)
-def _load(path: str, stamp: tuple):
-    """A run's table, read once per (file, modification stamp): the advice and the placement tables of
-    every family look through the same runs. Callers filter it into new frames and never modify it."""
-    from .studies.tables import load_table
-    return load_table(Path(path))
-
-
-def newest_rows(results: Path, study: str, column: str, value: str, where=None):
-    """(table rows of ``column == value`` (and ``where(rows)``, a mask), run folder) of the newest run of
-    ``study`` that has them, a GPU run before any CPU run; (None, None) where none has."""
-    from .studies.tables import TableError
-    cpu = None
-    for run in _runs(results):
-        path = run / f"{study}.parquet"
-        if not path.is_file() or path.is_symlink():
-            continue
-        try:
-            st = path.stat()
-            table = _load(str(path), (st.st_mtime_ns, st.st_size))
-        except (OSError, ValueError, TableError):
-            continue
-        if column not in table.columns:
-            continue
-        rows = table[table[column] == value]
-        if where is not None and len(rows):
-            rows = rows[where(rows)]
-        if not len(rows):
-            continue
-        cpu_rows = rows["device"].map(is_cpu)
-        if not cpu_rows.all():
-            return rows[~cpu_rows], run
-        cpu = cpu or (rows, run)
-    return cpu or (None, None)
+def study_rows(results: Path, study: str, column: str, value: str, where=None):
+    """`workbench.results.newest_rows` of ``study``, passing over tables that lack a column its readers need
+    (`Study.columns`)."""
+    from .results import newest_rows
+    from .studies import discover
+    return newest_rows(results, study, column, value, where, required=discover()[study].columns)
 
 
 def device_names(rows) -> str:
@@ -192,7 +154,7 @@ def device_names(rows) -> str:
 
 def _right_placements(results: Path, cfg, missing: list[str]) -> tuple[list[str], Evidence]:
     from .studies.correctness.summary import matrix
-    rows, run = newest_rows(results, "correctness", "family", cfg.family)
+    rows, run = study_rows(results, "correctness", "family", cfg.family)
     if rows is None:
         missing.append(f"correctness of {cfg.family}: python -m workbench sweep --studies correctness "
                        f"--set families={cfg.name}")
@@ -207,7 +169,7 @@ def _right_placements(results: Path, cfg, missing: list[str]) -> tuple[list[str]
 
 def _staging(results: Path, cfg, right: list[str], typical: int, missing: list[str]):
     from .studies.cast_cost.summary import table_at
-    rows, run = newest_rows(results, "cast_cost", "preset", cfg.name)
+    rows, run = study_rows(results, "cast_cost", "preset", cfg.name)
     if rows is None:
         missing.append(f"staging cost of {cfg.name}: python -m workbench sweep --studies cast_cost "
                        f"--set presets={cfg.name}")
@@ -241,7 +203,7 @@ def _staging(results: Path, cfg, right: list[str], typical: int, missing: list[s
 def _latency(results: Path, cfg, label: str, missing: list[str]) -> Evidence:
     """Per-image time to embedding on the mix, from the newest encoder_latency run that timed it."""
     from .studies.encoder_latency.summary import mix_table
-    rows, run = newest_rows(results, "encoder_latency", "preset", cfg.name,
+    rows, run = study_rows(results, "encoder_latency", "preset", cfg.name,
                         lambda r: r["mix"].astype(str) == label if "mix" in r.columns else r["preset"] != r["preset"])
     if rows is None:
         missing.append(f"time to embedding of {cfg.name} on {label}: python -m workbench sweep --studies "
@@ -266,7 +228,7 @@ def _tail(results: Path, cfg) -> Evidence | None:
     def large(r):
         exact = r["case"] == "exact" if "case" in r.columns else True
         return exact & (r["tokens"] >= TAIL_TOKENS) & (r["images"] == 1) & (r["metric"] == "p50_ms")
-    rows, run = newest_rows(results, "encoder_latency", "preset", cfg.name, large)
+    rows, run = study_rows(results, "encoder_latency", "preset", cfg.name, large)
     if rows is None:
         return None
     t = rows.groupby(["tokens", "path"])["value"].first().unstack()
@@ -331,38 +293,3 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
                   grid, placement, staging, missing, choice, latency, engine=policy.name, planned=winner is not None,
                   judged=judged.to_dict("records"), verdict=said, best=best, source_check=checked,
                   tail=_tail(results, cfg))
-
-
-def advise_command(args) -> int:
-    """``python -m workbench advise``: the advice as text (or ``--json``); SystemExit naming a bad
-    preset, mix, folder or --set."""
-    from .checkpoints import CheckpointError
-    from .samples import FOLDER_PREFIX, MIX_NAMES
-
-    if args.mix is not None and not args.mix.strip():     # not the default mix, silently
-        raise SystemExit(f"advise --mix {args.mix!r}: empty; valid: {', '.join(MIX_NAMES)}, or --set image_folder=PATH")
-    folder = None
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if key.strip() != "image_folder" or not sep or not value.strip():
-            raise SystemExit(f"advise --set {item!r}: the one key advise takes is image_folder=PATH (a folder of "
-                             f"your images); a named mix goes to --mix")
-        folder = value.strip()
-    if folder and args.mix:
-        raise SystemExit(f"advise: --mix {args.mix!r} and --set image_folder={folder!r} name two mixes; give one")
-    mix = f"{FOLDER_PREFIX}{folder}" if folder else (args.mix or "photos")
-    try:
-        result = advise(args.preset, mix, args.results, max_graphs=args.max_graphs, engine=args.engine,
-                        engine_source=args.engine_source, engine_cap=args.engine_cap)
-    except (ValueError, CheckpointError, OSError) as e:
-        raise SystemExit(f"advise: {e}") from None
-    if args.json:
-        out = {k: v for k, v in result.__dict__.items() if k not in ("placement", "staging", "latency")}
-        out.update(placement=result.placement.__dict__, staging=result.staging.__dict__,
-                   latency=result.latency.__dict__ if result.latency else None,
-                   engine_options=result.compilation_config(),
-                   vllm_compilation_config=result.compilation_config())
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        print(result.text())
-    return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .advise import DESIGNS, advise, device_names, newest_rows, pct
+from .advise import DESIGNS, advise, device_names, pct, study_rows
 from .provenance import results_root
 
 
@@ -45,13 +45,13 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
     out = pd.DataFrame({"placement": list(ANSWER_PLACEMENTS)}).set_index("placement")
     sources: dict[str, tuple[str, str]] = {}
 
-    rows, run = newest_rows(results, "correctness", "family", cfg.family)
+    rows, run = study_rows(results, "correctness", "family", cfg.family)
     if rows is not None:
         m = matrix(rows).droplevel(0)
         for path in ("eager", "cudagraph", "dp"):
             out[path] = [_verdict(m.loc[p], path) if p in m.index else NOT_MEASURED for p in out.index]
         sources["correctness"] = (run.name, device_names(rows))
-    rows, run = newest_rows(results, "input_path", "preset", cfg.name,
+    rows, run = study_rows(results, "input_path", "preset", cfg.name,
                         lambda r: r["mix"].astype(str) == mix_label(mix))
     if rows is not None:
         b = breakdown(rows)
@@ -66,7 +66,7 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
             f"{e.total_ms[p]:.1f} / {g.total_ms[p]:.1f}" if p in g.index and p in e.index else NOT_MEASURED
             for p in out.index]
         sources["input_path"] = (run.name, device_names(rows))
-    rows, run = newest_rows(results, "cast_cost", "preset", cfg.name)
+    rows, run = study_rows(results, "cast_cost", "preset", cfg.name)
     if rows is not None:
         t = table_at(rows)
         t = t[t["budget"] == t["budget"].max()]
@@ -78,7 +78,7 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
             f"{best.staging_us[p]:.1f} ({best.share_of_replay[p]:.3%}) {best.design[p]}/{best.norm[p]}"
             if p in best.index else NOT_MEASURED for p in out.index]
         sources["cast_cost"] = (run.name, device_names(rows))
-    rows, run = newest_rows(results, "fp32_memory", "preset", cfg.name)
+    rows, run = study_rows(results, "fp32_memory", "preset", cfg.name)
     if rows is not None:
         t = rows[(rows.metric == "temp_bytes") & (rows.budget == rows.budget.max())]
         by = t.groupby(["placement", "norm"]).value.max()

@@ -11,13 +11,13 @@ from typing import Any, Sequence
 from . import limits
 from .engines import ENGINES, NEWEST as ENGINE_DEFAULT
 from .provenance import results_root
-from .runstate import slug
-from .stages import FALLBACK_KERNEL, PROJECT_KERNEL
+from .results import slug
+from .notebook_path import FALLBACK_KERNEL, PROJECT_KERNEL
 from .studies import discover       # the declarations: torch-free
 from .workers import parse_workers
 
 
-def _parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
+def parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
     """{study (None: all): {KEY: VALUE}} of ``[STUDY.]KEY=VALUE``s; VALUE is JSON where it parses, else a string."""
     out: dict[str | None, dict[str, Any]] = {}
     for item in items:
@@ -33,7 +33,10 @@ def _parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, Any]]:
     return out
 
 
-def _select(studies: dict, names: str | None) -> list:
+def select_studies(studies: dict, names: str | None) -> list:
+    """The studies ``--studies`` names (comma-separated, in that order; empty or None: every
+    registered study, by name); SystemExit for a list that names none, or naming the registered
+    ones for an unknown name."""
     if not names:
         return [studies[k] for k in sorted(studies)]
     wanted = [n.strip() for n in names.split(",") if n.strip()]

@@ -96,8 +96,8 @@ def fa4_problem(device, head_dim: int | None) -> str | None:
     if major < 9:
         return f"needs compute capability 9.0 or newer (Hopper, Blackwell), got {major}.x"
     if _fa4_func() is None:
-        return "is not installed (pip install flash-attn-4; FACTS.md says how to bring it to a host " \
-               "without a registry)"
+        return "is not installed (pip install flash-attn-4; docs/gpu-hosts.md says how to bring it to " \
+               "a host without a registry)"
     return None
 
 

@@ -29,7 +29,6 @@ import gc
 import json
 import os
 import re
-import sys
 import zipfile
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -44,7 +43,6 @@ MAX_TOTAL_BYTES = 512 << 20         # of sources, checked from their sizes befor
 MODELS_DIR = ("vllm", "model_executor", "models")
 MODELS_DIRS = (MODELS_DIR, ("vllm", "models"))
 SHOWN_FROM = "/".join(MODELS_DIR) + "/"     # files shown relative to this folder; those elsewhere in full
-AUDITS_DIR = "audits"
 
 VERDICTS = {
     "tower": "right on every path: the norm runs inside the tower, which eager, graph and dp all call",
@@ -375,51 +373,49 @@ def compare_table(old: Audit, new: Audit, rows: list[dict]) -> str:
 
 def save(result: Audit, results: Path | str) -> Path:
     """``<results>/audits/<engine>-<version>.json``, written atomically (the report shows the newest)."""
-    from .runstate import slug
+    from .results import AUDITS_DIR, slug
     stem = slug(f"{result.engine}-{result.version}", empty="audit")
     return atomic_write_text(Path(results) / AUDITS_DIR / f"{stem}.json", result.to_json())
 
 
-def _release(p: Path) -> tuple:
-    """``vllm-0.34.0.json`` -> (0, 34, 0): committed audits are ordered by the release they read (a clone gives
-    every file the same time)."""
-    return tuple(int(x) for x in re.findall(r"\d+", p.stem.rpartition("-")[2])) or (-1,)
+# what a saved audit's JSON holds where the report and advise read it: {key: (kinds, what)}
+SAVED_FIELDS = {"engine": ((str, type(None)), "a string"), "version": ((str, type(None)), "a string"),
+                "source": ((str, type(None)), "a string"), "models": ((list,), "a list")}
+MODEL_FIELDS = {"model": ((str,), "a string"), "file": ((str, type(None)), "a string"),
+                "device_norm": ((bool,), "true or false"), "encoder_graphs": ((bool,), "true or false"),
+                "verdict": ((str,), "a string"), "norm_in": ((list,), "a list of strings")}
 
 
-def load_newest(results: Path | str) -> dict | None:
-    """The newest saved audit, as JSON data: the user's own under ``results/audits`` by file time, else the
-    committed ones under ``reference/`` by release; None where none is."""
-    mine, ref = (Path(results) / AUDITS_DIR, Path(results) / "reference" / AUDITS_DIR)
-    def saved(folder: Path) -> list[Path]:
-        return [p for p in folder.glob("*.json") if not p.is_symlink()] if folder.is_dir() else []
-
-    found = sorted(saved(ref), key=_release) + sorted(saved(mine), key=lambda p: p.stat().st_mtime)
-    for p in reversed(found):
-        try:
-            data = json.loads(read_regular(p, MAX_FILE_BYTES))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and isinstance(data.get("models"), list):
-            return data
+def saved_problem(data) -> str | None:
+    """Why a saved audit (parsed JSON) cannot be shown: the first field of the wrong kind; None where it can."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object"
+    for key, (kinds, what) in SAVED_FIELDS.items():
+        if not isinstance(data.get(key), kinds):
+            return f"{key!r} is {type(data.get(key)).__name__}, not {what}"
+    for i, m in enumerate(data["models"]):
+        if not isinstance(m, dict):
+            return f"models[{i}] is {type(m).__name__}, not an object"
+        for key, (kinds, what) in MODEL_FIELDS.items():
+            v = m.get(key)
+            if not isinstance(v, kinds) or (key == "norm_in" and not all(isinstance(x, str) for x in v)):
+                return f"models[{i}].{key} is {type(v).__name__}, not {what}"
     return None
 
 
-def audit_command(args) -> int:
-    """``python -m workbench audit PATH [NEW]``: print the audit (a table, or ``--json``), or with NEW
-    what changed from PATH to NEW; keep the (NEW) audit under ``<results>/audits/`` unless
-    ``--no-save``; 1 when a model class (of NEW) needs attention."""
-    new_path = getattr(args, "new", None)
-    try:
-        old = audit(args.path) if new_path else None
-        result = audit(new_path or args.path)
-    except AuditError as e:
-        raise SystemExit(str(e)) from None
-    if old is None:
-        print(result.to_json() if args.json else result.table(), end="\n" if not args.json else "")
-    else:
-        rows = compare(old, result)
-        print(json.dumps({"old": asdict(old), "new": asdict(result), "changes": rows}, indent=2) if args.json
-              else compare_table(old, result, rows))
-    if not args.no_save:
-        print(f"audit: saved to {save(result, args.results)}", file=sys.stderr)
-    return 1 if any(m.verdict_key in ATTENTION for m in result.models) else 0
+def load_newest(results: Path | str, skipped: list[str] | None = None) -> dict | None:
+    """The newest usable saved audit (`workbench.results.saved_audits`: the user's own by file time, else the
+    committed ones by release), as JSON data; None where none is. Each newer one passed over (unreadable, or
+    failing `saved_problem`) is added to ``skipped`` with why."""
+    from .results import saved_audits
+    for p in reversed(saved_audits(results)):
+        try:
+            data = json.loads(read_regular(p, MAX_FILE_BYTES))
+            why = saved_problem(data)
+        except (OSError, ValueError, RecursionError) as e:
+            why = f"unreadable ({type(e).__name__}: {str(e)[:200]})"
+        if why is None:
+            return data
+        if skipped is not None:
+            skipped.append(f"{p.name}: {why}")
+    return None

@@ -1,6 +1,9 @@
 """A model folder's files as the checkpoint reader opens them: the names it expects, only
 regular files inside the folder, and JSON bounded in size and nesting, with finite numbers. Every
-error is a `CheckpointError` naming the file."""
+error is a `CheckpointError` naming the file.
+
+Its readers: `model_folder` (the folder itself), `file_inside` (a name an index gives, confined to
+the folder), `open_checkpoint_file` (regular files only) and `read_json` (a config or an index)."""
 from __future__ import annotations
 
 import json
@@ -27,12 +30,8 @@ class CheckpointError(ValueError):
     """A model folder that cannot give a vision tower; the message names the folder and file."""
 
 
-def _show(value, width: int = 60) -> str:
-    """``value`` as the JSON file spells it, cut short (`workbench.families.base.show`)."""
-    return show(value, width)
-
-
-def _folder(folder) -> Path:
+def model_folder(folder) -> Path:
+    """``folder`` (``~`` expanded) as a Path, or a CheckpointError where it is not a folder."""
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a folder (expected a transformers model folder holding {CONFIG}, "
@@ -50,11 +49,12 @@ def _roots(folder: Path) -> tuple[Path, ...]:
     return (real, real.parent.parent / "blobs") if real.parent.name == "snapshots" else (real,)
 
 
-def _inside(folder: Path, entry, where: str) -> Path:
+def file_inside(folder: Path, entry, where: str) -> Path:
     """``folder / entry`` where ``entry`` names a file that stays inside the folder after links
-    are followed: an index from anyone could name ../../.ssh/id_rsa or /dev/zero."""
+    are followed: an index from anyone could name ../../.ssh/id_rsa or /dev/zero. ``where``
+    begins the error's message (the file, or the index entry, that names ``entry``)."""
     if not isinstance(entry, str) or not entry or "\0" in entry or os.path.isabs(entry) or ".." in Path(entry).parts:
-        raise CheckpointError(f"{where}: {_show(entry, 200)} must name a file inside the folder (a relative "
+        raise CheckpointError(f"{where}: {show(entry, 200)} must name a file inside the folder (a relative "
                               f"path without '..')")
     path = folder / entry
     try:
@@ -67,7 +67,7 @@ def _inside(folder: Path, entry, where: str) -> Path:
     return path
 
 
-def _open_regular(path: Path):
+def open_checkpoint_file(path: Path):
     """``path`` opened for binary reading if it is a regular file (or a link to one); anything
     else is refused unopened (`workbench.files.open_regular`: a FIFO blocks its reader forever, a
     device never ends)."""
@@ -97,13 +97,14 @@ def _json_problem(data) -> str | None:
     return None
 
 
-def _read_json(folder: Path, name: str, what: str) -> dict:
+def read_json(folder: Path, name: str, what: str) -> dict:
     """The JSON object in ``folder / name``, read only if it is a regular file of at most
-    JSON_MAX_BYTES inside the folder, and holding only finite numbers, a few levels deep."""
+    JSON_MAX_BYTES inside the folder, and holding only finite numbers, a few levels deep.
+    ``what``: what the file holds, for the error where it is missing."""
     path = folder / name
     if not os.path.lexists(path):
         raise CheckpointError(f"{folder}: no {name} ({what})")
-    with _open_regular(_inside(folder, name, str(path))) as f:
+    with open_checkpoint_file(file_inside(folder, name, str(path))) as f:
         size = os.fstat(f.fileno()).st_size
         if size > JSON_MAX_BYTES:
             raise CheckpointError(f"{path}: {size:,} bytes; a {name} is at most {JSON_MAX_BYTES:,} bytes here")

@@ -1,6 +1,10 @@
 """The vision tensors of a model folder from their safetensors headers, parsed and checked
 here (no tensor data read): the key mapping from the checkpoint's names to the tower's, and the
-check of names, shapes and dtype labels against the tower a config implies."""
+check of names, shapes and dtype labels against the tower a config implies.
+
+    tensors = vision_tensors(folder, cfg)              # tower key -> VisionTensor, headers only
+    check_tensors(folder, tensors, meta_tower(cfg), declared)
+"""
 from __future__ import annotations
 
 import functools
@@ -10,9 +14,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint_files import (DTYPE_LABELS, NAME_OF_LABEL, WEIGHTS, WEIGHTS_INDEX, CheckpointError, _inside,
-                               _open_regular, _read_json, _show)
+from .checkpoint_files import (DTYPE_LABELS, NAME_OF_LABEL, WEIGHTS, WEIGHTS_INDEX, CheckpointError, file_inside,
+                               open_checkpoint_file, read_json)
 from .config import VisionConfig
+from .families.base import show
 
 VISION_PREFIXES = ("model.visual.", "visual.")
 HEADER_MAX_BYTES = 100 << 20     # what safetensors itself refuses above
@@ -24,7 +29,7 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2
 # ---- safetensors headers -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Tensor:
+class VisionTensor:
     """One vision tensor as its safetensors header describes it."""
 
     key: str                     # the checkpoint's name for it
@@ -48,13 +53,13 @@ def _entry(name: str, e) -> tuple[str, tuple[int, ...], int, int]:
     """(dtype, shape, begin, end) of one header entry, each checked against the others."""
     dtype = e.get("dtype") if isinstance(e, dict) else None
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise ValueError(f"tensor {name}: dtype {_show(dtype)} is not one of {', '.join(DTYPE_BYTES)}")
+        raise ValueError(f"tensor {name}: dtype {show(dtype)} is not one of {', '.join(DTYPE_BYTES)}")
     shape, span = e.get("shape"), e.get("data_offsets")
 
     def naturals(xs):
         return isinstance(xs, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs)
     if not naturals(shape) or not naturals(span) or len(span) != 2 or span[0] > span[1]:
-        raise ValueError(f"tensor {name}: shape {_show(shape)} and data_offsets {_show(span)} "
+        raise ValueError(f"tensor {name}: shape {show(shape)} and data_offsets {show(span)} "
                          f"must be a list of sizes >= 0 and [begin, end] with begin <= end")
     nbytes = DTYPE_BYTES[dtype] * math.prod(shape)
     if span[1] - span[0] != nbytes:
@@ -85,7 +90,7 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (dtype label, shape) of a safetensors file, checked against the file before any
     tensor is read. The format: a little-endian u64 N, N bytes of JSON (name -> {dtype, shape,
     data_offsets [begin, end] into the data} and an optional __metadata__), then the data."""
-    with _open_regular(file) as f:
+    with open_checkpoint_file(file) as f:
         size = os.fstat(f.fileno()).st_size
         try:
             head = f.read(8)
@@ -126,20 +131,20 @@ def _vision_keys(names, where: Path, cfg: VisionConfig) -> dict[str, tuple]:
 def _shard_map(path: Path) -> dict[str, Path]:
     """Checkpoint key -> the file the index places it in, every entry confined to the folder."""
     index = path / WEIGHTS_INDEX
-    weight_map = _read_json(path, WEIGHTS_INDEX, "the shard index").get("weight_map")
+    weight_map = read_json(path, WEIGHTS_INDEX, "the shard index").get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index}: no weight_map object")
     files: dict[str, Path] = {}
     for key, entry in weight_map.items():
         if not isinstance(entry, str) or entry not in files:
-            files[entry] = _inside(path, entry, f"{index}: weight_map[{_show(key)}]")
+            files[entry] = file_inside(path, entry, f"{index}: weight_map[{show(key)}]")
     missing = sorted(entry for entry, file in files.items() if not os.path.lexists(file))
     if missing:
         raise CheckpointError(f"{path}: shard(s) {', '.join(missing)} named in {WEIGHTS_INDEX} are missing")
     return {key: files[entry] for key, entry in weight_map.items()}
 
 
-def _vision_tensors(path: Path, cfg: VisionConfig) -> dict[str, _Tensor]:
+def vision_tensors(path: Path, cfg: VisionConfig) -> dict[str, VisionTensor]:
     """Tower key -> its tensor, from the headers of the files that hold the vision tensors (the
     one file, or the shards the index names for them), each header checked whole; the names as
     ``cfg``'s family maps them (`Family.checkpoint_keys`)."""
@@ -147,7 +152,7 @@ def _vision_tensors(path: Path, cfg: VisionConfig) -> dict[str, _Tensor]:
         shards = _shard_map(path)
         headers = {}
     elif os.path.lexists(path / WEIGHTS):
-        file = _inside(path, WEIGHTS, str(path / WEIGHTS))
+        file = file_inside(path, WEIGHTS, str(path / WEIGHTS))
         headers = {file: _read_header(file)}
         shards = dict.fromkeys(headers[file], file)
     else:
@@ -164,14 +169,14 @@ def _vision_tensors(path: Path, cfg: VisionConfig) -> dict[str, _Tensor]:
             if rows[1] > shape[0]:
                 raise CheckpointError(f"{file}: tensor {ck} {shape} has no rows {rows[0]}..{rows[1] - 1} (its {k})")
             shape = (rows[1] - rows[0], *shape[1:])
-        out[k] = _Tensor(ck, file, dtype, shape, rows, rope)
+        out[k] = VisionTensor(ck, file, dtype, shape, rows, rope)
     return out
 
 
 # ---- against the tower ---------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=16)
-def _meta_tower(cfg: VisionConfig):
+def meta_tower(cfg: VisionConfig):
     """The tower of ``cfg`` on the meta device: its state_dict's names and shapes without memory,
     so a config.json claiming width 4096 over 32-wide tensors costs nothing before it is refused."""
     import torch
@@ -182,10 +187,11 @@ def _meta_tower(cfg: VisionConfig):
         return build_tower(cfg)
 
 
-def _check_tensors(path: Path, tensors: dict[str, _Tensor], tower, declared: str | None) -> None:
+def check_tensors(path: Path, tensors: dict[str, VisionTensor], tower, declared: str | None) -> None:
     """Names and shapes against ``tower`` (missing, unexpected, mis-shaped: each named with both
     shapes and its file), then each float tensor's dtype label against the declared one (any
-    float label where config.json declares none)."""
+    float label where config.json declares none). ``declared``: the safetensors label of the
+    dtype config.json declares, None where it declares none."""
     shapes = {k: t.shape for k, t in tensors.items() if not k.endswith("inv_freq")}
     problem = tower.state_mismatch(shapes, missing="vision tensors missing from the checkpoint",
                                    name=lambda k: f"{tensors[k].key} (in {tensors[k].file.name})")

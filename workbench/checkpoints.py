@@ -35,12 +35,12 @@ import os
 from pathlib import Path
 
 from .caches import host_cache_bytes, remember
-from .checkpoint_files import CONFIG, DTYPE_LABELS, PREPROCESSOR, CheckpointError, _folder, _read_json, _show
+from .checkpoint_files import CONFIG, DTYPE_LABELS, PREPROCESSOR, CheckpointError, model_folder, read_json
 from .checkpoint_files import JSON_MAX_BYTES, JSON_MAX_DEPTH, NAME_OF_LABEL, WEIGHTS, WEIGHTS_INDEX  # noqa: F401
-from .checkpoint_tensors import _check_tensors, _meta_tower, _vision_tensors
+from .checkpoint_tensors import check_tensors, meta_tower, vision_tensors
 from .checkpoint_tensors import DTYPE_BYTES, HEADER_MAX_BYTES, VISION_PREFIXES  # noqa: F401
 from .config import PRESET_NAMES, VisionConfig, families
-from .families.base import BOOL, NUMBER, NUMBERS, OBJECT, POSITIVE, checked
+from .families.base import BOOL, NUMBER, NUMBERS, OBJECT, POSITIVE, checked, show
 
 # ---- config.json and preprocessor_config.json ----------------------------------------------------
 
@@ -50,7 +50,7 @@ def family_of(config: dict, where: Path):
     known = {t: fam for fam in families().values() for t in fam.model_types}
     if not isinstance(model_type, str) or model_type not in known:
         listing = ", ".join(f"{fam.name} ({', '.join(fam.model_types)})" for fam in families().values())
-        shown = repr(model_type) if isinstance(model_type, str) else _show(model_type)
+        shown = repr(model_type) if isinstance(model_type, str) else show(model_type)
         raise CheckpointError(f"{where}: model_type {shown} is not a known family; known families (model "
                               f"types): {listing}")
     return known[model_type]
@@ -67,7 +67,7 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
     if isinstance(side, dict):       # Pixtral's processor writes {"height": p, "width": p}
         h, w = (checked(side.get(k), POSITIVE, f"patch_size.{k}") for k in ("height", "width"))
         if h != w:
-            raise ValueError(f"patch_size={_show(side)}: the towers take square patches")
+            raise ValueError(f"patch_size={show(side)}: the towers take square patches")
         pp = dict(pp, patch_size=h)
     v = {k: checked(pp[k], kind, k) for k, kind in kinds.items() if k in pp}
     size = v.get("size") or {}
@@ -103,7 +103,7 @@ def _declared_label(config: dict, where: Path) -> str | None:
             if value is None:
                 continue
             if not isinstance(value, str) or value not in DTYPE_LABELS:
-                raise CheckpointError(f"{where}: {scope}{key} = {_show(value)} must be one of "
+                raise CheckpointError(f"{where}: {scope}{key} = {show(value)} must be one of "
                                       f"{', '.join(DTYPE_LABELS)}")
             return DTYPE_LABELS[value]
     return None
@@ -111,7 +111,7 @@ def _declared_label(config: dict, where: Path) -> str | None:
 
 def _read_configs(path: Path, name: str | None) -> tuple[VisionConfig, str | None]:
     """(the folder's VisionConfig, the label of its declared dtype): JSON only."""
-    config = _read_json(path, CONFIG, "the model's config, with its vision_config")
+    config = read_json(path, CONFIG, "the model's config, with its vision_config")
     fam = family_of(config, path / CONFIG)
     vc = config.get("vision_config")
     if not isinstance(vc, dict):
@@ -121,7 +121,7 @@ def _read_configs(path: Path, name: str | None) -> tuple[VisionConfig, str | Non
     except ValueError as e:
         raise CheckpointError(f"{path / CONFIG}: {e}") from None
     declared = _declared_label(config, path / CONFIG)
-    pp = _read_json(path, PREPROCESSOR, "the image processor's settings: mean, std, pixel bounds")
+    pp = read_json(path, PREPROCESSOR, "the image processor's settings: mean, std, pixel bounds")
     try:
         fields = dict(arch, **_processor_fields(pp, arch, fam))
     except ValueError as e:
@@ -138,7 +138,7 @@ def read_vision_config(folder, name: str | None = None) -> VisionConfig:
     tower) and preprocessor_config.json (mean, std, rescale, pixel bounds; its patch and merge
     sizes must agree with the vision config). Reads JSON only (`check_model_folder` also checks
     the tensors). name: defaults to the folder name."""
-    return _read_configs(_folder(folder), name)[0]
+    return _read_configs(model_folder(folder), name)[0]
 
 
 def check_model_folder(folder, name: str | None = None) -> VisionConfig:
@@ -148,9 +148,9 @@ def check_model_folder(folder, name: str | None = None) -> VisionConfig:
     dtype labels against the tower the config implies (built on the meta device: nothing is
     allocated), and that the index names only regular files inside the folder. Raises
     CheckpointError with a one-line message naming the file and the field or tensor."""
-    path = _folder(folder)
+    path = model_folder(folder)
     cfg, declared = _read_configs(path, name)
-    _check_tensors(path, _vision_tensors(path, cfg), _meta_tower(cfg), declared)
+    check_tensors(path, vision_tensors(path, cfg), meta_tower(cfg), declared)
     return cfg
 
 
@@ -210,9 +210,9 @@ def load_vision_weights(tower, folder):
     `LOAD_CACHE_BYTES`), and read again where a file was replaced or changed since."""
     from safetensors import SafetensorError, safe_open
 
-    path = _folder(folder)
-    tensors = _vision_tensors(path, tower.cfg)
-    _check_tensors(path, tensors, tower, _declared_label(_read_json(path, CONFIG, "the model's config"), path / CONFIG))
+    path = model_folder(folder)
+    tensors = vision_tensors(path, tower.cfg)
+    check_tensors(path, tensors, tower, _declared_label(read_json(path, CONFIG, "the model's config"), path / CONFIG))
     own = tower.state_dict()
     by_file: dict[Path, list[tuple[str, object]]] = {}
     for k, t in tensors.items():

@@ -1,6 +1,7 @@
-"""Command line: ``python -m workbench {report,sweep,compare,info,notebooks}``, its options in workbench.arguments.
-A command checks its arguments before anything imports torch (a refusal answers at once), then runs: ``sweep`` and
-``report`` through a plan (workbench.sweep.SweepPlan), ``compare`` in workbench.compare."""
+"""Command line: ``python -m workbench {report,sweep,compare,advise,audit,info,notebooks}``, its options in
+workbench.arguments. A command checks its arguments before anything imports torch (a refusal answers at once), then
+runs: ``sweep`` and ``report`` through a plan (workbench.sweep.SweepPlan), ``compare`` in workbench.compare,
+``advise`` and ``audit`` on their libraries (workbench.advise, workbench.audit), which the report reads too."""
 from __future__ import annotations
 
 import argparse
@@ -10,14 +11,14 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .arguments import _parse_sets, _select, build_parser
+from .arguments import build_parser, parse_sets, select_studies
 from .checkpoints import CheckpointError
 from .compare import compare_command
 from .limits import Limits
 from .provenance import collect_meta, git_info, utc_now
 from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
-from .runstate import RunFolder
-from .stages import check_kernel, default_kernel, sync_notebook
+from .results import RunFolder
+from .notebook_path import check_kernel, default_kernel, sync_notebook
 from .studies import ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
@@ -78,8 +79,8 @@ def precheck(args: argparse.Namespace) -> None:
 
 def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     """The checked sweep the options of ``sweep``/``report`` ask for (SystemExit before any run folder exists)."""
-    selected = _select(studies, args.studies)
-    sets = _parse_sets(args.set or [])
+    selected = select_studies(studies, args.studies)
+    sets = parse_sets(args.set or [])
     if args.profile == "auto":      # torch tells the profile: refuse a bad value before it loads
         _resolve_plan(sets, studies, selected, "cpu", fits=False)
     profile = default_profile() if args.profile == "auto" else args.profile
@@ -214,13 +215,62 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from .advise import advise_command          # the planner imports torch: not for --help
-    return advise_command(args)
+    """``python -m workbench advise``: the advice as text (or ``--json``); SystemExit naming a bad
+    preset, mix, folder or --set."""
+    from .advise import advise          # the planner imports torch: not for --help
+    from .samples import FOLDER_PREFIX, MIX_NAMES
+
+    if args.mix is not None and not args.mix.strip():     # not the default mix, silently
+        raise SystemExit(f"advise --mix {args.mix!r}: empty; valid: {', '.join(MIX_NAMES)}, or --set image_folder=PATH")
+    folder = None
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if key.strip() != "image_folder" or not sep or not value.strip():
+            raise SystemExit(f"advise --set {item!r}: the one key advise takes is image_folder=PATH (a folder of "
+                             f"your images); a named mix goes to --mix")
+        folder = value.strip()
+    if folder and args.mix:
+        raise SystemExit(f"advise: --mix {args.mix!r} and --set image_folder={folder!r} name two mixes; give one")
+    mix = f"{FOLDER_PREFIX}{folder}" if folder else (args.mix or "photos")
+    try:
+        result = advise(args.preset, mix, args.results, max_graphs=args.max_graphs, engine=args.engine,
+                        engine_source=args.engine_source, engine_cap=args.engine_cap)
+    except (ValueError, CheckpointError, OSError) as e:
+        raise SystemExit(f"advise: {e}") from None
+    if args.json:
+        out = {k: v for k, v in result.__dict__.items() if k not in ("placement", "staging", "latency")}
+        out.update(placement=result.placement.__dict__, staging=result.staging.__dict__,
+                   latency=result.latency.__dict__ if result.latency else None,
+                   engine_options=result.compilation_config(),
+                   vllm_compilation_config=result.compilation_config())
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(result.text())
+    return 0
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from .audit import audit_command
-    return audit_command(args)
+    """``python -m workbench audit PATH [NEW]``: print the audit (a table, or ``--json``), or with NEW
+    what changed from PATH to NEW; keep the (NEW) audit under ``<results>/audits/`` unless
+    ``--no-save``; 1 when a model class (of NEW) needs attention."""
+    from dataclasses import asdict
+
+    from .audit import ATTENTION, AuditError, audit, compare, compare_table, save
+    new_path = getattr(args, "new", None)
+    try:
+        old = audit(args.path) if new_path else None
+        result = audit(new_path or args.path)
+    except AuditError as e:
+        raise SystemExit(str(e)) from None
+    if old is None:
+        print(result.to_json() if args.json else result.table(), end="\n" if not args.json else "")
+    else:
+        rows = compare(old, result)
+        print(json.dumps({"old": asdict(old), "new": asdict(result), "changes": rows}, indent=2) if args.json
+              else compare_table(old, result, rows))
+    if not args.no_save:
+        print(f"audit: saved to {save(result, args.results)}", file=sys.stderr)
+    return 1 if any(m.verdict_key in ATTENTION for m in result.models) else 0
 
 
 COMMANDS = {"report": cmd_report, "sweep": lambda args: 1 if _sweep(args, args.resume).failures else 0,

@@ -8,15 +8,14 @@ from __future__ import annotations
 import math
 import os
 import sys
-from contextlib import suppress
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .csvsafe import safe_csv
-from .files import atomic_write_text, file_kind, open_regular
-from .provenance import REFERENCE_DIRNAME, results_root
-from .runmeta import META_NAME, MetaError, parse
-from .runstate import holds_run
+from .files import atomic_write_text, open_regular
+from .provenance import results_root
+from .results import META_NAME, RunNotFound, file_problem, holds_run
+from .results import resolve_run as store_resolve
 
 ADDED_COLUMNS = ("run", "reference", "run_date")       # what the report adds to a study table
 # not part of a cell's identity: a run on another device, or with another attention backend (FlashAttention-4
@@ -42,33 +41,13 @@ class BadArgument(CompareError):
     """A study neither run holds, or a place compare may not write its CSV; the message says what is valid."""
 
 
-def _started(path: Path) -> str:
-    with suppress(MetaError):       # runmeta's reader: a regular file, bounded, an object
-        return str(parse(path / META_NAME).get("started_at") or "")
-    return ""
-
-
-def _has_tables(p: Path) -> bool:
-    return p.is_dir() and any(p.glob("*.parquet"))
-
-
 def resolve_run(spec: str | Path, results: str | Path | None = None) -> Path:
-    """The run folder ``spec`` names: a folder, a folder name under ``results`` or its reference/, or
-    ``latest`` (the last started); CompareError listing what was tried otherwise."""
-    results = Path(results) if results is not None else results_root()
-    text = str(spec)
-    if text == LATEST:
-        runs = [c for base in (results, results / REFERENCE_DIRNAME) if base.is_dir() for c in sorted(base.iterdir())
-                if not c.name.startswith(".") and c.name not in ("report", REFERENCE_DIRNAME) and _has_tables(c)]
-        if not runs:
-            raise CompareError(f"'latest': no run folder with a table under {results}")
-        return max(runs, key=lambda p: (_started(p), p.name))
-    tried = [Path(text), results / text, results / REFERENCE_DIRNAME / text]
-    for p in tried:
-        if _has_tables(p):
-            return p
-    raise CompareError(f"no run folder with tables named {text!r}: tried {', '.join(map(str, tried))} "
-                       f"(give a folder, a run name under {results} or its reference/, or 'latest')")
+    """The run folder ``spec`` names (`workbench.results.resolve_run`: a folder, a folder name under ``results`` or
+    its reference/, or ``latest``); CompareError listing what was tried otherwise."""
+    try:
+        return store_resolve(spec, results, latest=LATEST)
+    except RunNotFound as e:
+        raise CompareError(str(e)) from None
 
 
 def param_columns(table) -> list[str]:
@@ -217,7 +196,7 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     pa, pb = resolve_run(a, results), resolve_run(b, results)
     files = [{p.stem: p for p in sorted(run.glob("*.parquet"))} for run in (pa, pb)]     # {study: its table}
     for p in (p for f in files for p in f.values()):
-        what = file_kind(p, follow=False)        # a link, a FIFO...: never read
+        what = file_problem(p)        # a link, a FIFO...: never read
         if what:
             raise CompareError(f"{p}: it is {what}, not a regular file, so it is not read")
     held = {*files[0], *files[1]}
@@ -248,7 +227,7 @@ def _check_kinds(raw) -> None:
     table checker would call a number in ``metric`` a missing metric, and read a date as a number."""
     import pandas as pd
 
-    from .studies.tables import TableError
+    from .results.tables import TableError
     for col in ("metric", "unit", "device"):
         if col in raw.columns:
             odd = raw[col].map(lambda v: not isinstance(v, str) and not (pd.api.types.is_scalar(v) and pd.isna(v)))
@@ -262,19 +241,15 @@ def _check_kinds(raw) -> None:
 
 def _read_table(path: Path, held: Iterable[str]):
     """One run's study table, read and checked (its kinds by `_check_kinds`, then the study table format by
-    workbench.studies.tables.check_table: the metric, value and unit columns...), with one scalar per parameter
+    workbench.results.tables.check_table: the metric, value and unit columns...), with one scalar per parameter
     cell; CompareError naming the file and what is wrong otherwise, since a traceback names neither."""
     import numpy as np
-    import pandas as pd
 
-    from .studies.tables import TableError, check_table
+    from .results.tables import TableError, check_table, read_raw
     others = sorted(set(held) - {path.stem})
     hint = (f"; compare the other studies with --studies {','.join(others)}" if others else "")
     try:
-        try:
-            raw = pd.read_parquet(path)
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-            raise TableError(f"unreadable parquet ({type(e).__name__}: {str(e)[:300]})") from None
+        raw = read_raw(path)
         _check_kinds(raw)
         table = check_table(raw, name=str(path))
         for col in param_columns(table):

@@ -181,7 +181,7 @@ _NOFMA = dict(enable_fp_fusion=False)
 
 # From this many rows on, rotary_ runs the row-tiled kernel (four rows, every head, per program;
 # cos/sin read once per row): the row count from which it beat the per-pair kernel in
-# `python tools/probe_tma.py rotary` (results/reference/README.md).
+# the rotary probe of docs/probes.md (results/reference/README.md).
 ROTARY_ROWS_MIN = 1024
 
 

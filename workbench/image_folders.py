@@ -12,20 +12,18 @@ from PIL import Image
 
 from . import limits
 from .files import file_kind
-from .mixes import Mix, MixEntry, _with_token_range
+from .mixes import Mix, MixEntry, with_token_range
 
 
 FOLDER_PREFIX = "folder:"
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")
+# what a folder mix's PATH must be, as the errors that refuse one say
+VALID_FOLDER = f"a folder of image files ({', '.join(IMAGE_SUFFIXES)}), sub-folders included, hidden ones skipped"
 
 
 def folder_mix_name(path) -> str:
     """The mix name of a folder of images: ``folder:`` and its absolute path (``~`` expanded)."""
     return FOLDER_PREFIX + os.path.abspath(os.path.expanduser(str(path)))
-
-
-def _folder_valid() -> str:
-    return f"a folder of image files ({', '.join(IMAGE_SUFFIXES)}), sub-folders included, hidden ones skipped"
 
 
 def _image_files(folder: str) -> tuple[tuple[tuple[str, int, int], ...], list[str]]:
@@ -97,29 +95,29 @@ def _read_folder(folder: str, listing: tuple) -> tuple[Mix, tuple[str, int, int]
               files=tuple(tuple(f) for _, f in sorted(sizes.items())),
               fingerprint=f"{count}-{digest.hexdigest()[:12]}")
     (h, w), f = max(sizes.items(), key=lambda kv: kv[0][0] * kv[0][1])
-    return _with_token_range(mix), (f[0], h, w)
+    return with_token_range(mix), (f[0], h, w)
 
 
-def _folder_mix(path: str) -> Mix:
+def folder_mix(path: str) -> Mix:
     """The mix of a folder's images (one entry per size, weighted by its number of images).
     ValueError naming the folder for one that is missing, not a folder or without an image file,
     and naming the files wb.preprocess's reader refuses; LimitError for too many files or too
     large an image. Entries that are not regular files are skipped with a warning naming them."""
     if not path:
         raise ValueError(f"image mix {FOLDER_PREFIX!r} names no folder; valid: {FOLDER_PREFIX}PATH with PATH "
-                         f"{_folder_valid()}")
+                         f"{VALID_FOLDER}")
     folder = folder_mix_name(path)[len(FOLDER_PREFIX):]
     if not os.path.exists(folder):
-        raise ValueError(f"image folder {folder!r} does not exist; valid: {_folder_valid()}")
+        raise ValueError(f"image folder {folder!r} does not exist; valid: {VALID_FOLDER}")
     if not os.path.isdir(folder):
-        raise ValueError(f"image folder {folder!r} is a file, not a folder; valid: {_folder_valid()}")
+        raise ValueError(f"image folder {folder!r} is a file, not a folder; valid: {VALID_FOLDER}")
     listing, skipped = _image_files(folder)
     if skipped:
         warnings.warn(f"image folder {folder!r}: skipping {len(skipped)} entry(ies) that are not regular files "
                       f"(never opened): {_listed(skipped)}", stacklevel=3)
     if not listing:
         raise ValueError(f"image folder {folder!r} holds no readable image (0 file(s) with an image suffix"
-                         + (f"; skipped: {_listed(skipped)}" if skipped else "") + f"); valid: {_folder_valid()}")
+                         + (f"; skipped: {_listed(skipped)}" if skipped else "") + f"); valid: {VALID_FOLDER}")
     mix, (rel, h, w) = _read_folder(folder, listing)
     # the listing may have been read under higher caps (limits.raised): the largest image again
     limits.check("input_pixels", h * w, f"{os.path.join(folder, rel)}: an image of {h}x{w} (HxW) pixels")
@@ -134,7 +132,7 @@ def check_image_folder(path: str) -> None:
     if not os.path.isabs(os.path.expanduser(path)):
         raise ValueError(f"a relative path; give the whole path (e.g. {os.path.abspath(path)!r}): a sweep's "
                          f"notebooks run in the project root")
-    _folder_mix(path)
+    folder_mix(path)
 
 
 def with_folder(mixes, folder: str | None) -> list[str]:
@@ -151,7 +149,7 @@ def mix_label(name: str) -> str:
     return FOLDER_PREFIX + (os.path.basename(path) or path)
 
 
-def _folder_image(path: str, h: int, w: int) -> Image.Image:
+def folder_image(path: str, h: int, w: int) -> Image.Image:
     """The image file as wb.preprocess's reader gives it (`load_image`: RGB, EXIF orientation
     applied), resized (PIL bicubic) to h x w; a JPEG is decoded at the smallest scale that still
     holds h x w (PIL draft). ValueError naming the file where it is refused."""

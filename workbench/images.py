@@ -22,7 +22,7 @@ ACCEPTED_INPUTS = ("PIL.Image.Image", "numpy.ndarray uint8 [H, W, 3] (also [H, W
 
 # Channel counts of a channels-last array: grey, RGB, RGBA. A 3-D array whose last axis is one of
 # these is an image [H, W, C]; any other 3-D array is not, and may be grey video frames [T, H, W].
-_CHANNELS = (1, 3, 4)
+CHANNELS = (1, 3, 4)
 
 # PIL modes that hold 8-bit samples and convert to RGB the way transformers' convert_to_rgb does.
 _PIL_MODES = ("1", "L", "P", "RGB", "RGBA", "LA", "PA", "RGBX", "RGBa", "CMYK", "YCbCr")
@@ -103,7 +103,7 @@ def _check_aspect(height: int, width: int) -> None:
 # Every item is checked from its shape before any pixel is converted, so that an input too large
 # for its caps fails before it costs memory, and conversion then holds one full-size frame at a
 # time: each frame is made RGB and resized on its own, straight into the item's resized array.
-def _composite_on_white(arr: np.ndarray) -> np.ndarray:
+def composite_on_white(arr: np.ndarray) -> np.ndarray:
     """HxWx4 uint8 -> HxWx3 uint8, alpha-blended onto white, rounded half to even (the float64
     arithmetic transformers uses for arrays). Blended a band of rows at a time: the float64
     temporaries of a whole large frame would be many times its size."""
@@ -135,7 +135,7 @@ def _pil_rgb(img: Image.Image) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def _check_uint8(x: Any, what: str) -> None:
+def check_uint8(x: Any, what: str) -> None:
     """A numpy array or torch tensor must hold uint8 (checked from its dtype, nothing copied)."""
     if isinstance(x, torch.Tensor):
         if x.dtype == torch.bool:
@@ -158,7 +158,7 @@ def _check_uint8(x: Any, what: str) -> None:
 
 def _check_array_image(x: Any, what: str) -> tuple[int, int]:
     """(H, W) of an image array/tensor (HxW, HxWx1, HxWx3, HxWx4, uint8, channels last)."""
-    _check_uint8(x, what)
+    check_uint8(x, what)
     shape = tuple(x.shape)
     if len(shape) == 2:
         shape = (*shape, 1)
@@ -166,7 +166,7 @@ def _check_array_image(x: Any, what: str) -> tuple[int, int]:
         raise ValueError(f"{what} has shape {tuple(x.shape)}; an image is [H, W], [H, W, 1], "
                          f"[H, W, 3] or [H, W, 4] (channels last)")
     h, w, c = shape
-    if c not in _CHANNELS:
+    if c not in CHANNELS:
         raise ValueError(f"{what} has shape {shape} with {c} channels; valid channel "
                          f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA)" + _layout_hint(shape))
     return h, w
@@ -188,7 +188,7 @@ def _layout_hint(shape: tuple[int, ...]) -> str:
     return " (if it is " + "; if it is ".join(parts) + ")"
 
 
-def _check_image(x: Any, what: str) -> tuple[int, int]:
+def check_image(x: Any, what: str) -> tuple[int, int]:
     """(H, W) of one image or frame, every check made from its type, dtype and shape."""
     if isinstance(x, Image.Image):
         h, w = _check_pil(x, what)
@@ -216,11 +216,18 @@ def _loaded_pil(x: Image.Image, index: int, where: str) -> Image.Image:
     return x
 
 
-def _rgb_resized(x: Any, size: tuple[int, int], index: int, where: str) -> np.ndarray:
-    """One checked image or frame -> HxWx3 uint8 at `size` (H, W), PIL bicubic."""
+def decoded_rgb(x: Image.Image, index: int, where: str) -> Image.Image:
+    """A PIL image item decoded (a truncated or corrupt file is a ValueError naming item
+    ``index`` and ``where`` in it) and made RGB as transformers' convert_to_rgb makes it."""
+    return _pil_rgb(_loaded_pil(x, index, where))
+
+
+def rgb_resized(x: Any, size: tuple[int, int], index: int, where: str) -> np.ndarray:
+    """One checked image or frame (`check_image`) -> HxWx3 uint8 at `size` (H, W), PIL bicubic;
+    ``index`` and ``where`` name it in an error."""
     h, w = size
     if isinstance(x, Image.Image):
-        rgb = _pil_rgb(_loaded_pil(x, index, where))
+        rgb = decoded_rgb(x, index, where)
         return np.asarray(rgb if rgb.size == (w, h) else rgb.resize((w, h), Image.Resampling.BICUBIC))
     arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
     if arr.ndim == 2:
@@ -228,7 +235,7 @@ def _rgb_resized(x: Any, size: tuple[int, int], index: int, where: str) -> np.nd
     if arr.shape[2] == 1:
         arr = np.repeat(arr, 3, axis=2)
     elif arr.shape[2] == 4:
-        arr = _composite_on_white(arr)
+        arr = composite_on_white(arr)
     if arr.shape[:2] == (h, w):
         return arr
     return np.asarray(Image.fromarray(np.ascontiguousarray(arr)).resize((w, h), Image.Resampling.BICUBIC))

@@ -1,6 +1,7 @@
 """The named image-size mixes: their records (`Mix`, `MixEntry`, `MixItem`), the mixes of
-data/image_mixes.toml and the "photos" mix, and the merged tokens an entry makes after the
-processor's resize."""
+data/image_mixes.toml (`file_mixes`) and the "photos" mix (`photos_mix`, the photos at
+`PHOTO_SIZES`), and the merged tokens an entry makes after the processor's resize
+(`token_geometry`, `processed_size`, `entry_tokens`, `with_token_range`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,8 @@ from .photos import SAMPLE_NAMES
 # photos are one more mix, "photos", built here from SAMPLE_NAMES at their own sizes.
 MIX_FILE = Path(__file__).resolve().parent.parent / "data" / "image_mixes.toml"
 
-_PHOTO_SIZES = {"astronaut": (512, 512), "chelsea": (300, 451), "coffee": (400, 600),
+# the shipped photos' own sizes (H, W)
+PHOTO_SIZES = {"astronaut": (512, 512), "chelsea": (300, 451), "coffee": (400, 600),
                 "rocket": (427, 640), "grace_hopper": (600, 512)}
 _PHOTO_SOURCES = {"astronaut": "scikit-image data.astronaut()", "chelsea": "scikit-image data.chelsea()",
                   "coffee": "scikit-image data.coffee()", "rocket": "scikit-image data.rocket()",
@@ -103,7 +105,9 @@ def _parse_mix(name: str, table, where: str) -> Mix:
 
 
 @functools.lru_cache(maxsize=None)
-def _file_mixes() -> dict[str, Mix]:
+def file_mixes() -> dict[str, Mix]:
+    """The mixes of MIX_FILE by name, each checked (ValueError naming the mix and the entry);
+    FileNotFoundError where the file is missing."""
     if not MIX_FILE.is_file():
         raise FileNotFoundError(f"the image-mix file {MIX_FILE} is missing (it lives in the repository's data/ "
                                 f"folder, which an installed wheel does not carry); only the 'photos' mix works")
@@ -114,16 +118,18 @@ def _file_mixes() -> dict[str, Mix]:
     return {name: _parse_mix(name, table, str(MIX_FILE)) for name, table in data.items()}
 
 
-def _photos_mix() -> Mix:
+def photos_mix() -> Mix:
+    """The "photos" mix: the shipped sample photos at their own sizes, equal weights, its token
+    range computed (`with_token_range`)."""
     entries = tuple(MixEntry("image", 1, h, w, 1.0, f"{_PHOTO_SOURCES[n]}, {h}x{w} (HxW)")
-                    for n, (h, w) in ((n, _PHOTO_SIZES[n]) for n in SAMPLE_NAMES))
-    return Mix("photos", "The real sample photos shipped in scikit-image and matplotlib, at their own sizes",
-               "equal weights", (0, 0), entries)
+                    for n, (h, w) in ((n, PHOTO_SIZES[n]) for n in SAMPLE_NAMES))
+    return with_token_range(Mix("photos", "The real sample photos shipped in scikit-image and matplotlib, at "
+                                "their own sizes", "equal weights", (0, 0), entries))
 
 
 def _mix_names() -> tuple[str, ...]:
     try:
-        return tuple(_file_mixes()) + ("photos",)
+        return tuple(file_mixes()) + ("photos",)
     except FileNotFoundError:
         return ("photos",)
 
@@ -131,34 +137,36 @@ def _mix_names() -> tuple[str, ...]:
 MIX_NAMES: tuple[str, ...] = _mix_names()
 
 
-def _with_token_range(mix: Mix) -> Mix:
+def with_token_range(mix: Mix) -> Mix:
     """``mix`` with its claimed token range computed: its entries' own under the default resize."""
-    toks = [_entry_tokens(e, _geometry(None)) for e in mix.entries]
+    toks = [entry_tokens(e, token_geometry(None)) for e in mix.entries]
     return dataclasses.replace(mix, tokens=(min(toks), max(toks)))
 
 
-def _geometry(cfg):
+def token_geometry(cfg):
     """cfg (VisionConfig, preset name or None: the Qwen2-VL geometry every Qwen preset shares) as
     the VisionConfig whose patch, merge and temporal sizes and resize rule count the tokens."""
     from .config import VisionConfig
     return VisionConfig.coerce(cfg, default=VisionConfig.preset("qwen2-vl-7b"))
 
 
-def _target_size(e, geo, padded: bool = False) -> tuple[int, int]:
-    """The size wb.preprocess resizes item ``e`` to (`Family.resize` where the family's processor
-    sizes its own way, else `images.target_size`); ``padded``: the size its patches cover (Kimi-K2.5
-    pads the resized image with zeros to a multiple of patch_size * merge_size)."""
+def processed_size(e, geo, padded: bool = False) -> tuple[int, int]:
+    """The size wb.preprocess resizes item ``e`` (a `MixEntry` or `MixItem`) to under ``geo`` (a
+    `token_geometry`): `Family.resize` where the family's processor sizes its own way, else
+    `images.target_size`. ``padded``: the size its patches cover (Kimi-K2.5 pads the resized image
+    with zeros to a multiple of patch_size * merge_size)."""
     from .images import target_size
     sizes = geo.spec.resize(geo, e.kind, e.height, e.width)
     return target_size(e.height, e.width, geo) if sizes is None else sizes[padded]
 
 
-def _entry_tokens(e, geo) -> int:
-    """Merged tokens of one item as wb.preprocess makes them: every image / video frame is resized
-    to the processor's size and padded where it pads (`_target_size`); grid [frames / T (1 for an
+def entry_tokens(e, geo) -> int:
+    """Merged tokens of one item ``e`` (a `MixEntry` or `MixItem`) under ``geo`` (a
+    `token_geometry`) as wb.preprocess makes them: every image / video frame is resized to the
+    processor's size and padded where it pads (`processed_size`); grid [frames / T (1 for an
     image), H'/P, W'/P]; tokens = t*gh*gw / m^2."""
     p, m, tp = geo.patch_size, geo.merge_size, geo.temporal_patch_size
-    h, w = _target_size(e, geo, padded=True)
+    h, w = processed_size(e, geo, padded=True)
     if e.kind == "video" and e.frames % tp:
         raise ValueError(f"a video entry of {e.frames} frames is not a multiple of temporal_patch_size={tp}")
     t = 1 if e.kind == "image" else e.frames // tp

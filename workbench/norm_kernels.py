@@ -172,12 +172,19 @@ def rows_tile(block_rows: int | None = None, block_cols: int | None = None, num_
 _JITTED: dict = {}
 
 
-def _kernel(name: str):
-    """The jitted norm kernel `name` (see `jitted`)."""
+def norm_kernel(name: str):
+    """The jitted norm kernel `name` ("channel", "flat" or "rows"; see `jitted`); RuntimeError
+    without Triton."""
     fixed_rows = dict(do_not_specialize=["n_rows"])
     return jitted(_JITTED, name, lambda: {"channel": (_channel_kernel, fixed_rows), "flat": (_flat_kernel, fixed_rows),
                                           "rows": (_rows_kernel, fixed_rows)},
                   "the Triton norms need the `triton` package; eager and identity do not")
+
+
+def kernels_interpreted() -> bool:
+    """Whether the norm kernels run in Triton's CPU interpreter, as they were jitted (call after
+    `norm_kernel`)."""
+    return _JITTED["interpreted"]
 
 
 # ---- launches, and their reuse under the interpreter ---------------------------------------------

@@ -48,8 +48,8 @@ from workbench.dtypes import names
 from workbench.vocabulary import NORM_NAMES, check_norm_name  # the one door for a norm name
 from workbench.vocabulary import REAL_NORMS as VOCAB_REAL_NORMS
 
-from .norm_kernels import _JITTED, _kernel, launch_channel, launch_flat, launch_rows, rows_tile
-from .norm_kernels import CHANNEL_BLOCK, CHANNEL_WARPS, FLAT_BLOCK, FLAT_WARPS, ROWS_CONFIGS, _is_pow2  # noqa: F401
+from .norm_kernels import kernels_interpreted, launch_channel, launch_flat, launch_rows, norm_kernel, rows_tile
+from .norm_kernels import CHANNEL_BLOCK, CHANNEL_WARPS, FLAT_BLOCK, FLAT_WARPS, ROWS_CONFIGS  # noqa: F401
 from .patches import normalize_reference  # noqa: F401  (the processor's normalization, in float64)
 
 INPUT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -377,8 +377,8 @@ class TritonNorm(InputNorm):
             # shapes only (byte counting on the meta device): the kernel has no data to touch,
             # and it allocates nothing besides the output
             return out if out is not None else torch.empty(pixels.shape, dtype=out_dtype, device="meta")
-        kernel = _kernel(self.kernel_name)
-        if pixels.device.type != "cuda" and not _JITTED["interpreted"]:
+        kernel = norm_kernel(self.kernel_name)
+        if pixels.device.type != "cuda" and not kernels_interpreted():
             raise RuntimeError(f"{self.name!r} runs on CUDA tensors; for CPU tensors set "
                                f"TRITON_INTERPRET=1 before the first Triton norm call of the "
                                f"process (pixels are on {pixels.device})")

@@ -125,7 +125,7 @@ class PatchBatch:
                    torch.cat([b.grid_thw for b in batches], dim=0))
 
 
-def _patchify(frames: np.ndarray, p: int, m: int, tp: int, out: np.ndarray) -> None:
+def patchify_array(frames: np.ndarray, p: int, m: int, tp: int, out: np.ndarray) -> None:
     """[F, H, W, C] uint8 (F a multiple of tp, or 1 for a still image) -> its rows
     out [F/tp * gh * gw, C*tp*p*p] (written in place: the batch's rows are allocated once)."""
     f, h, w, c = frames.shape

@@ -257,7 +257,7 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     (cu_seqlens), which the runner allocates outside the pool, so it changes nothing here.
 
     Limits: the padding_waste reference runs compare the model with the measured pool of every
-    runner they build, and tools/probe_pool.py one budget's graph alone (results/reference/README.md
+    runner they build, and the pool probe of docs/probes.md one budget's graph alone (results/reference/README.md
     gives the ratios); the model can be above or below, so leave headroom either way. Runners of
     several budgets measured below it: the smaller captures, outputs included, fit in the space the
     largest one left. The traces themselves are exact (the CUDA tower's dispatch trace equals the

@@ -33,10 +33,9 @@ import numpy as np
 import torch
 
 from . import limits
-from .images import ACCEPTED_INPUTS, MAX_ASPECT, _CHANNELS, _check_image, _check_uint8, smart_resize  # noqa: F401
-from .images import target_size
-from .images import _composite_on_white, _rgb_resized, load_image  # noqa: F401
-from .patches import PatchBatch, _patchify, normalize_rows  # noqa: F401
+from .images import ACCEPTED_INPUTS, CHANNELS, MAX_ASPECT, check_image, check_uint8, smart_resize  # noqa: F401
+from .images import load_image, rgb_resized, target_size  # noqa: F401
+from .patches import PatchBatch, normalize_rows, patchify_array  # noqa: F401
 from .devices import resolve_device
 from .torch_images import frames_nchw, hwc_rgb, patchify, resize, torch_threads
 from .torch_images import normalize as normalize_tv
@@ -61,7 +60,7 @@ class Video:
     def __post_init__(self) -> None:
         if isinstance(self.frames, (np.ndarray, torch.Tensor)):
             shape = tuple(self.frames.shape)
-            if self.frames.ndim == 3 and shape[2] in _CHANNELS:
+            if self.frames.ndim == 3 and shape[2] in CHANNELS:
                 raise ValueError(
                     f"Video frames as one array must be [T, H, W, C], got shape {shape}, which reads as one "
                     f"[H, W, C] image (last axis {shape[2]}); pass an image without Video(...), or, if these "
@@ -83,7 +82,7 @@ def _check_video(video: Any, what: str) -> tuple[Sequence, int, int]:
     entries are images (views of the array, or the Video's list), checked from shapes only."""
     frames = video.frames if isinstance(video, Video) else video
     if isinstance(frames, (np.ndarray, torch.Tensor)):
-        _check_uint8(frames, what)
+        check_uint8(frames, what)
         shape = tuple(frames.shape)
         # grey frames [T, H, W] in a Video (Video has already rejected a last axis of 1/3/4): each
         # frame is then a 2-D grey image, converted exactly like one
@@ -91,16 +90,16 @@ def _check_video(video: Any, what: str) -> tuple[Sequence, int, int]:
             raise ValueError(f"{what} has shape {shape}; a video array is [T, H, W, C]")
         if shape[0] == 0:
             raise ValueError(f"{what} has no frames (shape {shape})")
-        if len(shape) == 4 and shape[3] not in _CHANNELS and shape[1] in _CHANNELS:
+        if len(shape) == 4 and shape[3] not in CHANNELS and shape[1] in CHANNELS:
             # the per-frame error would suggest a per-frame transpose; the whole array needs one
             raise ValueError(f"{what} has shape {shape} with {shape[3]} channels; valid channel "
                              f"counts (last axis) are 1 (grey), 3 (RGB), 4 (RGBA) (it looks channels-first "
                              f"[T, C, H, W]: use x.transpose(0, 2, 3, 1) / x.permute(0, 2, 3, 1))")
         limits.check("frames", shape[0], f"{what} of {shape[0]} frames (shape {shape})")
-        h, w = _check_image(frames[0], f"{what} frame 0")   # every frame has frame 0's shape
+        h, w = check_image(frames[0], f"{what} frame 0")   # every frame has frame 0's shape
         return frames, h, w
     limits.check("frames", len(frames), f"{what} of {len(frames)} frames")
-    sizes = [_check_image(f, f"{what} frame {i}") for i, f in enumerate(frames)]
+    sizes = [check_image(f, f"{what} frame {i}") for i, f in enumerate(frames)]
     if len(set(sizes)) > 1:
         raise ValueError(f"{what} frames differ in size: {sorted(set(sizes))} (HxW); all frames must match")
     return frames, *sizes[0]
@@ -206,7 +205,7 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
     for i, (kind, x) in enumerate(_items(images_or_videos)):
         what = f"{kind} {i}"
         if kind == "image":
-            frames, (h, w) = [x], _check_image(x, what)
+            frames, (h, w) = [x], check_image(x, what)
             chunks = [frames]
         else:
             frames, h, w = _check_video(x, what)
@@ -233,8 +232,8 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
             i, kind, frames, (size, padded), grid = plans[k]
             resized = (np.empty if size == padded else np.zeros)((len(frames), *padded, 3), np.uint8)
             for j, frame in enumerate(frames):
-                resized[j, :size[0], :size[1]] = _rgb_resized(frame, size, i, _where(kind, j))
-            _patchify(resized, p, m, tp, pixels[starts[k]:starts[k + 1]])
+                resized[j, :size[0], :size[1]] = rgb_resized(frame, size, i, _where(kind, j))
+            patchify_array(resized, p, m, tp, pixels[starts[k]:starts[k + 1]])
 
         _each(one, len(plans), threads or 1)
         rows = torch.from_numpy(pixels)

@@ -12,9 +12,9 @@ would tune again (seconds to tens of seconds, `results/reference/probe_quack-h20
 the tower pins one configuration (`config`) instead, and `warm` compiles it at build time, outside any
 timed call or graph capture. quack still records a launch plan per operand shapes and keys a pinned config by
 its identity (so `config` builds it once): a new row count costs one host-side cold pass per MLP shape (the
-blocks share one), which a replayed graph never pays; `tools/probe_quack.py SECONDS pinned` times it
-(``first_s``). quack comes with FlashAttention-4 (an optional extra, never a CI
-dependency: FACTS.md says how it reaches a GPU host without a registry); it runs on Hopper (compute
+blocks share one), which a replayed graph never pays; the quack probe in docs/probes.md timed
+it. quack comes with FlashAttention-4 (an optional extra, never a CI
+dependency: docs/gpu-hosts.md says how it reaches a GPU host without a registry); it runs on Hopper (compute
 capability 9.x) in bf16 and fp16.
 """
 from __future__ import annotations
@@ -62,8 +62,8 @@ def quack_problem(device, dtype: torch.dtype) -> str | None:
     if major != 9:
         return f"is pinned to Hopper's configuration (compute capability 9.x), got {major}.{minor}"
     if _gemm_act() is None:
-        return ("is not installed (quack-kernels, which FlashAttention-4 brings along; FACTS.md says how to "
-                "bring it to a host without a registry)")
+        return ("is not installed (quack-kernels, which FlashAttention-4 brings along; docs/gpu-hosts.md "
+                "says how to bring it to a host without a registry: make wheels WHEEL_LIST=tools/fa4-wheels.txt)")
     return None
 
 

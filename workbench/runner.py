@@ -44,7 +44,7 @@ from .dtypes import dtype_name, names
 from .encoder import BUFFER_DTYPES, VisionEncoder
 from .norms import replaying
 from .preprocess import PatchBatch
-from .runner_policy import (PackCosts, ReplayRecord, _PhaseClock, _check_budgets, _check_costs, check_pad_value,
+from .runner_policy import (PackCosts, PhaseClock, ReplayRecord, check_budgets, check_costs, check_pad_value,
                             default_budgets, prepare_plan, race_call, signature)
 from .runner_policy import PHASES  # noqa: F401
 from .caches import remember
@@ -128,7 +128,7 @@ class EncoderGraphRunner:
             budgets = DEFAULT_BUDGETS if self.engine is None else self.engine.budgets(self.DEFAULT_MAX_BUDGET)
         if max_items is None:
             max_items = self.engine.max_items(budgets, self.DEFAULT_MAX_BUDGET) if self.engine else DEFAULT_MAX_ITEMS
-        self.budgets, max_items = _check_budgets(budgets, max_items)
+        self.budgets, max_items = check_budgets(budgets, max_items)
         # 'per_length' (SGLang): graphs of exact batch lengths captured on first use, up to the budgets' largest
         self.per_length = self.engine is not None and self.engine.packing == "per_length"
         self.capacity = self.budgets[-1]
@@ -188,7 +188,7 @@ class EncoderGraphRunner:
         # the policy in force: 'auto' measures its costs on a real graph backend only (module docstring)
         self.policy = "always" if backend == "emulated" else policy
         if costs is not None:
-            _check_costs(costs, self.budgets)
+            check_costs(costs, self.budgets)
         self.costs = None
         # 'auto' on CUDA races its candidate plans per batch signature on real calls (`runner_policy.race_call`)
         self.calibrate = self.backend == "cuda"
@@ -386,7 +386,7 @@ class EncoderGraphRunner:
             raise ValueError(f"unknown policy {policy!r}; valid: {POLICIES} or None (the runner's, {self.policy!r})")
         costs = None if policy == "always" else self.costs
         check_pad_value(self.buffer_dtype, pad_value)  # before any replay, so a bad value leaves no partial stats
-        phase = _PhaseClock(phases, self.device)
+        phase = PhaseClock(phases, self.device)
         with phase("plan"):
             packs, misses, spill = self.plan_batch(batch)
         if spill:
@@ -418,7 +418,7 @@ class EncoderGraphRunner:
         return n
 
     def _run(self, batch: PatchBatch, packs, misses, eager: frozenset, costs: PackCosts | None, pad_value,
-             phase: _PhaseClock) -> torch.Tensor:
+             phase: PhaseClock) -> torch.Tensor:
         """Replay the packs not in ``eager`` (positions in ``packs``), run those in it as one eager
         call and the misses one by one; records each in `stats`. The batch's rows go to the
         device in one copy (asynchronous from pinned memory); packs are gathered there."""
@@ -475,7 +475,7 @@ class EncoderGraphRunner:
             self.stats.append(ReplayRecord(0, 1, rows[i], 0, miss=True))
         return out
 
-    def _spill(self, batch: PatchBatch, phase: _PhaseClock) -> torch.Tensor:
+    def _spill(self, batch: PatchBatch, phase: PhaseClock) -> torch.Tensor:
         """The whole batch in one eager forward, as an engine policy runs a batch no replay holds."""
         with phase("eager"):
             out = self.encoder.encode_eager(PatchBatch(batch.pixels.to(self.device, non_blocking=True),

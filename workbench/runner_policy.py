@@ -96,7 +96,7 @@ class PackCosts:
         return cls(replay, tuple(picks), tuple(points), time.perf_counter() - t0)
 
 
-def _check_costs(costs, budgets: list[int]) -> None:
+def check_costs(costs, budgets: list[int]) -> None:
     """TypeError/ValueError unless ``costs`` is a PackCosts measured over exactly ``budgets``."""
     if not isinstance(costs, PackCosts):
         raise TypeError(f"costs must be the PackCosts of another runner (runner.costs) or None, got {type(costs).__name__}")
@@ -255,7 +255,7 @@ def check_pad_value(buffer_dtype: torch.dtype, pad_value) -> None:
                          f"got {pad_value!r}")
 
 
-def _check_budgets(budgets, max_items) -> tuple[list[int], int]:
+def check_budgets(budgets, max_items) -> tuple[list[int], int]:
     """(budgets, max_items) as ints: budgets ascending and distinct (`Budgets.of`), max_items
     within the `items` cap, and no budget below it."""
     budgets = list(Budgets.of(budgets, ascending=True))
@@ -277,7 +277,7 @@ def default_budgets(max_tokens: int, smallest: int = 64) -> list[int]:
     return out
 
 
-class _PhaseClock:
+class PhaseClock:
     """``with clock("replay"): ...`` adds the seconds the block took to ``phases["replay"]``,
     synchronizing a CUDA device before and after it so that queued work is counted where it was
     issued. With ``phases=None`` every block is a plain pass-through: no clock, no sync."""
@@ -291,7 +291,7 @@ class _PhaseClock:
         self.device = device if phases is not None and device.type == "cuda" else None
         self.name, self.t0 = None, 0.0
 
-    def __call__(self, name: str) -> "_PhaseClock":
+    def __call__(self, name: str) -> "PhaseClock":
         self.name = name
         return self
 

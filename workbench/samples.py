@@ -17,10 +17,10 @@ import numpy as np
 from PIL import Image
 
 from . import limits
-from .image_folders import FOLDER_PREFIX, _folder_image, _folder_mix, _folder_valid
+from .image_folders import FOLDER_PREFIX, VALID_FOLDER, folder_image, folder_mix
 from .image_folders import IMAGE_SUFFIXES, check_image_folder, folder_mix_name, mix_label, with_folder  # noqa: F401
-from .mixes import (MIX_NAMES, Mix, MixItem, _PHOTO_SIZES, _entry_tokens, _file_mixes, _geometry, _photos_mix,
-                    _target_size, _with_token_range)
+from .mixes import (MIX_NAMES, PHOTO_SIZES, Mix, MixItem, entry_tokens, file_mixes, photos_mix, processed_size,
+                    token_geometry)
 from .mixes import MIX_FILE, MixEntry  # noqa: F401
 from .photos import SAMPLE_NAMES, sample_images, sample_video
 from .photos import random_images  # noqa: F401
@@ -47,22 +47,22 @@ def get_mix(name: str) -> Mix:
     ValueError naming the valid ones. For "photos" and folders the claimed range is
     computed (their own sizes under the default resize)."""
     if isinstance(name, str) and name.startswith(FOLDER_PREFIX):
-        return _folder_mix(name[len(FOLDER_PREFIX):])
+        return folder_mix(name[len(FOLDER_PREFIX):])
     if name == "photos":
-        return _with_token_range(_photos_mix())
+        return photos_mix()
     if not isinstance(name, str) or name not in MIX_NAMES:
         raise ValueError(f"unknown image mix {name!r}; valid: {', '.join(MIX_NAMES)}, or {FOLDER_PREFIX}PATH with "
-                         f"PATH {_folder_valid()}")
-    return _file_mixes()[name]
+                         f"PATH {VALID_FOLDER}")
+    return file_mixes()[name]
 
 
 def mix_entries(name: str, cfg=None) -> list[dict]:
     """One record per size of mix ``name``: kind, frames, height, width, weight (for a folder, its
     number of images of that size) and tokens (merged tokens after the resize, cfg as in
     mix_distribution)."""
-    geo = _geometry(cfg)
+    geo = token_geometry(cfg)
     return [dict(kind=e.kind, frames=e.frames, height=e.height, width=e.width, weight=e.weight,
-                 tokens=_entry_tokens(e, geo)) for e in get_mix(name).entries]
+                 tokens=entry_tokens(e, geo)) for e in get_mix(name).entries]
 
 
 def mix_distribution(name: str, cfg=None) -> list[tuple[int, float]]:
@@ -98,9 +98,9 @@ def mix_sizes(name: str, n: int, seed: int = 0) -> list[MixItem]:
 
 def mix_tokens(name: str, n: int, seed: int = 0, cfg=None) -> list[int]:
     """Merged tokens of the n items `mix_sizes(name, n, seed)` draws (cfg as in mix_distribution)."""
-    geo = _geometry(cfg)
+    geo = token_geometry(cfg)
     mix = get_mix(name)
-    return [_entry_tokens(mix.entries[it.entry], geo) for it in mix_sizes(name, n, seed)]
+    return [entry_tokens(mix.entries[it.entry], geo) for it in mix_sizes(name, n, seed)]
 
 
 def traffic_tokens(name: str, n: int, seed: int = 0, cfg=None, spread: float = 0.25) -> list[int]:
@@ -113,11 +113,11 @@ def traffic_tokens(name: str, n: int, seed: int = 0, cfg=None, spread: float = 0
 
     if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not 0 <= spread <= 2:
         raise ValueError(f"spread must be a number in [0, 2] (log-scale jitter of each side), got {spread!r}")
-    geo = _geometry(cfg)
+    geo = token_geometry(cfg)
     mix = get_mix(name)
     draws = mix_sizes(name, n, seed)
     u = np.random.default_rng([limits.seed(seed), 1]).uniform(-spread, spread, size=(len(draws), 2))
-    return [_entry_tokens(dataclasses.replace(mix.entries[it.entry], height=max(1, round(it.height * math.exp(a))),
+    return [entry_tokens(dataclasses.replace(mix.entries[it.entry], height=max(1, round(it.height * math.exp(a))),
                                               width=max(1, round(it.width * math.exp(b)))), geo)
             for it, (a, b) in zip(draws, u.tolist())]
 
@@ -156,14 +156,14 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
     if mix.folder is None and not photos:
         raise FileNotFoundError("no sample photos are available in the installed packages")
     if n is None:
-        items = [MixItem("image", 1, *_PHOTO_SIZES[k], SAMPLE_NAMES.index(k)) for k in photos]
+        items = [MixItem("image", 1, *PHOTO_SIZES[k], SAMPLE_NAMES.index(k)) for k in photos]
     else:
         items = mix_sizes(name, n, seed)
     from .preprocess import Video  # torch is imported only when a video is made
-    geo = _geometry(cfg)
+    geo = token_geometry(cfg)
     names = list(photos)
     # every item is made at its drawn (or resized) size: the sizes are checked before any is made
-    sizes = [_target_size(it, geo) if resized else (it.height, it.width) for it in items]
+    sizes = [processed_size(it, geo) if resized else (it.height, it.width) for it in items]
     for it, (h, w) in zip(items, sizes):
         limits.check("input_pixels", h * w, f"image_mix({name!r}) item of {h}x{w} (HxW) pixels")
         limits.check("frames", it.frames, f"image_mix({name!r}) video of {it.frames} frames")
@@ -175,7 +175,7 @@ def image_mix(name: str, n: int | None = None, seed: int = 0, resized: bool = Fa
         if mix.folder is not None:
             k = used[it.entry] = used.get(it.entry, -1) + 1
             files = mix.files[it.entry]
-            out.append(_folder_image(os.path.join(mix.folder, files[k % len(files)]), h, w))
+            out.append(folder_image(os.path.join(mix.folder, files[k % len(files)]), h, w))
             continue
         if name == "photos" and n is None:
             photo = photos[names[i]]

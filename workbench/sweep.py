@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import limits, provenance      # git_info looked up when called: tests stand in for it
-from .runmeta import MetaError, RunMeta
-from .runstate import RunFolder, run_in_use
-from .stages import default_kernel, finish_study
+from .results import MetaError, RunFolder, RunMeta, newest_timings, run_in_use, run_of_commit, timings
+from .notebook_path import default_kernel
+from .stages import finish_study
 from .studies import ParamError
 from .workers import execute_in_workers, one_gpu_warnings, worker_count
 
@@ -29,7 +29,7 @@ class SweepPlan:
     results: Path                     # the folder the run folder goes into
     name: str                         # the run folder's name suffix
     mode: str = "papermill"           # or "direct": the studies' run functions in this process
-    kernel: str | None = None         # Jupyter kernel for papermill (None: stages.default_kernel())
+    kernel: str | None = None         # Jupyter kernel for papermill (None: notebook_path.default_kernel())
     gpus: tuple[int, ...] | None = None   # one worker process per GPU
     gpus_emulated: bool = False       # the GPUs are pretended (workers.EMULATE_GPUS_ENV)
     workers: int = 1                  # worker processes side by side on the CPU (1: the studies run here)
@@ -74,27 +74,12 @@ class Cell:
     alone: bool = False
 
 
-def _cell_weights(study, params: Mapping[str, Any]) -> dict[Any, float]:
-    """{value of the study's cell parameter: cost}: a preset's or model folder's tower FLOPs, else 1."""
-    if not study.cells:
-        return {}
-    from .checkpoints import resolve_config
-    from .floors import tower_flops
-    out = {}
-    for v in params.get(study.cells) or []:
-        try:        # resolve_config takes a preset or a model folder, and refuses anything else
-            out[v] = float(tower_flops(resolve_config(v, params.get("depth")), [1024])["total"])
-        except (ValueError, TypeError, KeyError):
-            out[v] = 1.0
-    return out
-
-
 def study_cells(study, params: Mapping[str, Any], recorded: tuple[float, Mapping[str, Any]] | None,
                 alone: Mapping[Any, list[tuple[float, Mapping[str, Any]]]] | None = None) -> list[Cell]:
     """A cell per value of the study's cell parameter (or one), with the ``recorded`` seconds shared by weight;
     a value ``alone`` holds runs of by itself takes the seconds of the newest with these settings otherwise."""
-    weights = _cell_weights(study, params)
-    seconds, then = (recorded[0], _cell_weights(study, recorded[1])) if recorded else (UNTIMED_STUDY_S, weights)
+    weights = study.cost(params)
+    seconds, then = (recorded[0], study.cost(recorded[1])) if recorded else (UNTIMED_STUDY_S, weights)
     rate = seconds / (sum(then.values()) or 1.0)
     if not weights:
         return [Cell(study.name, None, rate)]
@@ -140,35 +125,14 @@ def _deal(cells: list[Cell], count: int) -> list[list[Cell]]:
     return parts
 
 
-def _timings(folders: list[Path], profile: str, exclude: Path | None = None):
-    """(study, seconds, params) of every study timed by the runs of ``profile``, the newest run (by name: UTC time
-    first) first."""
-    for m in sorted((m for f in folders for m in Path(f).glob("*/meta.json") if m.parent != exclude),
-                    key=lambda m: m.parent.name, reverse=True):
-        try:
-            meta = RunMeta.from_json(m)
-        except MetaError:          # a broken record of another run counts nothing
-            continue
-        if (meta.params or {}).get("profile") == profile:
-            for name, sec in (meta.study_seconds or {}).items():
-                yield name, float(sec), dict(meta.plan.get(name) or {})
-
-
 def recorded_seconds(folders: list[Path], profile: str, exclude: Path | None = None) -> dict[str, tuple[float, dict]]:
     """{study: (seconds, params)} from the newest run of ``profile`` that timed it."""
-    return _newest(_timings(folders, profile, exclude))
-
-
-def _newest(timings) -> dict[str, tuple[float, dict]]:
-    known: dict[str, tuple[float, dict]] = {}
-    for name, sec, params in timings:
-        known.setdefault(name, (sec, params))
-    return known
+    return newest_timings(timings(folders, profile, exclude))
 
 
 def timed_alone(timings: list[tuple[str, float, dict]], studies: list) -> dict[str, dict[Any, list[tuple[float, dict]]]]:
     """{study: {value of its cell parameter: [(seconds, params), ...]}}, newest first, from the ``timings``
-    (`_timings`) of the study on that one value (one preset, say): measured cells, where FLOPs only scale another."""
+    (`workbench.results.timings`) of the study on that one value (one preset, say): measured cells, where FLOPs only scale another."""
     cells = {s.name: s.cells for s in studies if s.cells}
     known: dict[str, dict[Any, list[tuple[float, dict]]]] = {}
     for name, sec, params in timings:
@@ -202,8 +166,8 @@ def predict(studies: list, params: Mapping[str, dict], results: Path,
     """{study: (predicted seconds, its cells, how)}: the newest timed run of the profile here or under reference/,
     scaled to these cells by tower FLOPs (`study_cells`); untimed: the study's guess or UNTIMED_STUDY_S. ``how``
     is "" for a run of these settings, else what the number rests on (a guess; a run of other settings)."""
-    timings = list(_timings([Path(results), Path(results) / "reference"], profile))   # each meta.json read once
-    recorded, alone = _newest(timings), timed_alone(timings, studies)
+    found = list(timings([Path(results), Path(results) / "reference"], profile))   # each meta.json read once
+    recorded, alone = newest_timings(found), timed_alone(found, studies)
     out = {}
     for s in studies:
         cells = study_cells(s, params[s.name], recorded.get(s.name) or guessed_seconds(s, profile), alone.get(s.name))
@@ -295,9 +259,9 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     if plan.shard is not None:
         index, count = check_shard(plan.shard)
         # balanced by committed runs only: every host of a job array sees the same ones
-        timings = list(_timings([Path(plan.results) / "reference"], plan.profile))
-        mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, _newest(timings),
-                                         timed_alone(timings, list(plan.studies)))
+        found = list(timings([Path(plan.results) / "reference"], plan.profile))
+        mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, newest_timings(found),
+                                         timed_alone(found, list(plan.studies)))
         if not mine:
             return SweepResult(None, [], f"sweep: shard {index}/{count} has no cell ({n_studies(len(plan.studies))} "
                                          f"selected over {count} shards); nothing to run")
@@ -456,14 +420,7 @@ def _run_of_this_code(results: Path, name: str, wanted) -> Path | None:
     g = provenance.git_info()
     if not g.get("sha") or g.get("dirty"):
         return None
-    for run in sorted(Path(results).glob(f"*-{g['short']}-{name}"), reverse=True):
-        try:
-            meta = RunFolder(run).meta()
-        except MetaError:
-            continue
-        if (meta.git or {}).get("sha") == g["sha"] and not (meta.git or {}).get("dirty") and wanted(run, meta):
-            return run
-    return None
+    return run_of_commit(results, name, g["sha"], wanted)
 
 
 def interrupted_run(results: Path, name: str) -> Path | None:

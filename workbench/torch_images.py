@@ -5,7 +5,7 @@ of `workbench.preprocess`.
 transformers 5 picks its torchvision backend wherever torchvision is installed, and that is what
 vLLM runs (``use_fast=True``). Its steps, per image, and what each is here:
 
-* a PIL image is converted to RGB as the PIL processors convert it (`images._pil_rgb`); a grey
+* a PIL image is converted to RGB as the PIL processors convert it (`images.decoded_rgb`); a grey
   array or tensor has its channel repeated and an RGBA one is composited on white in float32
   (levels / 255, then ``rgb * a + (1 - a)``, then back to uint8 by ``x * (256 - 0.001)``
   truncated: torchvision's ``to_dtype`` with scaling), which is not quite the PIL backends'
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .images import _loaded_pil, _pil_rgb
+from .images import decoded_rgb
 
 # torchvision's to_dtype(float -> uint8, scale=True) multiplies by 255 + 1 - eps and truncates
 _TO_UINT8 = 255 + 1.0 - 1e-3
@@ -44,7 +44,7 @@ def hwc_rgb(x: Any, index: int, where: str) -> torch.Tensor:
     if isinstance(x, (Image.Image, np.ndarray)):
         # a PIL image's pixels read without a second copy (np.array would copy Pillow's bytes
         # again); read-only arrays are only read here
-        arr = np.asarray(_pil_rgb(_loaded_pil(x, index, where))) if isinstance(x, Image.Image) \
+        arr = np.asarray(decoded_rgb(x, index, where)) if isinstance(x, Image.Image) \
             else np.ascontiguousarray(x)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -84,7 +84,7 @@ def resize(images: torch.Tensor, size: tuple[int, int], float_path: bool | None 
 
 def patchify(frames: torch.Tensor, p: int, m: int, tp: int, out: torch.Tensor) -> None:
     """uint8 [F, C, H, W] (F = 1 for a still image, else a multiple of tp) -> its rows, written
-    into out [F/tp * gh * gw, C*tp*p*p] in the layout `workbench.patches._patchify` gives (one
+    into out [F/tp * gh * gw, C*tp*p*p] in the layout `workbench.patches.patchify_array` gives (one
     strided copy, whatever the frames' memory layout)."""
     f, c, h, w = frames.shape
     gh, gw = h // p, w // p

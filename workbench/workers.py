@@ -111,7 +111,7 @@ def work(run_dir: Path, names: list[str], direct: bool, kernel: str) -> None:
     """One worker (a GPU's or a CPU's): claim the next study of ``names``, run it, record the outcome in
     ``.claims/<study>.json``."""
     from .files import atomic_write_text
-    from .runstate import RunFolder
+    from .results import RunFolder
     from .stages import finish_study
     from .studies import discover
     cpu, gpu = os.environ.get(CPU_WORKER_ENV), os.environ.get("CUDA_VISIBLE_DEVICES", "")

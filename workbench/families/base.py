@@ -107,7 +107,7 @@ class Family:
         """Tower key -> (checkpoint key, rows, rope heads) of a model folder's tensors ``names``:
         the tensor, its rows (start, stop) where the tower's tensor is a split of a stored fused one
         (None: whole), and > 0 where its rows are stored as interleaved rotary pairs of that many
-        heads (`checkpoint_tensors._Tensor.converted`); by default the first of `checkpoint_layouts`
+        heads (`checkpoint_tensors.VisionTensor.converted`); by default the first of `checkpoint_layouts`
         any name uses. {} where none fits."""
         return {k: (ck, None, 0) for k, ck in layout_keys(names, self.checkpoint_layouts).items()}
 
@@ -292,8 +292,9 @@ def expect(vc: dict, key: str, want, default) -> None:
         raise ValueError(f"vision_config {key}={got!r}: this tower supports only {want!r}")
 
 
-def _rope_theta(vc: dict) -> float:
-    # transformers 5 writes rope_parameters, older versions rope_scaling or a bare rope_theta
+def hf_rope_theta(vc: dict) -> float:
+    """The rotary theta of a checkpoint's ``vision_config``: transformers 5 writes it in
+    rope_parameters, older versions in rope_scaling or as a bare rope_theta (default 10000)."""
     for key in ("rope_parameters", "rope_scaling"):
         rope = get(vc, key, None)
         if rope:
@@ -307,4 +308,4 @@ def hf_common(vc: dict) -> dict:
     """The fields every family's vision_config spells alike: depth, heads, patching, rotary theta."""
     return dict(depth=need(vc, "depth"), heads=need(vc, "num_heads"), patch_size=need(vc, "patch_size"),
                 temporal_patch_size=get(vc, "temporal_patch_size", 2), merge_size=get(vc, "spatial_merge_size", 2),
-                in_channels=get(vc, "in_channels", get(vc, "in_chans", 3)), rope_theta=_rope_theta(vc))
+                in_channels=get(vc, "in_channels", get(vc, "in_chans", 3)), rope_theta=hf_rope_theta(vc))

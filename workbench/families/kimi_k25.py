@@ -44,7 +44,7 @@ import functools
 import math
 import re
 
-from .base import Family, _rope_theta, check_position_table, check_unused, expect, get, need, norm_params, show
+from .base import Family, check_position_table, check_unused, expect, get, hf_rope_theta, need, norm_params, show
 from .qwen2_vl import Qwen2VLFamily
 
 FRAMES = 4                   # frames per video chunk: the temporal table's rows (pos_emb_time)
@@ -79,7 +79,7 @@ class KimiK25Family(Family):
     hf_class = ("workbench.families.kimi_k25", "Kimi_K25VisionWithProjection")
     model_types = ("kimi_k25",)
     study_presets = ("tiny-kimi-k2.5", "kimi-k2.5-1t")
-    vllm_encoder_graphs = True     # FACTS.md: vLLM 0.33 captures Kimi-K2.5's encoder (and normalizes in its patch embed)
+    vllm_encoder_graphs = True     # the vLLM 0.33 and 0.34 audits: it captures Kimi-K2.5's encoder, the norm in its patch embed
     # transformers 5's Kimi_K25ForConditionalGeneration holds model.vision_tower / model.mm_projector,
     # in memory, its Kimi_K25Model vision_tower / mm_projector (save_pretrained writes Moonshot's
     # layout instead: `checkpoint_keys`)
@@ -172,8 +172,8 @@ class KimiK25Family(Family):
             raise ValueError(f"vision_config merge_kernel_size={vc.get('merge_kernel_size')!r} must be two equal sizes")
         return dict(depth=need(vc, "num_hidden_layers"), heads=need(vc, "num_attention_heads"),
                     patch_size=need(vc, "patch_size"), temporal_patch_size=1, merge_size=merge[0], in_channels=3,
-                    rope_theta=_rope_theta(vc), width=need(vc, "hidden_size"), mlp_hidden=need(vc, "intermediate_size"),
-                    num_position_embeddings=side * side, eps=1e-5)
+                    rope_theta=hf_rope_theta(vc), width=need(vc, "hidden_size"),
+                    mlp_hidden=need(vc, "intermediate_size"), num_position_embeddings=side * side, eps=1e-5)
 
     def from_hf_config(self, config: dict) -> dict:
         """The vision_config's fields, and those config.json holds outside it: the projector's output

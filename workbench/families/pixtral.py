@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import functools
 
-from .base import NUMBER, POSITIVE, VISION_KEYS, Family, _rope_theta, check_unused, checked, show
+from .base import NUMBER, POSITIVE, VISION_KEYS, Family, check_unused, checked, hf_rope_theta, show
 
 MISTRAL3_FACTOR = 14 * 2       # the processor's resize unit: patch_size * spatial_merge_size
 MISTRAL3_PROCESSOR = dict(patch_size=14, temporal_patch_size=1, merge_size=2, eps=1e-5, longest_edge=1540,
@@ -167,7 +167,7 @@ class PixtralFamily(Family):
                              f"num_attention_heads = {width // heads}")
         return dict(depth=_read(vc, "num_hidden_layers", where), width=width, heads=heads,
                     mlp_hidden=_read(vc, "intermediate_size", where), patch_size=_read(vc, "patch_size", where),
-                    in_channels=_read(vc, "num_channels", where, 3), rope_theta=_rope_theta(vc),
+                    in_channels=_read(vc, "num_channels", where, 3), rope_theta=hf_rope_theta(vc),
                     temporal_patch_size=1, eps=PIXTRAL_EPS)
 
     def from_hf_config(self, config: dict) -> dict:

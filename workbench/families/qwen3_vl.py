@@ -14,7 +14,7 @@ min/max pixels 65536 / 16777216 from the family's preprocessor_config.json `size
 
 All: 16 heads, patch 16, temporal patch 2, merge 2, num_position_embeddings 2304, gelu_pytorch_tanh.
 [a] Qwen/Qwen3-VL-2B-Instruct: out 2048 and the 24 / 1024 / 4096 / [5, 11, 17] tower as vendored
-    configs give them (sgl-jax's Qwen3VLVisionConfig defaults for the 2B; the project's FACTS).
+    configs give them (sgl-jax's Qwen3VLVisionConfig defaults for the 2B).
 [b] Qwen/Qwen3-VL-4B-Instruct config.json, transcribed in a public repository's test fixture
     (vision_config: out_hidden_size 2560, deepstack [5, 11, 17], depth 24, hidden 1024, mlp 4096).
 [c] Qwen/Qwen3-VL-8B-Instruct config.json as AutoConfig printed it (transformers 4.57.3) in a

@@ -12,12 +12,13 @@ from ..files import atomic_write_text
 from ..limits import cpu_count
 from ..procs import ParentWatch, die_with_parent
 from ..provenance import results_root
-# the names below that this module does not use are the package's public ones (and _view_body, for tests)
+# the names below that this module does not use are the package's public ones (and view_body, for tests)
 from .answers import answers_html
-from .html import NO_STUDY_MESSAGE, REPORT_TITLE, _newest_first, _view_body, render_html
-from .output import (NO_SANITIZER, REPORT_MARKER, RUNS_DIRNAME, UnsafeOutDir, _token, check_report_dir, copy_linked,
-                     localize_html, nh3_missing, swap_in, write_failure, write_marker)
-from .runs import ERRATA_NAME, REPORT_DIRNAME, ReportError, Run, find_runs, load_errata, load_tables, study_table
+from .html import NO_STUDY_MESSAGE, REPORT_TITLE, newest_first, view_body, render_html
+from ..notebook_path import NO_SANITIZER, localize_html, nh3_missing
+from .output import (REPORT_MARKER, RUNS_DIRNAME, UnsafeOutDir, build_token, check_report_dir, copy_linked, swap_in,
+                     write_failure, write_marker)
+from ..results import ERRATA_NAME, REPORT_DIRNAME, ReportError, Run, find_runs, load_errata, load_tables, study_table
 from .views import BenchmarkSection, Csvs, StudySection, View, benchmark_sections, key_findings, summarize
 
 SUMMARY_PROCESSES = 8    # at most: studies summarized side by side
@@ -45,7 +46,7 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
     import pandas as pd
 
     write_marker(tmp, results_dir, final=False)
-    loaded, problems = load_tables(runs, studies)
+    loaded, problems = load_tables(runs, studies, required={n: getattr(s, "columns", ()) for n, s in studies.items()})
     devices: set[str] = set()       # every device seen; a run with no readable table counts by its meta.json
     for run in runs:
         run.table_devices = sorted({str(d) for (name, _), df in loaded.items() if name == run.name
@@ -75,7 +76,7 @@ def _build_into(tmp: Path, runs: list[Run], studies: Mapping[str, Any], results_
              r.error or ("finished" if r.meta.finished_at else "unfinished"),
              "; ".join(r.meta.open_failures()) if not r.error else "", ", ".join(r.tables),
              "; ".join(by_run.get(r.name) or []), "; ".join(f"{n}: {why}" for n, why in r.skipped.items()))
-            for r in _newest_first(runs)]
+            for r in newest_first(runs)]
     runs_csv = csvs.write(pd.DataFrame(rows, columns=RUN_COLUMNS), "runs")
     answers = answers_html(results_dir, csvs, bool(studies))
     page = render_html(runs, sections, not studies, results_dir, bench, by_run, links, runs_csv, notes, answers)
@@ -181,7 +182,7 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
         studies = discover()
     runs = find_runs(results_dir)
     out = out_dir.resolve()
-    tmp = out.with_name(f".{out.name}.building-{_token()}")
+    tmp = out.with_name(f".{out.name}.building-{build_token()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from .. import engines
-from .html import _e, _fold, _href
+from .html import esc, fold, href
 
 ADVICE_MIX = "phone_photos"
 ADVICE_INTRO = (f'Per family, "{ADVICE_MIX}" mix: the cheapest staging design right on every path, the time to '
@@ -33,19 +33,19 @@ def _table(df, sources=None) -> str:
     study's run, each "... [run, device]" cell linked to its study, vLLM's options as code."""
     def head(c: str) -> str:
         if _source(c) not in (sources or {}):
-            return f"<th>{_e(c)}</th>"
+            return f"<th>{esc(c)}</th>"
         run, device = sources[_source(c)]
-        return f'<th><a href="#{_source(c)}" title="{_e(run)}, {_e(device)}">{_e(c)}</a></th>'
+        return f'<th><a href="#{_source(c)}" title="{esc(run)}, {esc(device)}">{esc(c)}</a></th>'
 
     def cell(column: str, v) -> str:
         text = "" if v != v else str(v)
         if column.startswith("vLLM"):
-            return f"<td><code>{_e(text)}</code></td>"
+            return f"<td><code>{esc(text)}</code></td>"
         m = EVIDENCE.search(text)        # "... [run, device]": a link to the study it came from, the run in its title
         if m and _source(column):
-            return (f'<td>{_e(text[:m.start()])} <a class="muted" href="#{_source(column)}" '
-                    f'title="{_e(m[1])}, {_e(m[2])}">({_e(m[2])})</a></td>')
-        return f"<td>{_e(text)}</td>"
+            return (f'<td>{esc(text[:m.start()])} <a class="muted" href="#{_source(column)}" '
+                    f'title="{esc(m[1])}, {esc(m[2])}">({esc(m[2])})</a></td>')
+        return f"<td>{esc(text)}</td>"
     body = "".join("<tr>" + "".join(cell(c, v) for c, v in zip(df.columns, row)) + "</tr>"
                    for row in df.itertuples(index=False))
     return (f'<table class="answers"><thead><tr>{"".join(head(c) for c in df.columns)}</tr></thead>'
@@ -62,21 +62,21 @@ def _placements_html(presets: list[str], results_dir: Path, csvs) -> str:
         try:
             df = placement_table(preset, ADVICE_MIX, results_dir)
         except (ValueError, OSError, KeyError) as e:
-            out.append(f'<p class="problem">{_e(preset)}: no placement table: {_e(e)}</p>')
+            out.append(f'<p class="problem">{esc(preset)}: no placement table: {esc(e)}</p>')
             continue
         sources = df.attrs.get("sources", {})
         if not sources:
-            out.append(f'<p class="muted">{_e(preset)} per placement: no run measured it yet (python -m '
+            out.append(f'<p class="muted">{esc(preset)} per placement: no run measured it yet (python -m '
                        f'workbench sweep --studies correctness,cast_cost,fp32_memory,input_path '
-                       f'--set presets={_e(preset)}).</p>')
+                       f'--set presets={esc(preset)}).</p>')
             continue
         shown += 1
-        runs = " · ".join(f"{study}: {_e(run)} ({_e(dev)})" for study, (run, dev) in sources.items())
-        out.append(f'<h4>{_e(preset)}, "{ADVICE_MIX}" mix</h4>{_table(df, sources)}<p class="muted">From '
-                   f'{runs} · <a href="{_href(csvs.write(df, "placements", preset))}">CSV</a></p>')
+        runs = " · ".join(f"{study}: {esc(run)} ({esc(dev)})" for study, (run, dev) in sources.items())
+        out.append(f'<h4>{esc(preset)}, "{ADVICE_MIX}" mix</h4>{_table(df, sources)}<p class="muted">From '
+                   f'{runs} · <a href="{href(csvs.write(df, "placements", preset))}">CSV</a></p>')
     if not out:
         return ""
-    return _fold("Per placement, each family: right on eager, graphs and dp; host time and bytes per image and what "
+    return fold("Per placement, each family: right on eager, graphs and dp; host time and bytes per image and what "
                  "they save against the CPU processor; staging per replay; the norm's fp32 pool bytes; request to "
                  f"embedding ({shown} of {len(presets)} families measured)", "".join(out), anchor="placements")
 
@@ -87,10 +87,12 @@ def _audit_html(results_dir: Path, csvs) -> str:
 
     from ..audit import AUDIT_COLUMNS, audit_row, load_newest
 
-    data = load_newest(results_dir)
+    skipped: list[str] = []
+    data = load_newest(results_dir, skipped)
+    passed = (f'<p class="muted">Saved audits not shown: {esc("; ".join(skipped))}.</p>' if skipped else "")
     if data is None:
-        return ""
-    models = [m for m in data["models"] if isinstance(m, dict)]
+        return passed and f'<h2 id="audit">Engine audit</h2>{passed}'
+    models = data["models"]
     audit = pd.DataFrame([audit_row(m) for m in models], columns=AUDIT_COLUMNS)
     # a class name defined in several files (a release's per-vendor copies) names its file
     twice = audit["model"].duplicated(keep=False)
@@ -102,15 +104,15 @@ def _audit_html(results_dir: Path, csvs) -> str:
     tally = ", ".join(f"{n} in the {w}" for w, n in device["norm in"].value_counts().items())
     wrong = int(device["verdict"].str.startswith("WRONG").sum())
     title = f"{data.get('engine')} {data.get('version')} ({data.get('source')})"
-    out = [f'<h2 id="audit">Engine audit: {_e(title)}</h2><p class="muted">{AUDIT_INTRO}</p>',
-           f"<p>{len(audit)} model classes: {len(device)} normalize on the device ({_e(tally)}), "
+    out = [f'<h2 id="audit">Engine audit: {esc(title)}</h2><p class="muted">{AUDIT_INTRO}</p>',
+           f"<p>{len(audit)} model classes: {len(device)} normalize on the device ({esc(tally)}), "
            f"{len(cpu)} on the CPU; {wrong} in the silent-wrong cell (outer norm with encoder graphs).</p>",
-           _fold(f"The {len(device)} device-normalizing classes, each with its verdict",
-                 f'{_table(device)}<p class="muted"><a href="{_href(csv)}">CSV</a></p>')]
+           fold(f"The {len(device)} device-normalizing classes, each with its verdict",
+                 f'{_table(device)}<p class="muted"><a href="{href(csv)}">CSV</a></p>')]
     if cpu:
-        out.append(_fold(f"The {len(cpu)} CPU-normalizing classes (right on every path)",
-                         f'<p class="muted">{_e(", ".join(cpu))}.</p>'))
-    return "".join(out)
+        out.append(fold(f"The {len(cpu)} CPU-normalizing classes (right on every path)",
+                         f'<p class="muted">{esc(", ".join(cpu))}.</p>'))
+    return "".join(out) + passed
 
 
 def answers_html(results_dir: Path, csvs, studies: bool) -> str:
@@ -126,13 +128,13 @@ def answers_html(results_dir: Path, csvs, studies: bool) -> str:
         measured = advice.pop("measured").astype(bool)
         csv = csvs.write(advice, "advice")                     # the commands that would measure it: CSV, advise
         shown = advice.replace(r": python -m workbench [^;]*", "", regex=True)
-        pending = "; ".join(f"{_e(r['preset'])} ({_e(r['placement, norm, buffer'])})"
+        pending = "; ".join(f"{esc(r['preset'])} ({esc(r['placement, norm, buffer'])})"
                             for _, r in shown[~measured].iterrows())       # one line, not a row of blanks
         out = ('<h2 id="advice">Where to normalize, and the engine options to take</h2>'
                f'<p class="muted">{ADVICE_INTRO} The engine modelled: '
-               f'{_e(engines.get(engines.NEWEST).describe())}.</p>'
+               f'{esc(engines.get(engines.NEWEST).describe())}.</p>'
                f'{_table(shown[measured])}<p class="muted">'
                + (f"No run measured yet: {pending}. " if pending else "")
                + "The commands that measure what is missing: <code>python -m workbench advise --preset P</code> · "
-               + f'<a href="{_href(csv)}">CSV</a></p>{placements}')
+               + f'<a href="{href(csv)}">CSV</a></p>{placements}')
     return out + _audit_html(results_dir, csvs)

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..provenance import is_cpu, iso_utc
-from ..runstate import RunFolder, run_in_use
-from .output import strip_loading_styles
-from .runs import ERRATA_NAME, REFERENCE_DIRNAME, Run
-from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, _runs_words, key_findings
+from ..results import RunFolder, run_in_use
+from ..notebook_path import strip_loading_styles
+from ..results import ERRATA_NAME, REFERENCE_DIRNAME, Run
+from .views import COMPARE_ROWS, BenchmarkSection, StudySection, View, runs_words, key_findings
 
 NO_STUDY_MESSAGE = ("no study exists yet: no module in workbench/studies/ registers one, "
                     "so there is nothing to sweep or summarize")
@@ -24,17 +24,17 @@ CSS = Path(__file__).with_name("page.css")     # package data (pyproject.toml), 
 REPORT_TITLE = "Workbench report"             # the <title> of index.html
 
 
-def _e(x: Any) -> str:
+def esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _href(rel: str) -> str:
+def href(rel: str) -> str:
     """A relative link for an attribute: percent-encoded (always a path, never a scheme), then HTML-escaped."""
-    return _e(urllib.parse.quote(rel, safe="/"))
+    return esc(urllib.parse.quote(rel, safe="/"))
 
 
 def _link(rel: str | None, text: str) -> str:
-    return f'<a href="{_href(rel)}">{_e(text)}</a>' if rel else _e(text)
+    return f'<a href="{href(rel)}">{esc(text)}</a>' if rel else esc(text)
 
 
 def _n(count: int, thing: str) -> str:
@@ -43,20 +43,20 @@ def _n(count: int, thing: str) -> str:
 
 
 def _items(lines: list[str]) -> str:
-    return "".join(f"<li>{_e(line)}</li>" for line in lines)
+    return "".join(f"<li>{esc(line)}</li>" for line in lines)
 
 
 def _paragraphs(text: str) -> str:
-    return "".join(f"<p>{_e(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
+    return "".join(f"<p>{esc(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
 
 
-def _fold(summary: str, body: str, cls: str = "fold", anchor: str = "") -> str:
+def fold(summary: str, body: str, cls: str = "fold", anchor: str = "") -> str:
     """``body`` folded under ``summary`` (both HTML already), ``anchor`` its id where given."""
     anchor = f' id="{anchor}"' if anchor else ""
     return f'<details class="{cls}"{anchor}><summary>{summary}</summary>{body}</details>'
 
 
-def _newest_first(runs: list[Run]) -> list[Run]:
+def newest_first(runs: list[Run]) -> list[Run]:
     return sorted(runs, key=lambda r: (r.started, r.name), reverse=True)
 
 
@@ -64,34 +64,34 @@ def _status(r: Run, bad: list[str]) -> str:
     """The status cell of a run: why it is unusable, or finished/unfinished with what it records."""
     odd = [n for n in r.skipped if n.endswith(".ipynb")]     # its stages are read from its notebooks
     if r.error:
-        status = f"<span class='problem'>{_e(r.error)}</span>"
+        status = f"<span class='problem'>{esc(r.error)}</span>"
     else:
         if r.meta.finished_at:
             status = "finished"
         elif run_in_use(r.path):
             status = "in progress"
         elif odd:
-            status = f"interrupted (its stages are not read: {_e(', '.join(odd))}: not a regular file)"
+            status = f"interrupted (its stages are not read: {esc(', '.join(odd))}: not a regular file)"
         else:
-            status = (f"interrupted (left: {_e(RunFolder(r.path).state(r.meta).describe_left())}): finish it with "
-                      f"<code>python -m workbench sweep --resume {_e(r.name)}</code> (make report resumes it "
+            status = (f"interrupted (left: {esc(RunFolder(r.path).state(r.meta).describe_left())}): finish it with "
+                      f"<code>python -m workbench sweep --resume {esc(r.name)}</code> (make report resumes it "
                       "when the code is the same)")
         if r.shard:
-            status += f", shard {_e(r.shard['index'])}/{_e(r.shard['count'])} of {_e(r.shard['group'])}"
+            status += f", shard {esc(r.shard['index'])}/{esc(r.shard['count'])} of {esc(r.shard['group'])}"
         if r.meta.placement:
-            status += ", " + _e("; ".join(f"{k} on GPU {v.get('gpu')} ({v.get('seconds')} s)"
+            status += ", " + esc("; ".join(f"{k} on GPU {v.get('gpu')} ({v.get('seconds')} s)"
                                           for k, v in r.meta.placement.items()))
         if r.meta.resumed:
             parts = "; ".join(f"{', '.join(x.get('studies') or [])} at {x.get('at') or '?'}" for x in r.meta.resumed)
-            status += f", resumed ({_e(parts)})"
+            status += f", resumed ({esc(parts)})"
         failures = r.meta.open_failures()
         if failures:
             status = (f"<span class='problem'>{status}, {len(failures)} failed</span> (reasons below; re-run "
-                      f"them with <code>python -m workbench sweep --resume {_e(r.name)}</code>)")
+                      f"them with <code>python -m workbench sweep --resume {esc(r.name)}</code>)")
     if r.skipped:
         status += f", <span class='problem'>{_n(len(r.skipped), 'file')} not read (below)</span>"
     if bad:
-        status += f", <span class='problem' title='{_e('; '.join(bad))}'>{_n(len(bad), 'table')} unreadable</span>"
+        status += f", <span class='problem' title='{esc('; '.join(bad))}'>{_n(len(bad), 'table')} unreadable</span>"
     return status
 
 
@@ -101,13 +101,13 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
     if not runs:
         return "<p>No run folder found yet (a run folder holds a <code>meta.json</code>).</p>"
     rows = []
-    for r in _newest_first(runs):
+    for r in newest_first(runs):
         name = _link(links.get((r.name, "meta.json")), r.name)      # its copied meta.json
         name += ' <span class="ref">reference</span>' if r.reference else ""
         dur = f"{r.meta.duration_s:.1f} s" if r.meta.duration_s is not None else ""
         tables = ", ".join(_link(links.get((r.name, t)), t) for t in r.tables) or '<span class="muted">none</span>'
-        rows.append(f"<tr><td>{name}</td><td>{_e(r.device)}</td><td><code>{_e(r.meta.git_label)}</code></td>"
-                    f"<td>{_e(r.started)}</td><td>{dur}</td><td>{_status(r, table_problems.get(r.name) or [])}"
+        rows.append(f"<tr><td>{name}</td><td>{esc(r.device)}</td><td><code>{esc(r.meta.git_label)}</code></td>"
+                    f"<td>{esc(r.started)}</td><td>{dur}</td><td>{_status(r, table_problems.get(r.name) or [])}"
                     f"</td><td>{tables}</td></tr>")
     problems = [f"{r.name}: {r.error}" for r in runs if r.error]
     problems += [f"{r.name}: {n}: {why}; not read or copied" for r in runs for n, why in r.skipped.items()]
@@ -123,7 +123,7 @@ def _runs_table(runs: list[Run], table_problems: Mapping[str, list[str]],
     summary = (f"{_n(len(runs), 'run folder')} ({sum(r.reference for r in runs)} reference), "
                "newest first: device, commit, status, tables (each run's name opens its meta.json)")
     head = "".join(f"<th>{h}</th>" for h in ("run", "device", "git", "started (UTC)", "duration", "status", "tables"))
-    return _fold(f'{_e(summary)} · <a href="{_href(csv)}">CSV</a>',
+    return fold(f'{esc(summary)} · <a href="{href(csv)}">CSV</a>',
                  f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>") + listing
 
 
@@ -140,32 +140,32 @@ def _figures_html(figs: list[str], svgs: Mapping[str, str], captions: Mapping[st
     """Each figure: its PNG (a link to itself at full size), its caption and its SVG where one was saved."""
     out = []
     for f in figs:
-        bits = [_e(captions[f])] if captions.get(f) else []
-        bits += [f'<a href="{_href(svgs[f])}">SVG</a>'] if svgs.get(f) else []
+        bits = [esc(captions[f])] if captions.get(f) else []
+        bits += [f'<a href="{href(svgs[f])}">SVG</a>'] if svgs.get(f) else []
         cap = f"<figcaption>{' · '.join(bits)}</figcaption>" if bits else ""
-        out.append(f'<figure><a href="{_href(f)}"><img src="{_href(f)}" alt="{_e(alt)}"></a>{cap}</figure>')
+        out.append(f'<figure><a href="{href(f)}"><img src="{href(f)}" alt="{esc(alt)}"></a>{cap}</figure>')
     return f'<div class="figs">{"".join(out)}</div>' if figs else ""
 
 
 def _tables_html(tables: list[tuple[str, Any, str]]) -> str:
     out = []
     for caption, df, csv in tables:
-        head = f'<span class="caption">{_e(caption)}</span> · <a href="{_href(csv)}">CSV</a>'
+        head = f'<span class="caption">{esc(caption)}</span> · <a href="{href(csv)}">CSV</a>'
         if len(df) > TABLE_OPEN_ROWS or len(tables) > 1:
-            out.append(_fold(head, _table_html(df), "tablebox"))
+            out.append(fold(head, _table_html(df), "tablebox"))
         else:
             out.append(f'<div class="tablebox"><p>{head}</p>{_table_html(df)}</div>')
     if len(tables) > 1:     # one per tower or run: one fold holding each table's own fold
-        return _fold(f'<span class="caption">Key numbers: {len(tables)} tables (one per tower or run), each with its '
+        return fold(f'<span class="caption">Key numbers: {len(tables)} tables (one per tower or run), each with its '
                      "CSV</span>", "".join(out), "tablebox")
     return "".join(out)
 
 
-def _view_body(name: str, v: View) -> str:
+def view_body(name: str, v: View) -> str:
     """A view's error, errata, finding, tables and figures (the first group's shown, the other groups folded)."""
-    out = [f'<p>The summary failed:</p><pre class="error">{_e(v.error)}</pre>'] if v.error else []
+    out = [f'<p>The summary failed:</p><pre class="error">{esc(v.error)}</pre>'] if v.error else []
     # folded to its red line: the page shows every known problem, a click its words
-    out += [_fold(f"<b>Known problem</b> (found after the run; reference/{ERRATA_NAME})", _e(note), "errata")
+    out += [fold(f"<b>Known problem</b> (found after the run; reference/{ERRATA_NAME})", esc(note), "errata")
             for note in v.errata]
     groups: dict[str, list[str]] = {}
     for f in v.figures:
@@ -183,14 +183,14 @@ def _view_body(name: str, v: View) -> str:
     parts = [_n(len(more), "more paragraph") if more else "", _n(len(figs), "more figure") if figs else ""]
     hidden = _paragraphs("\n\n".join(more)) + _figures_html(figs, v.svgs, v.captions, alt)
     if rest:                         # the other groups (runs, towers): in the same fold, a heading each
-        hidden += "".join(f"<h4>{_e(label or 'the other runs')} ({len(figs)})</h4>"
+        hidden += "".join(f"<h4>{esc(label or 'the other runs')} ({len(figs)})</h4>"
                           f"{_figures_html(figs, v.svgs, v.captions, alt)}" for label, figs in rest)
         labels = ", ".join(label or "the other runs" for label, _ in rest)
         labels = f": {labels}" if len(labels) <= 60 else " (towers or runs)"     # long lists inside only
         parts.append(f"figures of {_n(len(rest), 'other group')}{labels}")
     what = ", ".join(x for x in parts if x)
     if what:
-        out.append(_fold(_e(what[:1].upper() + what[1:]), hidden))
+        out.append(fold(esc(what[:1].upper() + what[1:]), hidden))
     return "".join(out)
 
 
@@ -200,36 +200,36 @@ def _view_html(name: str, v: View) -> str:
         diffs = (f"<p class='muted'>Against the newest:</p><ul class='diffs'>{_items(v.diffs)}</ul>"
                  if v.diffs else "")
         what = (f"{changed} of {len(v.diffs)} with verdicts that differ from the newest; " if v.diffs else "")
-        return _fold(f"Older runs on {_e(v.device)}: {len(v.runs)} ({_e(what)}their verdicts, findings and figures)",
-                     f"<p class='muted'>{_e(_runs_words(v.runs))}</p>{diffs}{_view_body(name, v)}")
-    head = f"{_e(v.device)}: newest {_e(_runs_words(v.runs))}"
-    short = f"{_e(v.device)}: newest run{'s' * (len(v.runs) > 1)} ({len(v.runs)})"
+        return fold(f"Older runs on {esc(v.device)}: {len(v.runs)} ({esc(what)}their verdicts, findings and figures)",
+                     f"<p class='muted'>{esc(runs_words(v.runs))}</p>{diffs}{view_body(name, v)}")
+    head = f"{esc(v.device)}: newest {esc(runs_words(v.runs))}"
+    short = f"{esc(v.device)}: newest run{'s' * (len(v.runs) > 1)} ({len(v.runs)})"
     if v.folded:
-        return _fold(f'<span class="cpu">CPU</span> {head}. {_e(CPU_NOTE)}.', _view_body(name, v))
-    note = f"<p class='muted'>{_e(CPU_NOTE)}.</p>" if is_cpu(v.device) else ""
-    return f'<h3 title="{_e(_runs_words(v.runs))}">{short}</h3>{note}{_view_body(name, v)}'
+        return fold(f'<span class="cpu">CPU</span> {head}. {esc(CPU_NOTE)}.', view_body(name, v))
+    note = f"<p class='muted'>{esc(CPU_NOTE)}.</p>" if is_cpu(v.device) else ""
+    return f'<h3 title="{esc(runs_words(v.runs))}">{short}</h3>{note}{view_body(name, v)}'
 
 
 def _section_html(s: StudySection) -> str:
-    out = [f'<h2 id="{_e(s.name)}">{_e(s.name)}</h2>']
-    out += [f"<p><em>{_e(s.question)}</em></p>"] if s.question else []
+    out = [f'<h2 id="{esc(s.name)}">{esc(s.name)}</h2>']
+    out += [f"<p><em>{esc(s.question)}</em></p>"] if s.question else []
     if s.error and not any(v.error for v in s.views):
-        out.append(f'<p>The summary failed:</p><pre class="error">{_e(s.error)}</pre>')
+        out.append(f'<p>The summary failed:</p><pre class="error">{esc(s.error)}</pre>')
     out += [_view_html(s.name, v) for v in s.views] or [_paragraphs(s.text)]
     # one line: the runs behind the section and the newest run against the one before it
     heads = [f"from {_n(len(s.runs), 'run')}"] if s.runs else []
-    bodies = [f"<p>{_e(', '.join(s.runs))}</p>"] if s.runs else []
+    bodies = [f"<p>{esc(', '.join(s.runs))}</p>"] if s.runs else []
     flagged = []
     for c in s.comparisons:
-        heads.append(f"compared on {_e(c.device)} with the run before: {_n(c.flagged, 'flagged value')} "
-                     f'(<a href="{_href(c.csv)}">CSV of every value</a>)')
-        bodies.append(f"<p>{_e(c.device)}: {_e(c.line)}</p>")
+        heads.append(f"compared on {esc(c.device)} with the run before: {_n(c.flagged, 'flagged value')} "
+                     f'(<a href="{href(c.csv)}">CSV of every value</a>)')
+        bodies.append(f"<p>{esc(c.device)}: {esc(c.line)}</p>")
         if c.table is not None:       # set where values were flagged
             first = f" (first {COMPARE_ROWS})" if c.flagged > COMPARE_ROWS else ""
-            flagged.append(_fold(f'The {_n(c.flagged, "flagged value")}{first}',
+            flagged.append(fold(f'The {_n(c.flagged, "flagged value")}{first}',
                                  f'<div class="tablebox">{_table_html(c.table)}</div>'))
-    out += [f'<p class="problem">{_e(line)}</p>' for line in s.table_problems]
-    out += [f'<p class="muted">No {_e(s.name)} data for {_e(dev)}.</p>' for dev in s.missing_devices]
+    out += [f'<p class="problem">{esc(line)}</p>' for line in s.table_problems]
+    out += [f'<p class="muted">No {esc(s.name)} data for {esc(dev)}.</p>' for dev in s.missing_devices]
     if heads:
         line = " · ".join(heads)
         out.append(f"<details class='muted'><summary>{line[:1].upper() + line[1:]}</summary>{''.join(bodies)}"
@@ -239,19 +239,19 @@ def _section_html(s: StudySection) -> str:
 
 
 def _benchmark_html(b: BenchmarkSection) -> str:
-    out = [f'<h2 id="{_e(b.name)}">{_e(b.title)}</h2>']
-    out += [f'<p class="muted">{_e(b.note)}</p>'] if b.note else []
+    out = [f'<h2 id="{esc(b.name)}">{esc(b.title)}</h2>']
+    out += [f'<p class="muted">{esc(b.note)}</p>'] if b.note else []
     for p in b.panels:
         if len(b.panels) > 1:
-            out.append(f"<h3>{_e(p.device or p.source)}{', ' + _e(p.date) if p.date else ''}</h3>")
+            out.append(f"<h3>{esc(p.device or p.source)}{', ' + esc(p.date) if p.date else ''}</h3>")
         if p.error:
-            out.append(f'<p class="problem">{_e(p.error)}</p>')
+            out.append(f'<p class="problem">{esc(p.error)}</p>')
         out.append(_paragraphs(p.text))
         if p.figures:                # a committed benchmark: its figures one click away
-            out.append(_fold(_n(len(p.figures), "figure"),
+            out.append(fold(_n(len(p.figures), "figure"),
                              _figures_html(p.figures, b.svgs, b.captions, f"{b.title}, {p.device}")))
         if not p.error:
-            out.append(f'<p class="muted">From <code>{_e(REFERENCE_DIRNAME)}/{_e(p.source)}</code>.</p>')
+            out.append(f'<p class="muted">From <code>{esc(REFERENCE_DIRNAME)}/{esc(p.source)}</code>.</p>')
     return "\n".join(out)
 
 
@@ -262,16 +262,16 @@ def _key_findings_html(keys: Mapping[str, list[tuple[str, str, str]]]) -> str:
     out = []
     gpu = any(not is_cpu(d) for d in keys)
     for dev, items in keys.items():
-        lis = "".join(f'<li><a href="#{_href(anchor)}">{_e(anchor)}</a>: {_e(text)}'
-                      + (f' <span class="muted">({_e(src)})</span>' if src else "") + "</li>"
+        lis = "".join(f'<li><a href="#{href(anchor)}">{esc(anchor)}</a>: {esc(text)}'
+                      + (f' <span class="muted">({esc(src)})</span>' if src else "") + "</li>"
                       for anchor, src, text in items)
         if is_cpu(dev) and gpu:
-            out.append(f'<details><summary><span class="cpu">CPU</span> {_e(dev)}: {_e(CPU_NOTE)}.</summary>'
+            out.append(f'<details><summary><span class="cpu">CPU</span> {esc(dev)}: {esc(CPU_NOTE)}.</summary>'
                        f"<ul>{lis}</ul></details>")
         else:
-            out.append(f"<h3>{_e(dev)}</h3><ul>{lis}</ul>")
+            out.append(f"<h3>{esc(dev)}</h3><ul>{lis}</ul>")
     n = sum(len(items) for items in keys.values())
-    return _fold(f'<span class="caption">Key findings: the newest run per device, one sentence each ({n}, each linked '
+    return fold(f'<span class="caption">Key findings: the newest run per device, one sentence each ({n}, each linked '
                  "to its study)</span>", "".join(out), "keys", "key-findings")
 
 
@@ -279,25 +279,25 @@ def render_html(runs: list[Run], sections: list[StudySection], no_study: bool, r
                 benchmarks: list[BenchmarkSection], table_problems: Mapping[str, list[str]],
                 links: Mapping[tuple[str, str], str], runs_csv: str, notes: list[str], answers: str = "") -> str:
     """The page. ``notes``: what the whole page lacks and why (a broken errata file), shown first. Its style
-    elements pass the notebook copies' check (output.strip_loading_styles): the page claims nothing loads from
+    elements pass the notebook copies' check (notebook_path.strip_loading_styles): the page claims nothing loads from
     elsewhere, and page.css is a file anyone may edit."""
     body = [
         "<h1>Vision-encoder input-normalization workbench: report</h1>",
-        f'<p class="muted">Built {_e(iso_utc(timespec="seconds"))} from <code>{_e(results_dir)}</code>: '
+        f'<p class="muted">Built {esc(iso_utc(timespec="seconds"))} from <code>{esc(results_dir)}</code>: '
         f"{len(runs)} run folder(s), {sum(r.reference for r in runs)} of them reference runs. "
         "Newest run per device first; older runs and CPU smoke tests are folded. This folder holds "
         "everything the page links, so it can be zipped and shared.</p>",
-        *(f'<p class="problem">{_e(n)}</p>' for n in notes),
+        *(f'<p class="problem">{esc(n)}</p>' for n in notes),
     ]
     if no_study:
-        body.append(f'<p class="notice"><strong>{_e(NO_STUDY_MESSAGE[0].upper() + NO_STUDY_MESSAGE[1:])}.</strong> '
+        body.append(f'<p class="notice"><strong>{esc(NO_STUDY_MESSAGE[0].upper() + NO_STUDY_MESSAGE[1:])}.</strong> '
                     "Study modules register themselves in <code>workbench/studies/</code>; "
                     "once one exists, <code>make report</code> runs it and summarizes it here.</p>")
     toc = ['<a href="#advice">where to normalize</a>'] if 'id="advice"' in answers else []
     toc += ['<a href="#audit">engine audit</a>'] if 'id="audit"' in answers else []
     toc += ['<a href="#key-findings">key findings</a>'] if sections or benchmarks else []
-    toc += [f'<a href="#{_href(s.name)}">{_e(s.name)}</a>' for s in sections]
-    toc += [f'<a href="#{_href(b.name)}">{_e(b.name.replace("_", " "))}</a>' for b in benchmarks]
+    toc += [f'<a href="#{href(s.name)}">{esc(s.name)}</a>' for s in sections]
+    toc += [f'<a href="#{href(b.name)}">{esc(b.name.replace("_", " "))}</a>' for b in benchmarks]
     toc.append('<a href="#runs">runs</a>')
     body.append(f'<p class="toc">Sections: {" · ".join(toc)}</p>')
     body.append(answers)             # the answers first: what to configure, and the engine's own code

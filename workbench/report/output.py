@@ -3,58 +3,28 @@ beside it and renamed into place; in it, copies of what the page links, notebook
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import re
 import shutil
 import stat
-import urllib.parse
 import uuid
 from pathlib import Path
 
 from ..files import atomic_write_text, read_regular
 from ..provenance import iso_utc, results_root
-from ..runmeta import META_NAME
-from ..runstate import holds_run
-from .runs import ReportError, Run, _kind, _why
+from ..results import META_NAME
+from ..results import holds_run
+from ..notebook_path import localize_html, nh3_missing
+from ..results import ReportError, Run, file_problem, why_unreadable
 
 REPORT_MARKER = ".workbench-report.json"
 RUNS_DIRNAME = "runs"                # <report>/runs/<run folder>/: copies of what the page links
-LOCALIZED_NOTE = ("<!-- copied into the workbench report and cleaned by an allow-list (nh3): no script, "
-                  "event attribute, frame, plugin or form, no link that runs code, nothing loaded from "
-                  "outside the report folder (math shows as TeX source) -->\n")
-# the page's own rule, for a browser: nothing runs, nothing loads from elsewhere
-_CSP = ("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        "img-src data: 'self'; font-src data:; form-action 'none'; base-uri 'none'\">\n")
-NO_SANITIZER = ("executed notebooks' HTML is not copied into the report: the HTML sanitizer nh3 is not "
-                "installed (pip install nh3), and a notebook's HTML is never copied unsanitized")
-
-# what nbconvert's export of an executed notebook is made of: text, code, tables, images
-_TAGS = {"a", "abbr", "b", "blockquote", "br", "caption", "code", "col", "colgroup", "dd", "del", "details",
-         "div", "dl", "dt", "em", "figcaption", "figure", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "img",
-         "kbd", "li", "main", "ol", "p", "pre", "s", "samp", "small", "span", "strong", "style", "sub",
-         "summary", "sup", "table", "tbody", "td", "tfoot", "th", "thead", "title", "tr", "u", "ul", "var"}
-_ATTRIBUTES = {"*": {"class", "id", "title"}, "a": {"href"}, "img": {"src", "alt", "width", "height"},
-               "td": {"colspan", "rowspan"}, "th": {"colspan", "rowspan"}, "ol": {"start"}}
-_DROPPED_WITH_CONTENT = {"script", "svg", "math", "iframe", "object", "noscript", "template"}
-_IMAGE_DATA = tuple(f"data:image/{t}{sep}" for t in ("png", "jpeg", "gif", "svg+xml") for sep in ";,")
-_CSS_ESCAPE = re.compile(r"\\([0-9a-fA-F]{1,6})\s?|\\(.)", re.S)
-_CSS_COMMENT = re.compile(r"/\*.*?(?:\*/|$)", re.S)
-_CSS_LOADS = re.compile(r"@import|(?:image-set|image|cross-fade|element|src|expression)\(|"
-                        r"url\(\s*(?!['\"]?\s*data:)|-moz-binding|(?<![\w-])behavior\s*:", re.I)
-# a <style> start tag as an HTML tokenizer reads it: any case, any attributes, a quoted value may hold '>'
-_STYLE_NAME = re.compile(r"<style(?=[\s/>])", re.I)
-_STYLE_TAG = re.compile(r"<style(?:\s++|/|[^\s/>][^\s/>=]*+(?:\s*+=\s*+(?:\"[^\"]*+\"|'[^']*+'|[^\s>]*+))?+)*+>",
-                        re.I)
-_STYLE_END = re.compile(r"</style(?=[\s/>])[^>]*+>?", re.I)
-
-
 class UnsafeOutDir(ReportError, ValueError):
     """A folder the report will not write into: replacing it could lose what the report did not write."""
 
 
-def _token() -> str:
+def build_token() -> str:
     return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
@@ -111,7 +81,7 @@ def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None)
         raise refuse(f"it cannot be listed ({e.strerror or e})") from e
     if not entries:
         return "empty"
-    if _kind(out / REPORT_MARKER):
+    if file_problem(out / REPORT_MARKER):
         raise refuse(f"it is not empty ({_some(entries)}) and holds no {REPORT_MARKER}, so it is not a folder "
                      "the report wrote, and the report replaces its whole folder")
     files, foreign = _walk_files(out)
@@ -143,7 +113,7 @@ def swap_in(tmp: Path, out_dir: Path, results_dir: Path) -> None:
     """Replace ``out_dir`` (checked again) with ``tmp``, then remove what killed builds left beside it."""
     check_report_dir(out_dir, results_dir)
     out = out_dir.resolve()
-    backup = out.with_name(f".{out.name}.old-{_token()}") if out.exists() else None
+    backup = out.with_name(f".{out.name}.old-{build_token()}") if out.exists() else None
     if backup is not None:
         os.rename(out, backup)
     try:
@@ -165,7 +135,7 @@ def swap_in(tmp: Path, out_dir: Path, results_dir: Path) -> None:
         return
     for d in siblings:
         m = pattern.fullmatch(d.name)
-        if not m or d.is_symlink() or _kind(d / REPORT_MARKER):
+        if not m or d.is_symlink() or file_problem(d / REPORT_MARKER):
             continue
         try:
             os.kill(int(m[1]), 0)       # its build's process: running, or another user's
@@ -187,65 +157,6 @@ def write_failure(out_dir: Path, e: OSError) -> str:
             "there (if any) and every run folder are unchanged.")
 
 
-def _attribute(tag: str, name: str, value: str) -> str | None:
-    """An image only embedded or in the folder, a link only to http(s) or the folder (not ``//host``); no
-    attribute on ``<style>`` (`strip_loading_styles` reads every style element, but one form is simpler to check)."""
-    if tag == "style":
-        return None
-    url = "".join(value.split()).lower()
-    if name not in ("href", "src") or url.startswith(_IMAGE_DATA if name == "src" else ("http://", "https://")):
-        return value
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return None
-    return None if parts.scheme or parts.netloc or url.startswith(("/", "\\")) else value
-
-
-def css_loads(css: str) -> bool:
-    """Whether CSS text may load something (``@import``, ``url(`` other than ``data:``, ``image-set(``...), read
-    with its escapes undone (``\\75 rl(`` is ``url(``), with and without its comments."""
-    plain = _CSS_ESCAPE.sub(lambda e: chr(min(int(e[1], 16), 0x10FFFF)) if e[1] else e[2], css)
-    return any(_CSS_LOADS.search(t) for t in (css, plain, _CSS_COMMENT.sub("", plain)))
-
-
-def strip_loading_styles(text: str) -> str:
-    """``text`` (HTML) with every ``<style>`` element, whatever its case and attributes, kept as a bare
-    ``<style>`` where its start tag and content load nothing (`css_loads`) and removed where they may. The
-    element ends where a browser ends it (``</style`` or the end of the text); a start tag never closed is
-    dropped with the rest of the text, as a browser drops it. Why: the copy claims nothing loads from
-    elsewhere, and a regular expression for ``<style>`` alone missed ``<style media=...>`` and its kin."""
-    out: list[str] = []
-    pos = 0
-    while (m := _STYLE_NAME.search(text, pos)) is not None:
-        out.append(text[pos:m.start()])
-        tag = _STYLE_TAG.match(text, m.start())
-        if tag is None:
-            return "".join(out)
-        end = _STYLE_END.search(text, tag.end())
-        stop, body_end = (end.end(), end.start()) if end else (len(text), len(text))
-        if not css_loads(text[m.start():stop]):
-            out.append(f"<style>{text[tag.end():body_end]}</style>")
-        pos = stop
-    out.append(text[pos:])
-    return "".join(out)
-
-
-def localize_html(text: str) -> str:
-    """A notebook's HTML export cleaned by an allow-list (nh3), each ``<style>`` kept where it loads nothing
-    (`strip_loading_styles`)."""
-    import nh3
-
-    clean = nh3.clean(text, tags=_TAGS, clean_content_tags=_DROPPED_WITH_CONTENT, attributes=_ATTRIBUTES,
-                      attribute_filter=_attribute, url_schemes={"http", "https", "data"})
-    clean = strip_loading_styles(clean)
-    return '<!doctype html>\n<meta charset="utf-8">\n' + _CSP + LOCALIZED_NOTE + clean
-
-
-def nh3_missing() -> bool:
-    return importlib.util.find_spec("nh3") is None
-
-
 def copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:
     """{(run folder, "meta.json" | study): its copy under ``root``}; an unreadable file goes to ``skipped``."""
     links: dict[tuple[str, str], str] = {}
@@ -258,7 +169,7 @@ def copy_linked(root: Path, runs: list[Run]) -> dict[tuple[str, str], str]:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                r.skipped[name] = _why(e)
+                r.skipped[name] = why_unreadable(e)
                 continue
             target = root / RUNS_DIRNAME / r.name / name
             atomic_write_text(target, text if name == META_NAME else localize_html(text))

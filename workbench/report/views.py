@@ -14,8 +14,8 @@ from typing import Any, Mapping
 from ..csvsafe import safe_csv
 from ..files import read_regular
 from ..provenance import is_cpu
-from ..runstate import slug
-from .runs import REFERENCE_DIRNAME, Run, TableProblem, _kind, _one_line, _why, study_table
+from ..results import slug
+from ..results import REFERENCE_DIRNAME, Run, TableProblem, file_problem, one_line, reference_files, study_table, why_unreadable
 
 COMPARE_ROWS = 12                    # flagged rows shown per comparison (all of them in its CSV)
 DIFF_CELLS = 8                       # changed verdict cells named per older run
@@ -79,7 +79,7 @@ class BenchmarkSection:
     captions: dict[str, str] = field(default_factory=dict)
 
 
-def _runs_words(runs: list[str]) -> str:
+def runs_words(runs: list[str]) -> str:
     return f"run{'s' if len(runs) > 1 else ''} {', '.join(runs)}"
 
 
@@ -89,7 +89,7 @@ def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str
     for fig in map(Path, paths):
         fig = fig if fig.is_absolute() else base / fig
         fig = fig.parent.resolve() / fig.name            # its folder's real place; the file itself not followed
-        if _kind(fig) or root not in fig.parents:
+        if file_problem(fig) or root not in fig.parents:
             raise ValueError(f"figure {fig} is missing, outside the report folder or not a regular file "
                              "(a link, a folder...): not shown")
         rel = fig.relative_to(root).as_posix()
@@ -98,7 +98,7 @@ def _figures_in(paths, base: Path, root: Path) -> tuple[list[str], dict[str, str
     stems = {Path(r).with_suffix("").as_posix() for r in rels if not r.lower().endswith(".svg")}
     shown = [r for r in rels if not (r.lower().endswith(".svg") and Path(r).with_suffix("").as_posix() in stems)]
     svgs = {r: Path(r).with_suffix(".svg").as_posix() for r in shown
-            if not r.lower().endswith(".svg") and _kind(root / Path(r).with_suffix(".svg")) is None}
+            if not r.lower().endswith(".svg") and file_problem(root / Path(r).with_suffix(".svg")) is None}
     return shown, svgs
 
 
@@ -179,7 +179,7 @@ def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
         shows = result.captions.get(Path(f).name)         # what the study says it shows
         title = shows.rstrip(". ") if shows else f"{study.name}{': ' + what if what else ''}"
         if run is None:
-            view.captions[f] = f"{title}, {view.device}, from {_runs_words(view.runs)}."
+            view.captions[f] = f"{title}, {view.device}, from {runs_words(view.runs)}."
             continue
         r = by_run[run]
         when = f", started {r.started[:16].replace('T', ' ')} UTC" if r.started else ""
@@ -277,8 +277,7 @@ def benchmark_sections(results_dir: Path | str, out_dir: Path,
     from ..benchmarks import BenchmarkPanel, discover
 
     benchmarks = discover() if benchmarks is None else benchmarks
-    ref = Path(results_dir) / REFERENCE_DIRNAME
-    files = sorted(ref.glob("*.json")) if ref.is_dir() else []
+    files = reference_files(results_dir)
     sections = []
     for bench in sorted(benchmarks.values(), key=lambda b: (b.order, b.name)):
         sec = BenchmarkSection(name=bench.name, title=bench.title)
@@ -288,7 +287,7 @@ def benchmark_sections(results_dir: Path | str, out_dir: Path,
             except (OSError, ValueError, RecursionError) as e:   # cannot tell what it holds: say so
                 if fnmatch.fnmatch(path.name, bench.files):
                     sec.panels.append(BenchmarkPanel(
-                        source=path.name, error=_one_line(f"{path.name}: unreadable JSON ({_why(e)})")))
+                        source=path.name, error=one_line(f"{path.name}: unreadable JSON ({why_unreadable(e)})")))
                 continue
             if not isinstance(doc, dict) or doc.get("benchmark") != bench.name:
                 continue
@@ -297,7 +296,7 @@ def benchmark_sections(results_dir: Path | str, out_dir: Path,
             try:
                 panel.figures, svgs = _figures_in(panel.figures, fig_dir, out_dir)
             except (OSError, ValueError) as e:
-                panel.figures, svgs, panel.error = [], {}, _one_line(f"{path.name}: {_why(e)}")
+                panel.figures, svgs, panel.error = [], {}, one_line(f"{path.name}: {why_unreadable(e)}")
             sec.svgs.update(svgs)
             for f in panel.figures:
                 what = panel.captions.get(Path(f).name) or f"{bench.title}: {_figure_runs(f, _slug(path.stem), [])[0]}"
@@ -324,7 +323,7 @@ def _first_paragraph(text: str) -> str:
 def key_findings(sections: list[StudySection],
                  benchmarks: list[BenchmarkSection] = ()) -> dict[str, list[tuple[str, str, str]]]:
     """{device: [(section anchor, source, opening of its newest finding)]}, GPUs first (per tower if per_preset)."""
-    found = [(v.device, s.name, "" if s.per_preset else _runs_words(v.runs), p)
+    found = [(v.device, s.name, "" if s.per_preset else runs_words(v.runs), p)
              for s in sections for v in s.views if v.kind == "newest" and not v.error
              for p in ([p for p in v.text.split("\n\n") if p.strip()] if s.per_preset else [v.text])]
     found += [(p.device, b.name, f"{REFERENCE_DIRNAME}/{p.source}", p.text)

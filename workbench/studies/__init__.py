@@ -6,7 +6,7 @@
   exists, ``--help`` lists it, and its resolved values are what meta.json records;
 - ``measure.py``: ``run(device="auto", progress=True, **params) -> DataFrame``, which resolves
   ``params`` against the declaration (`begin_run`: the device's profile supplies the defaults),
-  measures and returns one tidy long table (workbench.studies.tables); it never plots nor writes;
+  measures and returns one tidy long table (workbench.results.tables); it never plots nor writes;
 - ``summary.py``: the figures, key numbers and findings, declared as ``summarize =
   Summarizer(...)`` (`Summarizer`); ``summarize(table, out_dir) -> Summary`` turns the tables of
   every run found into the report's section, and never runs a model;
@@ -130,6 +130,9 @@ class Study:
     # seconds its defaults take per profile ("cpu": in a worker of `sweep --workers 2` on 2 idle cores, one thread),
     # for a sweep no earlier run has timed: the prediction it prints, and the order workers take the studies in
     guess_s: Mapping[str, float] | None = None
+    # the parameter columns its summaries and the advice read: a table without one of them (someone else's run
+    # folder, an older format) is listed with the reason and left out, and the rest of the runs still show
+    columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for field_name, module, attr in (("run", "measure", "run"), ("summarize", "summary", "summarize")):
@@ -140,6 +143,12 @@ class Study:
 
     def gpus_wanted(self, params: Mapping[str, Any], device: str) -> int:
         return 1 if self.gpus is None else int(self.gpus(params, device))
+
+    def cost(self, params: Mapping[str, Any]) -> dict[Any, float]:
+        """{value of the cell parameter: relative cost of that cell} (`footprint.cell_costs`: tower FLOPs from the
+        family specs); {} for a study of one cell. The sweep's prediction and sharding weigh cells by it."""
+        from .footprint import cell_costs
+        return cell_costs(self.cells, params)
 
     def check_fits(self, params: Mapping[str, Any], device: str) -> None:
         """ParamError when the largest cell of ``params`` cannot fit ``device``'s memory."""
@@ -167,9 +176,9 @@ _TABLES = ("TableError", "check_table", "load_table", "tidy", "wide", "write_stu
 
 
 def __getattr__(name: str):
-    """The table helpers (workbench.studies.tables, which imports pandas) on first use."""
+    """The table helpers (workbench.results.tables, which imports pandas) on first use."""
     if name in _TABLES:
-        from . import tables
+        from ..results import tables
         return getattr(tables, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -270,65 +279,33 @@ def notebook_params(name: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
 
 def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
                params: Mapping[str, Any] | None = None, results_root: str | Path | None = None) -> Path:
-    """Check ``table`` against the study table format and write ``<run_dir>/<study_name>.parquet``
-    atomically; returns its path. Every run folder ends up with its provenance:
-
-    - ``run_dir=None`` (a notebook run interactively): a new run folder under ``results_root``
-      (default: `workbench.provenance.results_root()`: the project's results/ whatever the
-      working directory, or $WORKBENCH_RESULTS) with its own meta.json (mode ``interactive``);
-    - a ``run_dir`` without meta.json (papermill started by hand with ``-p run_dir ...``): a
-      meta.json is written there (mode ``notebook``); a later study saved into the same folder
-      adds its parameters to it;
-    - a ``run_dir`` whose meta.json another process wrote (the sweep's): left alone.
-
-    ``params`` are recorded as the study's parameters. An existing table is never replaced.
-    """
-    from ..provenance import iso_utc, results_root as default_root
-    from ..runmeta import META_NAME, RunMeta
-    from ..runstate import RunFolder
-
-    from .tables import check_table, write_study_table
-
-    table = check_table(table, name=f"{study_name} table")
-    if run_dir is None:
-        root = Path(results_root) if results_root is not None else default_root()
-        run, mode = RunFolder.create(root, name=f"{study_name}-interactive"), "interactive"
-    else:
-        run, mode = RunFolder(Path(run_dir)), "notebook"
-        run.path.mkdir(parents=True, exist_ok=True)
-    path = write_study_table(table, run.table(study_name))
-    recorded = {study_name: dict(params or {})}
-    if not (run.path / META_NAME).exists():
-        meta = RunMeta.collect({"studies": recorded, "mode": mode})
-        started = _NOTEBOOK_STARTED.pop(study_name, None)
-        if started is not None:
-            meta.started_at = iso_utc(started)
-        meta.finish().write(run.path)
-    else:
-        meta = run.meta()
-        if (meta.params or {}).get("mode") == "notebook":     # ours: add this study
-            meta.params.setdefault("studies", {}).update(recorded)
-            meta.finish().write(run.path, overwrite=True)
-    return path
+    """A study's table saved by the results store (`workbench.results.save_table`), the notebook's start
+    time recorded as the run's where `notebook_params` noted one."""
+    from ..results import save_table as store_save
+    return store_save(study_name, table, run_dir, params=params, results_root=results_root,
+                      started=_NOTEBOOK_STARTED.pop(study_name, None))
 
 
-def run_and_save(study_name: str, params: Mapping[str, Any], device: Any = "auto",
-                 run_dir: str | Path | None = None) -> tuple[Any, Path]:
-    """A notebook's measurement: ``study.run(device, **params)``, then `save_table`; returns
-    (table, path).
+def run_study(study_name: str, params: Mapping[str, Any], device: Any = "auto",
+              run_dir: str | Path | None = None, progress: bool = True) -> tuple[Any, Path]:
+    """The one way a study runs, from the sweep and from a notebook alike: its largest cell checked against the
+    device's memory, its measure (``study.run``, which checks ``params`` for the device's profile), its table
+    written by the results store (`save_table`); returns (table, path).
 
-    In a run folder that already holds this study's table (a resumed run whose notebook stopped
-    after saving it: killed, or a later cell raised) the recorded table is loaded instead of
-    measured again, and the notebook finishes on the numbers the run recorded: a finished table
-    is never replaced, and a resume must not measure twice.
-    """
+    In a run folder that already holds this study's table (a resumed run whose notebook stopped after saving it:
+    killed, or a later cell raised) the recorded table is loaded instead of measured again: a finished table is
+    never replaced, and a resume must not measure twice."""
+    from ..results import RunFolder
     if run_dir is not None:
-        path = Path(run_dir) / f"{study_name}.parquet"
+        path = RunFolder(Path(run_dir)).table(study_name)
         if path.is_file():
             print(f"{path}: this run recorded the table already; it is loaded, not measured again")
-            from .tables import load_table
+            from ..results.tables import load_table
             return load_table(path), path
-    study = discover()[study_name]
+    studies = discover()
+    if study_name not in studies:
+        raise ParamError(f"no study {study_name!r}; registered: {', '.join(sorted(studies))}")
+    study = studies[study_name]
     study.check_fits(params, "cuda" if profile_of(device) == "gpu" else "cpu")
-    table = study.run(device=device, **params)
+    table = study.run(device=device, progress=progress, **params)
     return table, save_table(study_name, table, run_dir, params={**params, "device": device})

@@ -28,6 +28,23 @@ class Footprint:
     cell: str
 
 
+def cell_costs(cells: str | None, params, reference_tokens: int = 1024) -> dict:
+    """{value of a study's cell parameter ``cells``: what one cell costs}: the tower FLOPs of a preset's or model
+    folder's config at ``reference_tokens`` merged tokens (at the ``depth`` parameter), 1 where none resolves; {}
+    for a study of one cell. The sweep shares a recorded time among cells by these weights."""
+    if not cells:
+        return {}
+    from ..checkpoints import resolve_config
+    from ..floors import tower_flops
+    out = {}
+    for v in params.get(cells) or []:
+        try:        # resolve_config takes a preset or a model folder, and refuses anything else
+            out[v] = float(tower_flops(resolve_config(v, params.get("depth")), [reference_tokens])["total"])
+        except (ValueError, TypeError, KeyError):
+            out[v] = 1.0
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def tower_params(cfg) -> int:
     """Parameters of the tower of ``cfg`` as allocated (built on the meta device: no memory, any

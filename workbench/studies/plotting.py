@@ -8,11 +8,11 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..runstate import slug as run_slug
+from ..results import slug as run_slug
 
 
 def slug(text: str) -> str:
-    """`workbench.runstate.slug` of a figure stem, run or device name; 'x' where nothing usable
+    """`workbench.results.folder.slug` of a figure stem, run or device name; 'x' where nothing usable
     is left (a figure is never refused for its name)."""
     return run_slug(text, empty="x")
 

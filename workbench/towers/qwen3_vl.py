@@ -69,9 +69,9 @@ class Qwen3VLBlock(VisionBlock):
 
         GELU(tanh) alone is one elementwise pass over the fc1 output (rows x mlp_hidden), so a
         kernel of its own saves nothing; folding it into the GEMM does. A Triton GEMM with it lost
-        to cuBLAS (probe_tma); cuBLASLt's GELU-bias epilogue is the tanh form this family asks for,
+        to cuBLAS (probe_tma, docs/probes.md); cuBLASLt's GELU-bias epilogue is the tanh form this family asks for,
         and on the H200 it computes that form and makes the MLP faster at every row count tried
-        (tools/probe_gelu.py; the numbers are in results/reference/README.md). On a CPU the same call
+        (probe_gelu, docs/probes.md; the numbers are in results/reference/README.md). On a CPU the same call
         computes the erf form, so there the plain ops run. On the meta device (the graph-pool
         model's trace) the CUDA path runs, so the model sees one fc1 output where the plain ops
         hold two. Checked against the plain twin and float64 in tests/test_cuda.py."""

@@ -45,6 +45,7 @@ STUDY = register(Study(
     package=__name__,
     params=PARAMS,
     cells="presets",
+    columns=("family", "preset", "design", "budget", "fill", "norm"),
     per_preset=True,
     footprint=footprint,
     question="per-replay input staging cost for each graph buffer dtype vs the byte floor and vs the tower's "

@@ -17,7 +17,7 @@ from ...towers.common import budget_padding, filling_grid
 from ...ulps import bf16_ulps
 from .. import begin_run
 from ..plotting import progress as show_progress
-from ..tables import tidy
+from ...results.tables import tidy
 from .params import DESIGNS, METRICS, NO_NORM, PARAMS
 
 @dataclasses.dataclass

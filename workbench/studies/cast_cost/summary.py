@@ -10,7 +10,7 @@ import pandas as pd
 from ...formatting import fmt_us
 from ..plotting import (is_cpu, labelled_runs, legend_below, legend_right, per_run, plain_log_ticks, run_label,
                        stamp_cpu)
-from ..tables import wide
+from ...results.tables import wide
 from .params import DESIGNS, FOLD_NORM, LEGACY_NORM, NO_NORM
 
 # ---- presentation ---------------------------------------------------------------------------

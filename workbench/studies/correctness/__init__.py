@@ -30,6 +30,7 @@ STUDY = register(Study(
     package=__name__,
     params=PARAMS,
     cells="families",
+    columns=("family", "preset", "case", "placement", "path", "norm"),
     footprint=footprint,
     gpus=lambda p, device: p["dp_world_size"] if device == "cuda" and "dp" in p["paths"] else 1,
     question="which (placement x path x family) cells give the right embedding; does NaN in padding/pool "

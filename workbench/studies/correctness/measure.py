@@ -22,7 +22,7 @@ from ...runner import EncoderGraphRunner
 from ...samples import sample_images, sample_video
 from .. import begin_run
 from ..plotting import progress as show_progress
-from ..tables import tidy
+from ...results.tables import tidy
 from ...vocabulary import NORM_FREE_PLACEMENTS as NORM_FREE  # a norm implementation does not matter there
 from .summary import FORGETFUL_NORMS
 from .params import BUFFER_NAMES, METRICS, PARAMS

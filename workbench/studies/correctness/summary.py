@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ...encoder import STUDY_PLACEMENTS
-from ..tables import wide
+from ...results.tables import wide
 from ..plotting import is_cpu, legend_right
 from .params import PATH_COLUMNS
 from ...engines import NEWEST as NEWEST_VLLM

@@ -75,6 +75,7 @@ STUDY = register(Study(
     package=__name__,
     params=PARAMS,
     cells="presets",
+    columns=("family", "preset", "path", "tokens", "images"),
     footprint=footprint,
     question="eager vs graph latency per model and token count, beside transformers' own vision model "
              "with the same weights, against the FLOP and practical floors, and where the time goes by kernel",

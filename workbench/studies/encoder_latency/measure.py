@@ -29,7 +29,7 @@ from ...towers.weights import init_checkpoint_like
 from .. import begin_run
 from ..correctness.measure import TOLERANCE as CORRECT_TOL
 from ..plotting import progress as show_progress
-from ..tables import tidy
+from ...results.tables import tidy
 from .params import KERNEL_CATS, LATENCY_PATHS, METRICS, PARAMS
 
 # graph vs eager: the same weights; the packing can change the attention kernel (dense cuDNN for

@@ -43,6 +43,7 @@ STUDY = register(Study(
     package=__name__,
     params=PARAMS,
     cells="presets",
+    columns=("family", "preset", "placement", "budget", "norm", "buffer_dtype"),
     per_preset=True,
     footprint=footprint,
     question="graph-pool / peak bytes attributable to normalization, measured and modelled",

@@ -15,9 +15,9 @@ from ...norms import make_norm
 from ...towers.common import budget_padding, filling_grid
 from .. import begin_run
 from ..plotting import progress as show_progress
-from ..tables import tidy
+from ...results.tables import tidy
 from ...dtypes import BY_NAME
-from .params import METRICS, PARAMS, _config
+from .params import METRICS, PARAMS, captured_config
 
 OUT_DTYPE = torch.bfloat16
 
@@ -92,7 +92,7 @@ def run(device: str = "auto", progress: bool = True, **params) -> pd.DataFrame:
 def _measure(s, progress: bool) -> pd.DataFrame:
     """One preset's cells (``s.params["preset"]``)."""
     dev, p, label = s.device, s.params, s.label
-    cfg = _config(p)
+    cfg = captured_config(p)
     cuda = dev.type == "cuda"
     common = dict(study="fp32_memory", preset=p["preset"], family=cfg.family, depth=cfg.depth,
                   dtype="bfloat16", device=label,     # the towers' attention (attn_backend="auto") on this device

@@ -38,13 +38,15 @@ def footprint(p, device: str) -> Footprint:
     the tower over the largest budget, with the eager norm's fp32 temporaries."""
     if device != "cuda":
         return Footprint(0, "norm scope on the meta device")
-    return largest(largest_budget(_config(p, preset), p, 1 + 4 + 8 + 2, device, preset) for preset in p["presets"])
+    return largest(largest_budget(captured_config(p, preset), p, 1 + 4 + 8 + 2, device, preset)
+                   for preset in p["presets"])
 
 
-def _config(p: dict, preset: str | None = None) -> VisionConfig:
-    """The captured tower. Unlike the other studies (`resolve_config(name, depth)`), depth is
-    required here and the preset's own depth keeps the preset itself, not a renamed '@depthN'
-    copy (same blocks either way; only the name differs)."""
+def captured_config(p: dict, preset: str | None = None) -> VisionConfig:
+    """The config of the captured tower: ``preset`` (None: p["preset"]) at p["depth"] blocks.
+    Unlike the other studies (`resolve_config(name, depth)`), depth is required here and the
+    preset's own depth keeps the preset itself, not a renamed '@depthN' copy (same blocks either
+    way; only the name differs)."""
     preset = preset or p["preset"]
     base = resolve_config(preset)
     return base if p["depth"] == base.depth else resolve_config(preset, p["depth"])

@@ -10,7 +10,7 @@ import pandas as pd
 from ...formatting import fmt_bytes
 from ..plotting import (labelled_runs, legend_below, legend_under, per_run, plain_log_ticks, run_label,
                        value_ticks)
-from ..tables import wide
+from ...results.tables import wide
 
 # ---- presentation ---------------------------------------------------------------------------
 

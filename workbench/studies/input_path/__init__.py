@@ -39,6 +39,7 @@ STUDY = register(Study(
     package=__name__,
     params=PARAMS,
     cells="presets",
+    columns=("family", "preset", "path", "placement", "backend", "mix"),
     per_preset=True,
     footprint=footprint,
     question="what each placement saves and costs from request to embedding: host preprocessing, bytes and "

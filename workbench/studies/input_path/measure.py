@@ -24,7 +24,7 @@ from ...torch_images import hwc_rgb
 from ...torch_images import normalize as normalize_tv
 from .. import begin_run
 from ..plotting import progress as show_progress
-from ..tables import tidy
+from ...results.tables import tidy
 from .params import METRICS, PARAMS, PAYLOADS, PLACEMENT_PAYLOAD, check_cores
 
 # what the host does for each placement before it ships the image

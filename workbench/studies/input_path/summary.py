@@ -6,7 +6,7 @@ import pandas as pd
 
 from .. import Summarizer
 from ..plotting import is_cpu, labelled_runs, legend_below, per_run, run_label, stamp_cpu
-from ..tables import wide
+from ...results.tables import wide
 from .params import INPUT_PLACEMENTS, PAYLOADS
 
 SEGMENTS = (("host_ms", "host preprocessing", "#90caf9"), ("h2d_ms", "host to device", "#ffcc80"),

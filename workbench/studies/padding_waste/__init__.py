@@ -68,6 +68,7 @@ STUDY = register(Study(
     package=__name__,
     params=PARAMS,
     cells="presets",
+    columns=("family", "preset", "budget_set", "case", "mix"),
     per_preset=True,
     footprint=footprint,
     question="for a budget set and an image mix, padded rows, norm and tower work spent on them",

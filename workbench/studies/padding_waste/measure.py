@@ -22,7 +22,7 @@ from ...samples import (get_mix, image_mix, mix_columns, mix_distribution, mix_e
 from ...timing import cpu_time_us, cuda_event_ms, time_us
 from .. import begin_run
 from ..plotting import progress as show_progress
-from ..tables import tidy
+from ...results.tables import tidy
 from .params import BUDGET_SETS, METRICS, NORM_FILLS, PARAMS
 
 

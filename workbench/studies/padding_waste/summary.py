@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..plotting import (graph_name, is_cpu, labelled_runs, legend_right, legend_under, per_run, plain_log_ticks,
                        run_label, stamp_cpu, value_ticks)
-from ..tables import wide
+from ...results.tables import wide
 from .params import BUDGET_SETS
 
 # ---- presentation ---------------------------------------------------------------------------

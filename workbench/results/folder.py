@@ -10,8 +10,8 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import read_regular
-from .runmeta import META_NAME, RunMeta
+from ..files import read_regular
+from .meta import META_NAME, RunMeta
 
 STAGES = ("table", "notebook", "html", "figures")
 FIGURES_DIR = "figures"
@@ -136,7 +136,7 @@ class RunFolder:
     def create(cls, root: Path | str, name: str | None = None) -> "RunFolder":
         """A new folder ``<root>/<UTC time>-<short sha or 'nogit'>[-name][-k]``: ``mkdir`` grants a name
         to one caller only, so two runs started in the same second never share a folder."""
-        from .provenance import git_info, utc_now
+        from ..provenance import git_info, utc_now
         stamp = utc_now().strftime("%Y%m%dT%H%M%SZ")
         base = f"{stamp}-{git_info().get('short') or 'nogit'}" + (f"-{slug(name, what='run name')}" if name else "")
         root = Path(root)
@@ -161,6 +161,11 @@ class RunFolder:
 
     def table(self, study: str) -> Path:
         return self.file(study, ".parquet")
+
+    def write_table(self, study: str, table) -> Path:
+        """The study's table checked and written atomically; an existing one is never replaced."""
+        from .tables import write_study_table
+        return write_study_table(table, self.table(study))
 
     def lock(self) -> RunLock:
         return RunLock(self.path)

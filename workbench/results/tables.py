@@ -23,9 +23,10 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, read_regular
 
 VALUE_COLUMNS = ("metric", "value", "unit")
+MAX_TABLE_BYTES = 256 << 20       # a study table is kilobytes to a few megabytes; far more is not one
 REQUIRED_PARAMS = ("device",)
 BOOL_UNIT = "bool"
 
@@ -91,14 +92,19 @@ def write_study_table(df: pd.DataFrame, path: str | Path) -> Path:
     return atomic_write_bytes(path, buf.getvalue(), exclusive=True)
 
 
-def load_table(path: str | Path) -> pd.DataFrame:
-    """Read one study table and check it (TableError names the file and what is wrong)."""
+def read_raw(path: str | Path) -> pd.DataFrame:
+    """One parquet file as it is, unchecked: a regular file (a run folder may come from anyone: never through a
+    link, never a FIFO), at most MAX_TABLE_BYTES; TableError naming the file otherwise."""
     path = Path(path)
     try:
-        df = pd.read_parquet(path)
+        return pd.read_parquet(io.BytesIO(read_regular(path, MAX_TABLE_BYTES)))
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-        raise TableError(f"{path}: unreadable parquet ({type(e).__name__}: {e})") from None
-    return check_table(df, name=str(path))
+        raise TableError(f"{path}: unreadable parquet ({type(e).__name__}: {str(e)[:300]})") from None
+
+
+def load_table(path: str | Path) -> pd.DataFrame:
+    """Read one study table and check it (TableError names the file and what is wrong)."""
+    return check_table(read_raw(path), name=str(path))
 
 
 def tidy(frame: pd.DataFrame, metrics: Mapping[str, str]) -> pd.DataFrame:

@@ -11,8 +11,8 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, TypedDict, get_args, get_origin, get_type_hints, is_typeddict
 
-from .files import atomic_write_text, read_regular
-from .provenance import collect_meta, iso_utc, load_average, utc_now
+from ..files import atomic_write_text, read_regular
+from ..provenance import collect_meta, iso_utc, load_average, utc_now
 
 META_NAME = "meta.json"
 MAX_BYTES = 16 * 2**20          # a meta.json is a few kB; far more is not one
