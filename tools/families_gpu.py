@@ -1,5 +1,8 @@
-"""New families on the H200: bf16 towers at full depth against transformers' own vision model
-(same weights), and the CUDA-graph runner (policy always, NaN-poisoned pool, NaN padding) against eager."""
+"""The real towers on a GPU: bf16 at full depth against transformers' own vision model (same random
+checkpoint-like weights, per item), and the CUDA-graph runner (policy always, NaN-poisoned pool, NaN
+padding) against eager; one line per preset. ``python tools/families_gpu.py`` from the repository root on a
+CUDA host (edit the preset list below to check another family). What it read on the reference host:
+results/reference/README.md, Correctness."""
 import dataclasses, time
 import torch
 import workbench as wb

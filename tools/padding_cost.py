@@ -14,8 +14,7 @@ The study as it is: the sets of a mix that give the same runner budgets for the 
 one runner and its measurement (a step of no forward). ``--unshared``: before that (c2ed01e), one
 runner per set; ``--before``: the study as it was at commit 074da98 (every runner warmed twice per
 budget and captured its exact-fit graphs with it; every cell encoded twice). How close the model came to the
-H200 runs it was checked against is in results/reference/README.md (the padding_waste notes of
-the newer families).
+H200 runs it was checked against is in results/reference/README.md (Wall times).
 """
 import argparse
 import sys
