@@ -22,7 +22,8 @@ from backend_inputs import backend_inputs
 
 RECORD = json.loads((Path(__file__).parent / "data" / "torchvision_rows.json").read_text())
 FAMILY_PRESETS = {"qwen2-vl": "qwen2-vl-7b", "qwen2.5-vl": "qwen2.5-vl-7b", "qwen3-vl": "qwen3-vl-8b",
-                  "qwen3.5": "tiny-qwen3.5", "glm4v": "glm-4.1v-9b", "pixtral": "mistral-small-3.1-24b"}
+                  "qwen3.5": "tiny-qwen3.5", "glm4v": "glm-4.1v-9b", "pixtral": "mistral-small-3.1-24b",
+                  "gemma3": "gemma-3-27b"}
 # inputs whose transformers rows are not the ones a tower takes, so not compared (measured with
 # transformers 5.17 / torchvision 0.26 on the H200 host): a grey [H, W, 1] array gives 1-channel
 # rows and an RGBA array 4-channel rows (no RGB conversion of arrays there); a PIL RGBA image

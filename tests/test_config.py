@@ -13,7 +13,8 @@ def test_binding_preset_names_exist():
                                     "qwen3-vl-235b-a22b", "tiny-qwen3-vl", "qwen3.5-9b", "tiny-qwen3.5",
                                     "glm-4.1v-9b", "glm-4.5v", "tiny-glm4v", "glm-ocr-0.9b", "tiny-glm-ocr",
                                     "exaone4.5-33b", "tiny-exaone4.5", "mistral-small-3.1-24b", "tiny-pixtral",
-                                    "kimi-k2.5-1t", "tiny-kimi-k2.5"}
+                                    "kimi-k2.5-1t", "tiny-kimi-k2.5", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b",
+                                    "tiny-gemma3"}
     # real checkpoints first, then the tiny ones; the original presets keep their order
     names = list(wb.PRESET_NAMES)
     assert [n for n in names if n.startswith(("qwen2-", "qwen2.5-"))] == [
@@ -64,6 +65,16 @@ def test_to_hf_matches_the_config(name):
         assert (vc.patch_size, hf.spatial_merge_size, vc.hidden_act) == (cfg.patch_size, cfg.merge_size, "silu")
         assert (hf.text_config.hidden_size, hf.text_config.rms_norm_eps) == (cfg.out_hidden, cfg.eps)
         assert hf.vision_feature_layer == -1 and hf.multimodal_projector_bias is False
+        return
+    if cfg.family == "gemma3":         # Gemma3Config: the SigLIP vision config and the projector's fields
+        vc = hf.vision_config
+        assert (type(hf).__name__, type(vc).__name__) == ("Gemma3Config", "SiglipVisionConfig")
+        assert (vc.num_hidden_layers, vc.num_attention_heads, vc.hidden_size, vc.intermediate_size) == (
+            cfg.depth, cfg.heads, cfg.width, cfg.mlp_hidden)
+        assert (vc.image_size // vc.patch_size) ** 2 == cfg.num_position_embeddings and vc.patch_size == cfg.patch_size
+        assert (vc.hidden_act, vc.layer_norm_eps, vc.vision_use_head) == ("gelu_pytorch_tanh", cfg.eps, False)
+        assert hf.mm_tokens_per_image * cfg.merge_unit == cfg.num_position_embeddings
+        assert hf.text_config.hidden_size == cfg.out_hidden
         return
     if cfg.family == "kimi-k2.5":      # the model's config (vision config and projector), other names
         vc = hf.vision_config
@@ -177,7 +188,8 @@ def test_family_specific_fields_are_checked(preset, change, match):
 
 def test_unknown_family_lists_the_registered_ones():
     with pytest.raises(ValueError, match=r"family='llava' is not one of \('qwen2-vl', 'qwen2.5-vl', 'exaone4.5', "
-                                         r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr', 'pixtral', 'kimi-k2.5'\)"):
+                                         r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr', 'pixtral', 'kimi-k2.5', "
+                                         r"'gemma3'\)"):
         wb.VisionConfig("x", family="llava")
 
 

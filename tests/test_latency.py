@@ -220,8 +220,16 @@ def test_the_study_is_registered_with_cpu_and_gpu_profiles():
     assert study is s.STUDY and study.notebook == "notebooks/encoder_latency.ipynb"
     cpu, gpu = study.resolve("cpu"), study.resolve("gpu")
     assert cpu["presets"] == list(s.params.TINY_PRESETS) and cpu["dtype"] == "float32" and cpu["norm"] == "eager"
-    assert gpu["presets"] == list(s.params.distinct_towers())          # each real tower once (test below)
-    assert gpu["dtype"] == "bfloat16" and gpu["tokens"] == [64, 256, 1024, 4096]
+    # gpu: the decision set (the answer table's preset of each family, the cells the advice reads); gpu-full:
+    # each real tower once (test below) and the full grids
+    full = study.resolve("gpu-full")
+    # (the answer presets of the families with a studies preset: Gemma-3 has none yet, `Family.study_presets`)
+    answer = [n for n in wb.config.ANSWER_PRESETS if wb.config.PRESETS[n].family in s.params.STUDIED]
+    assert gpu["presets"] == answer and full["presets"] == list(s.params.distinct_towers())
+    assert "gemma3" not in s.params.STUDIED and "gemma-3-4b" in wb.config.ANSWER_PRESETS
+    assert gpu["dtype"] == "bfloat16" and gpu["tokens"] == [256, 4096] and full["tokens"] == [64, 256, 1024, 4096]
+    assert gpu["mix_items"] == [4] and full["mix_items"] == [1, 4] and gpu["mixes"] == full["mixes"]
+    assert not gpu["breakdown"] and full["breakdown"] and gpu["fresh"] < full["fresh"]
     assert s.measure.grid_for(64, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 16, 16]
     assert s.measure.grid_for(32, wb.VisionConfig.preset("qwen2-vl-7b")) == [1, 8, 16]
 
@@ -522,13 +530,13 @@ def test_auto_verdicts_counts_a_reference_and_sees_auto_slowed(tmp_path, capsys)
     assert "no encoder_latency.parquet in" in capsys.readouterr().err
 
 
-def test_the_gpu_profile_times_every_distinct_tower_once():
+def test_the_gpu_full_profile_times_every_distinct_tower_once():
     """The GPU default: one preset per tower (presets whose configs differ only in the merger's widths share
     one), every family's studies preset among them, and every real preset's tower covered."""
     import dataclasses
     from workbench.config import PRESETS, REAL_PRESET_PER_FAMILY
     from workbench.studies.encoder_latency.params import REAL_PRESETS, distinct_towers, tower_key
-    gpu = STUDIES["encoder_latency"].resolve("gpu")["presets"]
+    gpu = STUDIES["encoder_latency"].resolve("gpu-full")["presets"]
     assert tuple(gpu) == distinct_towers()
     keys = [tower_key(n) for n in gpu]
     assert len(set(keys)) == len(keys)                                   # no tower twice
@@ -563,6 +571,8 @@ def test_sweep_floor_counts_the_fewest_timed_forwards_at_a_committed_per_image_t
     assert tool.main(["--runs", str(run)]) == 0 and "at least" in capsys.readouterr().out
     # another default asked for: fewer fresh batches ask for fewer calls; a bad value is refused by the declaration
     assert tool.main(["--runs", str(run), "--set", "encoder_latency.fresh=0"]) == 0
+    assert "per realistic latency cell: 40 batch calls" in capsys.readouterr().out      # the decision set: warm-up 1
+    assert tool.main(["--runs", str(run), "--profile", "gpu-full", "--set", "encoder_latency.fresh=0"]) == 0
     assert "per realistic latency cell: 45 batch calls" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         tool.main(["--set", "input_path.n_items=0"])

@@ -127,12 +127,12 @@ def test_resized_items_give_the_same_grids(name, preset):
             assert (x.height, x.width) == (h, w)
 
 
-@pytest.mark.parametrize("preset", ["kimi-k2.5-1t", "mistral-small-3.1-24b"])
+@pytest.mark.parametrize("preset", ["kimi-k2.5-1t", "mistral-small-3.1-24b", "tiny-gemma3"])
 @pytest.mark.parametrize("name", MIX_NAMES)
 def test_towers_that_size_their_own_way_get_the_rows_the_mix_counts(name, preset):
-    """Kimi-K2.5 (navit_resize, then zero padding to whole merge blocks; video cut into chunks) and
-    Pixtral (a longest-edge box): the mix's token counts, which the planner budgets from, are the
-    rows / merge_unit wb.preprocess makes."""
+    """Kimi-K2.5 (navit_resize, then zero padding to whole merge blocks; video cut into chunks),
+    Pixtral (a longest-edge box) and Gemma-3 (every image and frame one fixed size): the mix's token
+    counts, which the planner budgets from, are the rows / merge_unit wb.preprocess makes."""
     cfg = wb.VisionConfig.preset(preset)
     items = image_mix(name, 6, seed=1, resized=True, cfg=cfg)
     assert preprocess(items, cfg).n_rows // cfg.merge_unit == sum(mix_tokens(name, 6, seed=1, cfg=cfg))

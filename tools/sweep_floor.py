@@ -5,7 +5,7 @@ preset, mix and item count. No build, capture, race, check or host work is count
 takes longer; where this floor is over a time goal, no speed-up of the harness reaches the goal at
 these defaults.
 
-    python tools/sweep_floor.py [--runs GLOB] [--set STUDY.KEY=JSON ...]     # default: results/reference/*
+    python tools/sweep_floor.py [--runs GLOB] [--profile gpu|gpu-full] [--set STUDY.KEY=JSON ...]     # default: results/reference/*
 
 ``--set`` asks what other defaults would ask (``--set input_path.n_items=4 --set 'encoder_latency.mixes=["documents"]'``),
 checked by the study's own declaration.
@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="results/reference/*", help="run folders with the per-image times")
     ap.add_argument("--device", default="NVIDIA H200", help="the device whose per-image times count (default: %(default)s)")
+    ap.add_argument("--profile", choices=("gpu", "gpu-full"), default="gpu",
+                    help="whose defaults: gpu (the decision set) or gpu-full (default: %(default)s)")
     ap.add_argument("--set", action="append", default=[], metavar="STUDY.KEY=JSON",
                     help="another value of a study's GPU default (encoder_latency or input_path)")
     a = ap.parse_args(argv)
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
         except ValueError:
             over[study][name] = value          # a bare string, as sweep --set takes it
     try:
-        lat, ip = (studies[n].resolve("gpu", over[n]) for n in ("encoder_latency", "input_path"))
+        lat, ip = (studies[n].resolve(a.profile, over[n]) for n in ("encoder_latency", "input_path"))
     except ParamError as e:
         ap.error(str(e))
     table, missing = floors(per_image_ms(runs, a.device), lat, ip)

@@ -23,7 +23,8 @@ import workbench as wb
 from workbench.photos import sample_images
 
 FAMILIES = {"qwen2-vl": "qwen2-vl-7b", "qwen2.5-vl": "qwen2.5-vl-7b", "qwen3-vl": "qwen3-vl-8b",
-            "qwen3.5": "tiny-qwen3.5", "glm4v": "glm-4.1v-9b", "pixtral": "mistral-small-3.1-24b"}
+            "qwen3.5": "tiny-qwen3.5", "glm4v": "glm-4.1v-9b", "pixtral": "mistral-small-3.1-24b",
+            "gemma3": "gemma-3-27b"}
 
 
 def hf_processor(family: str, cfg, raw: bool):
@@ -32,6 +33,13 @@ def hf_processor(family: str, cfg, raw: bool):
         kw = dict(patch_size=cfg.patch_size, size={"longest_edge": cfg.longest_edge},
                   image_mean=list(cfg.image_mean), image_std=list(cfg.image_std))
         return transformers.PixtralImageProcessor(**kw, **(dict(do_rescale=False, do_normalize=False) if raw else {}))
+    if family == "gemma3":        # Gemma3ImageProcessor: every image to the tower's fixed size, bilinear
+        from workbench.families.gemma3 import image_side
+        side = image_side(cfg)
+        kw = dict(size={"height": side, "width": side}, image_mean=list(cfg.image_mean), image_std=list(cfg.image_std))
+        # the torchvision class: Gemma3ImageProcessorFast before transformers renamed it Gemma3ImageProcessor
+        cls = getattr(transformers, "Gemma3ImageProcessorFast", None) or transformers.Gemma3ImageProcessor
+        return cls(**kw, **(dict(do_rescale=False, do_normalize=False) if raw else {}))
     names = ["Glm4vImageProcessor", "Glm4vImageProcessorFast"] if family == "glm4v" else \
         ["Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"]
     cls = next(getattr(transformers, n) for n in names if hasattr(transformers, n))
@@ -51,7 +59,7 @@ def sha(rows: torch.Tensor) -> str:
 def run_hf(proc, x, device=None, cfg=None):
     """(rows, grid) of transformers' processor for one input, in our row layout: a Pixtral
     processor (cfg with longest_edge) is called as PixtralProcessor calls it (patch size times the
-    spatial merge) and its image cut into our rows."""
+    spatial merge) and its image cut into our rows; a Gemma-3 one's image is cut likewise."""
     kw = dict(return_tensors="pt")
     if not isinstance(x, Image.Image):
         kw["input_data_format"] = "channels_last"
@@ -60,6 +68,10 @@ def run_hf(proc, x, device=None, cfg=None):
     if cfg is not None and cfg.longest_edge:
         from workbench.families.pixtral import image_rows
         out = proc(images=[x], patch_size=cfg.patch_size * cfg.merge_size, **kw)
+        return image_rows(out["pixel_values"][0], cfg.patch_size, cfg.merge_size)
+    if cfg is not None and cfg.family == "gemma3":    # one fixed-size image, cut into our rows
+        from workbench.families.pixtral import image_rows
+        out = proc(images=[x], **kw)
         return image_rows(out["pixel_values"][0], cfg.patch_size, cfg.merge_size)
     out = proc(images=[x], **kw)
     return out["pixel_values"], out["image_grid_thw"]

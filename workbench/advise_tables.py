@@ -100,16 +100,9 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
 
 
 def family_presets() -> list[str]:
-    """One real preset per family: the family's study preset, else its first real one."""
-    from .config import PRESETS, families
-
-    out = []
-    for family, spec in families().items():
-        preset = spec.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == family
-                                                and not n.startswith("tiny-")), None)
-        if preset is not None:
-            out.append(preset)
-    return out
+    """One real preset per family (`config.ANSWER_PRESETS`): the rows of the answer table."""
+    from .config import ANSWER_PRESETS
+    return list(ANSWER_PRESETS)
 
 
 def _compact(text: str) -> str:

@@ -138,6 +138,20 @@ def _number(cast, valid, what: str):
     return convert
 
 
+def _given(valid: str, cast=str):
+    """An argparse type: ``cast(text)``, refusing an empty or blank value, which would otherwise mean the default
+    (every study, a new sweep instead of a resume) or the current folder, silently; the error says ``valid``."""
+    def convert(text: str):
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is empty; give {valid() if callable(valid) else valid}")
+        return cast(text)
+    return convert
+
+
+def _study_names() -> str:
+    return "comma-separated study names from " + ", ".join(sorted(discover()))
+
+
 _positive_int = _number(int, lambda n: n >= 1, "a whole number >= 1")
 _minutes = _number(float, lambda m: 0 < m < float("inf"), "a number of minutes > 0 (e.g. 15 or 2.5)")
 
@@ -145,9 +159,12 @@ _minutes = _number(float, lambda m: 0 < m < float("inf"), "a number of minutes >
 def _add_sweep_options(p: _Parser) -> None:
     p.params_epilog = True      # --set takes the studies' parameters: the help lists them
     g = p.add_argument_group("sweep")
-    g.add_argument("--profile", choices=("auto", "cpu", "gpu"), default="auto",
-                   help="default parameters to use: auto = gpu on a CUDA host, else cpu (default: %(default)s)")
-    g.add_argument("--studies", metavar="A,B", help="comma-separated studies to run (default: every registered study)")
+    g.add_argument("--profile", choices=("auto", "cpu", "gpu", "gpu-full"), default="auto",
+                   help="default parameters to use: auto = gpu on a CUDA host, else cpu; gpu is the decision set "
+                        "(the cells the answer and the advice read), gpu-full every GPU cell: the full grids, "
+                        "the 12 MP photos, the long streams (default: %(default)s)")
+    g.add_argument("--studies", metavar="A,B", type=_given(_study_names),
+                   help="comma-separated studies to run (default: every registered study)")
     g.add_argument("--set", action="append", metavar="[STUDY.]KEY=VALUE",
                    help="override a parameter, for every study or for one (repeatable; VALUE is JSON where it "
                         "parses, else a string)")
@@ -159,10 +176,10 @@ def _add_sweep_options(p: _Parser) -> None:
                                                       "warmup, min_reps) to fit instead of refusing")
     g.add_argument("--direct", action="store_true", help="call the studies' run functions in this process "
                                                          "instead of executing their notebooks with papermill")
-    g.add_argument("--kernel", default=None,
+    g.add_argument("--kernel", default=None, type=_given("the name of an installed Jupyter kernel"),
                    help=f"Jupyter kernel for papermill (default: the project's kernel {PROJECT_KERNEL!r}, which "
                         f"make lab registers, where it runs this interpreter; else {FALLBACK_KERNEL!r})")
-    g.add_argument("--resume", metavar="RUN",
+    g.add_argument("--resume", metavar="RUN", type=_given("a run folder, or a folder name under --results"),
                    help="finish an interrupted run folder (a path, or a folder name under --results): only the "
                         "studies without a table run, with the parameters its meta.json recorded")
     g.add_argument("--resume-finished", action="store_true",
@@ -181,7 +198,7 @@ def _add_sweep_options(p: _Parser) -> None:
                         "from $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT or torchrun's $RANK/$WORLD_SIZE); "
                         "cells are dealt longest first by the reference runs' seconds, so every task computes "
                         "the same split, and the report merges the shards of one run")
-    g.add_argument("--group", metavar="NAME",
+    g.add_argument("--group", metavar="NAME", type=_given("the name the shards of one run share"),
                    help="with --shard: the name the shards of one run share (default: $WORKBENCH_RUN_GROUP, else "
                         "$SLURM_ARRAY_JOB_ID, else <UTC date>-<git sha>-<name>)")
 
@@ -215,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, results: str | None = None, **kw) -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kw)
         if results:
-            p.add_argument("--results", type=Path, metavar="DIR", default=results_root(),
+            p.add_argument("--results", type=_given("a folder", Path), metavar="DIR", default=results_root(),
                            help=f"{results} (default: the project's results/, or $WORKBENCH_RESULTS when set; "
                                 f"the same whatever the working directory)")
         return p
@@ -225,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                 help="the main job: default sweep, then results/report/index.html",
                 description="Run the default sweep for this hardware (unless --no-sweep), then build "
                             "<results>/report/index.html from every run folder.")
-    p.add_argument("--out", type=Path, metavar="DIR", help="where to write the report (default: <results>/report)")
+    p.add_argument("--out", type=_given("a folder", Path), metavar="DIR",
+                   help="where to write the report (default: <results>/report)")
     p.add_argument("--no-sweep", action="store_true", help="only rebuild the report from the run folders already there")
     p.add_argument("--fresh", action="store_true",
                    help="sweep again even when a finished default sweep of this commit exists (by default the "
@@ -246,13 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "present in both with the ratio b/a, flagging timings that moved beyond both runs' own "
                             "p10-p90 spread and every verdict change (ok -> WRONG). From Python: "
                             "workbench.compare.compare_runs(a, b).")
-    p.add_argument("run_a", metavar="RUN_A", help="a run folder, a run name under --results or its reference/, "
-                                                  "or 'latest'")
-    p.add_argument("run_b", metavar="RUN_B", help="the same, for the second run (ratio = b / a)")
-    p.add_argument("--studies", metavar="A,B", help="only these studies")
+    run_spec = _given("a run folder, a run name under --results or its reference/, or 'latest'")
+    p.add_argument("run_a", metavar="RUN_A", type=run_spec,
+                   help="a run folder, a run name under --results or its reference/, or 'latest'")
+    p.add_argument("run_b", metavar="RUN_B", type=run_spec, help="the same, for the second run (ratio = b / a)")
+    p.add_argument("--studies", metavar="A,B", type=_given(_study_names), help="only these studies")
     p.add_argument("--all", action="store_true", help="print every value, not only the flagged ones")
     p.add_argument("--rows", type=_positive_int, default=40, help="rows printed at most (default: %(default)s)")
-    p.add_argument("--csv", type=Path, metavar="FILE",
+    p.add_argument("--csv", type=_given("a file name", Path), metavar="FILE",
                    help="write every compared value to this new CSV file (never inside a run folder)")
     p.add_argument("--force", action="store_true",
                    help="let --csv replace a CSV file that compare wrote before (no other file is ever replaced)")
@@ -263,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "the engine can apply), the engine release's default graph budgets against the planner's "
                             "judged out of sample, and that release's own options. Numbers come from run folders "
                             "only; what none measured is named with the command that would measure it.")
-    p.add_argument("--preset", required=True, help="a preset name or a transformers model folder")
+    p.add_argument("--preset", required=True, type=_given("a preset name or a transformers model folder"),
+                   help="a preset name or a transformers model folder")
     p.add_argument("--mix", help="a named image mix (default photos)")
     p.add_argument("--set", action="append", metavar="image_folder=PATH", help="the mix of a folder of your images")
     p.add_argument("--max-graphs", type=_positive_int, help="budgets to plan (default: as many as the engines' "
@@ -273,8 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-cap", type=int, metavar="TOKENS",
                    help="the release's largest auto-generated budget (vLLM 0.34: encoder_cudagraph_max_token_budget, "
                         "default 5120)")
-    p.add_argument("--engine-source", metavar="PATH", help="that release's source tree, package folder or wheel: "
-                                                             "every option name printed is checked against it")
+    p.add_argument("--engine-source", metavar="PATH", type=_given("the engine's source tree, package folder or wheel"),
+                   help="that release's source tree, package folder or wheel: every option name printed is checked "
+                        "against it")
     p.add_argument("--json", action="store_true", help="print the advice as JSON")
 
     p = command("audit", "folder whose audits/ keeps each audit (the report shows the newest)",
@@ -282,8 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Read a vLLM source tree, installed package or wheel with Python's ast (nothing is "
                             "imported): per model class, device normalization, where the norm runs, encoder CUDA "
                             "graphs, and the correctness matrix's verdict. Exit 1 when a class needs attention.")
-    p.add_argument("path", metavar="PATH", help="a vLLM source tree, its installed package folder, or a wheel")
-    p.add_argument("new", metavar="NEW", nargs="?",
+    p.add_argument("path", metavar="PATH", type=_given("a vLLM source tree, its installed package folder, or a wheel"),
+                   help="a vLLM source tree, its installed package folder, or a wheel")
+    p.add_argument("new", metavar="NEW", nargs="?", type=_given("a second vLLM source tree, package folder or wheel"),
                    help="a second one (a newer release): print what changed from PATH to NEW, exit 1 when a class "
                         "of NEW needs attention, keep only NEW's audit")
     p.add_argument("--json", action="store_true", help="print the audit as JSON")

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .audit_calls import MARKERS, PATCH, ClassInfo, Index, Site, read_module
+from .engine_source import ZIP_ERRORS
 from .files import atomic_write_text, open_regular, read_regular
 
 MAX_FILE_BYTES = 4 << 20            # the largest model file of vLLM 0.33 is a few hundred kB
@@ -200,9 +201,13 @@ def _wheel_version(name: str) -> str | None:
     return m.group(1) if m else None
 
 
+MAX_VERSION_CHARS = 64     # a release's version string; a longer "version" is not one (it names the saved file)
+
+
 def _version_of(files: dict[str, bytes]) -> str:
     for text in files.values():
-        m = re.search(rb"""(?:__version__|version)\s*(?::\s*\w+\s*)?=\s*["']([^"']+)["']""", text)
+        m = re.search(rb"""(?:__version__|version)\s*(?::\s*\w+\s*)?=\s*["']([^"'\n]{1,%d})["']"""
+                      % MAX_VERSION_CHARS, text)
         if m:
             return m.group(1).decode("ascii", "replace")
     return "unknown"
@@ -309,7 +314,7 @@ def audit(path: str | os.PathLike) -> Audit:
                          f"wheel from 'pip download vllm==0.33.0 --no-deps'")
     try:
         files, engine, version, omitted = _sources(path)
-    except (OSError, zipfile.BadZipFile) as e:
+    except ZIP_ERRORS as e:     # a wheel's corrupt, encrypted or oddly compressed member too: named, no traceback
         raise AuditError(f"audit {path}: cannot be read ({e})") from None
     if not files:
         raise AuditError(f"audit {path}: no Python model files there (looked for "

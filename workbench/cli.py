@@ -19,7 +19,7 @@ from .provenance import collect_meta, git_info, utc_now
 from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
 from .results import RunFolder
 from .notebook_path import check_kernel, default_kernel, sync_notebook
-from .studies import ParamError, default_profile, discover        # the declarations: torch-free
+from .studies import GPU_PROFILES, ParamError, default_profile, discover        # the declarations: torch-free
 from .sweep import (DEVICE_OF_PROFILE, SweepPlan, SweepResult, interrupted_run, n_studies, resume_sweep,
                     reusable_run, run_sweep)
 from .workers import EMULATE_GPUS_ENV, check_gpus, worker_count
@@ -87,10 +87,10 @@ def sweep_plan(args: argparse.Namespace, studies: dict) -> SweepPlan:
     params = _resolve_plan(sets, studies, selected, profile)
     check_gpus(args.gpus, profile)
     workers = worker_count(args.workers, profile, len(selected), args.gpus, default_workers(args))
-    if profile == "gpu" and not os.environ.get(EMULATE_GPUS_ENV):     # every study would fail on its first tensor
+    if profile in GPU_PROFILES and not os.environ.get(EMULATE_GPUS_ENV):   # every study would fail on its first tensor
         import torch
         if not torch.cuda.is_available():
-            raise SystemExit(f"--profile gpu: this host has no CUDA device (torch {torch.__version__}); use "
+            raise SystemExit(f"--profile {profile}: this host has no CUDA device (torch {torch.__version__}); use "
                              f"--profile cpu, or auto (gpu on a CUDA host, else cpu)")
     kernel = args.kernel or default_kernel()
     if not args.direct:
@@ -154,12 +154,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+SETUP_SECONDS_ENV = "WORKBENCH_SETUP_SECONDS"     # make report: what its set-up took, for the last line
+
+
+def _stage_times(sweep: str, page_s: float) -> str:
+    """'set-up 3 s, sweep 140 s, page 60 s': the set-up as make timed it (``$WORKBENCH_SETUP_SECONDS``), if it did."""
+    setup = os.environ.get(SETUP_SECONDS_ENV, "").strip()
+    return ", ".join(([f"set-up {int(setup)} s"] if setup.isdigit() else []) + [sweep, f"page {page_s:.0f} s"])
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    import time
+
     try:        # before the sweep: a folder the report may not replace is refused at once
         check_report_dir(args.out or args.results / REPORT_DIRNAME, args.results)
     except ReportError as e:
         raise SystemExit(f"report: {e}") from None
     failures: list[str] = []
+    t0, sweep = time.monotonic(), "no sweep (--no-sweep)"
     if not args.no_sweep:
         precheck(args)
         resume, reuse = args.resume, None
@@ -175,17 +187,22 @@ def cmd_report(args: argparse.Namespace) -> int:
         if reuse is not None:
             print(f"report: reusing {reuse.name}, the finished default {profile} sweep of this commit "
                   f"(--fresh, or make sweep, measures again)")
+            sweep = "sweep reused"
         else:
             failures = _sweep(args, resume).failures
+            sweep = f"sweep {time.monotonic() - t0:.0f} s"
+    t1 = time.monotonic()
     try:
         result = build_report(args.results, args.out, log=lambda line: print(line, flush=True))
     except ReportError as e:
         raise SystemExit(f"report: {e}") from None
     if result.no_study and args.no_sweep:
         print(NO_STUDY_MESSAGE)
-    print(f"report: {len(result.runs)} run folder(s), {n_studies(len(result.sections))} -> {result.index}")
     for problem in result.problems:
-        print(f"report: summary failed for {problem}", file=sys.stderr)
+        print(f"report: summary failed for {problem}", file=sys.stderr, flush=True)
+    # the last line: where the page is, and what each stage took
+    print(f"report: {len(result.runs)} run folder(s), {n_studies(len(result.sections))} -> {result.index} "
+          f"({_stage_times(sweep, time.monotonic() - t1)})", flush=True)
     return 1 if failures or result.problems else 0
 
 
@@ -268,7 +285,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
         rows = compare(old, result)
         print(json.dumps({"old": asdict(old), "new": asdict(result), "changes": rows}, indent=2) if args.json
               else compare_table(old, result, rows))
-    if not args.no_save:
+    if not args.no_save and result.engine != "vllm" and not result.models:
+        # no vLLM model folder and no class found: kept, it would stand as the newest audit the report shows
+        print(f"audit: not saved: {result.source} holds no vLLM model folder and no model class that normalizes "
+              f"or captures its encoder; give a vLLM source tree, its package folder or a wheel", file=sys.stderr)
+    elif not args.no_save:
         print(f"audit: saved to {save(result, args.results)}", file=sys.stderr)
     return 1 if any(m.verdict_key in ATTENTION for m in result.models) else 0
 

@@ -200,6 +200,9 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
         if what:
             raise CompareError(f"{p}: it is {what}, not a regular file, so it is not read")
     held = {*files[0], *files[1]}
+    if wanted is not None and not wanted:      # --studies ',': not "nothing in common", which would blame the runs
+        raise BadArgument(f"the list of studies to compare names none; the studies they hold: "
+                          f"{', '.join(sorted(held)) or 'none'}")
     unknown = sorted(wanted - held) if wanted is not None else []
     if unknown:                    # a name neither run holds is a mistake, not "nothing to compare"
         raise BadArgument(f"no study named {', '.join(map(repr, unknown))} in either run; the studies they "
@@ -342,7 +345,7 @@ def verdict_changes(df) -> list[str]:
 
 def compare_command(args) -> int:
     """``python -m workbench compare``: exit 1 where the runs share no study, SystemExit 2 for a bad value."""
-    studies = [s.strip() for s in args.studies.split(",") if s.strip()] if args.studies else None
+    studies = [s.strip() for s in args.studies.split(",") if s.strip()] if args.studies is not None else None
     try:
         runs = [resolve_run(run, args.results) for run in (args.run_a, args.run_b)]     # named before pandas loads
         if args.csv:                                 # refused before the comparison, not after it

@@ -319,3 +319,8 @@ FAMILIES: tuple[str, ...] = tuple(families())
 # the presets that stand for the families in the studies' CPU and GPU defaults (`Family.study_presets`)
 TINY_PRESET_PER_FAMILY = [f.study_presets[0] for f in families().values() if f.study_presets[0]]
 REAL_PRESET_PER_FAMILY = [f.study_presets[1] for f in families().values() if f.study_presets[1]]
+# one real preset per family, the family's study preset else its first real one: the rows of the answer table
+ANSWER_PRESETS = [f.study_presets[1] or next((n for n, c in PRESETS.items() if c.family == name
+                                              and not n.startswith("tiny-")), None)
+                  for name, f in families().items()]
+ANSWER_PRESETS = [n for n in ANSWER_PRESETS if n is not None]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
 from . import engines
@@ -24,16 +25,12 @@ class EngineSourceError(ValueError):
 def _declaring_file(path: Path, rel: str) -> tuple[bytes, str | None]:
     """(the bytes of ``rel`` under ``path``, the version a wheel's name says or None)."""
     if path.is_file() and zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            names = {n for n in z.namelist() if n.endswith(rel)}
-            if not names:
-                raise EngineSourceError(f"--engine-source {path}: the wheel has no {rel}; give a wheel of the engine "
-                                        f"the policy names (pip download PKG==VERSION --no-deps)")
-            name = min(names, key=len)
-            if z.getinfo(name).file_size > MAX_CONFIG_BYTES:
-                raise EngineSourceError(f"--engine-source {path}: {name} is over {MAX_CONFIG_BYTES} bytes")
-            m = re.match(r"[A-Za-z_]+-([0-9][^-]*)-", path.name)
-            return z.read(name), m.group(1) if m else None
+        try:
+            return _from_wheel(path, rel)
+        except ZIP_ERRORS as e:      # a corrupt, encrypted or oddly compressed member: named, no traceback
+            raise EngineSourceError(f"--engine-source {path}: the wheel cannot be read ({type(e).__name__}: "
+                                    f"{str(e)[:200]}); download it again (pip download PKG==VERSION --no-deps)"
+                                    ) from None
     if not path.is_dir():
         raise EngineSourceError(f"--engine-source {path}: not a folder or a wheel; give the engine's source tree, "
                                 f"its installed package folder or a released wheel")
@@ -45,6 +42,24 @@ def _declaring_file(path: Path, rel: str) -> tuple[bytes, str | None]:
             return cand.read_bytes(), None
     raise EngineSourceError(f"--engine-source {path}: no {rel} under it (nor its last parts); is it the engine's "
                             f"tree or package folder?")
+
+
+# what reading a member of a damaged zip raises besides BadZipFile: a corrupt deflate stream (zlib.error), an
+# encrypted member (RuntimeError), a compression method zipfile lacks (NotImplementedError), a cut stream (EOFError)
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, RuntimeError, NotImplementedError, EOFError, OSError)
+
+
+def _from_wheel(path: Path, rel: str) -> tuple[bytes, str | None]:
+    with zipfile.ZipFile(path) as z:
+        names = {n for n in z.namelist() if n.endswith(rel)}
+        if not names:
+            raise EngineSourceError(f"--engine-source {path}: the wheel has no {rel}; give a wheel of the engine "
+                                    f"the policy names (pip download PKG==VERSION --no-deps)")
+        name = min(names, key=len)
+        if z.getinfo(name).file_size > MAX_CONFIG_BYTES:
+            raise EngineSourceError(f"--engine-source {path}: {name} is over {MAX_CONFIG_BYTES} bytes")
+        m = re.match(r"[A-Za-z_]+-([0-9][^-]*)-", path.name)
+        return z.read(name), m.group(1) if m else None
 
 
 def declared_names(source: bytes) -> set[str]:

@@ -108,6 +108,17 @@ class EnginePolicy:
     defer: bool = False              # greedy packing closes a pack early where an item alone outweighs it
     notes: tuple[str, ...] = field(default=())
 
+    def __post_init__(self) -> None:
+        """A policy made by hand (`dataclasses.replace`, or a new entry) names a rule and a packing the code
+        has, and a cap that is a budget: an unknown one would run as some other rule, silently."""
+        for what, value, valid in (("budget_rule", self.budget_rule, BUDGET_RULES),
+                                   ("packing", self.packing, PACKINGS)):
+            if value not in valid:
+                raise ValueError(f"engine policy {self.name!r}: {what}={value!r} is not one the runner has; "
+                                 f"valid: {', '.join(valid)}")
+        if self.default_cap is not None:    # no cap looked up: the entries are made as the module imports
+            limits.integer(self.default_cap, f"engine policy {self.name!r}: default_cap")
+
     def budgets(self, largest: int, smallest: int = 64, cap: int | None = None) -> list[int]:
         """The budgets this release captures for a model whose budget range is ``smallest`` ..
         ``largest`` merged tokens (vLLM: 64 for the Qwen towers; the largest is the scheduler's
@@ -137,7 +148,7 @@ class EnginePolicy:
         smallest budget (vLLM: a replay's every item needs one output token)."""
         b = Budgets.of(budgets)
         top = b[-1] if largest is None else limits.integer(largest, "largest", cap="budget_tokens")
-        return max(1, min(top // smallest, b[0]))
+        return max(1, min(top // limits.integer(smallest, "smallest", cap="budget_tokens"), b[0]))
 
     def describe(self) -> str:
         """One line: the rule, the packing, the buffers."""
@@ -201,6 +212,7 @@ def with_cap(engine, cap: int | None) -> EnginePolicy:
     policy = get(engine)
     if cap is None:
         return policy
+    cap = limits.integer(cap, "engine_cap", cap="budget_tokens")     # "4096", NaN, inf: named before any use
     if policy.options.cap is None:
         having = [n for n, p in ENGINES.items() if p.options.cap]
         raise ValueError(f"{policy.name} has no budget cap option (it captures up to the model's largest budget); "

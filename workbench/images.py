@@ -1,6 +1,7 @@
 """One image in, RGB uint8 out, as transformers' Qwen2-VL processor makes it: the checks made
 from an image's type, dtype and shape, the conversion to RGB, the PIL bicubic resize to
-`smart_resize`'s size, and `load_image` for image files."""
+`smart_resize`'s size (bilinear where the family's processor resamples so: Gemma-3), and
+`load_image` for image files."""
 from __future__ import annotations
 
 import math
@@ -222,13 +223,24 @@ def decoded_rgb(x: Image.Image, index: int, where: str) -> Image.Image:
     return _pil_rgb(_loaded_pil(x, index, where))
 
 
-def rgb_resized(x: Any, size: tuple[int, int], index: int, where: str) -> np.ndarray:
-    """One checked image or frame (`check_image`) -> HxWx3 uint8 at `size` (H, W), PIL bicubic;
-    ``index`` and ``where`` name it in an error."""
+# the processors' resampling filters by name (`Family.resample`)
+RESAMPLING = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+
+
+def rgb_resized(x: Any, size: tuple[int, int], index: int, where: str, resample: str = "bicubic",
+                crop: tuple[int, int, int, int] | None = None) -> np.ndarray:
+    """One checked image or frame (`check_image`) -> HxWx3 uint8 at `size` (H, W), PIL ``resample``
+    (a key of RESAMPLING; bicubic by default, Gemma-3's processor bilinear); ``crop`` (top, left,
+    bottom, right): that part of the RGB image only (Gemma-3's pan-and-scan crops). ``index`` and
+    ``where`` name it in an error."""
     h, w = size
+    filt = RESAMPLING[resample]
     if isinstance(x, Image.Image):
         rgb = decoded_rgb(x, index, where)
-        return np.asarray(rgb if rgb.size == (w, h) else rgb.resize((w, h), Image.Resampling.BICUBIC))
+        if crop is not None:
+            top, left, bottom, right = crop
+            rgb = rgb.crop((left, top, right, bottom))
+        return np.asarray(rgb if rgb.size == (w, h) else rgb.resize((w, h), filt))
     arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
     if arr.ndim == 2:
         arr = arr[:, :, None]
@@ -236,9 +248,12 @@ def rgb_resized(x: Any, size: tuple[int, int], index: int, where: str) -> np.nda
         arr = np.repeat(arr, 3, axis=2)
     elif arr.shape[2] == 4:
         arr = composite_on_white(arr)
+    if crop is not None:
+        top, left, bottom, right = crop
+        arr = arr[top:bottom, left:right]
     if arr.shape[:2] == (h, w):
         return arr
-    return np.asarray(Image.fromarray(np.ascontiguousarray(arr)).resize((w, h), Image.Resampling.BICUBIC))
+    return np.asarray(Image.fromarray(np.ascontiguousarray(arr)).resize((w, h), filt))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ pool limit it keeps, per state, the Pareto front of (cost, pool bytes of the bud
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -53,8 +54,15 @@ def _distribution(mix, cfg=None) -> tuple[np.ndarray, np.ndarray]:
     elif isinstance(mix, (bytes, bytearray)) or not hasattr(mix, "__iter__"):
         raise TypeError(f"mix must be a sequence of per-item merged-token counts, a mapping tokens -> weight "
                         f"or an image-mix name, got {type(mix).__name__}")
-    else:
-        items = list(mix.tolist() if isinstance(mix, np.ndarray) else mix)
+    else:       # counted before a list of them exists: range(1, 10**10) is a sequence too
+        if hasattr(mix, "__len__"):
+            limits.check("draws", len(mix), f"mix: {len(mix):,} per-item merged-token counts")
+            items = mix.tolist() if isinstance(mix, np.ndarray) else list(mix)
+        else:
+            cap = limits.current().draws
+            items = list(itertools.islice(mix, cap + 1))
+            limits.check("draws", len(items), f"mix: an iterable of more than {cap:,} per-item merged-token counts "
+                                              f"(counting stopped there)")
         pairs = [(t, 1.0) for t in items]
     if not pairs:
         raise ValueError("mix is empty: give at least one item (merged-token count)")

@@ -8,7 +8,8 @@ run on the device (`normalize=True` gives the legacy CPU-normalized float32 rows
 Layout of one item (image or video), with P = patch_size, T = temporal_patch_size, m = merge_size:
 
 * the item is resized (PIL bicubic, uint8 RGB) to `smart_resize(h, w, factor=P*m, ...)` (Pixtral's
-  processor: its longest-edge rule, `images.target_size`);
+  processor: its longest-edge rule, `images.target_size`; a family whose processor sizes its own
+  way: `Family.resize`, with its filter, `Family.resample`: Gemma-3's fixed 896 x 896, bilinear);
 * grid_thw = [t, gh, gw] with gh = H'/P, gw = W'/P, and t = 1 for an image, frames/T for a video;
 * rows are ordered (t, block_row, block_col, inner_row, inner_col) where a block is the m x m
   group of patches that the merger later fuses into one token ("merge-block-major");
@@ -130,7 +131,7 @@ def _items(inputs: Any) -> list[tuple[str, Any]]:
 # preprocess
 # ---------------------------------------------------------------------------------------------
 def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str = "pil",
-               threads: int | None = None, device: Any = None) -> PatchBatch:
+               threads: int | None = None, device: Any = None, pan_and_scan: bool = False) -> PatchBatch:
     """Images and/or videos -> `PatchBatch` in the transformers Qwen2-VL layout (module docstring).
 
     cfg: a VisionConfig or a preset name (as `build_encoder` takes).
@@ -160,6 +161,14 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
     (`Family.video_chunks`; Kimi-K2.5: chunks of 4 frames). Video frames all get the size the rule
     gives for the frame size (transformers' video processor differs: torchvision resize and its own
     size rule).
+
+    A family whose processor resamples otherwise says so (`Family.resample`; Gemma-3: bilinear, to
+    its fixed size).
+
+    pan_and_scan: Gemma-3's processor option (``do_pan_and_scan``, off by default there too): each
+    image that is wide or tall enough is followed by its crops (`Family.crops`), each cut from the RGB
+    image and resized as an image of its own, one item each (transformers' order: the image, then its
+    crops row by row). A ValueError for a family whose processor has no such option.
 
     Returns uint8 pixels, or with `normalize=True` float32 pixels equal to transformers' default
     (rescale + normalize) output. grid_thw is [1, gh, gw] per image and [T/2, gh, gw] per video.
@@ -194,6 +203,10 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
     backend = check_backend(backend)
     if threads is not None:
         threads = limits.within_cores(limits.integer(threads, "threads"), "threads")
+    if not isinstance(pan_and_scan, bool):
+        raise TypeError(f"pan_and_scan must be a bool, got {pan_and_scan!r}")
+    if pan_and_scan and cfg.spec.crops(cfg, 1, 1) is None:
+        raise ValueError(f"pan_and_scan=True: the {cfg.family} processor cuts no crops (Gemma-3's does)")
     if device is not None and backend != "cuda":
         raise ValueError(f"device={device!r} is for backend 'cuda' (the host backends run on the CPU); "
                          f"got backend {backend!r}")
@@ -204,9 +217,12 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
     plans = []
     for i, (kind, x) in enumerate(_items(images_or_videos)):
         what = f"{kind} {i}"
+        crops = [None]                  # the whole image, then pan-and-scan's crops
         if kind == "image":
             frames, (h, w) = [x], check_image(x, what)
             chunks = [frames]
+            if pan_and_scan:
+                crops += cfg.spec.crops(cfg, h, w)
         else:
             frames, h, w = _check_video(x, what)
             if len(frames) % tp:
@@ -214,25 +230,28 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
                     f"{what} has {len(frames)} frames, not a multiple of temporal_patch_size={tp} "
                     f"(an odd frame count); drop the last frame or repeat it to make it even")
             chunks = [frames[r.start:r.stop] for r in cfg.spec.video_chunks(cfg, len(frames))]
-        sizes = cfg.spec.resize(cfg, kind, h, w)
-        (th, tw), (ph, pw) = sizes if sizes is not None else (target_size(h, w, cfg),) * 2
-        for chunk in chunks:
-            grid = [1 if kind == "image" else len(chunk) // tp, ph // p, pw // p]
-            limits.check("item_rows", math.prod(grid), f"patch rows of {what} ({len(chunk)} frame(s) of {h}x{w} "
-                                                       f"resized to {th}x{tw}, grid t x h x w = {grid})")
-            plans.append((i, kind, chunk, ((th, tw), (ph, pw)), grid))
-    total = limits.check("batch_rows", sum(math.prod(g) for *_, g in plans),
+        for crop in crops:
+            ch, cw = (h, w) if crop is None else (crop[2] - crop[0], crop[3] - crop[1])
+            sizes = cfg.spec.resize(cfg, kind, ch, cw)
+            (th, tw), (ph, pw) = sizes if sizes is not None else (target_size(ch, cw, cfg),) * 2
+            for chunk in chunks:
+                grid = [1 if kind == "image" else len(chunk) // tp, ph // p, pw // p]
+                limits.check("item_rows", math.prod(grid), f"patch rows of {what} ({len(chunk)} frame(s) of "
+                                                           f"{ch}x{cw} resized to {th}x{tw}, grid t x h x w = {grid})")
+                plans.append((i, kind, chunk, ((th, tw), (ph, pw)), grid, crop))
+    total = limits.check("batch_rows", sum(math.prod(g) for *_, g, _ in plans),
                          f"patch rows of the batch ({len(plans)} items)")
-    starts = np.cumsum([0] + [math.prod(g) for *_, g in plans]).tolist()
-    grid_thw = torch.tensor([g for *_, g in plans], dtype=torch.int64)
+    starts = np.cumsum([0] + [math.prod(g) for *_, g, _ in plans]).tolist()
+    grid_thw = torch.tensor([g for *_, g, _ in plans], dtype=torch.int64)
+    resample = cfg.spec.resample
     if backend == "pil":
         pixels = np.empty((total, cfg.patch_dim), np.uint8)
 
         def one(k: int) -> None:
-            i, kind, frames, (size, padded), grid = plans[k]
+            i, kind, frames, (size, padded), grid, crop = plans[k]
             resized = (np.empty if size == padded else np.zeros)((len(frames), *padded, 3), np.uint8)
             for j, frame in enumerate(frames):
-                resized[j, :size[0], :size[1]] = rgb_resized(frame, size, i, _where(kind, j))
+                resized[j, :size[0], :size[1]] = rgb_resized(frame, size, i, _where(kind, j), resample, crop)
             patchify_array(resized, p, m, tp, pixels[starts[k]:starts[k + 1]])
 
         _each(one, len(plans), threads or 1)
@@ -240,13 +259,18 @@ def preprocess(images_or_videos: Any, cfg, normalize: bool = False, backend: str
         return PatchBatch(normalize_rows(rows, cfg) if normalize else rows, grid_thw)
     rows = torch.empty((total, cfg.patch_dim), dtype=torch.uint8, device=dev)
     with torch_threads(threads):
-        for k, (i, kind, frames, (size, padded), grid) in enumerate(plans):
-            item = frames_nchw([hwc_rgb(f, i, _where(kind, j)) for j, f in enumerate(frames)], dev)
-            item = resize(item, size, float_path=backend == "cuda")
+        for k, (i, kind, frames, (size, padded), grid, crop) in enumerate(plans):
+            item = frames_nchw([_cropped(hwc_rgb(f, i, _where(kind, j)), crop) for j, f in enumerate(frames)], dev)
+            item = resize(item, size, float_path=backend == "cuda", mode=resample)
             if size != padded:      # zeros at the bottom and right (Kimi-K2.5's processor)
                 item = torch.nn.functional.pad(item, (0, padded[1] - size[1], 0, padded[0] - size[0]))
             patchify(item, p, m, tp, rows[starts[k]:starts[k + 1]])
         return PatchBatch(normalize_tv(rows, cfg) if normalize else rows, grid_thw)
+
+
+def _cropped(frame: torch.Tensor, crop: tuple[int, int, int, int] | None) -> torch.Tensor:
+    """[H, W, 3] -> the (top, left, bottom, right) part of it (a view), or the frame (None)."""
+    return frame if crop is None else frame[crop[0]:crop[2], crop[1]:crop[3]]
 
 
 def _where(kind: str, j: int) -> str:

@@ -16,7 +16,7 @@ from .stages import finish_study
 from .studies import ParamError
 from .workers import execute_in_workers, one_gpu_warnings, worker_count
 
-DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda"}
+DEVICE_OF_PROFILE = {"cpu": "cpu", "gpu": "cuda", "gpu-full": "cuda"}
 UNTIMED_STUDY_S = 60.0     # the estimate of a study no committed run has timed
 
 
@@ -25,7 +25,7 @@ class SweepPlan:
     """What a new sweep runs, checked and resolved before any run folder exists."""
     studies: tuple                    # the selected study objects, in the order they run
     params: Mapping[str, dict]        # study name -> its resolved parameters (what meta.json records)
-    profile: str                      # "cpu" or "gpu"
+    profile: str                      # "cpu", "gpu" or "gpu-full"
     results: Path                     # the folder the run folder goes into
     name: str                         # the run folder's name suffix
     mode: str = "papermill"           # or "direct": the studies' run functions in this process
@@ -166,7 +166,7 @@ def predict(studies: list, params: Mapping[str, dict], results: Path,
     """{study: (predicted seconds, its cells, how)}: the newest timed run of the profile here or under reference/,
     scaled to these cells by tower FLOPs (`study_cells`); untimed: the study's guess or UNTIMED_STUDY_S. ``how``
     is "" for a run of these settings, else what the number rests on (a guess; a run of other settings)."""
-    found = list(timings([Path(results), Path(results) / "reference"], profile))   # each meta.json read once
+    found = list(timings([Path(results), Path(results) / "reference"], _timed_like(profile)))   # each meta.json once
     recorded, alone = newest_timings(found), timed_alone(found, studies)
     out = {}
     for s in studies:
@@ -196,9 +196,19 @@ def _other_settings(study, then: Mapping[str, Any], now: Mapping[str, Any]) -> s
                                                         for k in diff[:3]) + more)
 
 
+def _timed_like(profile: str) -> tuple[str, ...]:
+    """The profiles whose runs time a plan of ``profile``: gpu-full's cells are the gpu profile's and more, so a
+    gpu run scales to them where no gpu-full run is recorded."""
+    return (profile, "gpu") if profile == "gpu-full" else (profile,)
+
+
 def guessed_seconds(study, profile: str) -> tuple[float, dict] | None:
-    """(seconds, params) of the study's own guess for its defaults on ``profile`` (`Study.guess_s`), or None."""
-    guess = (study.guess_s or {}).get(profile)
+    """(seconds, params) of the study's own guess for its defaults on ``profile`` (`Study.guess_s`; gpu-full
+    without its own takes gpu's, with gpu's params, so the prediction says it rests on other settings), or None."""
+    guesses = study.guess_s or {}
+    if profile == "gpu-full" and profile not in guesses and "gpu" in guesses:
+        return float(guesses["gpu"]), study.resolve("gpu")
+    guess = guesses.get(profile)
     return None if guess is None else (float(guess), study.resolve(profile))
 
 
@@ -259,7 +269,7 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     if plan.shard is not None:
         index, count = check_shard(plan.shard)
         # balanced by committed runs only: every host of a job array sees the same ones
-        found = list(timings([Path(plan.results) / "reference"], plan.profile))
+        found = list(timings([Path(plan.results) / "reference"], _timed_like(plan.profile)))
         mine, params, cells = shard_plan(list(plan.studies), plan.params, index, count, newest_timings(found),
                                          timed_alone(found, list(plan.studies)))
         if not mine:

@@ -12,7 +12,8 @@ vLLM runs (``use_fast=True``). Its steps, per image, and what each is here:
   rounding. transformers makes a channels-first tensor of it; here the frames stay channels last
   in memory and are viewed channels first (`frames_nchw`): the resize gives the same values on
   either layout and is faster on this one;
-* the resize is torch's antialiased bicubic interpolation (``align_corners=False``). On the CPU
+* the resize is torch's antialiased bicubic interpolation (``align_corners=False``; bilinear for a
+  family whose processor resamples so, Gemma-3). On the CPU
   torchvision hands the uint8 image to torch's native uint8 kernel (fixed-point, close to PIL's);
   on any other device it computes in float32, clamps to 0..255 and rounds. The two differ by
   several levels on many values of a photo (README, "Preprocessing backends"), so the ``cuda``
@@ -68,14 +69,18 @@ def frames_nchw(frames: list[torch.Tensor], device) -> torch.Tensor:
     return x.to(device).permute(0, 3, 1, 2)
 
 
-def resize(images: torch.Tensor, size: tuple[int, int], float_path: bool | None = None) -> torch.Tensor:
-    """uint8 [B, 3, H, W] (any memory layout) -> uint8 [B, 3, *size], antialiased bicubic as torchvision resizes: the
-    native uint8 kernel on the CPU, float32 then clamp and round elsewhere; unchanged when the
-    size already matches. float_path=True takes the float32 path on the CPU too (the ``cuda``
-    backend emulated on a machine without a GPU); None: as torchvision chooses for the device."""
+def resize(images: torch.Tensor, size: tuple[int, int], float_path: bool | None = None,
+           mode: str = "bicubic") -> torch.Tensor:
+    """uint8 [B, 3, H, W] (any memory layout) -> uint8 [B, 3, *size], antialiased bicubic (or ``mode``
+    "bilinear": Gemma-3's processor) as torchvision resizes: the native uint8 kernel on the CPU, float32
+    then clamp and round elsewhere; unchanged when the size already matches. float_path=True takes the
+    float32 path on the CPU too (the ``cuda`` backend emulated on a machine without a GPU); None: as
+    torchvision chooses for the device."""
     if tuple(images.shape[-2:]) == tuple(size):
         return images
-    kw = dict(size=list(size), mode="bicubic", align_corners=False, antialias=True)
+    if mode not in ("bicubic", "bilinear"):
+        raise ValueError(f"unknown resize mode {mode!r}; valid: 'bicubic', 'bilinear'")
+    kw = dict(size=list(size), mode=mode, align_corners=False, antialias=True)
     if images.device.type == "cpu" and not float_path:
         return F.interpolate(images, **kw)
     out = F.interpolate(images.to(torch.float32), **kw)

@@ -31,9 +31,9 @@ def check_gpus(gpus: list[int] | tuple[int, ...] | None, profile: str) -> None:
     emulated = os.environ.get(EMULATE_GPUS_ENV)
     if emulated and not (emulated.isascii() and emulated.isdigit()):
         raise SystemExit(f"{EMULATE_GPUS_ENV}={emulated!r}: give a number of GPUs to pretend, e.g. 2")
-    if not emulated and profile != "gpu":
+    if not emulated and profile not in ("gpu", "gpu-full"):
         raise SystemExit(f"--gpus {','.join(map(str, gpus))}: the {profile} profile runs on the CPU; --gpus "
-                         f"needs the gpu profile on a CUDA host (--profile gpu)")
+                         f"needs a gpu profile on a CUDA host (--profile gpu or gpu-full)")
     if emulated:
         try:        # the GPUs of one host: as many as the ranks of one data-parallel launch at most
             cap = limits.current().world_size

@@ -54,6 +54,9 @@ class Family:
     # model captures too)
     vllm_placement: str = "tower"
     vllm_encoder_graphs: bool = False
+    # the processor's resampling filter ("bicubic", or "bilinear": Gemma-3), for the PIL resize and
+    # the torch one (`workbench.preprocess`)
+    resample: str = "bicubic"
 
     # ---- configuration -----------------------------------------------------------------------
     def validate(self, cfg) -> list[str]:
@@ -140,6 +143,12 @@ class Family:
     def resize(self, cfg, kind: str, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
         """((resized h, w), (padded h, w)) of an image or video frame ('image' or 'video'), where the
         family's processor sizes its own way; None: `images.target_size`, no padding (above the specs)."""
+        return None
+
+    def crops(self, cfg, height: int, width: int) -> list[tuple[int, int, int, int]] | None:
+        """The extra crops (top, left, bottom, right) the processor's pan-and-scan cuts from an image
+        of height x width, each an item of its own after the image (`preprocess(pan_and_scan=True)`);
+        None: the family's processor has no such option (every family but Gemma-3)."""
         return None
 
     def video_chunks(self, cfg, n_frames: int) -> list[range]:
@@ -255,6 +264,8 @@ VISION_KEYS = {
     "projection_layer_norm_eps": NUMBER,
     "text_config": OBJECT, "projector_hidden_act": STRING, "multimodal_projector_bias": BOOL,
     "vision_feature_layer": INTEGER,
+    # Gemma-3's SigLIP vision_config, and the top-level field of its config.json its projector reads
+    "layer_norm_eps": NUMBER, "vision_use_head": BOOL, "mm_tokens_per_image": POSITIVE,
 }
 
 

@@ -71,6 +71,19 @@ def slug(text, empty: str | None = None, what: str = "name") -> str:
     raise ValueError(f"{what} {text!r} has no usable characters")
 
 
+_TABLE_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def check_study_name(study) -> str:
+    """``study`` when it can name a study's file in a run folder (``<study>.parquet``): letters, digits, '_', '.'
+    and '-', starting with a letter or digit, at most 100 characters; ValueError naming it otherwise (a '/' or
+    '..' would write outside the folder, an empty name a hidden file)."""
+    if not isinstance(study, str) or not _TABLE_STEM.fullmatch(study):
+        raise ValueError(f"study name {study!r} cannot name a table in a run folder: give letters, digits, '_', "
+                         f"'.' or '-' (no '/', not starting with '.' or '-', at most 100), e.g. 'encoder_latency'")
+    return study
+
+
 class RunLock:
     """An exclusive flock on ``<run>/.lock`` while a process works in the folder. The system drops it
     when the holder exits, however it exits; the file names the holder's pid and host for people."""
@@ -165,7 +178,7 @@ class RunFolder:
     def write_table(self, study: str, table) -> Path:
         """The study's table checked and written atomically; an existing one is never replaced."""
         from .tables import write_study_table
-        return write_study_table(table, self.table(study))
+        return write_study_table(table, self.table(check_study_name(study)))
 
     def lock(self) -> RunLock:
         return RunLock(self.path)

@@ -293,16 +293,17 @@ def newest_rows(results: Path | str, study: str, column: str, value: str, where=
     return cpu or (None, None)
 
 
-def timings(folders: list[Path | str], profile: str, exclude: Path | None = None):
-    """(study, seconds, params) of every study timed by the runs of ``profile`` in ``folders``, the newest run (by
-    name: UTC time first) first; a run whose meta.json is unusable counts nothing."""
+def timings(folders: list[Path | str], profile: str | tuple[str, ...], exclude: Path | None = None):
+    """(study, seconds, params) of every study timed by the runs of ``profile`` (or of any of several) in
+    ``folders``, the newest run (by name: UTC time first) first; a run whose meta.json is unusable counts nothing."""
+    profiles = (profile,) if isinstance(profile, str) else tuple(profile)
     metas = (m for f in folders for m in Path(f).glob(f"*/{META_NAME}") if m.parent != exclude)
     for m in sorted(metas, key=lambda m: m.parent.name, reverse=True):
         try:
             meta = RunMeta.from_json(m)
         except MetaError:
             continue
-        if (meta.params or {}).get("profile") == profile:
+        if (meta.params or {}).get("profile") in profiles:
             for name, sec in (meta.study_seconds or {}).items():
                 yield name, float(sec), dict(meta.plan.get(name) or {})
 
@@ -402,15 +403,24 @@ def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
     ``params`` are recorded as the study's parameters, ``started`` (a datetime) as the run's start where this
     call writes its meta.json. An existing table is never replaced."""
     from ..provenance import iso_utc, results_root as default_root
-    from .folder import RunFolder
+    from .folder import RunFolder, check_study_name, run_in_use
     from .tables import check_table
 
+    check_study_name(study_name)        # a path in the name would write outside the run folder
     table = check_table(table, name=f"{study_name} table")
     if run_dir is None:
         root = Path(results_root) if results_root is not None else default_root()
         run, mode = RunFolder.create(root, name=f"{study_name}-interactive"), "interactive"
     else:
         run, mode = RunFolder(Path(run_dir)), "notebook"
+        # read before anything is written: an unusable record refuses the folder, a finished one is evidence
+        meta = run.meta() if (run.path / META_NAME).exists() else None
+        if meta is not None and meta.finished_at and (meta.params or {}).get("mode") != "notebook" \
+                and not run_in_use(run.path):
+            raise FileExistsError(f"{run.path} is a finished run (finished at {meta.finished_at}, mode "
+                                  f"{(meta.params or {}).get('mode')!r}); a finished run's folder is a record and "
+                                  f"takes no new table: save into a new run folder (run_dir=None), or finish the "
+                                  f"run with python -m workbench sweep --resume {run.path.name} --resume-finished")
         run.path.mkdir(parents=True, exist_ok=True)
     path = run.write_table(study_name, table)
     recorded = {study_name: dict(params or {})}

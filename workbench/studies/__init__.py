@@ -30,9 +30,9 @@ from typing import Any, Callable, Mapping
 
 from ..registry import register_once
 
-from .params import PROFILES, Param, ParamError, ParamSpec
+from .params import GPU_PROFILES, PROFILES, Param, ParamError, ParamSpec
 
-__all__ = ["PROFILES", "Param", "ParamError", "ParamSpec", "Study", "Summarizer", "Summary", "STUDIES", "register",
+__all__ = ["GPU_PROFILES", "PROFILES", "Param", "ParamError", "ParamSpec", "Study", "Summarizer", "Summary", "STUDIES", "register",
            "discover", "preset_parts", "default_profile", "profile_of", "RunSetup", "begin_run", "notebook_params", "run_and_save", "save_table", "TableError",
            "check_table", "load_table", "tidy", "wide", "write_study_table"]
 

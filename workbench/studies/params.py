@@ -25,7 +25,10 @@ from typing import Any, Callable, Iterable, Mapping
 from .. import limits
 from ..checkpoints import CheckpointError, is_model_folder, resolve_config   # torch-free at import
 
-PROFILES = ("cpu", "gpu")
+# cpu: tiny towers, a smoke test of everything; gpu: the decision set (the cells the answer table and the advice
+# read, one realistic batch of each kind); gpu-full: every cell a GPU study has (the full grids, the long streams)
+PROFILES = ("cpu", "gpu", "gpu-full")
+GPU_PROFILES = ("gpu", "gpu-full")
 KINDS = ("int", "float", "str", "bool", "list[int]", "list[float]", "list[str]")
 _SAME = object()      # gpu default: the same as the cpu default
 
@@ -102,7 +105,8 @@ def _model_folder(name: str, value: str) -> str:
 class Param:
     """One study parameter.
 
-    kind: one of KINDS; cpu / gpu: the defaults of the two profiles (gpu defaults to cpu's);
+    kind: one of KINDS; cpu / gpu / gpu_full: the defaults of the profiles (gpu defaults to cpu's, gpu_full to
+    gpu's: a parameter the decision set narrows keeps its full value in gpu_full);
     choices: the allowed values (of each element, for a list); optional: None is allowed (and
     means "the study's own choice", e.g. the preset's depth); minimum: the smallest allowed number;
     cap: the name of the `workbench.limits` cap on each number (a size knob without one could ask
@@ -118,6 +122,7 @@ class Param:
     kind: str
     cpu: Any
     gpu: Any = _SAME
+    gpu_full: Any = _SAME
     choices: tuple | None = None
     optional: bool = False
     minimum: float | None = None
@@ -141,7 +146,10 @@ class Param:
                 self.check(self.default(profile))
 
     def default(self, profile: str) -> Any:
-        value = self.cpu if profile == "cpu" or self.gpu is _SAME else self.gpu
+        if profile == "gpu-full" and self.gpu_full is not _SAME:
+            value = self.gpu_full
+        else:
+            value = self.cpu if profile == "cpu" or self.gpu is _SAME else self.gpu
         return list(value) if isinstance(value, (list, tuple)) else value
 
     @property
@@ -307,8 +315,9 @@ class ParamSpec:
         width = max(len(f"{p.name} = {p.literal()}") for p in self)
         for p in self:
             text = f"{p.name} = {p.literal()}"
-            gpu = p.literal("gpu")
-            note = p.help + (f" [gpu: {gpu}]" if gpu != p.literal() else "")
+            gpu, full = p.literal("gpu"), p.literal("gpu-full")
+            note = p.help + (f" [gpu: {gpu}]" if gpu != p.literal() else "") + \
+                (f" [gpu-full: {full}]" if full != gpu else "")
             lines.append(f"{text:<{width}}  # {note}" if note else text)
         lines.append('device = "auto"    # "auto" | "cpu" | "cuda"')
         lines.append("run_dir = None     # None: a new run folder under the project's results/")
@@ -319,10 +328,10 @@ class ParamSpec:
         out = []
         for p in self:
             extra = f" choices: {', '.join(map(str, p.choices))};" if p.choices else ""
-            gpu = p.literal("gpu")
+            gpu, full = p.literal("gpu"), p.literal("gpu-full")
             out.append(f"{indent}{p.name} ({p.kind}{', optional' if p.optional else ''}):{extra} "
                        f"cpu {p.literal()}" + (f", gpu {gpu}" if gpu != p.literal() else "")
-                       + (f". {p.help}" if p.help else ""))
+                       + (f", gpu-full {full}" if full != gpu else "") + (f". {p.help}" if p.help else ""))
         return "\n".join(out)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...engines import ENGINES, NEWEST, with_cap
-from ...config import PRESET_NAMES, PRESETS, REAL_PRESET_PER_FAMILY
+from ...config import ANSWER_PRESETS, PRESET_NAMES, PRESETS, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY
 from ...checkpoints import resolve_config
 from ...vocabulary import REAL_NORMS
 from ...vocabulary import GEMM_CHOICES, PHASES
@@ -15,7 +15,10 @@ from ...samples import MIX_NAMES, check_image_folder, with_folder
 from ..footprint import Footprint, itemsize, largest, tower_bytes
 from ..params import Param, ParamSpec, ascending_unique
 
-REAL_PRESETS = tuple(n for n in PRESET_NAMES if not n.startswith("tiny-"))
+# the families the defaults time: those with a studies preset (`Family.study_presets`); a family with none
+# (Gemma-3, until its placements are in the correctness matrix) is timed only when named (--set presets=...)
+STUDIED = frozenset(PRESETS[n].family for n in TINY_PRESET_PER_FAMILY + REAL_PRESET_PER_FAMILY)
+REAL_PRESETS = tuple(n for n in PRESET_NAMES if not n.startswith("tiny-") and PRESETS[n].family in STUDIED)
 # what a merger-only difference changes: presets that differ in nothing else run the same blocks
 MERGER_FIELDS = ("name", "out_hidden", "merger_hidden", "checkpoint")
 
@@ -38,7 +41,7 @@ def distinct_towers() -> tuple[str, ...]:
     return tuple(n for n in REAL_PRESETS if n in chosen.values())
 
 
-TINY_PRESETS = tuple(n for n in PRESET_NAMES if n.startswith("tiny-"))
+TINY_PRESETS = tuple(n for n in PRESET_NAMES if n.startswith("tiny-") and PRESETS[n].family in STUDIED)
 
 
 LATENCY_PATHS = ("eager", "graph", "transformers")
@@ -57,14 +60,16 @@ def _divisible(p: dict) -> None:
 # calls, and the realistic batches: minutes per tower on one GPU (each reference run's meta.json
 # records its study_seconds); the table's build_s, capture_s and cell_s say where they went.
 PARAMS = ParamSpec(
-    Param("presets", "list[str]", cpu=list(TINY_PRESETS), gpu=list(distinct_towers()),
-          choices=PRESET_NAMES, model_folders=True,
-          help="towers to time (gpu default: one preset per distinct tower; presets that differ only in the "
-               "merger's widths, such as qwen2.5-vl-3b/7b/72b, time alike but for the merger)"),
+    Param("presets", "list[str]", cpu=list(TINY_PRESETS),
+          gpu=[n for n in ANSWER_PRESETS if PRESETS[n].family in STUDIED],
+          gpu_full=list(distinct_towers()), choices=PRESET_NAMES, model_folders=True,
+          help="towers to time (gpu default: the answer table's preset of each family; gpu-full: one preset per "
+               "distinct tower; presets that differ only in the merger's widths time alike but for the merger)"),
     Param("depth", "int", cap="depth", cpu=None, optional=True, minimum=1, help="blocks per tower (None: the preset's depth)"),
-    Param("tokens", "list[int]", cap="budget_tokens", cpu=[64, 256], gpu=[64, 256, 1024, 4096], minimum=1, rule=ascending_unique,
+    Param("tokens", "list[int]", cap="budget_tokens", cpu=[64, 256], gpu=[256, 4096], gpu_full=[64, 256, 1024, 4096],
+          minimum=1, rule=ascending_unique,
           help="merged tokens per call (4 pixel rows each); the graph budget is exactly this"),
-    Param("images", "list[int]", cap="items", cpu=[1, 4], minimum=1, rule=ascending_unique,
+    Param("images", "list[int]", cap="items", cpu=[1, 4], gpu=[1], gpu_full=[1, 4], minimum=1, rule=ascending_unique,
           help="images per call, tokens / images merged tokens each"),
     Param("dtype", "str", cpu="float32", gpu="bfloat16", choices=("float32", "bfloat16"), help="tower dtype"),
     Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
@@ -75,20 +80,21 @@ PARAMS = ParamSpec(
           help="the SwiGLU MLPs' gate/up kernel: cublas, quack (quack-kernels' gated GEMM, Hopper, with fused "
                "kernels; towers without SwiGLU MLPs refuse it) or auto (quack where it runs, else cublas; the GPU "
                "profile's default, on the measurements README.md's quack paragraph cites)"),
-    Param("breakdown", "bool", cpu=False, gpu=True, help="profile one tower forward per cell: device time by kernel category"),
+    Param("breakdown", "bool", cpu=False, gpu=False, gpu_full=True, help="profile one tower forward per cell: device time by kernel category"),
     Param("reference", "bool", cpu=True, help="also time transformers' vision model with the same weights"),
     Param("reps", "int", cap="reps", cpu=5, gpu=10, minimum=1,
           help="most timed calls per path and cell (until the median is known within 2%, from min_reps)"),
     Param("min_reps", "int", cap="reps", cpu=5, gpu=6, minimum=1,
           help="fewest timed calls per path and cell, at most reps (6 and more give a 95% interval of the median)"),
-    Param("warmup", "int", cap="reps", cpu=1, gpu=2, minimum=0, help="untimed calls before them (after the check call)"),
+    Param("warmup", "int", cap="reps", cpu=1, gpu=1, gpu_full=2, minimum=0,
+          help="untimed calls before them (after the check call)"),
     Param("mixes", "list[str]", cpu=["photos"], gpu=["screenshots", "documents", "phone_photos", "charts", "video_clips"],
           choices=MIX_NAMES, empty_ok=True, help="image mixes for the realistic-batch cells ([] for none)"),
     Param("image_folder", "str", cpu=None, optional=True, rule=check_image_folder,
           help="absolute path of a folder of your own images: one more mix for those cells (None: none)"),
-    Param("mix_items", "list[int]", cap="items", cpu=[2], gpu=[1, 4], minimum=1, rule=ascending_unique,
+    Param("mix_items", "list[int]", cap="items", cpu=[2], gpu=[4], gpu_full=[1, 4], minimum=1, rule=ascending_unique,
           help="items per realistic batch, drawn from each mix"),
-    Param("fresh", "int", cap="reps", cpu=1, gpu=6, minimum=0,
+    Param("fresh", "int", cap="reps", cpu=1, gpu=2, gpu_full=6, minimum=0,
           help="batches of shapes no call has seen, per mix and item count, each strategy timed once on each "
                "(what a server meets; the verdict reads the median batch; 0 for none)"),
     Param("engine_max_budget", "int", cap="budget_tokens", cpu=512, gpu=16384, minimum=64,
