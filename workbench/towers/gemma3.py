@@ -26,7 +26,7 @@ Names: the layers are the shared ones (`patch_embed`, `blocks.N.norm1` / `attn.q
 `multi_modal_projector`; the state dict speaks the checkpoint's names
 (`vision_tower.embeddings.patch_embedding`, `vision_tower.encoder.layers.N.self_attn.q_proj` ...,
 `vision_tower.post_layernorm`, `multi_modal_projector.*`), translated both ways by state-dict hooks
-(`checkpoint_entries`): the fused qkv weight [3w, w] and bias [3w] appear as the views q_proj / k_proj /
+(`checkpoint_names.CheckpointNames`): the fused qkv weight [3w, w] and bias [3w] appear as the views q_proj / k_proj /
 v_proj (writing into them writes the fused tensors, which `load_hf_state_dict` does), and torch's own
 `load_state_dict` concatenates them back.
 
@@ -35,7 +35,6 @@ Presets, checks and sizes: the family's spec, `workbench.families.gemma3`.
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +42,7 @@ from torch import nn
 
 from ..attention import varlen_attention
 from ..config import VisionConfig
+from .checkpoint_names import CheckpointNames
 from .common import VisionTower
 from .layers import VisionAttention, add_norm
 from .metadata import TowerMetadata, merge_block_positions
@@ -60,39 +60,8 @@ CHECKPOINT_NAMES = (
     (r"^blocks\.(\d+)\.mlp\.", _LAYER + "mlp."),
     (r"^post_layernorm\.", "vision_tower.post_layernorm."),
 )
-_QKV = re.compile(r"^(.*\.self_attn\.)qkv\.(weight|bias)$")
-
-
-def checkpoint_entries(key: str, value: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """The checkpoint's (name, tensor) entries of the tower's tensor ``key``: renamed, and the fused
-    qkv weight and bias as their three row blocks (views)."""
-    for pattern, name in CHECKPOINT_NAMES:
-        if re.match(pattern, key):
-            key = re.sub(pattern, name, key)
-            break
-    qkv = _QKV.match(key)
-    if qkv:
-        return [(f"{qkv[1]}{p}_proj.{qkv[2]}", part) for p, part in zip("qkv", value.chunk(3))]
-    return [(key, value)]
-
-
-def _to_checkpoint(module, state_dict, prefix, local_metadata) -> None:
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + "input_norm.")]:
-        value = state_dict.pop(key)
-        for name, part in checkpoint_entries(key[len(prefix):], value):
-            state_dict[prefix + name] = part
-
-
-def _from_checkpoint(module, state_dict, prefix, *args) -> None:
-    """torch's load_state_dict with the checkpoint's names: each entry back to the tower's key (q, k
-    and v concatenated into qkv)."""
-    parts: dict[str, dict[int, torch.Tensor]] = {}
-    for own, p in module.named_parameters():
-        for i, (name, _) in enumerate(checkpoint_entries(own, p)):
-            if prefix + name in state_dict:
-                parts.setdefault(own, {})[i] = state_dict.pop(prefix + name)
-    for own, got in parts.items():
-        state_dict[prefix + own] = got[0] if len(got) == 1 else torch.cat([got[i] for i in sorted(got)])
+# the tower's state dict in these names, a fused qkv as its q / k / v projections
+NAMES = CheckpointNames(CHECKPOINT_NAMES, r"^(.*\.self_attn\.)qkv\.(weight|bias)$")
 
 
 def no_rotary(cfg: VisionConfig, dtype=torch.float32) -> torch.Tensor:
@@ -173,8 +142,7 @@ class Gemma3VisionTower(VisionTower):
         self.blocks = nn.ModuleList(SiglipBlock(cfg) for _ in range(cfg.depth))
         self.post_layernorm = nn.LayerNorm(cfg.width, eps=cfg.eps)
         self.multi_modal_projector = Gemma3Projector(cfg)
-        self.register_state_dict_post_hook(_to_checkpoint)
-        self.register_load_state_dict_pre_hook(_from_checkpoint)
+        NAMES.install(self)
 
     def _prepare_family(self, meta, grid, n_window_segments, max_window_seqlen) -> TowerMetadata:
         meta.pos_index = patch_positions(grid, self.cfg.merge_size, self.table_side, meta.n_rows)

@@ -20,7 +20,7 @@ grid-dependent tables are the rotary's cos/sin and cu_seqlens: host metadata
 Names: the layers are the shared ones (`patch_embed`, `blocks.N.norm1` / `attn.qkv` / `attn.proj` /
 `norm2` / `mlp`, `merger`); the state dict speaks the checkpoint's names
 (`vision_tower.patch_conv`, `vision_tower.transformer.layers.N.attention.q_proj` ...,
-`multi_modal_projector.*`), translated both ways by state-dict hooks (`checkpoint_entries`): the
+`multi_modal_projector.*`), translated both ways by state-dict hooks (`checkpoint_names.CheckpointNames`): the
 fused qkv weight [3w, w] appears as the views q_proj / k_proj / v_proj [w, w] (writing into them
 writes the fused weight, which `load_hf_state_dict` does), and torch's own `load_state_dict`
 concatenates them back.
@@ -29,13 +29,13 @@ Presets, checks and sizes: the family's spec, `workbench.families.pixtral`.
 """
 from __future__ import annotations
 
-import re
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import VisionConfig
+from .checkpoint_names import CheckpointNames
 from .common import VisionTower
 from .glm4v import Glm4vBlock
 from .layers import RMSNorm, add_norm
@@ -53,39 +53,8 @@ CHECKPOINT_NAMES = (
     (r"^blocks\.(\d+)\.mlp\.", _LAYER + "feed_forward."),
     (r"^merger\.", "multi_modal_projector."),
 )
-_QKV = re.compile(r"^(.*\.attention\.)qkv\.weight$")
-
-
-def checkpoint_entries(key: str, value: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """The checkpoint's (name, tensor) entries of the tower's tensor ``key``: renamed, and the
-    fused qkv weight as its three [w, w] row blocks (views)."""
-    for pattern, name in CHECKPOINT_NAMES:
-        if re.match(pattern, key):
-            key = re.sub(pattern, name, key)
-            break
-    qkv = _QKV.match(key)
-    if qkv:
-        return [(f"{qkv[1]}{p}_proj.weight", part) for p, part in zip("qkv", value.chunk(3))]
-    return [(key, value)]
-
-
-def _to_checkpoint(module, state_dict, prefix, local_metadata) -> None:
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + "input_norm.")]:
-        value = state_dict.pop(key)
-        for name, part in checkpoint_entries(key[len(prefix):], value):
-            state_dict[prefix + name] = part
-
-
-def _from_checkpoint(module, state_dict, prefix, *args) -> None:
-    """torch's load_state_dict with the checkpoint's names: each entry back to the tower's key
-    (q, k and v concatenated into qkv)."""
-    parts: dict[str, dict[int, torch.Tensor]] = {}
-    for own, p in module.named_parameters():
-        for i, (name, _) in enumerate(checkpoint_entries(own, p)):
-            if prefix + name in state_dict:
-                parts.setdefault(own, {})[i] = state_dict.pop(prefix + name)
-    for own, got in parts.items():
-        state_dict[prefix + own] = got[0] if len(got) == 1 else torch.cat([got[i] for i in sorted(got)])
+# the tower's state dict in these names, a fused qkv as its q / k / v projections
+NAMES = CheckpointNames(CHECKPOINT_NAMES, r"^(.*\.attention\.)qkv\.(weight)$")
 
 
 def pixtral_inv_freq(cfg: VisionConfig, dtype=torch.float32) -> torch.Tensor:
@@ -134,8 +103,7 @@ class PixtralVisionTower(VisionTower):
         self.ln_pre = RMSNorm(cfg.width, cfg.eps)
         self.blocks = nn.ModuleList(Glm4vBlock(cfg, self.gemm_align) for _ in range(cfg.depth))
         self.merger = Mistral3Projector(cfg)
-        self.register_state_dict_post_hook(_to_checkpoint)
-        self.register_load_state_dict_pre_hook(_from_checkpoint)
+        NAMES.install(self)
 
     def forward_prepared(self, pixels: torch.Tensor, meta: TowerMetadata) -> torch.Tensor:
         """pixels [n_rows, patch_dim] -> merged embeddings [n_rows/4, out_hidden], fixed shapes only."""
