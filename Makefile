@@ -34,6 +34,7 @@ WHEELS_DIR := .whl
 WHEEL_LIST := tools/gpu-wheels.txt
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.workbench-setup.stamp
+MAKE_START := $(shell date +%s)
 
 .PHONY: help setup test report sweep lab wheels clean distclean
 
@@ -92,7 +93,10 @@ $(STAMP): pyproject.toml
 test: setup ## run the test suite: the fast set; FULL=1 adds the slow tests, as CI does (PYTEST_ARGS="...")
 	"$(VPY)" -m pytest -q $(if $(filter 1,$(FULL)),,-m "not slow") $(PYTEST_ARGS)
 
+# The set-up is what ran from make's start to this recipe; the report's last line says where the page is and what
+# each stage took (set-up, sweep, page).
 report: setup ## the main job: reuse this commit's newest finished default sweep (or run one), then build results/report/index.html
+	@export WORKBENCH_SETUP_SECONDS=$$(( $$(date +%s) - $(MAKE_START) ))
 	"$(VPY)" -m workbench report $(REPORT_ARGS)
 
 sweep: setup ## run the studies' notebooks into a new results/<run>/ folder (pass SWEEP_ARGS="...")
@@ -116,11 +120,11 @@ wheels: ## download the offline bundle $(WHEELS_DIR)/ (Python 3.12, manylinux x8
 	echo "wheels: on the GPU host, run:"
 	echo "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(WHEELS_DIR)/*.whl && export PYTHONPATH=/tmp/site JUPYTER_PATH=/tmp/site/share/jupyter"
 
-clean: ## remove caches, build artefacts and results/report/ (never deletes finished run folders under results/)
+clean: ## remove caches (the report's drawings too), build artefacts and results/report/ (never deletes finished run folders under results/)
 	find . -path "./$(VENV)" -prune -o -path ./.git -prune -o \
 	  \( -name __pycache__ -o -name .pytest_cache -o -name .ipynb_checkpoints -o -name '*.egg-info' \) \
 	  -type d -print0 | xargs -0 rm -rf
-	rm -rf build dist results/report
+	rm -rf build dist results/report results/.cache
 
 distclean: clean ## clean, and also remove $(VENV) (run folders under results/ and $(WHEELS_DIR)/ are kept)
 	rm -rf "$(VENV)"

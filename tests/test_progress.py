@@ -6,7 +6,8 @@ import os
 import time
 
 from workbench import report as rep
-from workbench.stages import console_progress, time_left
+from workbench.progress import time_left
+from workbench.stages import console_progress
 from workbench.studies.plotting import PROGRESS_FILE_ENV, progress
 
 from test_report_safety import STUDIES, long_table, make_run   # the report tests' stubs

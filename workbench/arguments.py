@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=_given("a folder", Path), metavar="DIR",
                    help="where to write the report (default: <results>/report)")
     p.add_argument("--no-sweep", action="store_true", help="only rebuild the report from the run folders already there")
+    p.add_argument("--no-cache", action="store_true",
+                   help="draw every figure again: neither read nor keep <results>/.cache/report/, where the report "
+                        "keeps what it drew, reused while the runs' tables and the code are unchanged")
     p.add_argument("--fresh", action="store_true",
                    help="sweep again even when a finished default sweep of this commit exists (by default the "
                         "report reuses it, and resumes an interrupted one)")

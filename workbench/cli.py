@@ -193,7 +193,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             sweep = f"sweep {time.monotonic() - t0:.0f} s"
     t1 = time.monotonic()
     try:
-        result = build_report(args.results, args.out, log=lambda line: print(line, flush=True))
+        result = build_report(args.results, args.out, log=lambda line: print(line, flush=True),
+                              cache=not args.no_cache)
     except ReportError as e:
         raise SystemExit(f"report: {e}") from None
     if result.no_study and args.no_sweep:

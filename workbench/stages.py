@@ -14,6 +14,7 @@ from typing import Any
 
 from .files import atomic_write_text
 from .notebook_path import export_html, run_notebook
+from .progress import time_left
 from .results import FIGURES_DIR, RunFolder, figures_marker
 
 
@@ -72,14 +73,6 @@ def console_progress(name: str):
             os.environ[PROGRESS_FILE_ENV] = old
         for p in (path, Path(f"{path}.tmp")):
             p.unlink(missing_ok=True)
-
-
-def time_left(done: int, total: int | None, t0: float, done0: int, now: float) -> str:
-    """", about N s left" (or min) at the pace since ``done0`` at ``t0``; "" until it moves, without total, done."""
-    if not total or done >= total or done <= done0 or now <= t0:
-        return ""
-    left = (now - t0) / (done - done0) * (total - done)
-    return f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
 
 
 def finish_study(study: Any, params: dict, device: str, run_dir: Path, direct: bool, kernel: str) -> list[str]:

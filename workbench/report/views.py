@@ -161,37 +161,80 @@ class Csvs:
         return name
 
 
-def _summarize_view(study: Any, view: View, rows, fig_dir: Path, out_dir: Path,
-                    by_run: Mapping[str, Run], csvs: Csvs) -> None:
-    """The study's summarize on the view's rows; each figure captioned: what it shows, device, run, start."""
+@dataclass
+class Drawn:
+    """What a study's summarize gave for one view, from the process that drew it or from the cache: its Summary
+    (figures relative to the view's folder where they lie in it) and the files it wrote there, or its traceback."""
+    summary: Any = None
+    files: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether the entry holds all it drew: no failure, every figure in the view's folder."""
+        return self.error is None and all(isinstance(f, str) and not f.startswith("/") and ".." not in f.split("/")
+                                          for f in self.summary.figures)
+
+
+def draw_view(study: Any, rows, fig_dir: Path) -> Drawn:
+    """The study's summarize on a view's rows, its figures saved in ``fig_dir``: the only part of a section that
+    draws (what a forked process does, what the cache keeps)."""
     from ..studies import Summary
+    from .cache import files_under
 
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    result = study.summarize(rows.reset_index(drop=True), fig_dir)
-    result = Summary(text=result) if isinstance(result, str) else result
-    view.text = result.text
-    view.tables = [(caption, df, csvs.write(df, study.name, view.device, view.kind, caption))
-                   for caption, df in result.tables]
-    view.figures, view.svgs = _figures_in(result.figures, fig_dir, out_dir)
-    view.groups = {f: result.groups[Path(f).name] for f in view.figures if Path(f).name in result.groups}
-    for f in view.figures:
-        what, run = _figure_runs(f, study.name, view.runs)
-        shows = result.captions.get(Path(f).name)         # what the study says it shows
-        title = shows.rstrip(". ") if shows else f"{study.name}{': ' + what if what else ''}"
-        if run is None:
-            view.captions[f] = f"{title}, {view.device}, from {runs_words(view.runs)}."
-            continue
-        r = by_run[run]
-        when = f", started {r.started[:16].replace('T', ' ')} UTC" if r.started else ""
-        ref = ", reference run" if r.reference else ""
-        cpu = " CPU smoke test: timings here are not measurements." if is_cpu(view.device) else ""
-        view.captions[f] = f"{title}, {view.device}, run {run}{when}{ref}.{cpu}"
+    try:
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        before = files_under(fig_dir)
+        result = study.summarize(rows.reset_index(drop=True), fig_dir)
+        result = Summary(text=result) if isinstance(result, str) else result
+        figures = []
+        for f in result.figures:
+            f = Path(f)
+            if f.is_absolute() and fig_dir in f.parents:
+                f = f.relative_to(fig_dir)
+            figures.append(f.as_posix())
+        summary = Summary(text=result.text, figures=figures, tables=list(result.tables),
+                          captions=dict(getattr(result, "captions", {})), groups=dict(getattr(result, "groups", {})))
+        return Drawn(summary=summary, files=sorted(files_under(fig_dir) - before))
+    except Exception:  # noqa: BLE001 - one view failing leaves the others
+        return Drawn(error=traceback.format_exc())
 
 
-def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: Csvs) -> Comparison | None:
-    """The newest run on ``device`` against the newest earlier run sharing a value with it, or None. A parameter
-    column one of the two lacks is named in the line, the column saying which run has it (compare.column_lines);
-    two runs too unlike to match are skipped, as one sharing nothing is."""
+def _apply_drawn(study: Any, view: View, drawn: Drawn, fig_dir: Path, out_dir: Path,
+                 by_run: Mapping[str, Run], csvs: Csvs) -> None:
+    """A view filled from what its summarize gave: its tables' CSVs written, each figure captioned (what it shows,
+    device, run, start)."""
+    if drawn.error:
+        view.error = drawn.error
+        return
+    try:
+        result = drawn.summary
+        view.text = result.text
+        view.tables = [(caption, df, csvs.write(df, study.name, view.device, view.kind, caption))
+                       for caption, df in result.tables]
+        view.figures, view.svgs = _figures_in(result.figures, fig_dir, out_dir)
+        view.groups = {f: result.groups[Path(f).name] for f in view.figures if Path(f).name in result.groups}
+        for f in view.figures:
+            what, run = _figure_runs(f, study.name, view.runs)
+            shows = result.captions.get(Path(f).name)         # what the study says it shows
+            title = shows.rstrip(". ") if shows else f"{study.name}{': ' + what if what else ''}"
+            if run is None:
+                view.captions[f] = f"{title}, {view.device}, from {runs_words(view.runs)}."
+                continue
+            r = by_run[run]
+            when = f", started {r.started[:16].replace('T', ' ')} UTC" if r.started else ""
+            ref = ", reference run" if r.reference else ""
+            cpu = " CPU smoke test: timings here are not measurements." if is_cpu(view.device) else ""
+            view.captions[f] = f"{title}, {view.device}, run {run}{when}{ref}.{cpu}"
+    except Exception:  # noqa: BLE001 - one view failing leaves the others
+        view.error = traceback.format_exc()
+
+
+def _compare(study: str, device: str, g, starts: Mapping[str, str]):
+    """(the newest run on ``device`` against the newest earlier run sharing a value with it, every compared value)
+    or None; the caller writes the values' CSV. A parameter column one of the two lacks is named in the line, the
+    column saying which run has it (compare.column_lines); two runs too unlike to match are skipped, as one sharing
+    nothing is."""
     from ..compare import CompareError, column_lines, compare_tables, summary_line
 
     newer, *order = _runs_newest_first(g, starts)
@@ -209,34 +252,47 @@ def _comparison(study: str, device: str, g, starts: Mapping[str, str], csvs: Csv
     cmp = cmp.rename(columns={"a": older, "b": newer})
     flagged = cmp[cmp["flag"] != ""]
     c = Comparison(device=device, newer=newer, older=older, line=f"{newer} against {older}: {summary_line(cmp)}."
-                   + "".join(f" {line[:1].upper() + line[1:]}." for line in differ),
-                   flagged=len(flagged), csv=csvs.write(cmp, "compare", study, device))
+                   + "".join(f" {line[:1].upper() + line[1:]}." for line in differ), flagged=len(flagged))
     if len(flagged):
         show = flagged.drop(columns=["study"]).head(COMPARE_ROWS)
         c.table = show[[col for col in show.columns if not show[col].astype(str).isin(["", "-"]).all()]]
-    return c
+    return c, cmp
 
 
-def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[str, str], Any],
-              problems: list[TableProblem], devices: set[str], csvs: Csvs,
-              errata: Mapping[str, Mapping[str, str]]) -> StudySection:
-    """A study's section: per device a view of its newest run(s) and one of its older runs, and a comparison."""
+@dataclass
+class SectionPlan:
+    """A study's section before anything is drawn: its views in page order, each with the rows its summarize gets
+    and the folder its figures go to (`draw_view`), and what `section_extras` compares."""
+    study: Any
+    section: StudySection
+    table: Any = None                 # None: the section's text says why there is nothing to draw
+    starts: dict[str, str] = field(default_factory=dict)
+    by_run: dict[str, Run] = field(default_factory=dict)
+    newest: Any = None                # mask of the table's newest rows per device (and family)
+    order: list[str] = field(default_factory=list)          # devices, GPUs first
+    views: list[tuple[View, Any, Path]] = field(default_factory=list)
+
+
+def plan_section(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[str, str], Any],
+                 problems: list[TableProblem], devices: set[str],
+                 errata: Mapping[str, Mapping[str, str]]) -> SectionPlan:
+    """A study's section to draw: per device a view of its newest run(s) and one of its older runs."""
     section = StudySection(name=study.name, question=getattr(study, "question", ""), runs=[],
                            per_preset=bool(getattr(study, "per_preset", False)), missing_devices=sorted(devices))
+    plan = SectionPlan(study=study, section=section)
     if not any(study.name in r.tables for r in runs):
         section.text = "No run holds a table for this study yet (make sweep)."
-        return section
+        return plan
     try:
         table = study_table(study.name, runs, loaded=loaded)
         section.table_problems = [p.line for p in problems]
         if table is None:
             section.text = "No table of this study could be read."
-            return section
+            return plan
         section.runs = list(dict.fromkeys(table["run"].astype(str)))      # in the runs' order, as concatenated
         section.missing_devices = sorted(devices - {str(d) for d in table["device"].dropna().unique()})
         # logical run name -> its latest start time (a shard group's: its last shard's)
         starts = {r.logical_name: r.started for r in sorted(runs, key=lambda r: r.started)}
-        by_run = {r.logical_name: r for r in runs}
         keys = ["device"] + (["family"] if "family" in table.columns else [])     # newest: per device and family
         rank = table["run"].astype(str).map(lambda r: (starts.get(r, ""), r))
         newest = rank == rank.groupby([table[k] for k in keys], dropna=False, sort=False).transform("max")
@@ -252,23 +308,72 @@ def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[
                             folded=kind == "older" or (is_cpu(dev) and not is_cpu(order[0])))
                 view.errata = [f"{run}: {errata[run][study.name]}" for run in view.runs
                                if study.name in errata.get(run, {})]
-                if kind == "older":
-                    view.diffs = _verdict_diffs(study.name, rows, table[on_dev & newest], starts)
-                try:
-                    _summarize_view(study, view, rows, out_dir / study.name / f"{_slug(dev)}-{kind}", out_dir,
-                                    by_run, csvs)
-                except Exception:  # noqa: BLE001 - one view failing leaves the others
-                    view.error = traceback.format_exc()
-                section.views.append(view)
-            cmp = _comparison(study.name, dev, table[on_dev], starts, csvs)
-            if cmp is not None:
-                section.comparisons.append(cmp)
+                plan.views.append((view, rows, out_dir / study.name / f"{_slug(dev)}-{kind}"))
+        plan.table, plan.newest, plan.order = table, newest, order
+        plan.starts = {r: s for r, s in starts.items() if r in set(section.runs)}
+        plan.by_run = {r.logical_name: r for r in runs}
+    except Exception:  # noqa: BLE001 - one broken study must not hide the others
+        section.error = traceback.format_exc()
+        plan.table, plan.views = None, []
+    return plan
+
+
+def section_extras(plan: SectionPlan) -> tuple[dict[int, list[str]], list]:
+    """What a section compares: {view index: an older view's verdicts against the newest} and per device (GPUs
+    first) the newest run against the one before it, as (Comparison, every compared value)."""
+    table, name = plan.table, plan.study.name
+    diffs = {}
+    for i, (view, rows, _) in enumerate(plan.views):
+        if view.kind == "older":
+            on_dev = table["device"].astype(str) == view.device
+            diffs[i] = _verdict_diffs(name, rows, table[on_dev & plan.newest], plan.starts)
+    comparisons = [c for dev in plan.order
+                   if (c := _compare(name, dev, table[table["device"].astype(str) == dev], plan.starts)) is not None]
+    return diffs, comparisons
+
+
+def finish_section(plan: SectionPlan, drawn: list[Drawn], extras: tuple | str, out_dir: Path,
+                   csvs: Csvs) -> StudySection:
+    """The section from its views' drawings and ``extras`` (`section_extras`, or the traceback of its failure), the
+    CSVs written in page order: per device its views' tables, then its comparison."""
+    section = plan.section
+    if plan.table is None:
+        return section
+    try:
+        diffs, comparisons = ({}, []) if isinstance(extras, str) else extras
+        by_device = {c.device: (c, cmp) for c, cmp in comparisons}
+        for dev in plan.order:
+            for i, (view, _, fig_dir) in enumerate(plan.views):
+                if view.device == dev:
+                    view.diffs = diffs.get(i, [])
+                    _apply_drawn(plan.study, view, drawn[i], fig_dir, out_dir, plan.by_run, csvs)
+                    section.views.append(view)
+            if dev in by_device:
+                c, cmp = by_device[dev]
+                c.csv = csvs.write(cmp, "compare", plan.study.name, dev)
+                section.comparisons.append(c)
         section.error = next((v.error for v in section.views if v.error), None)
         section.text = next((v.text for v in section.views if not v.error), "")
         section.figures = [f for v in section.views for f in v.figures]
+        if isinstance(extras, str):
+            section.error = extras
     except Exception:  # noqa: BLE001 - one broken study must not hide the others
         section.error = traceback.format_exc()
     return section
+
+
+def summarize(study: Any, runs: list[Run], out_dir: Path, loaded: Mapping[tuple[str, str], Any],
+              problems: list[TableProblem], devices: set[str], csvs: Csvs,
+              errata: Mapping[str, Mapping[str, str]]) -> StudySection:
+    """A study's section, drawn here: `plan_section`, `draw_view` for each view, `section_extras`,
+    `finish_section` (the report does the same, its views drawn side by side and kept in its cache)."""
+    plan = plan_section(study, runs, out_dir, loaded, problems, devices, errata)
+    drawn = [draw_view(study, rows, fig_dir) for _, rows, fig_dir in plan.views]
+    try:
+        extras = section_extras(plan) if plan.table is not None else ({}, [])
+    except Exception:  # noqa: BLE001
+        extras = traceback.format_exc()
+    return finish_section(plan, drawn, extras, out_dir, csvs)
 
 
 def benchmark_sections(results_dir: Path | str, out_dir: Path,

@@ -99,6 +99,12 @@ class _Part:
         return f"<{self._module}.{self._name}>"
 
 
+def part_module(fn) -> str | None:
+    """The module a study's part (``summarize``, ``measure``...) is defined in, when it is one of a study's
+    folder (imported lazily); None for any other callable."""
+    return fn._module if isinstance(fn, _Part) else None
+
+
 @dataclass(frozen=True)
 class Study:
     """One study, as its folder registers it (``studies/<name>/__init__.py``): the declaration
