@@ -4,6 +4,7 @@
 #   PYTHON       interpreter used to create the venv (default python3)
 #   VENV         where the venv lives (default .venv)
 #   PYTEST_ARGS  extra arguments for pytest             (make test)
+#   TEST_WORKERS pytest-xdist processes, auto: one per core; 0: in this process  (make test)
 #   FULL         1 = make test also runs the tests marked slow (whole studies, notebooks under
 #                papermill, subprocess sweeps); CI does (.ci/run); default 0: minutes on 2 cores
 #   SWEEP_ARGS   extra arguments for `workbench sweep`   (make sweep)
@@ -22,6 +23,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 FULL ?= 0
+TEST_WORKERS ?= auto
 SWEEP_ARGS ?=
 REPORT_ARGS ?=
 LAB_ARGS ?=
@@ -90,8 +92,8 @@ $(STAMP): pyproject.toml
 	touch "$@"
 	echo "setup: done ($(VENV))"
 
-test: setup ## run the test suite: the fast set; FULL=1 adds the slow tests, as CI does (PYTEST_ARGS="...")
-	"$(VPY)" -m pytest -q $(if $(filter 1,$(FULL)),,-m "not slow") $(PYTEST_ARGS)
+test: setup ## run the test suite: the fast set; FULL=1 adds the slow tests, as CI does (PYTEST_ARGS="...", TEST_WORKERS=N)
+	"$(VPY)" -m pytest -q -n $(TEST_WORKERS) $(if $(filter 1,$(FULL)),,-m "not slow") $(PYTEST_ARGS)
 
 # The set-up is what ran from make's start to this recipe; the report's last line says where the page is and what
 # each stage took (set-up, sweep, page).

@@ -200,16 +200,21 @@ def test_advise_refuses_an_empty_value_that_once_meant_the_current_folder(tmp_pa
     assert not any(tmp_path.iterdir())
 
 
+CAP_RANGE = "valid caps: whole numbers 64..65,536 (merged tokens, from the smallest budget to the limit 'budget_tokens')"
+
+
 @pytest.mark.parametrize("cap, says", [
-    ("0", "advise: engine_cap=0 must be a positive integer (at most 65,536, limit 'budget_tokens')"),
-    ("-5", "advise: engine_cap=-5 must be a positive integer"),
-    ("99999999999", "advise: engine_cap=99999999999: 99,999,999,999 exceeds the cap of 65,536"),   # named "largest"
-    ("63", "advise: vllm-0.34: a budget cap of 63 merged tokens is below the smallest budget 64; valid caps: "
-           "64..65,536"),
+    # defect fixed: 0 and -5 were told "a positive integer (at most 65,536)", a range whose low end (1) is wrong
+    ("0", f"advise: engine_cap=0 is below the smallest budget 64; {CAP_RANGE}"),
+    ("-5", f"advise: engine_cap=-5 is below the smallest budget 64; {CAP_RANGE}"),
+    ("63", f"advise: engine_cap=63 is below the smallest budget 64; {CAP_RANGE}"),
+    ("99999999999", "advise: engine_cap=99999999999: 99,999,999,999 exceeds the cap of 65,536 (limit 'budget_tokens'); "
+                    "raise it on purpose with WORKBENCH_LIMITS=budget_tokens=N or `with workbench.limits.raised("
+                    f"budget_tokens=N):`; {CAP_RANGE}"),
 ])
 def test_advise_names_a_bad_engine_cap_and_its_valid_range(tmp_path, capsys, cap, says):
     msg = refusal(["advise", "--preset", CFG, "--engine-cap", cap, "--results", str(tmp_path)], capsys)
-    assert msg.startswith(says), msg
+    assert msg == says, msg
     assert not any(tmp_path.iterdir())
 
 
@@ -376,6 +381,7 @@ def test_audit_of_a_tree_with_a_link_loop_and_a_fifo_ends(tmp_path):
                            "--results", str(tmp_path / "r")], cwd=REPO, capture_output=True, text=True, timeout=50)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "unreadable: fifo.py (not a regular file" in done.stdout and "needs attention: M" in done.stdout
+    assert f"skipped: {models / 'loop'} (a symbolic link; the audit never follows a link out of the tree" in done.stdout
 
 
 # =========================================================================== compare
@@ -455,19 +461,20 @@ def test_an_unknown_engine_is_named_with_the_valid_ones(encoder, name):
 
 
 @pytest.mark.parametrize("cap, says", [
-    ("4096", "engine_cap='4096' must be a positive integer"),      # a raw TypeError ('>' between int and str)
-    (math.nan, "engine_cap=nan must be a positive integer"),       # named "largest=nan"
-    (math.inf, "engine_cap=inf must be a positive integer"),
+    ("4096", "engine_cap='4096' is not a whole number of merged tokens"),  # a raw TypeError ('>' between int and str)
+    (math.nan, "engine_cap=nan is not a whole number of merged tokens"),   # named "largest=nan"
+    (math.inf, "engine_cap=inf is not a whole number of merged tokens"),
     (65537, "engine_cap=65537: 65,537 exceeds the cap of 65,536 (limit 'budget_tokens')"),
-    (True, "engine_cap=True must be a positive integer"),
-    (1.5, "engine_cap=1.5 must be a positive integer"),
+    (True, "engine_cap=True is not a whole number of merged tokens"),
+    (1.5, "engine_cap=1.5 is not a whole number of merged tokens"),
+    (0, "engine_cap=0 is below the smallest budget 64"),
 ])
 def test_with_cap_names_the_cap_whatever_is_wrong_with_it(cap, says):
     """Defect fixed: a string cap was a raw TypeError, and NaN, inf or a cap over the limit were named as
-    'largest', a parameter the caller never gave."""
+    'largest', a parameter the caller never gave; every message ends with the exact valid range."""
     with pytest.raises(ValueError) as e:
         engines.with_cap("vllm-0.34", cap)
-    assert str(e.value).startswith(says), str(e.value)
+    assert str(e.value).startswith(says) and str(e.value).endswith(CAP_RANGE), str(e.value)
 
 
 def test_the_cap_at_its_edges_is_taken():
@@ -576,7 +583,8 @@ def _resume_targets(results: Path) -> dict[str, Path]:
     metas = {"no meta": None, "array meta": "[1, 2]", "linked meta": "link", "fifo meta": "fifo",
              "unknown study": {"params": {"profile": "cpu", "studies": {"nope": {}}}},
              "bad params": {"params": {"profile": "cpu", "studies": {"padding_waste": {"reps": -5}}}},
-             "bad profile": {"params": {"profile": "tpu", "studies": {"padding_waste": {}}}}}
+             "bad profile": {"params": {"profile": "tpu", "studies": {"padding_waste": {}}}},
+             "bare meta": {}, "no plan": {"params": {"profile": "cpu", "device": "cpu", "studies": {}}}}
     out = {}
     for case, meta in metas.items():
         d = out[case] = results / case.replace(" ", "_")
@@ -601,6 +609,10 @@ def _resume_targets(results: Path) -> dict[str, Path]:
     ("bad params", "--resume: study 'padding_waste': reps=-5 is below the minimum 1"),
     ("bad profile", "--resume: unknown profile 'tpu'; valid: cpu, gpu"),
     ("finished", "--resume: {name} finished at "),
+    # defect fixed: a record that plans nothing was "resumed" (0 studies) and stamped finished
+    ("bare meta", "--resume: {path}: its meta.json plans no study (params.studies is missing or empty), so it is no "
+                  "sweep's run folder; nothing to resume, and the folder is left as it is"),
+    ("no plan", "--resume: {path}: its meta.json plans no study"),
 ])
 def test_resume_of_a_non_run_is_refused_and_changes_nothing(tmp_path, capsys, target, says):
     results = tmp_path / "results"
@@ -615,7 +627,8 @@ def test_resume_of_a_non_run_is_refused_and_changes_nothing(tmp_path, capsys, ta
 
 @pytest.mark.parametrize("sets, says", [
     (["engine=vllm"], "engine='vllm' is not a valid choice; valid: vllm-0.33, vllm-0.34, sglang-0.5.23"),
-    (["engine_cap=63"], "engine_cap=63 is below the minimum 64"),
+    (["engine_cap=63"], "engine_cap=63 is below the minimum 64; valid: an integer >= 64 and <= 65,536 (limit "
+                        "'budget_tokens') or null"),
     (["engine_cap=100000"], "engine_cap: 100,000 exceeds the cap of 65,536 (limit 'budget_tokens')"),
     (["engine_cap=true"], "engine_cap=True is not an integer; valid: an integer >= 64 and <= 65,536"),
     (["engine=vllm-0.33", "engine_cap=4096"], "vllm-0.33 has no budget cap option"),
@@ -657,7 +670,7 @@ def test_encoder_latency_takes_its_engine_parameters_at_their_edges(overrides, c
 
 @pytest.mark.parametrize("argv, says", [
     (["--fit"], "--fit trims the repetitions to fit --max-minutes N: give that too"),
-    (["--shard", "a/b"], "--shard 'a/b': give I/N with 0 <= I < N"),
+    (["--shard", "a/b"], "--shard 'a/b': not two whole numbers I/N; --shard takes I/N with 0 <= I < N <= 4,096"),
     (["--workers", "0"], "--workers '0': give a number of worker processes >= 1, or auto"),
     (["--gpus", "0,0"], "--gpus '0,0': give distinct GPU indices separated by commas"),
 ])
@@ -909,8 +922,7 @@ def test_a_progress_file_variable_that_cannot_be_written_never_stops_a_study(tmp
     before = tree_state(tmp_path)
     monkeypatch.setenv(PROGRESS_FILE_ENV, str(target))
     assert [x for x in progress(range(3), enabled=False)] == [0, 1, 2]
-    # found, not fixed here (studies/plotting.py): a value naming a folder leaves a stray "<value>.tmp" beside it
-    assert {k: v for k, v in tree_state(tmp_path).items() if not k.endswith(".tmp")} == before
+    assert tree_state(tmp_path) == before     # defect fixed: a folder left a stray "<value>.tmp" beside it
 
 
 def test_every_malformed_variable_at_once_lets_the_package_import_and_names_the_first_one_used(tmp_path):
@@ -927,3 +939,253 @@ def test_every_malformed_variable_at_once_lets_the_package_import_and_names_the_
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert f"{LIMITS_ENV}='frames=lots': frames must be a positive integer" in done.stderr
     assert sorted(os.listdir(tmp_path)) == []
+
+
+# =========================================================================== issue 64: the defects left open
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("pool", [False, True], ids=["plain", "pool limit"])
+def test_a_mix_of_more_distinct_sizes_than_the_planner_weighs_is_refused_with_the_count_and_the_cap(pool):
+    """Defect fixed: 65,536 distinct token counts ran the quadratic programme for hours (the pool-limited one for
+    longer); now refused at once, naming the count and the cap."""
+    cap, name = (256, "pool_plan_sizes") if pool else (4096, "plan_sizes")
+    kw = dict(max_pool_bytes=1 << 40, cfg=CFG) if pool else {}
+    with pytest.raises(LimitError, match=rf"plan_budgets: a mix of 65,536 distinct merged-token counts .*: 65,536 "
+                                         rf"exceeds the cap of {cap:,} \(limit '{name}'\)"):
+        wb.plan_budgets(range(1, 65537), 4, **kw)
+
+
+def test_the_planner_at_its_size_cap_stays_exact():
+    """Correct handling: as many distinct sizes as the cap are planned, exactly; one more is refused."""
+    with limits.raised(plan_sizes=4):
+        assert wb.plan_budgets({4: 1, 8: 1, 12: 1, 100: 1}, 2) == [12, 100]       # 8+4+0+0 padding beats 96+...
+        with pytest.raises(LimitError, match=r"a mix of 5 distinct .*: 5 exceeds the cap of 4 \(limit 'plan_sizes'\)"):
+            wb.plan_budgets([1, 2, 3, 4, 5], 2)
+
+
+@pytest.mark.timeout(30)
+def test_a_huge_budget_range_is_refused_by_its_count_before_a_list_of_it_exists():
+    """Defect fixed: ``Budgets.of(range(1, 10**12))`` listed every budget before counting them; a range longer than
+    len() can say (10**20) is counted too, and an endless iterable stops at the cap."""
+    from workbench.budgets import Budgets
+    with pytest.raises(LimitError, match=r"budgets: a list of 999,999,999,999 budgets: 999,999,999,999 exceeds the "
+                                         r"cap of 64 \(limit 'budgets'\)"):
+        Budgets.of(range(1, 10 ** 12))
+    with pytest.raises(LimitError, match=r"a list of 99,999,999,999,999,999,999 budgets"):
+        Budgets.of(range(1, 10 ** 20))
+    with pytest.raises(LimitError, match=r"mix: 99,999,999,999,999,999,999 per-item merged-token counts"):
+        wb.plan_budgets(range(1, 10 ** 20), 4)
+    with pytest.raises(LimitError, match=r"an iterable of more than 64 budgets \(counting stopped there\): 65 "):
+        Budgets.of(itertools.count(1))
+    assert Budgets.of(range(64, 64 * 65, 64))[-1] == 4096 and Budgets.of(iter([128, 64])) == (64, 128)
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("1", True), (" FALSE ", False), ("True", True), ("no", False),
+                                       ("YES", True), ("Off", False), (" on", True), ("", True)])
+def test_on_off_variables_take_the_usual_spellings(monkeypatch, value, on):
+    """Defect fixed: only "0" turned WORKBENCH_PROGRESS or WORKBENCH_REUSE_LAUNCHES off; "false" or "off" left the
+    bars on, silently. Empty is unset (the default, on)."""
+    from workbench.studies.plotting import progress
+    for name in limits.SWITCHES:
+        monkeypatch.setenv(name, value)
+        assert limits.switch(name, True) is on
+    assert progress(range(2)).disable is not on
+
+
+@pytest.mark.parametrize("name", ["WORKBENCH_PROGRESS", "WORKBENCH_REUSE_LAUNCHES"])
+def test_an_on_off_variable_of_another_value_is_refused_naming_it(tmp_path, capsys, monkeypatch, name):
+    """Defect fixed: "maybe" (or the typo "flase") silently meant on; now the command refuses it before any run
+    folder, and the library where the value is read."""
+    from workbench.norm_kernels import reusing_launches
+    from workbench.studies.plotting import progress
+    monkeypatch.setenv(name, "flase")
+    says = (f"{name}='flase' is neither on nor off; accepted, in any case: 1, true, yes, on (on), 0, false, no, off "
+            f"(off), or unset for the default (on)")
+    assert refusal(["sweep", "--direct", "--profile", "cpu", "--results", str(tmp_path)], capsys) == says
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match=re.escape(says)):
+        if name == "WORKBENCH_PROGRESS":
+            progress(range(2))
+        else:
+            with reusing_launches():
+                pass
+
+
+@pytest.mark.parametrize("kind", ["text", "json list", "other json object", "link", "fifo"])
+def test_a_progress_file_variable_naming_a_file_not_its_own_is_refused_and_the_file_kept(tmp_path, monkeypatch, kind):
+    """Defect fixed: the count replaced whatever file the variable named (a user's notes, a link, a FIFO)."""
+    from workbench.studies.plotting import PROGRESS_FILE_ENV, progress
+    target = tmp_path / "notes.txt"
+    (tmp_path / "real.txt").write_text("mine\n")
+    if kind == "link":
+        os.symlink(tmp_path / "real.txt", target)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.write_text({"text": "my notes\n", "json list": "[1, 2]", "other json object": '{"done": 1}'}[kind])
+    before = tree_state(tmp_path)
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(target))
+    with pytest.raises(ValueError, match=rf"{PROGRESS_FILE_ENV}='{re.escape(str(target))}': it exists and is (a file "
+                                         r"that is not a progress file|not a regular file) .* never writes over"):
+        for _ in progress(range(3), enabled=False):
+            pass
+    assert tree_state(tmp_path) == before
+
+
+@pytest.mark.parametrize("start", ["", '{"done": 1, "total": 5, "desc": "old"}'], ids=["empty", "progress file"])
+def test_a_progress_file_variable_naming_an_empty_or_progress_file_counts_there(tmp_path, monkeypatch, start):
+    """Correct handling: an empty file, or a progress file an earlier study left, is the count's own: replaced."""
+    from workbench.studies.plotting import PROGRESS_FILE_ENV, progress
+    target = tmp_path / "count.json"
+    target.write_text(start)
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(target))
+    assert list(progress(range(3), desc="d", enabled=False)) == [0, 1, 2]
+    assert json.loads(target.read_text()) == {"done": 3, "total": 3, "desc": "d"}
+    assert sorted(os.listdir(tmp_path)) == ["count.json"]        # no temporary file left beside it
+
+
+def test_input_path_threads_beyond_the_cores_are_refused_before_a_run_folder(tmp_path, capsys):
+    """Defect fixed: ``--set threads=[1,N]`` beyond the cores made a run folder and failed inside the measurement;
+    now the declaration checks a given value against this machine where it is given."""
+    cores = limits.cpu_count()
+    argv = ["sweep", "--direct", "--profile", "cpu", "--studies", "input_path", "--set", f"threads=[1,{cores + 1}]",
+            "--results", str(tmp_path)]
+    assert refusal(argv, capsys) == (f"--set: study 'input_path': threads=[1, {cores + 1}]: threads={cores + 1} exceeds "
+                                     f"the {cores} cores this process may run on; valid: 1..{cores}")
+    assert not any(tmp_path.iterdir())
+
+
+def test_input_path_defaults_of_a_bigger_host_still_resolve_here():
+    """Correct handling: the GPU profile's defaults are read on any machine (predictions, --help); only values given
+    are checked against the cores here (the defaults when the run starts)."""
+    study = discover()["input_path"]
+    assert study.resolve("gpu")["threads"] == [1, 4, 8]
+    assert study.resolve("cpu", {"threads": "1"})["threads"] == [1]
+
+
+def _linked_tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A vLLM tree whose models folder is a link to another tree's (with a model class that needs attention)."""
+    outside = model_tree(tmp_path / "outside")
+    tree = tmp_path / "t"
+    (tree / "vllm" / "model_executor").mkdir(parents=True)
+    (tree / "vllm" / "version.py").write_text('__version__ = "0.34.0"\n')
+    os.symlink(outside / MODELS, tree / MODELS)
+    return tree, tree / MODELS
+
+
+def test_audit_never_follows_a_linked_models_folder_and_names_it(tmp_path, capsys):
+    """Defect fixed: a models folder that was a link was walked wherever it pointed (out of the given tree)."""
+    tree, link = _linked_tree(tmp_path)
+    before = tree_state(tmp_path)
+    msg = refusal(["audit", str(tree), "--no-save", "--results", str(tmp_path / "r")], capsys)
+    assert msg == (f"audit {tree}: no Python model files there (looked for vllm/model_executor/models and vllm/models/"
+                   f"*.py, else any *.py); skipped, as symbolic links: {link}"), msg
+    assert tree_state(tmp_path) == before
+
+
+def test_audit_skips_a_linked_folder_inside_the_tree_with_a_warning_naming_it(tmp_path, capsys):
+    tree = model_tree(tmp_path / "t")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "leak.py").write_text("class Leak(SupportsEncoderCudaGraph):\n    pass\n")
+    link = tree / MODELS / "sub"
+    os.symlink(tmp_path / "elsewhere", link)
+    with pytest.warns(UserWarning, match=rf"audit {re.escape(str(tree))}: skipped {re.escape(str(link))}, a symbolic "
+                                         r"link \(never followed out of the tree\)"):
+        result = audit(tree)
+    assert result.skipped == [str(link)] and "Leak" not in {m.model for m in result.models}
+    assert result.table().splitlines()[-1] == (f"skipped: {link} (a symbolic link; the audit never follows a link out "
+                                               f"of the tree it is given)")
+    assert cli.main(["audit", str(tree), "--json", "--no-save", "--results", str(tmp_path / "r")]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["skipped"] == [str(link)] and err.strip() == (f"audit: warning: audit {tree}: skipped "
+                                                                         f"{link}, a symbolic link (never followed "
+                                                                         f"out of the tree)")
+
+
+SHARD_FORM = ("--shard takes I/N with 0 <= I < N <= 4,096 (shard I of N), e.g. --shard 0/2, or auto (a Slurm array "
+              "task or a torchrun rank)")
+
+
+@pytest.mark.parametrize("shard, why", [("-1/2", "I=-1 is negative"), ("2/2", "I=2 is not below N=2 (shards count "
+                                                                                 "from 0)"),
+                                        ("1/0", "N=0 is no count of shards"), ("-3/-1", "N=-1 is no count of shards"),
+                                        ("a/b", "not two whole numbers I/N"), ("-1", "not two whole numbers I/N")])
+@pytest.mark.parametrize("glued", [False, True], ids=["--shard V", "--shard=V"])
+def test_a_bad_shard_says_what_is_wrong_and_what_is_valid(tmp_path, capsys, shard, why, glued):
+    """Defect fixed: ``--shard -1/2`` was read as an unknown option ("expected one argument"), and the others were
+    told the form without what was wrong or the largest N."""
+    argv = ["sweep", "--direct", "--profile", "cpu", "--results", str(tmp_path)]
+    argv += [f"--shard={shard}"] if glued else ["--shard", shard]
+    assert refusal(argv, capsys) == f"--shard {shard!r}: {why}; {SHARD_FORM}"
+    assert not any(tmp_path.iterdir())
+    assert limits.Limits().shards == 4096
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda root: compare_runs("", "b", root), r"run '' is empty; give a run folder"),
+    (lambda root: compare_runs("a", "b", ""), r"results='' is empty; give the folder that holds the run folders"),
+    (lambda root: wb.results.resolve_run(" "), r"run ' ' is empty"),
+    (lambda root: wb.results.find_runs(""), r"results_dir='' is empty"),
+    (lambda root: save_table("lat", table(), run_dir=""), r"run_dir='' is empty; give a run folder, or None"),
+    (lambda root: save_table("lat", table(), results_root=""), r"results_root='' is empty"),
+], ids=["compare run", "compare results", "resolve_run", "find_runs", "save_table run_dir", "save_table results_root"])
+def test_an_empty_path_in_the_library_is_refused_not_the_current_folder(two_runs, monkeypatch, call, says):
+    """Defect fixed: "" (Path("") is ".") silently meant the current folder: run from inside run a, compare "" b
+    compared a with b; save_table(run_dir="") wrote a table and a meta.json into the working folder."""
+    root, a, b = two_runs
+    monkeypatch.chdir(a)
+    before = tree_state(root)
+    with pytest.raises(ValueError, match=says):
+        call(root)
+    assert tree_state(root) == before
+
+
+def test_advise_refuses_an_empty_results_before_any_work(tmp_path, monkeypatch):
+    from workbench.advise import advise
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"results='' is empty; give the folder that holds the run folders"):
+        advise(CFG, "thumbnails", results="")
+    assert not any(tmp_path.iterdir())
+
+
+def _foreign_run(root: Path, name: str, started: str, tables: dict[str, pd.DataFrame]) -> Path:
+    """A run folder whose tables another tool wrote (parquet as it is, not through the table writer)."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / META_NAME).write_text(json.dumps({"started_at": started}))
+    for study, t in tables.items():
+        t.assign(device="GPU").to_parquet(d / f"{study}.parquet", index=False)
+    return d
+
+
+def test_compare_ratios_numbers_only_and_names_what_it_left_out(tmp_path, capsys):
+    """Defect fixed: the table checker read text ("2.0") as a number and booleans as 0 and 1, so compare printed
+    ratios of them, and a verdict (unit bool) got a ratio of its 0 and 1. Now a metric that is not numbers is left
+    out, named with why; a verdict is compared as a verdict, never ratioed."""
+    def run(name, started, p50, ok, text, hit):
+        return _foreign_run(tmp_path, name, started, {
+            "lat": pd.DataFrame({"tokens": [1, 1], "metric": ["p50_ms", "ok"], "value": [p50, ok],
+                                 "unit": ["ms", "bool"]}),
+            "txt": pd.DataFrame({"tokens": [1], "metric": ["p50_ms"], "value": [text], "unit": ["ms"]}),
+            "flags": pd.DataFrame({"tokens": [1, 1], "metric": ["hit", "ok"], "value": [hit, hit],
+                                   "unit": ["count", "bool"]})})
+    run("a", "2030-01-01", 2.0, 1.0, "2.0", True)
+    run("b", "2030-01-02", 4.0, 1.0, "4.0", False)
+    before = tree_state(tmp_path)
+    df = compare_runs("a", "b", tmp_path)
+    got = {(r["study"], r["metric"]): (r["ratio"], r["flag"]) for r in df.to_dict("records")}
+    assert got.keys() == {("lat", "p50_ms"), ("lat", "ok"), ("flags", "ok")}
+    assert got[("lat", "p50_ms")] == (2.0, "") and math.isnan(got[("lat", "ok")][0])
+    assert math.isnan(got[("flags", "ok")][0]) and got[("flags", "ok")][1] == "verdict changed: ok -> WRONG"
+    assert df.attrs["left_out"] == {
+        "flags": ["metric 'hit' of a: booleans under unit 'count' (first: True)",
+                  "metric 'hit' of b: booleans under unit 'count' (first: False)"],
+        "txt": ["metric 'p50_ms' of a: str values, not numbers (first: '2.0')",
+                "metric 'p50_ms' of b: str values, not numbers (first: '4.0')"]}
+    assert cli.main(["compare", "a", "b", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("  txt: left out metric 'p50_ms' of a: str values, not numbers (first: '2.0'): only numbers are "
+            "compared") in out
+    assert "  flags: left out metric 'hit' of b: booleans under unit 'count' (first: False)" in out
+    assert tree_state(tmp_path) == before

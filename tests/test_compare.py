@@ -283,7 +283,6 @@ BAD_TABLES = {
     "no metric": (_parquet(pd.DataFrame(GOOD).drop(columns="metric")), "missing column(s) ['metric']"),
     "no value": (_parquet(pd.DataFrame(GOOD).drop(columns="value")), "missing column(s) ['value']"),
     "no unit": (_parquet(pd.DataFrame(GOOD).drop(columns="unit")), "missing column(s) ['unit']"),
-    "text value": (_parquet(pd.DataFrame(GOOD | {"value": ["fast"]})), "non-numeric value(s) in the value column"),
     "numeric metric": (_parquet(pd.DataFrame(GOOD | {"metric": [7]})),
                        "column 'metric' holds int64 values (first: '7'), not text"),
     "numeric unit": (_parquet(pd.DataFrame(GOOD | {"unit": [1.5]})), "column 'unit' holds float64 values"),
@@ -317,9 +316,20 @@ def test_a_corrupt_table_gives_no_traceback_from_the_command(tmp_path):
 
     custom_run(tmp_path, "a", frame([(1, "m", 1.0, "ms")], ["tokens"]))
     b = custom_run(tmp_path, "b", frame([(1, "m", 1.0, "ms")], ["tokens"]))
-    (b / "lat.parquet").write_bytes(_parquet(pd.DataFrame(GOOD | {"value": ["x"]})))
+    (b / "lat.parquet").write_bytes(_parquet(pd.DataFrame(GOOD | {"tokens": [[1, 2]]})))
     p = subprocess.run([sys.executable, "-m", "workbench", "compare", "a", "b", "--results", str(tmp_path)],
                        capture_output=True, text=True, cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)},
                        timeout=300)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-    assert f"compare: cannot compare the table {b / 'lat.parquet'}: non-numeric value(s)" in p.stderr
+    assert f"compare: cannot compare the table {b / 'lat.parquet'}: parameter column 'tokens' holds" in p.stderr
+
+
+def test_a_metric_of_text_values_is_left_out_and_named_not_an_error(tmp_path, capsys):
+    """A value column of text ("fast", or "2.0", which the table checker would parse) is no measurement to ratio:
+    compare leaves that metric out and says so, and compares the rest (issue 64)."""
+    custom_run(tmp_path, "a", frame([(1, "m", 1.0, "ms")], ["tokens"]))
+    b = custom_run(tmp_path, "b", frame([(1, "m", 1.0, "ms")], ["tokens"]))
+    (b / "lat.parquet").write_bytes(_parquet(pd.DataFrame(GOOD | {"value": ["fast"]})))
+    assert cli.main(["compare", "a", "b", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "lat: left out metric 'm' of b: str values, not numbers (first: 'fast'): only numbers are compared" in out

@@ -14,7 +14,7 @@ def test_binding_preset_names_exist():
                                     "glm-4.1v-9b", "glm-4.5v", "tiny-glm4v", "glm-ocr-0.9b", "tiny-glm-ocr",
                                     "exaone4.5-33b", "tiny-exaone4.5", "mistral-small-3.1-24b", "tiny-pixtral",
                                     "kimi-k2.5-1t", "tiny-kimi-k2.5", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b",
-                                    "tiny-gemma3"}
+                                    "tiny-gemma3", "gemma-4-e2b", "tiny-gemma4"}
     # real checkpoints first, then the tiny ones; the original presets keep their order
     names = list(wb.PRESET_NAMES)
     assert [n for n in names if n.startswith(("qwen2-", "qwen2.5-"))] == [
@@ -74,6 +74,16 @@ def test_to_hf_matches_the_config(name):
         assert (vc.image_size // vc.patch_size) ** 2 == cfg.num_position_embeddings and vc.patch_size == cfg.patch_size
         assert (vc.hidden_act, vc.layer_norm_eps, vc.vision_use_head) == ("gelu_pytorch_tanh", cfg.eps, False)
         assert hf.mm_tokens_per_image * cfg.merge_unit == cfg.num_position_embeddings
+        assert hf.text_config.hidden_size == cfg.out_hidden
+        return
+    if cfg.family == "gemma4":         # Gemma4Config: the Gemma-4 vision config and the embedder's width
+        vc = hf.vision_config
+        assert (type(hf).__name__, type(vc).__name__) == ("Gemma4Config", "Gemma4VisionConfig")
+        assert (vc.num_hidden_layers, vc.num_attention_heads, vc.hidden_size, vc.intermediate_size) == (
+            cfg.depth, cfg.heads, cfg.width, cfg.mlp_hidden)
+        assert (vc.patch_size, vc.pooling_kernel_size, vc.position_embedding_size, vc.head_dim) == (
+            cfg.patch_size, cfg.merge_size, cfg.num_position_embeddings, cfg.head_dim)
+        assert (vc.rms_norm_eps, vc.rope_parameters["rope_theta"]) == (cfg.eps, cfg.rope_theta)
         assert hf.text_config.hidden_size == cfg.out_hidden
         return
     if cfg.family == "kimi-k2.5":      # the model's config (vision config and projector), other names
@@ -189,7 +199,7 @@ def test_family_specific_fields_are_checked(preset, change, match):
 def test_unknown_family_lists_the_registered_ones():
     with pytest.raises(ValueError, match=r"family='llava' is not one of \('qwen2-vl', 'qwen2.5-vl', 'exaone4.5', "
                                          r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr', 'pixtral', 'kimi-k2.5', "
-                                         r"'gemma3'\)"):
+                                         r"'gemma3', 'gemma4'\)"):
         wb.VisionConfig("x", family="llava")
 
 

@@ -18,6 +18,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 from workbench.config import REAL_PRESET_PER_FAMILY
 
 REAL = list(REAL_PRESET_PER_FAMILY)        # one real preset per family, reduced to a few blocks
+NEWER = ["gemma-3-27b", "gemma-4-e2b"]      # families outside the studies' defaults
+
+
+def small(preset: str, depth: int = 4):
+    """``preset`` reduced to ``depth`` blocks, its images capped at 448 x 448 where its processor lets them vary."""
+    cfg = wb.VisionConfig.preset(preset).reduced(depth)
+    try:
+        return dataclasses.replace(cfg, max_pixels=448 * 448)
+    except ValueError:          # a fixed-size processor (Gemma-3: every image 896 x 896)
+        return cfg
 
 
 def items(max_pixels=448 * 448):
@@ -25,10 +35,10 @@ def items(max_pixels=448 * 448):
     return list(p.values()) + [wb.Video(wb.sample_video(4, size=(224, 308)))]
 
 
-@pytest.mark.parametrize("preset", REAL)
+@pytest.mark.parametrize("preset", REAL + NEWER)
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)])
 def test_cuda_tower_matches_transformers(preset, dtype, tol):
-    cfg = dataclasses.replace(wb.VisionConfig.preset(preset).reduced(4), max_pixels=448 * 448)
+    cfg = small(preset)
     enc = wb.build_encoder(cfg, placement="processor", norm="eager", dtype=torch.float32, device="cuda", seed=1)
     hf = hf_vision_model(cfg, dtype=torch.float64)  # float64 reference on the CPU
     hf.load_state_dict(enc.visual.state_dict(), strict=False)
@@ -55,10 +65,10 @@ def test_cuda_norms_match_float64(name, out_dtype):
     assert err <= (1e-6 if out_dtype == torch.float32 else 2 ** -7 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("preset", REAL)
-@pytest.mark.parametrize("placement", ["tower", "runner", "outer", "fold", "device"])
+@pytest.mark.parametrize("preset", REAL + ["gemma-4-e2b"])
+@pytest.mark.parametrize("placement", ["tower", "runner", "outer", "outer_graph", "fold", "device"])
 def test_cuda_graph_replay_matches_eager(preset, placement):
-    cfg = dataclasses.replace(wb.VisionConfig.preset(preset).reduced(4), max_pixels=448 * 448)
+    cfg = small(preset)
     enc = wb.build_encoder(cfg, placement=placement, norm="triton_rows", dtype=torch.bfloat16, device="cuda", seed=2)
     batch = wb.preprocess(items(), cfg)
     runner = EncoderGraphRunner(enc, budgets=[64, 128, 256, 512, 1024], buffer_dtype=torch.bfloat16, max_items=8,

@@ -135,7 +135,8 @@ def test_a_cap_is_refused_where_the_release_has_none_or_below_the_smallest_budge
     assert engines.with_cap("vllm-0.34", None) is engines.get("vllm-0.34")
     with pytest.raises(ValueError, match="vllm-0.33 has no budget cap option.*releases with one: vllm-0.34"):
         engines.with_cap("vllm-0.33", 4096)
-    with pytest.raises(ValueError, match="cap of 32 merged tokens is below the smallest budget 64"):
+    with pytest.raises(ValueError, match=r"engine_cap=32 is below the smallest budget 64; valid caps: whole numbers "
+                                         r"64\.\.65,536"):
         engines.with_cap("vllm-0.34", 32)
     from workbench.studies import encoder_latency
     from workbench.studies.params import ParamError

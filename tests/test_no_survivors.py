@@ -134,7 +134,7 @@ def _holders(token: str) -> dict[int, str]:
                 continue
             if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
                 continue
-            out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[-160:]
+            out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError):       # gone while read
             continue
     return out

@@ -51,7 +51,7 @@ def float64_reference(cfg, raw, seed):
 
 # ---- the vocabulary ---------------------------------------------------------------------------
 def test_fold_and_device_follow_processor_in_the_placement_order():
-    assert PLACEMENTS == ("processor", "fold", "device", "outer", "tower", "runner", "none")
+    assert PLACEMENTS == ("processor", "fold", "device", "outer", "outer_graph", "tower", "runner", "none")
     fold, device = PLACEMENT_TABLE["fold"], PLACEMENT_TABLE["device"]
     assert fold.input_kind == fold.runner_input == "uint8" and "uint8" in fold.buffer_dtypes
     assert device.input_kind == "uint8" and device.runner_input == "normalized"

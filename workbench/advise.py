@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .budgets import Budgets
-from .provenance import is_cpu, results_root
+from .provenance import is_cpu, results_folder
 from . import engines, limits
 
 # cast_cost's staging designs as what an engine configures: (placement, graph input buffer dtype)
@@ -251,6 +251,7 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
     from .planner import expected_padding
     from .samples import get_mix, mix_distribution, mix_entries, mix_label
 
+    results = results_folder(results)                   # "" is refused: never the current folder
     limits.integer(engine_max_budget, "engine_max_budget", cap="budget_tokens")     # 0, -1, NaN: refused, named
     if max_graphs is not None:
         limits.integer(max_graphs, "max_graphs", cap="budgets")
@@ -273,7 +274,6 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
     frames = [int(e.get("frames") or 1) for e in mix_entries(mix, cfg) if e.get("kind") == "video"]
     mean_budget = expected_padding(mix, chosen, cfg)["mean_budget"]
     typical = int(mean_budget) if mean_budget == mean_budget else max(tokens)
-    results = Path(results) if results is not None else results_root()
     missing: list[str] = []
     right, placement = _right_placements(results, cfg, missing)
     applicable = [p for p in right if p in policy.placements]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .advise import DESIGNS, advise, device_names, pct, study_rows
-from .provenance import results_root
+from .provenance import results_folder
 
 
 # the placements an engine chooses between, in the answer table's order
@@ -41,7 +41,7 @@ def placement_table(preset: str, mix: str, results: Path | str | None = None):
     from .studies.input_path.summary import breakdown
 
     cfg = resolve_config(preset)
-    results = Path(results) if results is not None else results_root()
+    results = results_folder(results)
     out = pd.DataFrame({"placement": list(ANSWER_PLACEMENTS)}).set_index("placement")
     sources: dict[str, tuple[str, str]] = {}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -96,15 +97,37 @@ def parse_shard(text: str, env=None) -> tuple[int, int]:
             i, n = int(i), int(n)
         except ValueError:
             sep = ""
-    said = f"; the job array says {i}/{n}" if auto else ""
-    if not sep or n < 1 or not 0 <= i < n:
-        raise SystemExit(f"--shard {text!r}: give I/N with 0 <= I < N (shard I of N), e.g. --shard 0/2, or auto "
-                         f"(a Slurm array task or a torchrun rank)" + said)
+    why = ("not two whole numbers I/N" if not sep else f"N={n} is no count of shards" if n < 1 else
+           f"I={i} is negative" if i < 0 else f"I={i} is not below N={n} (shards count from 0)" if i >= n else "")
+    if why:
+        try:
+            most = f"{limits.current().shards:,}"
+        except ValueError:      # a malformed $WORKBENCH_LIMITS: named by the count's check, not here
+            most = "the cap 'shards'"
+        raise SystemExit(f"--shard {text!r}: {why}" + (f" (the job array says {i}/{n})" if auto else "")
+                         + f"; --shard takes I/N with 0 <= I < N <= {most} (shard I of N), e.g. --shard 0/2, or auto "
+                         f"(a Slurm array task or a torchrun rank)")
     try:
         check_shard_count(n, f"--shard {text!r}" + (f" (the job array says {i}/{n})" if auto else ""))
     except ValueError as e:       # over the cap, or a malformed $WORKBENCH_LIMITS
         raise SystemExit(str(e)) from None
     return i, n
+
+
+# options whose value may start with '-' and a digit (--shard -1/2): argparse reads such a value as an unknown option
+# and says only "expected one argument"; glued to its option (--shard=-1/2), it reaches the option's own check
+DASH_VALUE_OPTIONS = ("--shard",)
+
+
+def glue_dash_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each value of DASH_VALUE_OPTIONS that starts with '-' and a digit glued to its option."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in DASH_VALUE_OPTIONS and re.match(r"-\d", arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def check_shard_count(n: int, what: str) -> int:

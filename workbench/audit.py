@@ -29,6 +29,7 @@ import gc
 import json
 import os
 import re
+import warnings
 import zipfile
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -99,6 +100,7 @@ class Audit:
     unreadable: list[str]
     omitted: int = 0                # model files not read: beyond MAX_FILES
     omitted_files: list[str] = field(default_factory=list)     # the first of them
+    skipped: list[str] = field(default_factory=list)           # links to folders below the path: never followed
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -114,6 +116,8 @@ class Audit:
         wrong = [self.named(m) for m in self.models if m.verdict_key in ATTENTION]
         out = [f"needs attention: {', '.join(wrong)}" if wrong else "no model class in the silent-wrong cell"]
         out += [f"unreadable: {u}" for u in self.unreadable]
+        out += [f"skipped: {p} (a symbolic link; the audit never follows a link out of the tree it is given)"
+                for p in self.skipped]
         if self.omitted:
             out.append(f"omitted: {self.omitted} model files beyond the first {self.files} were not read "
                        f"(first: {', '.join(self.omitted_files[:5])})")
@@ -154,12 +158,23 @@ def _from_zip(path: Path) -> tuple[list, str, list[str]]:
     return files, version, omitted
 
 
-def _sources(path: Path) -> tuple[list[tuple[str, bytes | None]], str, str, list[str]]:
+def _link_on_the_way(path: Path, target: Path) -> Path | None:
+    """The first symbolic link from ``path`` (given: followed) down to ``target``, or None where there is none."""
+    p = path
+    for part in target.relative_to(path).parts:
+        p = p / part
+        if p.is_symlink():
+            return p
+    return None
+
+
+def _sources(path: Path) -> tuple[list[tuple[str, bytes | None]], str, str, list[str], list[str]]:
     """([(name, bytes, or None where unreadable)] of the model files under ``path``, engine, version,
-    [names not read: beyond MAX_FILES]); names are relative to the folder holding ``vllm/``."""
+    [names not read: beyond MAX_FILES], [links to folders, not followed]); names are relative to the folder
+    holding ``vllm/``."""
     if path.is_file() and zipfile.is_zipfile(path):
         files, version, omitted = _from_zip(path)
-        return files, "vllm", version, omitted
+        return files, "vllm", version, omitted, []
     if not path.is_dir():
         raise AuditError(f"audit {path}: not a folder, a wheel or a zip of model files")
     # a source tree (holds vllm/), the installed package (is vllm/), or any folder of Python files
@@ -167,10 +182,16 @@ def _sources(path: Path) -> tuple[list[tuple[str, bytes | None]], str, str, list
     roots = [(pkg.joinpath(*d[1:]), "/".join(d)) for d in MODELS_DIRS] if pkg else [(path, "")]
     files: list[tuple[str, bytes | None]] = []
     omitted: list[str] = []
+    skipped: dict[str, None] = {}       # in order, once each
     total = 0
     for root, prefix in roots:
-        for folder, dirs, names in os.walk(root):        # links are not followed out of the tree
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        if (link := _link_on_the_way(path, root)) is not None:      # os.walk would follow a link it starts at
+            skipped[str(link)] = None
+            continue
+        for folder, dirs, names in os.walk(root):        # links are not followed out of the tree: named
+            skipped.update((str(Path(folder) / d), None) for d in sorted(dirs) if (Path(folder) / d).is_symlink())
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
+                             and not (Path(folder) / d).is_symlink())
             for n in sorted(names):
                 if not n.endswith(".py"):
                     continue
@@ -193,7 +214,7 @@ def _sources(path: Path) -> tuple[list[tuple[str, bytes | None]], str, str, list
             found[str(candidate)] = read_regular(candidate, MAX_FILE_BYTES)
         except OSError:
             pass
-    return files, "vllm" if pkg else "engine", _version_of(found), omitted
+    return files, "vllm" if pkg else "engine", _version_of(found), omitted, list(skipped)
 
 
 def _wheel_version(name: str) -> str | None:
@@ -313,12 +334,15 @@ def audit(path: str | os.PathLike) -> Audit:
                          f"package (python -c 'import vllm, os; print(os.path.dirname(vllm.__file__))') or a "
                          f"wheel from 'pip download vllm==0.33.0 --no-deps'")
     try:
-        files, engine, version, omitted = _sources(path)
+        files, engine, version, omitted, skipped = _sources(path)
     except ZIP_ERRORS as e:     # a wheel's corrupt, encrypted or oddly compressed member too: named, no traceback
         raise AuditError(f"audit {path}: cannot be read ({e})") from None
+    for link in skipped:
+        warnings.warn(f"audit {path}: skipped {link}, a symbolic link (never followed out of the tree)", stacklevel=2)
     if not files:
+        links = f"; skipped, as symbolic links: {', '.join(skipped)}" if skipped else ""
         raise AuditError(f"audit {path}: no Python model files there (looked for "
-                         f"{' and '.join('/'.join(d) for d in MODELS_DIRS)}/*.py, else any *.py)")
+                         f"{' and '.join('/'.join(d) for d in MODELS_DIRS)}/*.py, else any *.py){links}")
     index, bad = _index(files)
     found = [(c, m) for c in index.classes() if (m := _audit_model(index, c)) is not None]
     # a base that only declares what its subclasses inherit is not a model of its own: keep those
@@ -326,7 +350,7 @@ def audit(path: str | os.PathLike) -> Audit:
     derived = {id(b) for c, _ in found for b in index.lineage(c)[1:]}
     models = [m for c, m in found if id(c) not in derived or m.where]
     models.sort(key=lambda m: (m.verdict_key not in ATTENTION, m.model, m.file))
-    return Audit(str(path), engine, version, len(files), models, bad, len(omitted), omitted[:50])
+    return Audit(str(path), engine, version, len(files), models, bad, len(omitted), omitted[:50], skipped)
 
 
 def compare(old: Audit, new: Audit) -> list[dict]:

@@ -7,6 +7,7 @@ trusts.
 """
 from __future__ import annotations
 
+import itertools
 import numbers
 
 from . import limits
@@ -30,13 +31,17 @@ class Budgets(tuple):
         ndim = getattr(budgets, "ndim", 1)
         if isinstance(budgets, (str, bytes, numbers.Number)) or not hasattr(budgets, "__iter__") or ndim != 1:
             raise ValueError(f"{what} must be a list of positive integers (merged tokens), got {budgets!r}")
-        values = list(budgets)
+        cap = limits.current().budgets     # counted before a list exists: range(1, 10**12) is a sequence too
+        if (size := limits.size_of(budgets)) is not None:
+            limits.check("budgets", size, f"{what}: a list of {size:,} budgets")
+        values = list(itertools.islice(budgets, cap + 1))
         if not values:
             raise ValueError(f"{what} is empty; give at least one budget in merged tokens, e.g. [64, 128, 256]")
         bad = [b for b in values if not limits.is_integer(b) or b < 1]
         if bad:
             raise ValueError(f"{what} must be positive integers (merged tokens); bad values: {bad[:8]}")
-        limits.check("budgets", len(values), f"{what}: a list of {len(values)} budgets")
+        limits.check("budgets", len(values), f"{what}: a list of {len(values)} budgets" if len(values) <= cap else
+                     f"{what}: an iterable of more than {cap:,} budgets (counting stopped there)")
         for i, b in enumerate(values):
             limits.check("budget_tokens", int(b), f"{what}[{i}]={int(b)} merged tokens")
         values = [int(b) for b in values]

@@ -62,7 +62,8 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
     the file)."""
     kinds = dict(patch_size=POSITIVE, merge_size=POSITIVE, temporal_patch_size=POSITIVE, image_mean=NUMBERS,
                  image_std=NUMBERS, do_rescale=BOOL, do_normalize=BOOL, rescale_factor=NUMBER, size=OBJECT,
-                 min_pixels=POSITIVE, max_pixels=POSITIVE, max_patches=POSITIVE)
+                 min_pixels=POSITIVE, max_pixels=POSITIVE, max_patches=POSITIVE, max_soft_tokens=POSITIVE,
+                 pooling_kernel_size=POSITIVE)
     side = pp.get("patch_size")
     if isinstance(side, dict):       # Pixtral's processor writes {"height": p, "width": p}
         h, w = (checked(side.get(k), POSITIVE, f"patch_size.{k}") for k in ("height", "width"))
@@ -86,8 +87,11 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
             raise ValueError(f"{key}={pp[key]!r} must hold {arch['in_channels']} numbers, one per channel of the "
                              f"vision config (in_channels={arch['in_channels']})")
         out[key] = v[key]
-    if v.get("do_rescale", True) is False or v.get("do_normalize", True) is False:
-        raise ValueError("do_rescale/do_normalize false: the workbench normalizes as the processor does with both on")
+    if v.get("do_rescale", True) is False:
+        raise ValueError("do_rescale false: the workbench rescales as the processor does with it on")
+    if v.get("do_normalize", True) is False:
+        # the processor skips its normalize step (Gemma-4's: the model maps [0, 1] itself): the identity
+        out = dict(image_mean=(0.0,) * arch["in_channels"], image_std=(1.0,) * arch["in_channels"])
     out["rescale_factor"] = v.get("rescale_factor", 1 / 255)
     return dict(out, **fam.processor_bounds(v, arch))
 

@@ -9,12 +9,13 @@ import errno
 import json
 import os
 import sys
+import warnings
 from typing import Any, Sequence
 
-from .arguments import build_parser, parse_sets, select_studies
+from .arguments import build_parser, glue_dash_values, parse_sets, select_studies
 from .checkpoints import CheckpointError
 from .compare import compare_command
-from .limits import Limits
+from .limits import Limits, check_switches
 from .provenance import collect_meta, git_info, utc_now
 from .report import NO_STUDY_MESSAGE, REPORT_DIRNAME, ReportError, build_report, check_report_dir
 from .results import RunFolder
@@ -212,11 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(glue_dash_values(sys.argv[1:] if argv is None else argv))
     if extra:   # an unknown flag after a subcommand: show that subcommand's usage, not the top one
         parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    try:        # a malformed $WORKBENCH_LIMITS is named here, not deep inside a study
+    try:        # a malformed $WORKBENCH_LIMITS, or an on/off variable neither on nor off, is named here, not in a study
         Limits.from_env()
+        check_switches()
     except ValueError as e:
         raise SystemExit(str(e)) from None
     results = getattr(args, "results", None)
@@ -276,10 +278,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from .audit import ATTENTION, AuditError, audit, compare, compare_table, save
     new_path = getattr(args, "new", None)
     try:
-        old = audit(args.path) if new_path else None
-        result = audit(new_path or args.path)
+        with warnings.catch_warnings(record=True) as caught:      # a link skipped: one plain line each
+            warnings.simplefilter("always")
+            old = audit(args.path) if new_path else None
+            result = audit(new_path or args.path)
     except AuditError as e:
         raise SystemExit(str(e)) from None
+    for w in caught if args.json or new_path else ():      # the table's own lines name them otherwise
+        print(f"audit: warning: {w.message}", file=sys.stderr)
     if old is None:
         print(result.to_json() if args.json else result.table(), end="\n" if not args.json else "")
     else:

@@ -1,8 +1,10 @@
 """Compare two runs (`compare_runs`): every metric both measured, cell by cell, with the ratio and what changed
 (`_flag`); ``python -m workbench compare`` prints it (`compare_command`). It never compares unlike things
-silently: a metric whose unit differs is flagged not comparable and never ratioed, a parameter column one run
-lacks is named with the other's values (rows then matched on the common columns), and a table that cannot be
-read is an error naming the file. Its CSV is safe to open (workbench.csvsafe). Imports no torch."""
+silently: a metric whose unit differs is flagged not comparable and never ratioed, a verdict (unit bool) is
+compared as a verdict and never ratioed, a metric whose values are not numbers (text, booleans outside a verdict)
+is left out and named (`not_numbers`), a parameter column one run lacks is named with the other's values (rows
+then matched on the common columns), and a table that cannot be read is an error naming the file. Its CSV is
+safe to open (workbench.csvsafe). Imports no torch."""
 from __future__ import annotations
 
 import math
@@ -13,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from .csvsafe import safe_csv
 from .files import atomic_write_text, open_regular
-from .provenance import results_root
+from .provenance import results_folder
 from .results import META_NAME, RunNotFound, file_problem, holds_run
 from .results import resolve_run as store_resolve
 
@@ -46,7 +48,7 @@ def resolve_run(spec: str | Path, results: str | Path | None = None) -> Path:
     its reference/, or ``latest``); CompareError listing what was tried otherwise."""
     try:
         return store_resolve(spec, results, latest=LATEST)
-    except RunNotFound as e:
+    except (RunNotFound, ValueError) as e:      # ValueError: an empty spec or results ("" is no folder)
         raise CompareError(str(e)) from None
 
 
@@ -142,7 +144,8 @@ def compare_tables(a, b, study: str = "", names: tuple[str, str] = ("a", "b")):
                         "unit": both["unit_b"].where(same_unit, both["unit_a"].astype(str) + f" ({names[0]}), "
                                                      + both["unit_b"].astype(str) + f" ({names[1]})"),
                         "a": both["value_a"].astype(float), "b": both["value_b"].astype(float)})
-    out["ratio"] = (out["b"] / out["a"].where(out["a"] != 0)).where(same_unit)
+    # a verdict (unit bool) is compared as a verdict (`_flag`), never as a ratio of its 0 and 1
+    out["ratio"] = (out["b"] / out["a"].where(out["a"] != 0)).where(same_unit & (both["unit_b"] != VERDICT_UNIT))
     out["flag"] = flags
     out = out.reset_index(drop=True)
     out.attrs["columns_differ"] = [
@@ -207,7 +210,10 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     if unknown:                    # a name neither run holds is a mistake, not "nothing to compare"
         raise BadArgument(f"no study named {', '.join(map(repr, unknown))} in either run; the studies they "
                           f"hold: {', '.join(sorted(held)) or 'none'}")
-    ta, tb = ({s: _read_table(p, held) for s, p in f.items() if wanted is None or s in wanted} for f in files)
+    read = [{s: _read_table(p, held) for s, p in f.items() if wanted is None or s in wanted} for f in files]
+    ta, tb = ({s: table for s, (table, _) in r.items()} for r in read)
+    left_out = {s: [f"metric {m!r} of {side}: {why}" for side, r in zip("ab", read) if s in r
+                    for m, why in r[s][1].items()] for s in sorted(set(ta) | set(tb))}
     compared = {s: compare_tables(ta[s], tb[s], study=s) for s in sorted(set(ta) & set(tb))}
     frames = [f for f in compared.values() if len(f)]
     if frames:
@@ -218,6 +224,7 @@ def compare_runs(a: str | Path, b: str | Path, results: str | Path | None = None
     else:
         df = pd.DataFrame(columns=["study", *VALUE_COLUMNS])
     df.attrs.update(a=str(pa), b=str(pb), studies_a=sorted(ta), studies_b=sorted(tb),
+                    left_out={s: lines for s, lines in left_out.items() if lines},
                     columns_differ={s: f.attrs["columns_differ"] for s, f in compared.items()
                                     if f.attrs.get("columns_differ")},
                     **{col: {s: tuple(",".join(recorded(t[s], col)) for t in (ta, tb)) for s in set(ta) & set(tb)}
@@ -242,10 +249,35 @@ def _check_kinds(raw) -> None:
         raise TableError(f"column 'value' holds {raw['value'].dtype} values, not numbers")
 
 
+def not_numbers(raw) -> dict[str, str]:
+    """{metric: why} of the metrics whose values in ``raw`` (a table as read) are not all numbers: text, which
+    the table checker would parse ("1.5" -> 1.5), or booleans outside a verdict (unit bool), which it would
+    count as 0 and 1. Compare leaves them out, named, instead of ratioing what was never measured as a number."""
+    import numbers
+
+    import numpy as np
+
+    def why(v, unit) -> str | None:
+        if isinstance(v, (bool, np.bool_)):
+            return None if unit == VERDICT_UNIT else f"booleans under unit {unit!r} (first: {v!r})"
+        if v is None or isinstance(v, numbers.Real):
+            return None
+        return f"{type(v).__name__} values, not numbers (first: {str(v)[:40]!r})"
+
+    out: dict[str, str] = {}
+    if raw["value"].dtype.kind in "iuf":      # a numeric column: nothing to look at row by row
+        return out
+    for metric, value, unit in zip(raw["metric"], raw["value"], raw["unit"]):
+        if str(metric) not in out and (problem := why(value, unit)):
+            out[str(metric)] = problem
+    return out
+
+
 def _read_table(path: Path, held: Iterable[str]):
     """One run's study table, read and checked (its kinds by `_check_kinds`, then the study table format by
     workbench.results.tables.check_table: the metric, value and unit columns...), with one scalar per parameter
-    cell; CompareError naming the file and what is wrong otherwise, since a traceback names neither."""
+    cell, and {metric: why} of those left out (`not_numbers`); CompareError naming the file and what is wrong
+    otherwise, since a traceback names neither."""
     import numpy as np
 
     from .results.tables import TableError, check_table, read_raw
@@ -254,6 +286,10 @@ def _read_table(path: Path, held: Iterable[str]):
     try:
         raw = read_raw(path)
         _check_kinds(raw)
+        left = not_numbers(raw) if "value" in raw.columns and "metric" in raw.columns and "unit" in raw.columns else {}
+        raw = raw[~raw["metric"].astype(str).isin(left)] if left else raw
+        if raw.empty and left:          # every metric left out: nothing of this study to compare
+            return raw.assign(value=raw["value"].astype(float)), left
         table = check_table(raw, name=str(path))
         for col in param_columns(table):
             bad = table[col].map(lambda v: isinstance(v, (list, tuple, dict, set, np.ndarray)))
@@ -266,7 +302,7 @@ def _read_table(path: Path, held: Iterable[str]):
     except (MemoryError, RecursionError, OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise CompareError(f"cannot compare the table {path}: it cannot be read as a study table "
                            f"({type(e).__name__}: {str(e)[:300]}){hint}") from None
-    return table
+    return table, left
 
 
 def recorded(table, col: str) -> list[str]:
@@ -300,7 +336,7 @@ def _written_by_compare(path: Path) -> bool:
 def csv_target(path: str | Path, results: str | Path | None = None, force: bool = False) -> Path:
     """Where ``compare --csv path`` writes (``path`` in its real folder); BadArgument naming why it may not."""
     path = Path(path)
-    results = (Path(results) if results is not None else results_root()).resolve()
+    results = results_folder(results).resolve()
     if path.is_dir():
         raise BadArgument(f"--csv {path}: it is a folder; give a file name, e.g. {path / 'compare.csv'}")
     if not path.parent.is_dir():
@@ -379,6 +415,8 @@ def compare_command(args) -> int:
               + ("" if len(g) else " (no cell measured in both: other presets, sizes or parameters)") + kernels)
         for line in column_lines(df.attrs["columns_differ"].get(study, [])):
             print(f"  {study}: {line}")
+        for line in df.attrs["left_out"].get(study, []):
+            print(f"  {study}: left out {line}: only numbers are compared")
     if args.csv:
         print(f"compare: every value written to {args.csv}")
     show = df if args.all else df[df["flag"] != ""]

@@ -15,7 +15,12 @@ the way engines wire them, so that their failures come from the wiring alone:
   ``runner`` (normalizes straight into the graph buffer, valid rows only, fused with staging) it
   writes a tensor of its own first; unlike ``outer`` (skipped by the graph path) no path misses it.
 - ``outer``: the outer model normalizes in `get_image_features` before calling the tower. A graph
-  runner calls the tower directly and so skips it: the cudagraph path sees raw pixels.
+  runner calls the outer model's graph forward (`graph_forward`), which goes straight to the tower's
+  and so skips it: the cudagraph path sees raw pixels.
+- ``outer_graph``: the outer model normalizes in a helper that both `get_image_features` and its
+  graph forward (`graph_forward`, what the runner captures) call, as vLLM's Gemma-4 does (its
+  `vision_input_norm` in `_embed_patches`, called by `encoder_cudagraph_forward` too): right on every
+  path, the norm captured in the graph like placement ``tower``'s.
 - ``tower``: normalization is the tower's first op, so every path that runs the tower gets it.
 - ``runner``: the model runner normalizes the valid rows before dispatching to any path.
 - ``none``: nobody normalizes (raw 0..255 values reach the patch embedding).
@@ -77,7 +82,9 @@ class VisionEncoder(nn.Module):
         # the GPU preprocessor's norm (placement `device`), the outer model's own (placement
         # `outer`) and the model runner's (placement `runner`)
         self.preprocessor_norm = norm if where == "device" else None
-        self.outer_norm = norm if where == "outer" else None
+        self.outer_norm = norm if where in ("outer", "outer_graph") else None
+        # the outer model's norm that its graph forward also runs (placement `outer_graph`)
+        self.graph_norm = norm if where == "outer_graph" else None
         self.runner_norm = norm if where == "runner" else None
         self.to(device=device)
         self.visual.to(dtype=dtype)
@@ -129,6 +136,15 @@ class VisionEncoder(nn.Module):
         if self.outer_norm is not None:
             pixels = self.outer_norm(pixels, self.dtype)
         return self.visual(pixels, grid_thw)
+
+    def graph_forward(self, pixels: torch.Tensor, meta) -> torch.Tensor:
+        """What the outer model's encoder-graph forward runs on a graph runner's static buffers (vLLM's
+        `encoder_cudagraph_forward`): the tower's graph-safe forward, after the outer model's norm where its
+        graph forward calls it too (placement `outer_graph`; rows past ``meta.n_valid`` left to the norm's
+        contract), never placement `outer`'s. Fixed shapes only: a graph captures it."""
+        if self.graph_norm is not None:
+            pixels = self.graph_norm(pixels, self.dtype, n_valid=meta.n_valid)
+        return self.visual.forward_prepared(pixels, meta)
 
     def runner_normalize(self, pixels: torch.Tensor, out_dtype: torch.dtype | None = None, out=None,
                          n_valid=None) -> torch.Tensor:

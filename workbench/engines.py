@@ -23,6 +23,9 @@ from . import limits
 from .budgets import Budgets
 
 BUDGET_RULES = ("pow2", "dense", "exact_length")
+# the smallest budget the engines capture by default (vLLM: 64 merged tokens for the Qwen towers): the least a cap
+# on the largest budget can be
+SMALLEST_BUDGET = 64
 PACKINGS = ("greedy_smallest_first", "one_replay_largest_first", "per_length")
 
 
@@ -119,7 +122,7 @@ class EnginePolicy:
         if self.default_cap is not None:    # no cap looked up: the entries are made as the module imports
             limits.integer(self.default_cap, f"engine policy {self.name!r}: default_cap")
 
-    def budgets(self, largest: int, smallest: int = 64, cap: int | None = None) -> list[int]:
+    def budgets(self, largest: int, smallest: int = SMALLEST_BUDGET, cap: int | None = None) -> list[int]:
         """The budgets this release captures for a model whose budget range is ``smallest`` ..
         ``largest`` merged tokens (vLLM: 64 for the Qwen towers; the largest is the scheduler's
         token budget), with ``cap`` (default: the release's) on the largest. For an engine that
@@ -142,7 +145,7 @@ class EnginePolicy:
             return dense_budgets(smallest, largest)
         return [largest]
 
-    def max_items(self, budgets, largest: int | None = None, smallest: int = 64) -> int:
+    def max_items(self, budgets, largest: int | None = None, smallest: int = SMALLEST_BUDGET) -> int:
         """Items (attention sequences) one replay holds by default: the model's budget range
         ``largest`` / ``smallest`` (before any cap; default the budgets' largest), at most the
         smallest budget (vLLM: a replay's every item needs one output token)."""
@@ -212,13 +215,27 @@ def with_cap(engine, cap: int | None) -> EnginePolicy:
     policy = get(engine)
     if cap is None:
         return policy
-    cap = limits.integer(cap, "engine_cap", cap="budget_tokens")     # "4096", NaN, inf: named before any use
+    cap = check_cap(cap)      # "4096", NaN, inf, 0, 63: named before any use
     if policy.options.cap is None:
         having = [n for n, p in ENGINES.items() if p.options.cap]
         raise ValueError(f"{policy.name} has no budget cap option (it captures up to the model's largest budget); "
                          f"releases with one: {', '.join(having)}")
-    policy.budgets(max(cap, 64), cap=cap)      # a cap below the smallest budget is refused here, named
     return dataclasses.replace(policy, default_cap=cap)
+
+
+def check_cap(cap, what: str = "engine_cap") -> int:
+    """``cap`` as an int where it can cap the largest budget: a whole number from SMALLEST_BUDGET to the limit
+    ``budget_tokens``; ValueError (LimitError above the limit) naming ``what``, the value and that range."""
+    valid = (f"valid caps: whole numbers {SMALLEST_BUDGET}..{limits.current().budget_tokens:,} (merged tokens, from "
+             f"the smallest budget to the limit 'budget_tokens')")
+    if not limits.is_integer(cap):
+        raise ValueError(f"{what}={cap!r} is not a whole number of merged tokens; {valid}")
+    if cap < SMALLEST_BUDGET:
+        raise ValueError(f"{what}={cap!r} is below the smallest budget {SMALLEST_BUDGET}; {valid}")
+    try:
+        return limits.check("budget_tokens", int(cap), f"{what}={int(cap)}")
+    except limits.LimitError as e:
+        raise limits.LimitError(f"{e}; {valid}") from None
 
 
 def pack(policy: EnginePolicy | None, tokens: list[int], frames: list[int], budgets, max_items: int):

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import numbers
 import os
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -65,6 +66,8 @@ class Limits:
     workers: int = 1024                   # worker processes: the serving model's host processors, a sweep's --workers
     sim_requests: int = 1_000_000         # requests the serving model simulates per arrival rate
     shards: int = 4096                    # shards of one sharded sweep (--shard I/N: N, a job array's task count)
+    plan_sizes: int = 4096                # distinct item sizes one budget plan weighs (its programme is quadratic)
+    pool_plan_sizes: int = 256            # the same under a pool limit (a Pareto front per state: far more work)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -178,9 +181,50 @@ def integer(value, what: str, minimum: int = 1, cap: str | None = None) -> int:
     return value
 
 
+def size_of(values) -> int | None:
+    """How many values ``values`` says it holds (its len; a range's true length, also past what len() can return),
+    None where it says nothing (an iterator: count it as it is taken, at most a cap plus one)."""
+    if isinstance(values, range):
+        return max(0, -(-(values.stop - values.start) // values.step))
+    if not hasattr(values, "__len__"):
+        return None
+    try:
+        return len(values)
+    except OverflowError:      # a length beyond an index: more than any cap
+        return sys.maxsize + 1
+
+
 def seed(value, what: str = "seed") -> int:
     """A random seed: an integer 0..cap (numpy's generators take no negative seed)."""
     return integer(value, what, minimum=0, cap="seed")
+
+
+# the spellings an on/off environment variable takes (case and surrounding spaces aside); empty is unset
+SWITCH_ON, SWITCH_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+REUSE_LAUNCHES_ENV = "WORKBENCH_REUSE_LAUNCHES"     # interpreted Triton launches reused (norm_kernels)
+PROGRESS_ENV = "WORKBENCH_PROGRESS"                 # progress bars shown (studies.plotting)
+SWITCHES = {REUSE_LAUNCHES_ENV: True, PROGRESS_ENV: True}     # every on/off variable the package reads: its default
+
+
+def switch(name: str, default: bool) -> bool:
+    """The on/off environment variable ``name``: ``default`` where it is unset or empty, else one of
+    SWITCH_ON / SWITCH_OFF in any case with spaces around; ValueError naming the variable, its value and the
+    accepted values otherwise (a typo such as "flase" never silently means on)."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in SWITCH_ON or value in SWITCH_OFF:
+        return value in SWITCH_ON
+    raise ValueError(f"{name}={raw!r} is neither on nor off; accepted, in any case: {', '.join(SWITCH_ON)} (on), "
+                     f"{', '.join(SWITCH_OFF)} (off), or unset for the default ({'on' if default else 'off'})")
+
+
+def check_switches() -> None:
+    """Every variable of SWITCHES read once: the command line calls it first, so that a value that is neither on
+    nor off is named before any work, not where a study first reads it."""
+    for name, default in SWITCHES.items():
+        switch(name, default)
 
 
 def cpu_count() -> int:

@@ -11,11 +11,12 @@ norms need CUDA tensors.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import OrderedDict
 from contextlib import contextmanager
 
 import torch
+
+from . import limits
 
 # triton_rows tile configurations the GPU benchmark sweeps; the first one is the default.
 # Why these: a row is 1176 contiguous bytes, so a [BLOCK_R, 2048] tile covers BLOCK_R whole rows
@@ -194,9 +195,9 @@ def kernels_interpreted() -> bool:
 # dtypes, constants, valid input rows and scale/shift equal an earlier one's copies that launch's output rows instead
 # of running: the same bits, since a launch reads only the rows below n_valid and writes only those (padding rows
 # are neither read nor written, so their contents are not part of the key). CUDA launches always run.
-# WORKBENCH_REUSE_LAUNCHES=0 turns it off (to check that the tables come out the same without it).
+# WORKBENCH_REUSE_LAUNCHES=0 (or off, false, no) turns it off (to check that the tables come out the same without it).
 REUSE_BYTES = 256 * 2**20         # the outputs kept at most; the oldest go first
-REUSE_ENV = "WORKBENCH_REUSE_LAUNCHES"
+REUSE_ENV = limits.REUSE_LAUNCHES_ENV
 _REUSE: OrderedDict | None = None
 
 
@@ -205,7 +206,7 @@ def reusing_launches():
     """Reuse identical interpreted launches in this block (nested: the outer block's store); forgotten at its end."""
     global _REUSE
     outer = _REUSE
-    if os.environ.get(REUSE_ENV, "1") != "0":
+    if limits.switch(REUSE_ENV, True):       # a value other than on or off: ValueError naming it
         _REUSE = OrderedDict() if outer is None else outer
     try:
         yield

@@ -16,7 +16,8 @@ s_0 < ... < s_{n-1}, probabilities p_k and the previous budget at index i, a bud
 serves the items i < k <= j at cost  c_j * (P_j - P_i) - (S_j - S_i)  (prefix sums P of p and S
 of p*s; c_j = s_j for padding, c_j = L(s_j) and no S term for latency). A dynamic programme over
 (budgets used, last budget) finds the optimum in O(max_graphs * n^2) vectorized operations; with a
-pool limit it keeps, per state, the Pareto front of (cost, pool bytes of the budgets below).
+pool limit it keeps, per state, the Pareto front of (cost, pool bytes of the budgets below). n is capped
+(limits ``plan_sizes``, ``pool_plan_sizes``): more distinct sizes are refused, naming the count, not planned for hours.
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def _distribution(mix, cfg=None) -> tuple[np.ndarray, np.ndarray]:
         raise TypeError(f"mix must be a sequence of per-item merged-token counts, a mapping tokens -> weight "
                         f"or an image-mix name, got {type(mix).__name__}")
     else:       # counted before a list of them exists: range(1, 10**10) is a sequence too
-        if hasattr(mix, "__len__"):
-            limits.check("draws", len(mix), f"mix: {len(mix):,} per-item merged-token counts")
+        if (size := limits.size_of(mix)) is not None:
+            limits.check("draws", size, f"mix: {size:,} per-item merged-token counts")
             items = mix.tolist() if isinstance(mix, np.ndarray) else list(mix)
         else:
             cap = limits.current().draws
@@ -258,26 +259,24 @@ def graph_pool_bytes(cfg, budgets, dtype=None, max_items: int = 16, norm: str | 
     (torch's caching-allocator rules: 512 B rounding, 2/20 MiB segments, best fit, splitting and
     coalescing) to give the bytes the pool reserves.
 
-    dtype: the tower dtype (default bf16). norm: the tower's first-op norm (a wb.NORMS name; the
-    eager norm's fp32 temporaries then appear in the trace) or None (no norm in the graph);
-    buffer_dtype: the static pixel buffer's dtype (default uint8 with a norm, else `dtype`; a
-    buffer dtype other than the tower dtype adds the cast). max_items sizes only metadata
-    (cu_seqlens), which the runner allocates outside the pool, so it changes nothing here.
+    dtype: the tower dtype (default bf16). norm: the tower's first-op norm (a wb.NORMS name; the eager norm's fp32
+    temporaries then appear in the trace) or None (no norm in the graph); buffer_dtype: the static pixel buffer's
+    dtype (default uint8 with a norm, else `dtype`; a buffer dtype other than the tower dtype adds the cast).
+    max_items sizes only metadata (cu_seqlens), which the runner allocates outside the pool, so it changes nothing
+    here.
 
-    Limits: the padding_waste reference runs compare the model with the measured pool of every
-    runner they build, and the pool probe of docs/probes.md one budget's graph alone (results/reference/README.md
-    gives the ratios); the model can be above or below, so leave headroom either way. Runners of
-    several budgets measured below it: the smaller captures, outputs included, fit in the space the
-    largest one left. The traces themselves are exact (the CUDA tower's dispatch trace equals the
-    meta one, allocation for allocation; for qwen2-vl-7b its peak equals the measured peak
-    allocation, and for qwen3-vl-8b one graph's pool equals the model to the byte, while on
-    glm-4.1v-9b the allocator places the same trace in fewer bytes); what the trace cannot see is memory a kernel allocates
-    inside one op (Qwen2.5-VL's windowed flash-attention blocks allocate ~7 KB per row that no op
-    returns), and the allocator's segment placement across several captures differs from the
-    model by up to one 20 MiB segment. The smaller captures' outputs are counted on top of the
-    largest capture's pool. cuBLAS workspaces, Triton compilation and the graph's RNG state are
-    outside the pool (the runner warms up on the stream it captures on). Give max_pool_bytes some
-    headroom accordingly.
+    Limits: the padding_waste reference runs compare the model with the measured pool of every runner they build,
+    and the pool probe of docs/probes.md one budget's graph alone (results/reference/README.md gives the ratios);
+    the model can be above or below, so leave headroom either way. Runners of several budgets measured below it: the
+    smaller captures, outputs included, fit in the space the largest one left. The traces themselves are exact (the
+    CUDA tower's dispatch trace equals the meta one, allocation for allocation; for qwen2-vl-7b its peak equals the
+    measured peak allocation, and for qwen3-vl-8b one graph's pool equals the model to the byte, while on
+    glm-4.1v-9b the allocator places the same trace in fewer bytes); what the trace cannot see is memory a kernel
+    allocates inside one op (Qwen2.5-VL's windowed flash-attention blocks allocate ~7 KB per row that no op
+    returns), and the allocator's segment placement across several captures differs from the model by up to one
+    20 MiB segment. The smaller captures' outputs are counted on top of the largest capture's pool. cuBLAS workspaces,
+    Triton compilation and the graph's RNG state are outside the pool (the runner warms up on the stream it captures
+    on). Give max_pool_bytes some headroom accordingly.
     """
     import torch
     cfg = resolve_config(cfg)
@@ -406,6 +405,9 @@ def plan_budgets(mix, max_graphs: int, max_pool_bytes: int | None = None, cfg=No
     elif pool_kw:
         raise TypeError(f"{sorted(pool_kw)} only apply together with max_pool_bytes")
     sizes, probs = _distribution(mix, cfg)
+    limits.check("plan_sizes" if max_pool_bytes is None else "pool_plan_sizes", sizes.size, f"plan_budgets: a mix "
+                 f"of {sizes.size:,} distinct merged-token counts (the exact programme is quadratic in them: round "
+                 f"the sizes first, e.g. up to a multiple of 8)")
     # the plan's last budget is the largest item: one above the budget cap no runner could capture
     limits.check("budget_tokens", int(sizes[-1]), f"the largest item of the mix, {int(sizes[-1])} merged "
                                                   f"tokens (the plan's largest budget)")

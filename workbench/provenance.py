@@ -35,6 +35,17 @@ def results_root() -> Path:
                          f"or ~/...") from None
 
 
+def results_folder(results=None, what: str = "results") -> Path:
+    """``results`` as the folder of run folders, `results_root()` where None. An empty or blank string is
+    refused (ValueError naming ``what``): Path("") is the current folder, which a caller who passed "" never meant."""
+    if results is None:
+        return results_root()
+    if isinstance(results, str) and not results.strip():
+        raise ValueError(f"{what}={results!r} is empty; give the folder that holds the run folders, or None for "
+                         f"{results_root()}")
+    return Path(results)
+
+
 def utc_now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
 

@@ -13,13 +13,13 @@ policy says so: vLLM 0.33); outputs are cloned out of the static
 output buffer. `encode(batch, phases={})` also times each phase (plan, metadata, staging, replay,
 copy_out: `PHASES`), synchronizing the device around each; without ``phases`` nothing is timed.
 
-The runner calls `encoder.visual.forward_prepared` directly, as engines do: whatever the outer
-model does before calling its tower (placement `outer`) does not happen here. Only the model
-runner's own normalization (placement `runner`) and the tower's first op (placement `tower`) do,
-and what happened before the encoder was called: placement `device` hands the runner rows the
-GPU preprocessor already normalized (`VisionEncoder.graph_input`), which it stages like the CPU
-processor's (a float buffer); placement `fold` needs no norm (the patch embedding's folded
-weights, refreshed before each replay when the parameters changed: `VisionTower.refresh_derived`).
+The runner captures `encoder.graph_forward`, the tower's `forward_prepared` called directly, as engines
+do: what the outer model does before calling its tower (placement `outer`) does not happen here; a norm in
+a helper its graph forward calls too (`outer_graph`, vLLM's Gemma-4), the model runner's own (`runner`)
+and the tower's first op (`tower`) do, and what happened before the encoder was called: placement
+`device` hands the runner rows the GPU preprocessor already normalized (`VisionEncoder.graph_input`), which
+it stages like the CPU processor's (a float buffer); placement `fold` needs no norm (the patch embedding's
+folded weights, refreshed before each replay when the parameters changed: `VisionTower.refresh_derived`).
 
 Backends: ``cuda`` (torch.cuda.CUDAGraph capture and replay) and ``emulated`` (the same static
 buffers, padding and call path, replayed eagerly: the placement bugs reproduce on a CPU).
@@ -259,7 +259,7 @@ class EncoderGraphRunner:
             cap = _Captured(budget, share.pixels, dataclasses.replace(share.meta, dense_seqlen=dense_seqlen))
 
         def run():
-            return self.tower.forward_prepared(cap.pixels, cap.meta)
+            return self.encoder.graph_forward(cap.pixels, cap.meta)
 
         if self.backend == "emulated":    # the first replay runs the forward and keeps its output as the static one
             cap.graph = run

@@ -71,7 +71,7 @@ def console_progress(name: str):
         os.environ.pop(PROGRESS_FILE_ENV, None)
         if old is not None:
             os.environ[PROGRESS_FILE_ENV] = old
-        for p in (path, Path(f"{path}.tmp")):
+        for p in (path, *path.parent.glob(f"{path.name}.*.tmp")):      # a writer killed between its two steps
             p.unlink(missing_ok=True)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import limits, provenance      # git_info looked up when called: tests stand in for it
-from .results import MetaError, RunFolder, RunMeta, newest_timings, run_in_use, run_of_commit, timings
+from .results import META_NAME, MetaError, RunFolder, RunMeta, newest_timings, run_in_use, run_of_commit, timings
 from .notebook_path import default_kernel
 from .stages import finish_study
 from .studies import ParamError
@@ -307,10 +307,16 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
 
 
 def _resume_meta(run: RunFolder) -> RunMeta:
+    """The run's meta.json where it records a sweep to finish; SystemExit naming the folder and what is missing
+    otherwise (a bare record, such as ``{}``, planned nothing: stamping it finished would make a run of nothing)."""
     try:
-        return run.meta()
+        meta = run.meta()
     except MetaError as e:
         raise SystemExit(f"--resume: {e}") from None
+    if not meta.plan:
+        raise SystemExit(f"--resume: {run.path}: its {META_NAME} plans no study (params.studies is missing or "
+                         f"empty), so it is no sweep's run folder; nothing to resume, and the folder is left as it is")
+    return meta
 
 
 def resume_sweep(run: str | Path, results: Path, studies: dict, *, kernel: str | None = None,

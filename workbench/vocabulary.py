@@ -41,8 +41,10 @@ class Placement:
     it, the graph runner checks its buffer dtype against it, the studies enumerate cells with it.
 
     norm_in: what normalizes on the device, "device" (the GPU preprocessor, before the encoder),
-    "outer", "tower", "runner", or "fold" (nothing runs: the normalization is folded into the patch
-    embedding's weights), or None (nothing on the device); input_kind: what the encoder takes,
+    "outer" (the outer model, on its eager path only), "outer_graph" (the outer model, in a helper its
+    encoder-graph forward calls too, so the graph captures the norm), "tower", "runner", or "fold"
+    (nothing runs: the normalization is folded into the patch embedding's weights), or None (nothing on
+    the device); input_kind: what the encoder takes,
     "uint8" (raw pixels) or "normalized" (the CPU processor's float32); runner_input: what the
     graph runner (and `VisionEncoder.encode_eager`) receive, the encoder's input_kind unless a
     step before the paths changes it (placement device: normalized floats); buffer_dtypes: names
@@ -74,6 +76,8 @@ PLACEMENT_TABLE: dict[str, Placement] = {p.name: p for p in (
     Placement("device", "the GPU preprocessor, before the encoder: resize, patchify and normalize on the device",
               "device", "uint8", FLOAT_BUFFERS, runner_input="normalized"),
     Placement("outer", "the outer model, before it calls the tower", "outer", "uint8", BUFFER_DTYPES),
+    Placement("outer_graph", "the outer model, in the helper its eager path and its encoder-graph forward both call "
+              "(vLLM's Gemma-4: `_embed_patches`)", "outer_graph", "uint8", BUFFER_DTYPES),
     Placement("tower", "the tower's first op", "tower", "uint8", BUFFER_DTYPES),
     Placement("runner", "the encoder runner, into the graph buffer", "runner", "uint8", FLOAT_BUFFERS),
     Placement("none", "nobody", None, "uint8", BUFFER_DTYPES),

@@ -266,6 +266,9 @@ VISION_KEYS = {
     "vision_feature_layer": INTEGER,
     # Gemma-3's SigLIP vision_config, and the top-level field of its config.json its projector reads
     "layer_norm_eps": NUMBER, "vision_use_head": BOOL, "mm_tokens_per_image": POSITIVE,
+    # Gemma-4's vision_config
+    **dict.fromkeys(("num_key_value_heads", "pooling_kernel_size", "position_embedding_size"), POSITIVE),
+    "hidden_activation": STRING, "use_clipped_linears": BOOL, "standardize": BOOL,
 }
 
 

@@ -18,7 +18,7 @@ from ..files import atomic_write_text
 from ..limits import cpu_count
 from ..procs import ParentWatch, die_with_parent
 from ..progress import time_left
-from ..provenance import results_root
+from ..provenance import results_folder
 # the names below that this module does not use are the package's public ones (and view_body, for tests)
 from .answers import answers_html
 from .html import NO_STUDY_MESSAGE, REPORT_TITLE, newest_first, view_body, render_html
@@ -368,7 +368,7 @@ def build_report(results_dir: Path | str | None = None, out_dir: Path | str | No
     """Write ``<out_dir>/index.html`` (default ``<results_dir>/report``, replaced as a whole: UnsafeOutDir before
     any work where `check_report_dir` refuses it; ReportError, all left as it was, for a later failure). ``cache``:
     reuse and keep the drawings in ``<results_dir>/.cache/report/`` (workbench.report.cache); False draws all."""
-    results_dir = Path(results_dir) if results_dir is not None else results_root()
+    results_dir = results_folder(results_dir, "results_dir")
     out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIRNAME
     check_report_dir(out_dir, results_dir)
     if studies is None:

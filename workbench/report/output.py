@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from ..files import atomic_write_text, read_regular
-from ..provenance import iso_utc, results_root
+from ..provenance import iso_utc, results_folder
 from ..results import META_NAME
 from ..results import holds_run
 from ..notebook_path import localize_html, nh3_missing
@@ -55,7 +55,7 @@ def _walk_files(root: Path) -> tuple[dict[str, int], list[str]]:
 def check_report_dir(out_dir: Path | str, results_dir: Path | str | None = None) -> str:
     """"new", "empty" or "report" (only the files its marker lists) where the report may replace ``out_dir``."""
     out_dir = Path(out_dir)
-    results_dir = Path(results_dir) if results_dir is not None else results_root()
+    results_dir = results_folder(results_dir, "results_dir")
     out, results = out_dir.resolve(), results_dir.resolve()
 
     def refuse(why: str) -> UnsafeOutDir:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..files import file_kind, read_regular
-from ..provenance import REFERENCE_DIRNAME, results_root
+from ..provenance import REFERENCE_DIRNAME, results_folder
 from .meta import META_NAME, MetaError, RunMeta
 from .folder import lists_run
 
@@ -95,7 +95,7 @@ def _load_run(path: Path, reference: bool) -> Run | None:
 
 def find_runs(results_dir: Path | str | None = None) -> list[Run]:
     """Run folders under ``results_dir`` and its ``reference/`` (local first, oldest first), unusable ones too."""
-    results_dir = Path(results_dir) if results_dir is not None else results_root()
+    results_dir = results_folder(results_dir, "results_dir")
     runs: list[Run] = []
     for base, reference in ((results_dir, False), (results_dir / REFERENCE_DIRNAME, True)):
         if not base.is_dir():
@@ -347,9 +347,13 @@ def started_at(run: Path) -> str:
 
 def resolve_run(spec: str | Path, results: str | Path | None = None, latest: str = "latest") -> Path:
     """The run folder ``spec`` names: a folder, a folder name under ``results`` or its reference/, or ``latest``
-    (the last started); RunNotFound listing what was tried otherwise."""
-    results = Path(results) if results is not None else results_root()
+    (the last started); RunNotFound listing what was tried otherwise, ValueError for an empty ``spec`` or ``results``
+    (Path("") is the current folder, never what "" meant)."""
+    results = results_folder(results)
     text = str(spec)
+    if not text.strip():
+        raise ValueError(f"run {text!r} is empty; give a run folder, a run name under {results} or its reference/, "
+                         f"or '{latest}'")
     if text == latest:
         runs = [c for base in (results, results / REFERENCE_DIRNAME) if base.is_dir() for c in sorted(base.iterdir())
                 if not c.name.startswith(".") and c.name not in (REPORT_DIRNAME, REFERENCE_DIRNAME) and has_tables(c)]
@@ -402,14 +406,16 @@ def save_table(study_name: str, table: Any, run_dir: str | Path | None = None,
 
     ``params`` are recorded as the study's parameters, ``started`` (a datetime) as the run's start where this
     call writes its meta.json. An existing table is never replaced."""
-    from ..provenance import iso_utc, results_root as default_root
+    from ..provenance import iso_utc
     from .folder import RunFolder, check_study_name, run_in_use
     from .tables import check_table
 
     check_study_name(study_name)        # a path in the name would write outside the run folder
     table = check_table(table, name=f"{study_name} table")
+    if isinstance(run_dir, str) and not run_dir.strip():
+        raise ValueError(f"run_dir={run_dir!r} is empty; give a run folder, or None for a new one")
     if run_dir is None:
-        root = Path(results_root) if results_root is not None else default_root()
+        root = results_folder(results_root, "results_root")
         run, mode = RunFolder.create(root, name=f"{study_name}-interactive"), "interactive"
     else:
         run, mode = RunFolder(Path(run_dir)), "notebook"

@@ -112,6 +112,10 @@ class Param:
     cap: the name of the `workbench.limits` cap on each number (a size knob without one could ask
     for more memory than any machine has; the cap can be raised on purpose, see limits);
     rule: an extra check ``rule(value) -> None`` that raises ValueError with a clear message;
+    host_rule: a check against the machine that takes a given value (its cores), run where the value is given
+    (a sweep's --set, a notebook's parameters, a resumed run's record: `ParamSpec.resolve`'s overrides), before a
+    run folder exists; never on the declared defaults, which are read on machines that do not run them (a GPU
+    profile's predictions on a laptop);
     model_folders: a transformers model folder (one holding config.json) is taken besides the
     choices, as its absolute path (a preset parameter: the user's own checkpoint).
     A list holds at most ``limits.list_items`` values; it may be empty only with ``empty_ok`` (an
@@ -129,6 +133,7 @@ class Param:
     cap: str | None = None
     help: str = ""
     rule: Callable[[Any], None] | None = field(default=None, compare=False)
+    host_rule: Callable[[Any], None] | None = field(default=None, compare=False)
     empty_ok: bool = False
     model_folders: bool = False
 
@@ -182,7 +187,7 @@ class Param:
                 return _model_folder(self.name, out)
             raise ParamError(f"{self.name}={value!r} is not a valid choice; valid: {self._valid()}")
         if self.minimum is not None and out < self.minimum:
-            raise ParamError(f"{self.name}={value!r} is below the minimum {self.minimum:g}")
+            raise ParamError(f"{self.name}={value!r} is below the minimum {self.minimum:g}; valid: {self._valid()}")
         if self.cap is not None:
             _checked(limits.check, self.cap, out, self.name, error=limits.LimitError)
         return out
@@ -222,6 +227,13 @@ class Param:
             out = self._element(self.kind, value)
         if self.rule is not None:
             _checked(self.rule, out, prefix=f"{self.name}={out!r}: ")
+        return out
+
+    def take(self, value: Any) -> Any:
+        """A value given for this parameter: `check`, then ``host_rule`` against this machine (ParamError)."""
+        out = self.check(value)
+        if self.host_rule is not None and out is not None:
+            _checked(self.host_rule, out, prefix=f"{self.name}={out!r}: ")
         return out
 
     def literal(self, profile: str = "cpu") -> str:
@@ -281,7 +293,7 @@ class ParamSpec:
             raise ParamError(f"{where}no parameter {unknown}; valid: {', '.join(self.names)}")
         out = self.defaults(profile)
         for name, value in overrides.items():
-            out[name] = _checked(self.params[name].check, value, prefix=where, error=ParamError)
+            out[name] = _checked(self.params[name].take, value, prefix=where, error=ParamError)
         if "min_reps" in out and "reps" in out and out["min_reps"] > out["reps"]:
             if "min_reps" in overrides:     # a repetition cap below its minimum; a default minimum follows the cap
                 raise ParamError(f"{where}min_reps={out['min_reps']} is above reps={out['reps']}, the most "

@@ -3,11 +3,13 @@ and shows progress the same way."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
 
+from .. import limits
 from ..results import slug as run_slug
 
 
@@ -226,10 +228,43 @@ def source_label(g: pd.DataFrame, run: str) -> str:
     return f"{dev} (run {run}{ref})"
 
 
-PROGRESS_ENV = "WORKBENCH_PROGRESS"
+PROGRESS_ENV = limits.PROGRESS_ENV
 # a file the sweep names per study: every bar of the study writes its count there, so the sweep can
 # say on the console how far a study in a notebook (another process) has come
 PROGRESS_FILE_ENV = "WORKBENCH_PROGRESS_FILE"
+PROGRESS_KEYS = ("done", "total", "desc")      # what a progress file holds, and all it holds
+
+
+def progress_file() -> str | None:
+    """``$WORKBENCH_PROGRESS_FILE`` (None where unset or empty) where the count may go there. Each count replaces
+    the file, so a path that exists must be an empty file or a progress file (a JSON object of PROGRESS_KEYS);
+    anything else (a user's file, a link, a FIFO) is refused, a ValueError naming the variable and the path,
+    and never written over. A folder, or a path under a missing folder, is taken: writing there fails and
+    counts nothing (progress is a courtesy)."""
+    path = os.environ.get(PROGRESS_FILE_ENV)
+    if not path:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return path
+    if stat.S_ISDIR(st.st_mode) or (stat.S_ISREG(st.st_mode) and (st.st_size == 0 or _is_progress(path))):
+        return path
+    kind = "a file that is not a progress file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+    raise ValueError(f"{PROGRESS_FILE_ENV}={path!r}: it exists and is {kind} (one holds a JSON object of "
+                     f"{', '.join(PROGRESS_KEYS)}); the progress count replaces its file on every write, so it "
+                     f"never writes over another: name a new file, or unset the variable")
+
+
+def _is_progress(path: str) -> bool:
+    import json
+
+    from ..files import read_regular
+    try:
+        data = json.loads(read_regular(path, 64 << 10))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and sorted(data) == sorted(PROGRESS_KEYS)
 
 
 class _CountingBar:
@@ -249,13 +284,16 @@ class _CountingBar:
         if not force and now - self._written < 0.5:
             return
         self._written = now
+        tmp = f"{self.path}.{os.getpid()}.tmp"     # a new file of its own: never one that was there
         try:
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump({"done": self.n, "total": self.total, "desc": self.desc}, fh)
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as fh:
+                json.dump(dict(zip(PROGRESS_KEYS, (self.n, self.total, self.desc))), fh)
+        except OSError:
+            return    # progress is a courtesy: it never stops a study
+        try:
             os.replace(tmp, self.path)
         except OSError:
-            pass      # progress is a courtesy: it never stops a study
+            os.unlink(tmp)     # e.g. the path is a folder: no stray file beside it
 
     def __iter__(self):
         for item in self.bar:
@@ -276,20 +314,20 @@ class _CountingBar:
 
 def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled: bool = True):
     """A tqdm progress bar for long study work. Off when ``enabled`` is False or
-    ``$WORKBENCH_PROGRESS`` is 0 (the sweep sets it for notebooks it executes: papermill shows
+    ``$WORKBENCH_PROGRESS`` is off (0, false, no or off; the sweep sets it for notebooks it executes: papermill shows
     cell progress, and bar fragments would litter the executed notebook); a notebook widget where
     ipywidgets is installed, plain text otherwise (never tqdm's "IProgress not found" warning).
     With ``$WORKBENCH_PROGRESS_FILE`` set (the sweep, per study) the count also goes to that file,
-    shown or not."""
+    shown or not (`progress_file`: an existing file that is not a progress file is refused, never replaced)."""
+    path = progress_file()
     bar = _bar(iterable, total=total, desc=desc, enabled=enabled)
-    path = os.environ.get(PROGRESS_FILE_ENV)
     return _CountingBar(bar, iterable, total, desc, path) if path else bar
 
 
 def _bar(iterable=None, *, total: int | None = None, desc: str = "", enabled: bool = True):
     from tqdm.std import tqdm as text_bar
 
-    if not enabled or os.environ.get(PROGRESS_ENV) == "0":
+    if not enabled or not limits.switch(PROGRESS_ENV, True):
         return text_bar(iterable, total=total, desc=desc, disable=True)
     try:
         import ipywidgets  # noqa: F401

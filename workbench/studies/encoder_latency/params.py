@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...engines import ENGINES, NEWEST, with_cap
+from ...engines import ENGINES, NEWEST, SMALLEST_BUDGET, with_cap
 from ...config import ANSWER_PRESETS, PRESET_NAMES, PRESETS, REAL_PRESET_PER_FAMILY, TINY_PRESET_PER_FAMILY
 from ...checkpoints import resolve_config
 from ...vocabulary import REAL_NORMS
@@ -102,7 +102,7 @@ PARAMS = ParamSpec(
                "(vLLM: the scheduler's token budget; realistic-batch cells)"),
     Param("engine", "str", cpu=NEWEST, choices=tuple(ENGINES),
           help="the engine policy the graph_engine and graph_auto cells reproduce (workbench.engines)"),
-    Param("engine_cap", "int", cap="budget_tokens", cpu=None, optional=True, minimum=64,
+    Param("engine_cap", "int", cap="budget_tokens", cpu=None, optional=True, minimum=SMALLEST_BUDGET,
           help="the largest auto-generated budget (vLLM 0.34: encoder_cudagraph_max_token_budget; None: the "
                "release's own, 5120 for 0.34; refused for releases without such an option)"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),

@@ -46,6 +46,13 @@ def _rates(values) -> None:
     ascending_unique(values)
 
 
+def check_cores(threads) -> None:
+    """Refuse thread counts above the cores of the machine that runs the study: a value given (``--set``) where it
+    is given (the declaration's ``host_rule``), the profile's defaults when the run starts (a sweep resolves a GPU
+    host's defaults on any machine, for its predictions)."""
+    limits.within_cores(max(threads), "threads")
+
+
 PARAMS = ParamSpec(
     Param("presets", "list[str]", cpu=TINY_PRESET_PER_FAMILY, gpu=REAL_PRESET_PER_FAMILY,
           choices=PRESET_NAMES, model_folders=True, help="towers at the end of the path (each its own cells)"),
@@ -66,7 +73,7 @@ PARAMS = ParamSpec(
     Param("backends", "list[str]", cpu=list(HOST_BACKENDS), choices=HOST_BACKENDS,
           help="host preprocessing backends timed (the device placement's host part is its decode)"),
     Param("threads", "list[int]", cap="threads", cpu=[1, 2], gpu=[1, 4, 8], minimum=1, rule=ascending_unique,
-          help="host threads per preprocessing call (at most the cores this process may use)"),
+          host_rule=check_cores, help="host threads per preprocessing call (at most the cores this process may use)"),
     Param("norm", "str", cpu="eager", gpu="triton_rows", choices=REAL_NORMS,
           help="the device norm of the placements that normalize on the device"),
     Param("paths", "list[str]", cpu=["eager", "cudagraph"], choices=ENCODE_PATHS,
@@ -83,12 +90,6 @@ PARAMS = ParamSpec(
           help="fewest timed repetitions of an encoder call, at most reps (6 and more give a 95% interval of the median)"),
     Param("seed", "int", minimum=0, cap="seed", cpu=0),
 )
-
-
-def check_cores(threads) -> None:
-    """Refuse thread counts above the cores of the machine that runs the study (checked when the
-    run starts, there: a sweep resolves a GPU host's defaults on the machine it starts from)."""
-    limits.within_cores(max(threads), "threads")
 
 
 METRICS = {"host_ms": "ms", "h2d_bytes": "bytes", "h2d_ms": "ms", "device_ms": "ms", "encoder_ms": "ms",
