@@ -23,6 +23,9 @@ TINY = {
                         buffer_dtypes=["uint8"], budgets=[64], max_items=4, hazard=False, max_pixels=56 * 56),
     "input_path": dict(presets=["tiny-qwen2.5-vl"], placements=["tower"], paths=["eager"], n_items=1,
                        max_side=64, threads=[1], workers=[1], loads=[0.5], sim_requests=200, reps=1),
+    "contention": dict(presets=[ONE], depth=1, mixes=["photos"], n_items=1, max_side=64, jpeg_qualities=[90],
+                       threads=[1], duty_cycles=[1.0], beside=["same_process"], placements=["device_norm"],
+                       loads=[0.5], sim_requests=200, reps=1),
 }
 
 

@@ -397,7 +397,7 @@ def two_runs(tmp_path):
 
 @pytest.mark.parametrize("argv, says", [
     (["a", "b", "--studies", ""], "argument --studies: '' is empty; give comma-separated study names from "
-                                  "cast_cost, correctness"),      # once: every study, silently
+                                  "cast_cost, contention, correctness"),      # once: every study, silently
     (["", "b"], "argument RUN_A: '' is empty; give a run folder, a run name under --results or its reference/, "
                 "or 'latest'"),                                     # once: the current folder
     (["a", "b", "--csv", ""], "argument --csv: '' is empty; give a file name"),

@@ -49,6 +49,8 @@ def _images(executed: Path) -> int:
     ("input_path", {"host_ms", "h2d_bytes", "h2d_ms", "device_ms", "encoder_ms", "total_ms", "p50_ms", "p99_ms",
                     "max_images_per_s"}),
     ("encoder_latency", {"p50_ms", "p90_ms", "speedup", "x_floor", "floor_ms", "replay_ms", "ok"}),
+    ("contention", {"decode_ms", "encoder_ms_alone", "encoder_ms_contended", "preprocess_ms_alone",
+                    "preprocess_ms_contended", "images_per_s_at_slo"}),
 ])
 def test_every_notebook_runs_with_its_defaults_in_the_default_sweep(default_sweep, study, metrics):
     table = load_table(default_sweep / f"{study}.parquet")

@@ -60,6 +60,7 @@ def test_the_minimums_cover_every_bounded_number():
                             "engine_max_budget", "seed"},
         "input_path": {"depth", "n_items", "max_side", "threads", "workers", "sim_requests", "reps", "min_reps",
                        "seed"},
+        "contention": {"depth", "n_items", "max_side", "jpeg_qualities", "threads", "sim_requests", "reps", "seed"},
     }
     for study, names in expected.items():
         got = minimums(study)
@@ -138,6 +139,14 @@ def test_input_path_at_its_minimums(tmp_path):
     assert not enc.empty and set(enc.k) == {1.0}
     assert (enc.batch_ms == enc.encoder_ms).all()             # the whole draw is the one image
     assert w.max_images_per_s.notna().any()
+
+
+def test_contention_at_its_minimums(tmp_path):
+    """One block, one image of 16 pixels a side, JPEG quality 1, one host thread, one repetition, the fewest
+    simulated requests: every part runs and the duty cycle's top, 1, is taken."""
+    w = measured("contention", tmp_path, **minimums("contention"), presets=[PRESET], mixes=["photos"],
+                 beside=["same_process"], duty_cycles=[1.0])
+    assert {"decode", "interference", "serving"} <= set(w.part) and "jpeg-q1" in set(w.encoding)
 
 
 def test_input_path_at_its_maximums(tmp_path):

@@ -26,10 +26,21 @@ def _plan(*sets: str, studies: str | None = None, profile: str = "cpu"):
     return cli._resolve_plan(cli.parse_sets(list(sets)), registry, selected, profile)
 
 
+# integer knobs that are no size: bounded by their own rule (a JPEG quality is 1..100), nothing to cap
+NOT_SIZES = {("contention", "jpeg_qualities")}
+
+
 def test_every_integer_size_knob_of_every_study_has_a_cap():
     uncapped = [(name, p.name) for name, s in discover().items() for p in s.params
-                if p.kind in ("int", "list[int]") and p.cap is None]
+                if p.kind in ("int", "list[int]") and p.cap is None and (name, p.name) not in NOT_SIZES]
     assert uncapped == []
+
+
+def test_a_jpeg_quality_outside_1_to_100_is_refused_by_its_rule():
+    from workbench.studies.contention.params import PARAMS
+    for bad, says in ((0, "below the minimum 1"), (101, "JPEG quality 101 is outside 1..100")):
+        with pytest.raises(ValueError, match=f"jpeg_qualities.*{says}"):
+            PARAMS.resolve({"jpeg_qualities": [bad]}, "cpu")
 
 
 @pytest.mark.parametrize("setting, value, cap", [
