@@ -192,6 +192,18 @@ def stamp_cpu(*axes) -> None:
                     ha="center", va="bottom", fontsize=9, fontweight="bold", color="#c62828", gid=STAMP_GID)
 
 
+def panel_grid(n: int, most_cols: int, width: float):
+    """A figure of ``n`` panels, at most ``most_cols`` a row, ``width`` inches each; the unused hidden."""
+    import matplotlib.pyplot as plt
+
+    ncols = min(most_cols, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
 def legend_right(ax, handles=None, labels=None, **kw):
     """``ax``'s legend right of its axes, top-aligned: outside the data, whatever it holds."""
     args = () if handles is None else (handles, labels)

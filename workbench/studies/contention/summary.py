@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import Summarizer
-from ..plotting import is_cpu, legend_below, per_run, labelled_runs, run_label, stamp_cpu
+from ..plotting import is_cpu, labelled_runs, legend_below, panel_grid, per_run, run_label, stamp_cpu
 from ...contention_model import PLACEMENTS
 from ...results.tables import wide
 
@@ -52,17 +52,6 @@ def serving_best(table: pd.DataFrame) -> pd.DataFrame:
     return d[keys + ["placement"] + [c for c in cols if c in d]].reset_index(drop=True)
 
 
-def _grid(n: int, most_cols: int, width: float):
-    import matplotlib.pyplot as plt
-
-    ncols = min(most_cols, n)
-    nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 3.6 * nrows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, axes
-
-
 def plot_slowdown(g: pd.DataFrame):
     """Slowdown of each side against the preprocessor's duty cycle, per mix and encoder path: the
     encoder (solid) and the preprocessor (dashed), same process and another process."""
@@ -70,7 +59,7 @@ def plot_slowdown(g: pd.DataFrame):
     if d.empty:
         return None
     panels = list(d.groupby(["mix", "path"], sort=False))
-    fig, axes = _grid(len(panels), 2, 5.6)
+    fig, axes = panel_grid(len(panels), 2, 5.6)
     colors = {"same_process": "C0", "other_process": "C3"}
     for ax, ((mix, path), p) in zip(axes.flat, panels):
         for beside, b in p.groupby("beside", sort=False):
@@ -102,7 +91,7 @@ def plot_serving(g: pd.DataFrame):
     most = w.threads.max()
     w = w[(w.threads == most) | ~w.placement.isin(("cpu_processor", "device_norm"))]
     panels = list(w.groupby("mix", sort=False))
-    fig, axes = _grid(len(panels), 2, 5.6)
+    fig, axes = panel_grid(len(panels), 2, 5.6)
     for ax, (mix, d) in zip(axes.flat, panels):
         for i, pl in enumerate(p for p in PLACEMENTS if p in set(d.placement)):
             c = d[d.placement == pl].sort_values("rate")

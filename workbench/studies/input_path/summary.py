@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from .. import Summarizer
-from ..plotting import is_cpu, labelled_runs, legend_below, per_run, run_label, stamp_cpu
+from ..plotting import is_cpu, labelled_runs, legend_below, panel_grid, per_run, run_label, stamp_cpu
 from ...results.tables import wide
 from .params import INPUT_PLACEMENTS, PAYLOADS
 
@@ -49,18 +49,6 @@ def breakdown(table: pd.DataFrame, backend: str = "torchvision", threads: int = 
     return out.drop(columns=["processor_ms"])
 
 
-def _grid(n: int, most_cols: int, width: float):
-    """A figure of ``n`` panels, at most ``most_cols`` a row, ``width`` inches each; the unused hidden."""
-    import matplotlib.pyplot as plt
-
-    ncols = min(most_cols, n)
-    nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 3.6 * nrows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, axes
-
-
 def _finish(fig, axes, title: str, ncol: int, fontsize: int):
     """The figure's title, layout and one legend below it (the first panel's entries)."""
     fig.suptitle(title, fontsize=fontsize)
@@ -77,7 +65,7 @@ def plot_breakdown(g: pd.DataFrame):
     if b.empty:
         return None
     panels = list(b.groupby(["mix", "path"], sort=False))
-    fig, axes = _grid(len(panels), 2, 7.4)
+    fig, axes = panel_grid(len(panels), 2, 7.4)
     for ax, ((mix, path), d) in zip(axes.flat, panels):
         d = d.set_index("placement").loc[_order(d.placement)]
         y = np.arange(len(d))
@@ -111,7 +99,7 @@ def plot_load(g: pd.DataFrame):
     path = "cudagraph" if "cudagraph" in set(w.path) else w.path.iloc[0]
     w = w[w.path == path]
     panels = list(w.groupby(["mix", "workers"], sort=False))
-    fig, axes = _grid(len(panels), 3, 5.2)
+    fig, axes = panel_grid(len(panels), 3, 5.2)
     colors = {p: f"C{i}" for i, p in enumerate(INPUT_PLACEMENTS)}
     for ax, ((mix, workers), d) in zip(axes.flat, panels):
         for pl in _order(d.placement):
