@@ -11,6 +11,7 @@ from workbench.studies import input_path as study
 from workbench.studies.input_path import summary
 from workbench.studies.input_path.params import PLACEMENT_PAYLOAD, check_payload
 from workbench.studies.params import ParamError
+from workbench.limits import cpu_count
 from workbench.results.tables import check_table, wide
 
 
@@ -97,3 +98,13 @@ def test_payload_door_names_the_placement_and_the_valid_payloads():
     for pl, payload in PLACEMENT_PAYLOAD.items():
         if pl in wb.PLACEMENTS:
             assert check_payload(pl, payload) == payload
+
+
+@pytest.mark.skipif(cpu_count() < 2, reason="needs 2 cores")
+def test_threads_without_one_still_serves_every_load_at_the_fewest_threads():
+    """threads=[2] (no 1 in it): the serving model takes the host time timed at 2 threads, and its rows say so."""
+    w = wide(study.run(device="cpu", progress=False, presets=["tiny-qwen2.5-vl"], placements=["processor", "tower"],
+                       paths=["eager"], n_items=1, max_side=64, threads=[2], workers=[1], loads=[0.5],
+                       sim_requests=200, reps=1))
+    load = w[w.p99_ms.notna()]
+    assert set(load.placement) == {"processor", "tower"} and set(load.threads) == {2.0}

@@ -230,18 +230,22 @@ def _totals(m, pl, path, host, link, dev_pre, enc_ms, pinned_set) -> list[dict]:
 
 
 def _load(m, p, pl, path, host, link, dev_pre, table, pinned_set) -> list[dict]:
-    """The serving model at each worker count: max sustainable rate and p50 / p99 per load."""
+    """The serving model at each worker count: max sustainable rate and p50 / p99 per load. Each worker's host
+    time is the one timed at the fewest threads asked for (1 unless ``threads`` leaves it out; the rows say it)."""
     backend = "torchvision" if "torchvision" in p["backends"] else p["backends"][0]
-    key = ("decode", "cuda", 1) if host_work(pl) == "decode" else (host_work(pl), backend, 1)
+    fewest = min(p["threads"])
+    key = ("decode", "cuda", 1) if host_work(pl) == "decode" else (host_work(pl), backend, fewest)
     if key not in host:
-        return []
+        raise RuntimeError(f"input_path: no host time for {key} to serve placement {pl!r} from (timed: "
+                           f"{sorted(host)})")
     pinned = pinned_set[-1]
     out = []
     for workers in p["workers"]:
         costs = StageCosts(host_ms=host[key], h2d_ms=link[PLACEMENT_PAYLOAD[pl], pinned],
                            device_ms=dev_pre if pl == "device" else 0.0, encoder_ms=table, workers=workers)
         cap = max_images_per_s(costs)
-        common = dict(m, placement=pl, path=path, backend=key[1], workers=float(workers), pinned=pinned)
+        common = dict(m, placement=pl, path=path, backend=key[1], workers=float(workers), pinned=pinned,
+                      threads=float(key[2]))
         out.append(dict(common, max_images_per_s=cap))
         if not math.isfinite(cap):
             continue
