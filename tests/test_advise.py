@@ -177,3 +177,12 @@ def test_the_placement_table_joins_each_study_with_its_run(results, tmp_path):
     # without runs every column is missing, never invented
     bare = placement_table("qwen3-vl-8b", "phone_photos", tmp_path)
     assert bare.columns.tolist() == ["placement"] and bare.attrs["sources"] == {}
+
+
+def test_a_model_the_engine_captures_no_graphs_for_gets_no_graph_options(results):
+    """Nemotron-H Nano VL V2: vLLM 0.34 has no encoder graphs for it and normalizes in its outer model, so the
+    advice sets none (turning them on would skip its norm), and its budgets are judged on image mixes only."""
+    a = advise("nemotron-nano-vl-v2", "phone_photos", results=results)
+    line = a.options_line()
+    assert "cudagraph_mm_encoder" not in line and "no encoder CUDA graphs" in line and "outer model" in line
+    assert "cudagraph_mm_encoder" in advise("qwen3-vl-8b", "phone_photos", results=results).options_line()

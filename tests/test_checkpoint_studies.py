@@ -33,7 +33,7 @@ def test_a_model_folder_resolves_to_its_config_with_its_weights_at_its_own_depth
     monkeypatch.chdir(path.parent)
     assert spec.resolve({"presets": [path.name]})["presets"] == [str(path.resolve())]
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ParamError, match=r"not a valid choice; valid: .*tiny-pixtral, tiny-kimi-k2.5, tiny-gemma3, tiny-gemma4 "
+    with pytest.raises(ParamError, match=r"not a valid choice; valid: .*tiny-pixtral, tiny-kimi-k2.5, tiny-gemma3, tiny-gemma4, tiny-nemotron-vl "
                                          r"\(or a transformers model folder"):
         spec.resolve({"presets": [str(tmp_path / "empty")]})
 

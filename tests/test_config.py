@@ -14,7 +14,8 @@ def test_binding_preset_names_exist():
                                     "glm-4.1v-9b", "glm-4.5v", "tiny-glm4v", "glm-ocr-0.9b", "tiny-glm-ocr",
                                     "exaone4.5-33b", "tiny-exaone4.5", "mistral-small-3.1-24b", "tiny-pixtral",
                                     "kimi-k2.5-1t", "tiny-kimi-k2.5", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b",
-                                    "tiny-gemma3", "gemma-4-e2b", "tiny-gemma4"}
+                                    "tiny-gemma3", "gemma-4-e2b", "tiny-gemma4", "nemotron-nano-vl-v2",
+                                    "tiny-nemotron-vl"}
     # real checkpoints first, then the tiny ones; the original presets keep their order
     names = list(wb.PRESET_NAMES)
     assert [n for n in names if n.startswith(("qwen2-", "qwen2.5-"))] == [
@@ -84,6 +85,15 @@ def test_to_hf_matches_the_config(name):
         assert (vc.patch_size, vc.pooling_kernel_size, vc.position_embedding_size, vc.head_dim) == (
             cfg.patch_size, cfg.merge_size, cfg.num_position_embeddings, cfg.head_dim)
         assert (vc.rms_norm_eps, vc.rope_parameters["rope_theta"]) == (cfg.eps, cfg.rope_theta)
+        assert hf.text_config.hidden_size == cfg.out_hidden
+        return
+    if cfg.family == "nemotron-vl":    # the Omni config: the RADIO vision config and the projector's fields
+        vc = hf.vision_config
+        assert (type(hf).__name__, type(vc).__name__) == ("NemotronH_Omni_Reasoning_V3_Config", "RadioConfig")
+        assert (vc.num_hidden_layers, vc.num_attention_heads, vc.hidden_size) == (cfg.depth, cfg.heads, cfg.width)
+        assert int(vc.hidden_size * vc.mlp_ratio) == cfg.mlp_hidden and vc.patch_size == cfg.patch_size
+        assert (vc.max_img_size // vc.patch_size) ** 2 == cfg.num_position_embeddings and vc.layer_norm_eps == cfg.eps
+        assert (hf.downsample_ratio, hf.projector_hidden_size) == (1 / cfg.merge_size, cfg.merger_hidden)
         assert hf.text_config.hidden_size == cfg.out_hidden
         return
     if cfg.family == "kimi-k2.5":      # the model's config (vision config and projector), other names
@@ -199,7 +209,7 @@ def test_family_specific_fields_are_checked(preset, change, match):
 def test_unknown_family_lists_the_registered_ones():
     with pytest.raises(ValueError, match=r"family='llava' is not one of \('qwen2-vl', 'qwen2.5-vl', 'exaone4.5', "
                                          r"'qwen3-vl', 'qwen3.5', 'glm4v', 'glm-ocr', 'pixtral', 'kimi-k2.5', "
-                                         r"'gemma3', 'gemma4'\)"):
+                                         r"'gemma3', 'gemma4', 'nemotron-vl'\)"):
         wb.VisionConfig("x", family="llava")
 
 

@@ -61,7 +61,7 @@ def test_resolve_config_takes_names_and_configs_as_the_config_does():
     cfg = wb.VisionConfig.preset("tiny-qwen3-vl")
     assert resolve_config(cfg) is cfg and resolve_config(cfg, 1) == cfg.reduced(1)
     with pytest.raises(ValueError, match=r"unknown preset 'qwen3'; valid presets: qwen2-vl-2b.*tiny-glm-ocr, "
-                                         r"tiny-pixtral, tiny-kimi-k2.5, tiny-gemma3, tiny-gemma4, or a transformers model folder"):
+                                         r"tiny-pixtral, tiny-kimi-k2.5, tiny-gemma3, tiny-gemma4, tiny-nemotron-vl, or a transformers model folder"):
         resolve_config("qwen3")
     with pytest.raises(TypeError, match=r"cfg must be a wb.VisionConfig or a preset name \(valid presets: qwen2-vl-2b"):
         resolve_config(3)

@@ -30,7 +30,8 @@ def default_sweep(tmp_path_factory) -> Path:
     p = subprocess.run([sys.executable, "-m", "workbench", "report", "--profile", "cpu", "--results", str(results)],
                        cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    (run,) = [d for d in results.iterdir() if d.is_dir() and d.name not in ("report", "reference")]
+    (run,) = [d for d in results.iterdir() if d.is_dir() and d.name not in ("report", "reference")
+              and not d.name.startswith(".")]       # .cache: the report's drawings
     return run
 
 

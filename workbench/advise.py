@@ -73,6 +73,7 @@ class Advice:
     best: Evidence | None = None         # the cheapest right design, where the engine cannot apply it
     source_check: str = ""               # the option names checked against the release's source
     tail: Evidence | None = None         # eager against a replay for one large image (the eager tail's cost)
+    graphs: bool = True                  # False: the release captures no encoder graphs for this family
 
     def compilation_config(self) -> dict:
         """The release's own options (vLLM: --compilation-config; SGLang: its environment variables)."""
@@ -89,6 +90,11 @@ class Advice:
     def options_line(self, compact: bool = False) -> str:
         """The release's options as one line; ``compact``: a long budget list shortened (a table's cell)."""
         p = engines.get(self.engine)
+        if not self.graphs:
+            from .config import families
+            outer = families()[self.family].vllm_placement == "outer"
+            return (f"{p.engine} {p.version}: none to set: no encoder CUDA graphs for this model"
+                    + (" (its norm is in the outer model: graphs turned on would skip it)" if outer else ""))
         cc = self.compilation_config()
         if compact and p.options.budgets in cc and len(cc[p.options.budgets]) > 8:
             cc[p.options.budgets] = f"{len(self.budgets)} budgets {short_list(self.budgets)}"
@@ -292,4 +298,5 @@ def advise(preset: str, mix: str, results: Path | str | None = None, max_graphs:
                    "miss": held.loc[mine, "eager_frac"], "engine_eager": held.loc["engine default", "eager_frac"]},
                   grid, placement, staging, missing, choice, latency, engine=policy.name, planned=winner is not None,
                   judged=judged.to_dict("records"), verdict=said, best=best, source_check=checked,
-                  tail=_tail(results, cfg))
+                  tail=_tail(results, cfg),
+                  graphs=cfg.spec.vllm_encoder_graphs or policy.engine != "vLLM")

@@ -82,7 +82,7 @@ def out_of_sample(mix: str, cfg, engine=engines.NEWEST, largest: int = 16384, ba
     budget sets."""
     import pandas as pd
 
-    from .samples import MIX_NAMES, traffic_tokens
+    from .samples import MIX_NAMES, takes, traffic_tokens
 
     policy = engines.get(engine)
 
@@ -92,7 +92,7 @@ def out_of_sample(mix: str, cfg, engine=engines.NEWEST, largest: int = 16384, ba
     fit = draw(mix, seed)
     sets = candidate_sets(fit, policy, largest, cfg, draw(mix, seed + 1 + held_out))   # validation: apart
     samples = {"fitted draw": [fit], "held-out draws": [draw(mix, seed + 1 + k) for k in range(held_out)],
-               "other mixes": [draw(m, seed + 1) for m in MIX_NAMES if m != mix]}
+               "other mixes": [draw(m, seed + 1) for m in MIX_NAMES if m != mix and takes(m, cfg)]}
     rows = []
     for name, budgets in sets.items():
         for sample, draws in samples.items():

@@ -63,7 +63,7 @@ def _processor_fields(pp: dict, arch: dict, fam) -> dict:
     kinds = dict(patch_size=POSITIVE, merge_size=POSITIVE, temporal_patch_size=POSITIVE, image_mean=NUMBERS,
                  image_std=NUMBERS, do_rescale=BOOL, do_normalize=BOOL, rescale_factor=NUMBER, size=OBJECT,
                  min_pixels=POSITIVE, max_pixels=POSITIVE, max_patches=POSITIVE, max_soft_tokens=POSITIVE,
-                 pooling_kernel_size=POSITIVE)
+                 pooling_kernel_size=POSITIVE, min_num_patches=POSITIVE, max_num_patches=POSITIVE)
     side = pp.get("patch_size")
     if isinstance(side, dict):       # Pixtral's processor writes {"height": p, "width": p}
         h, w = (checked(side.get(k), POSITIVE, f"patch_size.{k}") for k in ("height", "width"))

@@ -103,6 +103,13 @@ def mix_tokens(name: str, n: int, seed: int = 0, cfg=None) -> list[int]:
     return [entry_tokens(mix.entries[it.entry], geo) for it in mix_sizes(name, n, seed)]
 
 
+def takes(name: str, cfg) -> bool:
+    """Whether the tower of ``cfg`` (a `token_geometry` argument) takes every item of mix ``name`` (a family
+    whose tower takes images only takes no mix with video in it)."""
+    geo = token_geometry(cfg)
+    return geo.spec.takes_video or all(e.kind == "image" for e in get_mix(name).entries)
+
+
 def traffic_tokens(name: str, n: int, seed: int = 0, cfg=None, spread: float = 0.25) -> list[int]:
     """Merged tokens of n requests of a traffic that scatters around mix ``name``: each drawn item
     (`mix_sizes`) has its height and width scaled by exp(u), u uniform in [-spread, spread] drawn

@@ -54,6 +54,9 @@ class Family:
     # model captures too)
     vllm_placement: str = "tower"
     vllm_encoder_graphs: bool = False
+    # the tower takes video items (False: images only, and the mixes with video are left out of what is judged
+    # or drawn for it, `samples.takes`)
+    takes_video: bool = True
     # the processor's resampling filter ("bicubic", or "bilinear": Gemma-3), for the PIL resize and
     # the torch one (`workbench.preprocess`)
     resample: str = "bicubic"
@@ -269,6 +272,8 @@ VISION_KEYS = {
     # Gemma-4's vision_config
     **dict.fromkeys(("num_key_value_heads", "pooling_kernel_size", "position_embedding_size"), POSITIVE),
     "hidden_activation": STRING, "use_clipped_linears": BOOL, "standardize": BOOL,
+    # Nemotron-H Omni's RADIO vision_config
+    **dict.fromkeys(("num_cls_tokens", "num_registers", "max_img_size"), POSITIVE),
 }
 
 

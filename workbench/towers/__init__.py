@@ -7,7 +7,8 @@ Adding a family: write its tower module, then add it to the import and to `TOWER
 from __future__ import annotations
 
 from ..config import VisionConfig
-from . import exaone4_5, gemma3, gemma4, glm4v, glm_ocr, kimi_k25, pixtral, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_vl
+from . import (exaone4_5, gemma3, gemma4, glm4v, glm_ocr, kimi_k25, nemotron_vl, pixtral, qwen2_5_vl, qwen2_vl, qwen3_5,
+               qwen3_vl)
 from .common import VisionTower
 from .metadata import TowerMetadata
 from .qwen2_5_vl import Qwen25VisionTower
@@ -19,7 +20,7 @@ from .glm4v import Glm4vVisionTower
 # family name -> tower class, in the order of `workbench.families.FAMILIES`
 TOWERS: dict[str, type[VisionTower]] = {m.TOWER.family: m.TOWER for m in (qwen2_vl, qwen2_5_vl, exaone4_5, qwen3_vl,
                                                                             qwen3_5, glm4v, glm_ocr, pixtral,
-                                                                            kimi_k25, gemma3, gemma4)}
+                                                                            kimi_k25, gemma3, gemma4, nemotron_vl)}
 
 
 def build_tower(cfg: VisionConfig, **kw) -> VisionTower:
