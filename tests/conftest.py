@@ -51,3 +51,10 @@ def seed(request):
     print(f"{request.node.name}: seed {s} (replay with WB_TEST_SEED={s})")
     torch.manual_seed(s)
     return s
+
+
+@pytest.fixture(scope="module")
+def photos():
+    """The shipped sample photos by name (`workbench.sample_images`), drawn once per test module."""
+    import workbench as wb
+    return wb.sample_images()

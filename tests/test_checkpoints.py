@@ -118,10 +118,6 @@ def save_model(family, folder, seed, **save_kw):
     return visual.eval()
 
 
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
-
 
 @pytest.mark.parametrize("family", list(MODELS))
 def test_a_saved_checkpoint_gives_the_embeddings_of_the_model_that_saved_it(family, photos, tmp_path, seed):

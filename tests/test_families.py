@@ -36,10 +36,6 @@ def max_err(out, ref):
     return float((out - ref).abs().max() / ref.abs().max())
 
 
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
-
 
 @pytest.mark.parametrize("preset", NEW_PRESETS)
 def test_tower_matches_transformers_on_photos_a_mixed_batch_and_video(preset, photos, seed):

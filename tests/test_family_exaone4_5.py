@@ -40,10 +40,6 @@ def matched(cfg, seed, dtype=torch.float32, **kw):
     return hf, ours
 
 
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
-
 
 # ---- the grouped heads ------------------------------------------------------------------------
 @pytest.mark.parametrize("heads, kv", [(4, 2), (32, 8), (6, 1), (4, 4)])

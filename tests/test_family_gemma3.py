@@ -8,6 +8,7 @@ count; model folders saved by transformers' save_pretrained in all three key lay
 any tensor is read; preprocessing bit for bit against Gemma3ImageProcessorPil (fixed 896 x 896 bilinear resize,
 pan-and-scan crops included)."""
 import dataclasses
+import functools
 import itertools
 import json
 import shutil
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 import workbench as wb
+from family_pairs import matched_pair
 from workbench.checkpoints import CheckpointError, load_vision_weights, read_vision_config, resolve_config
 from workbench.families.gemma3 import pan_and_scan_crops, reference_class
 from workbench.families.pixtral import image_rows, pixel_images
@@ -46,17 +48,8 @@ def randomize(model, seed):
     return model
 
 
-def matched_towers(cfg, seed, **kw):
-    """transformers' modules (SiglipGemma3Vision) with fresh weights, and ours loaded from them."""
-    hf = randomize(hf_vision_model(cfg), seed)
-    ours = build_tower(cfg, **kw).eval()
-    ours.load_hf_state_dict(hf.state_dict())
-    return hf, ours
+matched_towers = functools.partial(matched_pair, randomize=randomize)
 
-
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
 
 
 # ---- faithful: transformers' SiglipVisionModel + Gemma3MultiModalProjector ----------------------------

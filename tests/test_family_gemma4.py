@@ -7,6 +7,7 @@ outer model's norm inside the graph forward) right on the eager and graph paths 
 graphs; a folder saved by transformers' save_pretrained loading through wb.build_encoder; preprocessing bit for bit
 against Gemma4ImageProcessorPil (the aspect-preserving resize, rescale only)."""
 import dataclasses
+import functools
 import math
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import workbench as wb
+from family_pairs import matched_pair
 from workbench.checkpoints import CheckpointError, resolve_config
 from workbench.families.gemma4 import (SUPPORTED_SOFT_TOKENS, aspect_preserving_size, hf_patches, reference_class,
                                        soft_token_pixels)
@@ -42,17 +44,8 @@ def randomize(model, seed):
     return model
 
 
-def matched_towers(cfg, seed, **kw):
-    """transformers' modules (Gemma4VisionEmbedder) with fresh weights, and ours loaded from them."""
-    hf = randomize(hf_vision_model(cfg), seed)
-    ours = build_tower(cfg, **kw).eval()
-    ours.load_hf_state_dict(hf.state_dict())
-    return hf, ours
+matched_towers = functools.partial(matched_pair, randomize=randomize)
 
-
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
 
 
 # ---- faithful: transformers' Gemma4VisionModel + Gemma4MultimodalEmbedder ------------------------------------

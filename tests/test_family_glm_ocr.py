@@ -31,10 +31,6 @@ FP32_TOL = 1e-5
 
 
 
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
-
 
 # ---- faithful: transformers' GlmOcrVisionModel with the same weights -------------------------------
 

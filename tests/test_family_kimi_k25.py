@@ -30,10 +30,6 @@ FP32_TOL = 1e-5
 HF = Path(__import__("transformers").__file__).parent / "models" / "kimi_k25"
 
 
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
-
 
 # ---- faithful -----------------------------------------------------------------------------------
 

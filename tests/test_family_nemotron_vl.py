@@ -8,6 +8,7 @@ by transformers' save_pretrained (the released layout, a fused qkv) loading thro
 processor's patch-grid rule against transformers' own function."""
 import ast
 import dataclasses
+import functools
 import json
 import math
 import shutil
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 import workbench as wb
+from family_pairs import matched_pair
 from workbench.checkpoints import CheckpointError, resolve_config
 from workbench.families.nemotron_vl import MAX_PATCHES, MIN_PATCHES, PREFIX_TOKENS, patch_grid_size, reference_class
 from workbench.reference import hf_embeddings, hf_vision_model, rel_err
@@ -47,17 +49,8 @@ def randomize(model, seed):
     return model
 
 
-def matched_towers(cfg, seed, **kw):
-    """transformers' modules (NemotronVisionProjector) with fresh weights, and ours loaded from them."""
-    hf = randomize(hf_vision_model(cfg), seed)
-    ours = build_tower(cfg, **kw).eval()
-    ours.load_hf_state_dict(hf.state_dict())
-    return hf, ours
+matched_towers = functools.partial(matched_pair, randomize=randomize)
 
-
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
 
 
 # ---- faithful: transformers' RadioModel + the projector -------------------------------------------------------

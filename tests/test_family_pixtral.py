@@ -8,6 +8,7 @@ tower's own norm in tests/test_towers.py); model folders saved by transformers' 
 both key layouts, and bad ones named before any tensor is read; preprocessing bit for bit against
 PixtralImageProcessorPil as PixtralProcessor calls it (patch size 14 x spatial merge 2)."""
 import dataclasses
+import functools
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import workbench as wb
+from family_pairs import matched_pair
 from workbench.checkpoints import CheckpointError, load_vision_weights, read_vision_config, resolve_config
 from workbench.families.pixtral import image_rows, pixel_images, reference_class
 from workbench.reference import hf_embeddings, hf_vision_model, rel_err
@@ -40,17 +42,8 @@ def randomize(model, seed):
     return model
 
 
-def matched_towers(cfg, seed):
-    """transformers' modules (PixtralMistral3Vision) with fresh weights, and ours loaded from them."""
-    hf = randomize(hf_vision_model(cfg), seed)
-    ours = build_tower(cfg).eval()
-    ours.load_hf_state_dict(hf.state_dict())
-    return hf, ours
+matched_towers = functools.partial(matched_pair, randomize=randomize)
 
-
-@pytest.fixture(scope="module")
-def photos():
-    return wb.sample_images()
 
 
 # ---- faithful: transformers' PixtralVisionModel + Mistral3MultiModalProjector --------------------------
