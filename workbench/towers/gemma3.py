@@ -44,7 +44,7 @@ from ..attention import varlen_attention
 from ..config import VisionConfig
 from .checkpoint_names import CheckpointNames
 from .common import VisionTower
-from .layers import VisionAttention, add_norm
+from .layers import VisionAttention, add_norm, rms_normalized
 from .metadata import TowerMetadata, merge_block_positions
 from .qwen3_vl import Qwen3VLBlock
 
@@ -109,8 +109,7 @@ class GemmaRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float() if x.dtype != torch.float64 else x
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        xf = rms_normalized(x, self.eps)
         return (xf * (1.0 + self.weight.to(xf.dtype))).to(x.dtype)
 
 

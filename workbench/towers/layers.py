@@ -292,6 +292,13 @@ class VisionAttention(nn.Module):
         return self.proj(o.reshape(n, -1))
 
 
+def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) over the last axis, in float32 (float64 for a float64 ``x``), not cast back: the statistics every
+    RMSNorm here shares, each applying its scale its own way."""
+    xf = x.float() if x.dtype != torch.float64 else x
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class RMSNorm(nn.Module):
     """Qwen2.5-VL RMSNorm: statistics in fp32, scale applied after casting back."""
 
@@ -301,9 +308,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float() if x.dtype != torch.float64 else x
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * rms_normalized(x, self.eps).to(x.dtype)
 
 
 class PatchMerger(nn.Module):

@@ -48,6 +48,7 @@ from ..families.nemotron_vl import NOT_HELD, PREFIX_TOKENS, PROJECTOR_EPS
 from .checkpoint_names import CheckpointNames
 from .common import VisionTower
 from .gemma3 import SiglipBlock, no_rotary
+from .layers import rms_normalized
 from .metadata import TowerMetadata, merge_block_positions, pad_offsets
 
 _LAYER = r"vision_model.encoder.layer.\1."
@@ -162,8 +163,7 @@ class NemotronProjector(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:          # [N, width] -> [N/4, out_hidden]
         y = x.reshape(-1, self.merged)
-        yf = y.float() if y.dtype != torch.float64 else y
-        yf = yf * torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + PROJECTOR_EPS)
+        yf = rms_normalized(y, PROJECTOR_EPS)
         y = (self.layer_norm.weight.to(yf.dtype) * yf).to(x.dtype)
         return self.linear_2(torch.square(F.relu(self.linear_1(y))))
 
